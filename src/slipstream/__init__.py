@@ -1,0 +1,92 @@
+"""slipstream: a Python dataflow engine for batch and stream processing.
+
+Build a :class:`DAG` of vertices (processors) and edges, then run it on the embedded
+engine (``ss.local()``) or on Apache Spark (``ss.spark(session)``)::
+
+    import slipstream as ss
+    engine = ss.local()
+    job = engine.new_job(dag, ss.JobConfig(name="wordcount"))
+    job.join()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
+from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex
+from slipstream.core.errors import (
+    DagError,
+    JobCancelledError,
+    JobFailedError,
+    SlipstreamError,
+    SnapshotError,
+)
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import Watermark
+from slipstream.core.outbox import Outbox
+from slipstream.core.processor import AbstractProcessor, Context, Processor
+from slipstream.core.suppliers import (
+    MemberAddress,
+    ProcessorMetaSupplier,
+    ProcessorSupplier,
+    SupplierContext,
+)
+from slipstream.engine.job import Job
+from slipstream.engine.local import LocalEngine
+
+__version__ = "0.1.0"
+
+
+def entry_key(entry: tuple[Any, Any]) -> Any:
+    """The key of a ``(key, value)`` result."""
+    return entry[0]
+
+
+def entry_value(entry: tuple[Any, Any]) -> Any:
+    """The value of a ``(key, value)`` result."""
+    return entry[1]
+
+
+def local(cooperative_threads: int | None = None, members: int = 1, **kwargs: Any) -> LocalEngine:
+    """The embedded engine (one process, cooperative worker threads)."""
+    return LocalEngine(cooperative_threads=cooperative_threads, members=members, **kwargs)
+
+
+def spark(spark_session: Any = None, **kwargs: Any) -> Any:
+    """The Spark engine (needs ``pip install 'slipstream[spark]'`` and Java)."""
+    from slipstream.spark.engine import SparkEngine
+
+    return SparkEngine(spark_session, **kwargs)
+
+
+__all__ = [
+    "DAG",
+    "Vertex",
+    "Edge",
+    "RoutingPolicy",
+    "Processor",
+    "AbstractProcessor",
+    "Inbox",
+    "Outbox",
+    "Context",
+    "Watermark",
+    "JobConfig",
+    "ProcessingGuarantee",
+    "Job",
+    "JobStatus",
+    "LocalEngine",
+    "DagError",
+    "JobFailedError",
+    "JobCancelledError",
+    "SlipstreamError",
+    "SnapshotError",
+    "MemberAddress",
+    "ProcessorMetaSupplier",
+    "ProcessorSupplier",
+    "SupplierContext",
+    "entry_key",
+    "entry_value",
+    "local",
+    "spark",
+]

@@ -1,0 +1,387 @@
+"""The DAG model: vertices (a processor supplier plus a parallelism) joined by edges.
+
+Validation happens in two places: ``DAG.edge`` rejects what is wrong on its own (an edge
+to a vertex not in the DAG, a reused ordinal); ``DAG.validate`` checks the whole graph
+(cycles, gaps in ordinals, isolated edges between unequal parallelism, suppliers that
+cannot be pickled). Every error is a :class:`DagError` naming the vertex and ordinal.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from slipstream.core.errors import DagError
+from slipstream.core.partition import Partitioner
+from slipstream.core.suppliers import ProcessorMetaSupplier, to_meta_supplier
+
+__all__ = ["DAG", "Vertex", "Edge", "RoutingPolicy", "DEFAULT_QUEUE_SIZE"]
+
+DEFAULT_QUEUE_SIZE = 1024
+
+
+class RoutingPolicy(enum.Enum):
+    """How an edge picks the consumer of each item."""
+
+    UNICAST = "unicast"
+    PARTITIONED = "partitioned"
+    BROADCAST = "broadcast"
+    ISOLATED = "isolated"
+    ALL_TO_ONE = "all-to-one"
+
+
+class Vertex:
+    """A named step of the DAG: ``local_parallelism`` processors per member."""
+
+    def __init__(self, name: str, supplier: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise DagError(f"vertex name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.supplier = supplier
+        try:
+            self.meta_supplier: ProcessorMetaSupplier = to_meta_supplier(supplier)
+        except TypeError as e:
+            raise DagError(f"vertex {name!r}: {e}") from None
+        self._local_parallelism = -1
+
+    def local_parallelism(self, n: int) -> Vertex:
+        """Processors per member; -1 means the engine's default (its cooperative thread
+        count). Returns the vertex so calls chain."""
+        if not isinstance(n, int) or isinstance(n, bool) or (n < 1 and n != -1):
+            raise DagError(
+                f"vertex {self.name!r}: local parallelism must be >= 1 or -1 (default), got {n!r}"
+            )
+        self._local_parallelism = n
+        return self
+
+    def get_local_parallelism(self) -> int:
+        return self._local_parallelism
+
+    def __repr__(self) -> str:
+        lp = self._local_parallelism
+        return f"Vertex({self.name!r}, local_parallelism={'default' if lp == -1 else lp})"
+
+
+class Edge:
+    """A data stream ``(source, source_ordinal) -> (dest, dest_ordinal)``.
+
+    Defaults: unicast routing, member-local, priority 0, queue size 1024 items.
+    """
+
+    def __init__(self, source: Vertex, source_ordinal: int = 0) -> None:
+        if not isinstance(source, Vertex):
+            raise DagError(f"edge source must be a Vertex, got {type(source).__name__}")
+        _check_ordinal(source_ordinal, f"edge from {source.name!r}")
+        self.source = source
+        self.source_ordinal = source_ordinal
+        self.dest: Vertex | None = None
+        self.dest_ordinal = 0
+        self.routing = RoutingPolicy.UNICAST
+        self.key_fn: Callable[[Any], Any] | None = None
+        self.partitioner: Partitioner | None = None
+        self.is_distributed = False
+        self._priority = 0
+        self._queue_size = DEFAULT_QUEUE_SIZE
+
+    # -- construction ------------------------------------------------------------------
+    @staticmethod
+    def between(source: Vertex, dest: Vertex) -> Edge:
+        """An edge from ordinal 0 of ``source`` to ordinal 0 of ``dest``."""
+        return Edge(source, 0).to(dest, 0)
+
+    @staticmethod
+    def from_(source: Vertex, ordinal: int = 0) -> Edge:
+        """Start an edge at ``ordinal`` of ``source``; finish it with ``.to(dest)``."""
+        return Edge(source, ordinal)
+
+    def to(self, dest: Vertex, ordinal: int = 0) -> Edge:
+        if not isinstance(dest, Vertex):
+            raise DagError(f"edge destination must be a Vertex, got {type(dest).__name__}")
+        _check_ordinal(ordinal, f"edge to {dest.name!r}")
+        self.dest = dest
+        self.dest_ordinal = ordinal
+        return self
+
+    # -- routing -----------------------------------------------------------------------
+    def unicast(self) -> Edge:
+        """Each item to one consumer (round robin over consumers with room)."""
+        self.routing = RoutingPolicy.UNICAST
+        self.key_fn = self.partitioner = None
+        return self
+
+    def partitioned(
+        self, key_fn: Callable[[Any], Any], partitioner: Partitioner | None = None
+    ) -> Edge:
+        """Items with equal keys go to the same consumer. ``partitioner(key, count)``
+        returns a partition in ``range(count)``; the default hashes the key stably."""
+        if not callable(key_fn):
+            raise DagError(f"{self._label()}: partitioned() needs a callable key function")
+        if partitioner is not None and not callable(partitioner):
+            raise DagError(f"{self._label()}: partitioner must be callable")
+        self.routing = RoutingPolicy.PARTITIONED
+        self.key_fn = key_fn
+        self.partitioner = partitioner
+        return self
+
+    def broadcast(self) -> Edge:
+        """Every item to every consumer."""
+        self.routing = RoutingPolicy.BROADCAST
+        self.key_fn = self.partitioner = None
+        return self
+
+    def isolated(self) -> Edge:
+        """Producer ``i`` feeds only consumer ``i`` (equal parallelism, local edge)."""
+        self.routing = RoutingPolicy.ISOLATED
+        self.key_fn = self.partitioner = None
+        return self
+
+    def all_to_one(self) -> Edge:
+        """Every item to one consumer (per member, or in the cluster if distributed)."""
+        self.routing = RoutingPolicy.ALL_TO_ONE
+        self.key_fn = self.partitioner = None
+        return self
+
+    def distributed(self) -> Edge:
+        """Consumers on every member, not just the producer's own."""
+        self.is_distributed = True
+        return self
+
+    def local(self) -> Edge:
+        self.is_distributed = False
+        return self
+
+    def priority(self, n: int) -> Edge:
+        """Lower numbers are consumed first: a consumer drains all edges of the highest
+        priority before it looks at lower ones (e.g. the build side of a hash join)."""
+        if not isinstance(n, int):
+            raise DagError(f"{self._label()}: priority must be an int, got {n!r}")
+        self._priority = n
+        return self
+
+    def queue_size(self, n: int) -> Edge:
+        """Capacity (items) of each producer→consumer queue of this edge."""
+        if not isinstance(n, int) or n < 1:
+            raise DagError(f"{self._label()}: queue size must be an int >= 1, got {n!r}")
+        self._queue_size = n
+        return self
+
+    def get_priority(self) -> int:
+        return self._priority
+
+    def get_queue_size(self) -> int:
+        return self._queue_size
+
+    def _label(self) -> str:
+        d = self.dest.name if self.dest is not None else "?"
+        return f"edge {self.source.name!r}[{self.source_ordinal}] -> {d!r}[{self.dest_ordinal}]"
+
+    def __repr__(self) -> str:
+        extra = [self.routing.value]
+        if self.is_distributed:
+            extra.append("distributed")
+        if self._priority:
+            extra.append(f"priority={self._priority}")
+        return f"Edge({self._label()[5:]}, {', '.join(extra)})"
+
+
+def _check_ordinal(ordinal: Any, where: str) -> None:
+    if not isinstance(ordinal, int) or isinstance(ordinal, bool) or ordinal < 0:
+        raise DagError(f"{where}: ordinal must be an int >= 0, got {ordinal!r}")
+
+
+class DAG:
+    """A directed acyclic graph of vertices and edges. ``edge()`` returns the DAG."""
+
+    def __init__(self) -> None:
+        self._vertices: dict[str, Vertex] = {}
+        self._edges: list[Edge] = []
+
+    def new_vertex(self, name: str, supplier: Any) -> Vertex:
+        """Add a vertex; ``supplier`` makes its processors (see ``to_meta_supplier``)."""
+        if name in self._vertices:
+            raise DagError(f"duplicate vertex name {name!r}")
+        v = Vertex(name, supplier)
+        self._vertices[name] = v
+        return v
+
+    def vertex(self, name: str) -> Vertex:
+        try:
+            return self._vertices[name]
+        except KeyError:
+            raise DagError(f"no vertex named {name!r} in the DAG") from None
+
+    @property
+    def vertices(self) -> list[Vertex]:
+        return list(self._vertices.values())
+
+    @property
+    def edges(self) -> list[Edge]:
+        return list(self._edges)
+
+    def edge(self, edge: Edge) -> DAG:
+        """Add ``edge``; returns the DAG so calls chain."""
+        if not isinstance(edge, Edge):
+            raise DagError(f"dag.edge() needs an Edge, got {type(edge).__name__}")
+        if edge.dest is None:
+            raise DagError(f"{edge._label()}: the edge has no destination (call .to(vertex))")
+        for end, v in (("source", edge.source), ("destination", edge.dest)):
+            if self._vertices.get(v.name) is not v:
+                raise DagError(
+                    f"{edge._label()}: {end} vertex {v.name!r} is not in this DAG "
+                    "(add it with dag.new_vertex first)"
+                )
+        if edge.source is edge.dest:
+            raise DagError(f"{edge._label()}: an edge cannot connect a vertex to itself")
+        for e in self._edges:
+            if e.source is edge.source and e.source_ordinal == edge.source_ordinal:
+                raise DagError(
+                    f"vertex {edge.source.name!r} already has an outbound edge at ordinal "
+                    f"{edge.source_ordinal} (to {e.dest.name!r})"  # type: ignore[union-attr]
+                )
+            if e.dest is edge.dest and e.dest_ordinal == edge.dest_ordinal:
+                raise DagError(
+                    f"vertex {edge.dest.name!r} already has an inbound edge at ordinal "
+                    f"{edge.dest_ordinal} (from {e.source.name!r})"
+                )
+        self._edges.append(edge)
+        return self
+
+    def inbound_edges(self, vertex: Vertex | str) -> list[Edge]:
+        name = vertex if isinstance(vertex, str) else vertex.name
+        return sorted(
+            (e for e in self._edges if e.dest.name == name),  # type: ignore[union-attr]
+            key=lambda e: e.dest_ordinal,
+        )
+
+    def outbound_edges(self, vertex: Vertex | str) -> list[Edge]:
+        name = vertex if isinstance(vertex, str) else vertex.name
+        return sorted(
+            (e for e in self._edges if e.source.name == name), key=lambda e: e.source_ordinal
+        )
+
+    def topological_order(self) -> list[Vertex]:
+        """Vertices sources-first (Kahn's algorithm, insertion order among equals);
+        ``DagError`` naming the vertices on a cycle if there is one."""
+        indeg = {name: 0 for name in self._vertices}
+        for e in self._edges:
+            indeg[e.dest.name] += 1  # type: ignore[union-attr]
+        ready = [n for n, d in indeg.items() if d == 0]
+        order: list[Vertex] = []
+        while ready:
+            n = ready.pop(0)
+            order.append(self._vertices[n])
+            for e in self._edges:
+                if e.source.name == n:
+                    d = e.dest.name  # type: ignore[union-attr]
+                    indeg[d] -= 1
+                    if indeg[d] == 0:
+                        ready.append(d)
+        if len(order) != len(self._vertices):
+            stuck = sorted(n for n, d in indeg.items() if d > 0)
+            raise DagError(f"the DAG has a cycle through vertices {stuck}")
+        return order
+
+    def validate(self, default_parallelism: int | None = None, check_pickle: bool = True) -> None:
+        """Check the whole graph; raises :class:`DagError` naming what is wrong."""
+        if not self._vertices:
+            raise DagError("the DAG has no vertices")
+        self.topological_order()
+        for v in self._vertices.values():
+            for direction, edges, attr in (
+                ("inbound", self.inbound_edges(v), "dest_ordinal"),
+                ("outbound", self.outbound_edges(v), "source_ordinal"),
+            ):
+                ordinals = sorted(getattr(e, attr) for e in edges)
+                for expected, got in enumerate(ordinals):
+                    if got != expected:
+                        raise DagError(
+                            f"vertex {v.name!r}: {direction} ordinals must be 0..{len(ordinals) - 1} "
+                            f"without gaps, but ordinal {expected} is missing (has {ordinals})"
+                        )
+        for e in self._edges:
+            if e.routing is RoutingPolicy.ISOLATED:
+                if e.is_distributed:
+                    raise DagError(f"{e._label()}: isolated edges must be local, not distributed")
+                a = e.source.get_local_parallelism()
+                b = e.dest.get_local_parallelism()  # type: ignore[union-attr]
+                if default_parallelism is not None:
+                    a = default_parallelism if a == -1 else a
+                    b = default_parallelism if b == -1 else b
+                if a != b and (a != -1 and b != -1):
+                    raise DagError(
+                        f"{e._label()}: isolated edge between vertices of different local "
+                        f"parallelism ({e.source.name!r}: {a}, "
+                        f"{e.dest.name!r}: {b})"  # type: ignore[union-attr]
+                    )
+        if check_pickle:
+            self.check_picklable()
+
+    def check_picklable(self) -> None:
+        """Every supplier and edge function must survive cloudpickle, so the same DAG can
+        ship to Spark executors."""
+        import cloudpickle
+
+        for v in self._vertices.values():
+            try:
+                cloudpickle.dumps(v.meta_supplier)
+            except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's
+                raise DagError(
+                    f"vertex {v.name!r}: its processor supplier cannot be pickled "
+                    f"({type(exc).__name__}: {exc}); suppliers must be picklable with cloudpickle"
+                ) from exc
+        for e in self._edges:
+            for what, fn in (("key function", e.key_fn), ("partitioner", e.partitioner)):
+                if fn is None:
+                    continue
+                try:
+                    cloudpickle.dumps(fn)
+                except Exception as exc:  # noqa: BLE001
+                    raise DagError(
+                        f"{e._label()}: the {what} cannot be pickled ({type(exc).__name__}: {exc})"
+                    ) from exc
+
+    # -- presentation ------------------------------------------------------------------
+    def to_dot(self) -> str:
+        """The DAG as Graphviz text."""
+        lines = ["digraph DAG {"]
+        for v in self._vertices.values():
+            lp = v.get_local_parallelism()
+            label = v.name if lp == -1 else f"{v.name} [{lp}]"
+            lines.append(f'  "{_dot_escape(v.name)}" [label="{_dot_escape(label)}"];')
+        for e in self._edges:
+            attrs = [e.routing.value]
+            if e.is_distributed:
+                attrs.append("distributed")
+            if e.get_priority():
+                attrs.append(f"priority {e.get_priority()}")
+            label = f"{e.source_ordinal}->{e.dest_ordinal} {' '.join(attrs)}"
+            lines.append(
+                f'  "{_dot_escape(e.source.name)}" -> "{_dot_escape(e.dest.name)}" '  # type: ignore[union-attr]
+                f'[label="{_dot_escape(label)}"];'
+            )
+        lines.append("}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        lines = ["DAG:"]
+        try:
+            order = self.topological_order()
+        except DagError:
+            order = list(self._vertices.values())
+        for v in order:
+            lp = v.get_local_parallelism()
+            lines.append(f"  vertex {v.name!r} (local parallelism {'default' if lp == -1 else lp})")
+            for e in self.outbound_edges(v):
+                lines.append(f"    {e!r}")
+        return "\n".join(lines)
+
+    def __iter__(self) -> Iterator[Vertex]:
+        return iter(self.topological_order())
+
+    def __len__(self) -> int:
+        return len(self._vertices)
+
+
+def _dot_escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')

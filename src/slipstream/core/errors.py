@@ -1,0 +1,46 @@
+"""The exceptions slipstream raises to users."""
+
+from __future__ import annotations
+
+
+class SlipstreamError(Exception):
+    """Base class of every slipstream error."""
+
+
+class DagError(SlipstreamError, ValueError):
+    """The DAG is invalid; the message names the vertex, edge or ordinal at fault."""
+
+
+class JobFailedError(SlipstreamError):
+    """A job failed. ``vertex`` and ``processor_index`` name the processor that raised
+    (``None`` when the failure was not a processor's); the original exception is chained
+    as ``__cause__`` and kept in ``cause``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        vertex: str | None = None,
+        processor_index: int | None = None,
+        cause: BaseException | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.vertex = vertex
+        self.processor_index = processor_index
+        self.cause = cause
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.remote_traceback:
+            text += "\n--- processor traceback ---\n" + self.remote_traceback
+        return text
+
+
+class JobCancelledError(SlipstreamError):
+    """``join()`` on a job that was cancelled."""
+
+
+class SnapshotError(SlipstreamError):
+    """A snapshot could not be written, read or restored."""

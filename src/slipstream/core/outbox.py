@@ -1,0 +1,162 @@
+"""The processor's output buffer: one bounded bucket per outbound ordinal plus one for
+snapshot state.
+
+Buckets are plain lists. ``offer`` refuses (returns ``False``) when a bucket is full; the
+processor must then return and offer the same item again on its next call. Between
+processor calls the engine moves bucket contents into the edge queues. Watermarks
+offered here are broadcast downstream by the engine.
+
+A non-cooperative processor gets a *blocking* outbox (``flush_fn`` set): instead of
+refusing, a full bucket is flushed by the processor's own thread, waiting for room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+DEFAULT_BUCKET_CAPACITY = 2048
+
+
+class Outbox:
+    """Jet's ``Outbox`` (punctuation-era flavour: buffered buckets with a capacity)."""
+
+    __slots__ = (
+        "buckets",
+        "snapshot_bucket",
+        "capacity",
+        "snapshot_capacity",
+        "_all",
+        "_flush_fn",
+        "_count",
+    )
+
+    def __init__(
+        self,
+        ordinal_count: int,
+        capacity: int = DEFAULT_BUCKET_CAPACITY,
+        snapshot_capacity: int | None = None,
+        flush_fn: Callable[[], None] | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"outbox capacity must be >= 1, got {capacity}")
+        self.buckets: list[list[Any]] = [[] for _ in range(ordinal_count)]
+        self.snapshot_bucket: list[tuple[Any, Any]] = []
+        self.capacity = capacity
+        self.snapshot_capacity = capacity if snapshot_capacity is None else snapshot_capacity
+        self._all = tuple(range(ordinal_count))
+        self._flush_fn = flush_fn
+        self._count = 0
+
+    @property
+    def bucket_count(self) -> int:
+        return len(self.buckets)
+
+    def offer(self, item: Any, ordinal: int | Sequence[int] | None = None) -> bool:
+        """Add ``item`` to the bucket of ``ordinal`` (``None``: every outbound ordinal; a
+        sequence: those ordinals). All-or-nothing: returns ``False`` without adding
+        anything if any target bucket is full."""
+        buckets = self.buckets
+        cap = self.capacity
+        if ordinal is None:
+            if len(buckets) == 1:
+                b = buckets[0]
+                if len(b) >= cap:
+                    if self._flush_fn is None:
+                        return False
+                    self._flush_fn()
+                b.append(item)
+                return True
+            ordinals: Sequence[int] = self._all
+        elif isinstance(ordinal, int):
+            if ordinal < 0 or ordinal >= len(buckets):
+                raise IndexError(
+                    f"outbox has ordinals 0..{len(buckets) - 1}, offered to ordinal {ordinal}"
+                )
+            b = buckets[ordinal]
+            if len(b) >= cap:
+                if self._flush_fn is None:
+                    return False
+                self._flush_fn()
+            b.append(item)
+            return True
+        else:
+            ordinals = ordinal
+        for o in ordinals:
+            if len(buckets[o]) >= cap:
+                if self._flush_fn is None:
+                    return False
+                self._flush_fn()
+                break
+        for o in ordinals:
+            buckets[o].append(item)
+        return True
+
+    def offer_many(self, items: Iterable[Any], ordinal: int = 0) -> Any:
+        """Add items to one bucket until it is full. Returns ``None`` if everything was
+        added, else an iterator positioned at the first item not added (the caller keeps
+        it and offers the rest later). A fast path for built-in processors."""
+        b = self.buckets[ordinal]
+        room = self.capacity - len(b)
+        if self._flush_fn is not None:
+            for item in items:
+                if len(b) >= self.capacity:
+                    self._flush_fn()
+                b.append(item)
+            return None
+        it = iter(items)
+        for item in it:
+            if room <= 0:
+                return _Prepend(item, it)
+            b.append(item)
+            room -= 1
+        return None
+
+    def offer_to_snapshot(self, key: Any, value: Any) -> bool:
+        """Add a ``(key, value)`` entry of the processor's state to the current snapshot."""
+        sb = self.snapshot_bucket
+        if len(sb) >= self.snapshot_capacity:
+            if self._flush_fn is None:
+                return False
+            self._flush_fn()
+        sb.append((key, value))
+        return True
+
+    def has_unfinished_item(self) -> bool:
+        return False
+
+    def is_empty(self) -> bool:
+        if self.snapshot_bucket:
+            return False
+        return not any(self.buckets)
+
+    def room(self, ordinal: int = 0) -> int:
+        """How many more items the bucket of ``ordinal`` takes right now."""
+        if self._flush_fn is not None:
+            return self.capacity
+        return self.capacity - len(self.buckets[ordinal])
+
+    def __repr__(self) -> str:
+        sizes = [len(b) for b in self.buckets]
+        return f"Outbox(buckets={sizes}, snapshot={len(self.snapshot_bucket)}, capacity={self.capacity})"
+
+
+class _Prepend:
+    """An iterator that yields ``first`` and then the rest of ``rest``."""
+
+    __slots__ = ("first", "rest")
+
+    def __init__(self, first: Any, rest: Any) -> None:
+        self.first: Any = _Prepend
+        self.first = first
+        self.rest = rest
+
+    def __iter__(self) -> _Prepend:
+        return self
+
+    def __next__(self) -> Any:
+        first = self.first
+        if first is not _Prepend:
+            self.first = _Prepend
+            return first
+        return next(self.rest)

@@ -1,0 +1,89 @@
+"""Partitioning: which processor receives a keyed item.
+
+Keys hash to one of ``DEFAULT_PARTITION_COUNT`` partitions with a hash that is the same
+in every process (Python's ``hash`` of a ``str`` is randomised per process, which would
+break Spark executors and restoring a snapshot in another process). Partitions are owned
+by members (``p % member_count``) and dealt round-robin to a member's processors, like
+Jet's ``PartitionArrangement``; restoring keyed state uses the same table.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+
+DEFAULT_PARTITION_COUNT = 271
+
+Partitioner = Callable[[Any, int], int]
+
+_pack_double = struct.Struct("<d").pack
+
+
+def stable_hash(key: Any) -> int:
+    """A non-negative hash of ``key`` that does not depend on the process."""
+    t = type(key)
+    if t is str:
+        return zlib.crc32(key.encode("utf-8", "surrogatepass"))
+    if t is int or t is bool:
+        return key & 0x7FFFFFFF if key >= 0 else (-key * 31 + 7) & 0x7FFFFFFF
+    if t is bytes:
+        return zlib.crc32(key)
+    if t is tuple:
+        h = 0x345678
+        for part in key:
+            h = (h * 1000003 ^ stable_hash(part)) & 0x7FFFFFFF
+        return h
+    if key is None:
+        return 0
+    if t is float:
+        if key.is_integer():
+            return stable_hash(int(key))
+        return zlib.crc32(_pack_double(key))
+    return zlib.crc32(cloudpickle.dumps(key))
+
+
+def default_partitioner(key: Any, partition_count: int) -> int:
+    """The partition of ``key``: its stable hash modulo ``partition_count``."""
+    return stable_hash(key) % partition_count
+
+
+def partition_owner_member(partition: int, member_count: int) -> int:
+    return partition % member_count
+
+
+def assign_partitions(partitions: Sequence[int], processor_count: int) -> list[list[int]]:
+    """Deal ``partitions`` (ascending) to processors round-robin: processor ``i`` gets list
+    positions ``i, i + n, i + 2n, ...``."""
+    return [list(partitions[i::processor_count]) for i in range(processor_count)]
+
+
+def partition_table(
+    partition_count: int,
+    member_count: int,
+    local_parallelism: int,
+    distributed: bool,
+    member_index: int,
+) -> list[int]:
+    """For every partition, the *global* index of the processor that owns it, as seen by a
+    producer on member ``member_index``.
+
+    On a distributed edge a partition goes to the processor owning it on the member that
+    owns it; on a member-local edge all partitions are dealt to the member's own
+    processors.
+    """
+    table = [0] * partition_count
+    if distributed:
+        for m in range(member_count):
+            owned = [p for p in range(partition_count) if p % member_count == m]
+            for i, parts in enumerate(assign_partitions(owned, local_parallelism)):
+                for p in parts:
+                    table[p] = m * local_parallelism + i
+    else:
+        for i, parts in enumerate(assign_partitions(range(partition_count), local_parallelism)):
+            for p in parts:
+                table[p] = member_index * local_parallelism + i
+    return table

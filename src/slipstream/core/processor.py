@@ -1,0 +1,276 @@
+"""The processor contract (Jet's ``Processor``) and its convenience base class.
+
+A processor receives items from zero or more inbound edges and emits to zero or more
+outbound edges. The engine calls it from one thread at a time; a *cooperative* processor
+must return quickly (well under a millisecond) and return as soon as the outbox refuses
+an item, keeping whatever it still has to emit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from slipstream.core.config import ProcessingGuarantee
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import Watermark
+from slipstream.core.outbox import Outbox
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["Processor", "AbstractProcessor", "Context", "FlatMapper"]
+
+
+class Context:
+    """What a processor knows about where it runs (Jet's ``Processor.Context``).
+
+    ``services`` gives access to the engine's named structures (``get_list``/``get_map``)
+    and job-level counters (``increment_metric``); in tests it is a plain in-memory store.
+    """
+
+    __slots__ = (
+        "vertex_name",
+        "global_processor_index",
+        "local_processor_index",
+        "local_parallelism",
+        "total_parallelism",
+        "member_index",
+        "member_count",
+        "processing_guarantee",
+        "logger",
+        "job_name",
+        "services",
+        "metrics",
+    )
+
+    def __init__(
+        self,
+        vertex_name: str = "vertex",
+        global_processor_index: int = 0,
+        local_processor_index: int = 0,
+        local_parallelism: int = 1,
+        total_parallelism: int = 1,
+        member_index: int = 0,
+        member_count: int = 1,
+        processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.NONE,
+        job_name: str = "job",
+        services: Any = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.vertex_name = vertex_name
+        self.global_processor_index = global_processor_index
+        self.local_processor_index = local_processor_index
+        self.local_parallelism = local_parallelism
+        self.total_parallelism = total_parallelism
+        self.member_index = member_index
+        self.member_count = member_count
+        self.processing_guarantee = processing_guarantee
+        self.job_name = job_name
+        if services is None:
+            from slipstream.core.services import InMemoryServices
+
+            services = InMemoryServices()
+        self.services = services
+        self.logger = logger or logging.getLogger(
+            f"slipstream.{vertex_name}#{global_processor_index}"
+        )
+        # Per-processor counters (e.g. "late_items_dropped"); summed per vertex in job metrics.
+        self.metrics: dict[str, int] = {}
+
+    @property
+    def snapshotting_enabled(self) -> bool:
+        return self.processing_guarantee is not ProcessingGuarantee.NONE
+
+    def get_list(self, name: str) -> list[Any]:
+        return self.services.get_list(name)  # type: ignore[no-any-return]
+
+    def get_map(self, name: str) -> MutableMapping[Any, Any]:
+        return self.services.get_map(name)  # type: ignore[no-any-return]
+
+    def increment_metric(self, name: str, delta: int = 1) -> None:
+        self.metrics[name] = self.metrics.get(name, 0) + delta
+
+    def __repr__(self) -> str:
+        return (
+            f"Context({self.vertex_name!r}, global={self.global_processor_index}/"
+            f"{self.total_parallelism}, member={self.member_index}/{self.member_count})"
+        )
+
+
+class Processor:
+    """Base of every processor. All callbacks have Jet's defaults; override what you need.
+
+    ``init`` keeps the outbox and context as ``self.outbox`` and ``self.context``.
+    """
+
+    outbox: Outbox
+    context: Context
+
+    def init(self, outbox: Outbox, context: Context) -> None:
+        """Called once before any other callback."""
+        self.outbox = outbox
+        self.context = context
+
+    def is_cooperative(self) -> bool:
+        """``False`` asks for a dedicated thread and a blocking outbox."""
+        return True
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        """Process items of inbound edge ``ordinal``; remove each item once it is done
+        with. Items left in the inbox are offered again in the next call."""
+        raise NotImplementedError(
+            f"{type(self).__name__} received items on ordinal {ordinal} but does not "
+            "implement process()"
+        )
+
+    def try_process(self) -> bool:
+        """Called when the inbox is empty (timers, watermarks during lulls). ``False``
+        means "call me again before anything else"."""
+        return True
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        """A coalesced watermark. The default forwards it to every outbound edge."""
+        return self.outbox.offer(watermark)
+
+    def complete_edge(self, ordinal: int) -> bool:
+        """Inbound edge ``ordinal`` is exhausted. Repeated until ``True``."""
+        return True
+
+    def complete(self) -> bool:
+        """All inputs are exhausted (sources: called repeatedly from the start). Repeated
+        until ``True``; a streaming source never returns ``True``."""
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        """Write state with ``outbox.offer_to_snapshot(key, value)``; repeated until
+        ``True``."""
+        return True
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        """Receive ``(key, value)`` entries of this processor's share of a snapshot."""
+        if inbox:
+            raise NotImplementedError(
+                f"{type(self).__name__} has snapshot state to restore but does not "
+                "implement restore_from_snapshot()"
+            )
+
+    def finish_snapshot_restore(self) -> bool:
+        """All snapshot entries were delivered."""
+        return True
+
+    def close(self) -> None:
+        """The last call, always made, also after a failure."""
+
+
+class FlatMapper:
+    """Remembers the output iterator of the current input item until all of it was
+    emitted (Jet's ``FlatMapper``)."""
+
+    __slots__ = ("_processor", "_fn", "_it", "_ordinal")
+
+    def __init__(
+        self,
+        processor: AbstractProcessor,
+        fn: Callable[[Any], Iterable[Any]],
+        ordinal: int | None = None,
+    ) -> None:
+        self._processor = processor
+        self._fn = fn
+        self._it: Iterator[Any] | None = None
+        self._ordinal = ordinal
+
+    def try_process(self, item: Any) -> bool:
+        it = self._it
+        if it is None:
+            it = self._it = iter(self._fn(item))
+        if self._processor.emit_from(it, self._ordinal):
+            self._it = None
+            return True
+        return False
+
+
+class AbstractProcessor(Processor):
+    """Convenience base class: per-item processing, ``try_emit`` and resumable
+    ``emit_from(iterator)``."""
+
+    _pending_it: Any = None
+    _pending_item: Any = None
+
+    def init(self, outbox: Outbox, context: Context) -> None:
+        super().init(outbox, context)
+        self.init_processor(context)
+
+    def init_processor(self, context: Context) -> None:
+        """Override for set-up that needs the context."""
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        try_item = self.try_process_item
+        while inbox:
+            if not try_item(ordinal, inbox[0]):
+                return
+            inbox.popleft()
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        """Process one item; ``False`` keeps it in the inbox for the next call."""
+        raise NotImplementedError(
+            f"{type(self).__name__} received an item on ordinal {ordinal} but implements "
+            "neither process() nor try_process_item()"
+        )
+
+    def try_emit(self, item: Any, ordinal: int | None = None) -> bool:
+        """Offer ``item`` to ``ordinal`` (``None``: all outbound ordinals)."""
+        return self.outbox.offer(item, ordinal)
+
+    def try_emit_to_snapshot(self, key: Any, value: Any) -> bool:
+        return self.outbox.offer_to_snapshot(key, value)
+
+    def emit_from(self, iterator: Iterator[Any], ordinal: int | None = None) -> bool:
+        """Emit items from ``iterator`` until it is exhausted (``True``) or the outbox is
+        full (``False``). Call again with the same iterator to resume: the refused item is
+        kept here, not lost."""
+        offer = self.outbox.offer
+        if self._pending_it is iterator:
+            if not offer(self._pending_item, ordinal):
+                return False
+            self._pending_it = self._pending_item = None
+        for item in iterator:
+            if not offer(item, ordinal):
+                self._pending_it = iterator
+                self._pending_item = item
+                return False
+        return True
+
+    def emit_to_snapshot_from(self, iterator: Iterator[tuple[Any, Any]]) -> bool:
+        """Like ``emit_from`` for ``(key, value)`` snapshot entries."""
+        offer = self.outbox.offer_to_snapshot
+        if self._pending_it is iterator:
+            k, v = self._pending_item
+            if not offer(k, v):
+                return False
+            self._pending_it = self._pending_item = None
+        for entry in iterator:
+            if not offer(entry[0], entry[1]):
+                self._pending_it = iterator
+                self._pending_item = entry
+                return False
+        return True
+
+    def flat_mapper(
+        self, fn: Callable[[Any], Iterable[Any]], ordinal: int | None = None
+    ) -> FlatMapper:
+        return FlatMapper(self, fn, ordinal)
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        entry = self.restore_from_snapshot_entry
+        while inbox:
+            k, v = inbox.popleft()
+            entry(k, v)
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        """Receive one ``(key, value)`` entry of saved state."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has snapshot state to restore but does not implement "
+            "restore_from_snapshot_entry()"
+        )

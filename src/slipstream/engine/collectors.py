@@ -1,0 +1,210 @@
+"""Outbound routing: moves a processor's output chunks into the queues of its consumers.
+
+A collector serves one outbound ordinal of one processor. It takes ownership of data
+chunks and special items, keeps them in order, and pushes what the queues accept on
+each ``flush``. The tasklet does not call its processor again until every collector is
+drained, so the backlog is bounded by one outbox bucket.
+
+* :class:`RoundRobinCollector` (unicast, isolated, all-to-one): each chunk goes whole to
+  the next consumer with room, skipping full ones (Jet's unicast rule, per chunk).
+* :class:`PerTargetCollector` (partitioned, broadcast): chunks are split per consumer by
+  key (or copied to all); each consumer has its own backlog.
+
+Special items are always broadcast to every consumer of the collector.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner
+from slipstream.engine.queues import SpscQueue
+
+_KEY_CACHE_LIMIT = 1 << 16
+
+
+class Collector:
+    """Common interface; ``items_out`` counts data items handed over."""
+
+    queues: Sequence[SpscQueue]
+    items_out: int
+
+    def add_chunk(self, chunk: list[Any]) -> None:
+        raise NotImplementedError
+
+    def add_special(self, item: Any) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> bool:
+        """Push what the queues accept; ``True`` if nothing is left."""
+        raise NotImplementedError
+
+    def is_empty(self) -> bool:
+        raise NotImplementedError
+
+
+class RoundRobinCollector(Collector):
+    __slots__ = ("queues", "backlog", "cursor", "special_done", "items_out", "progress")
+
+    def __init__(self, queues: Sequence[SpscQueue]) -> None:
+        if not queues:
+            raise ValueError("a collector needs at least one queue")
+        self.queues = list(queues)
+        self.backlog: deque[Any] = deque()
+        self.cursor = 0
+        self.special_done: list[bool] | None = None
+        self.items_out = 0
+        self.progress = False
+
+    def add_chunk(self, chunk: list[Any]) -> None:
+        self.backlog.append(chunk)
+
+    def add_special(self, item: Any) -> None:
+        self.backlog.append(_Special(item))
+
+    def is_empty(self) -> bool:
+        return not self.backlog
+
+    def flush(self) -> bool:
+        backlog = self.backlog
+        queues = self.queues
+        n = len(queues)
+        while backlog:
+            entry = backlog[0]
+            if type(entry) is list:
+                size = len(entry)
+                for _ in range(n):
+                    q = queues[self.cursor]
+                    self.cursor += 1
+                    if self.cursor == n:
+                        self.cursor = 0
+                    if q.offer(entry, size):
+                        break
+                else:
+                    return False
+                self.items_out += size
+            else:
+                done = self.special_done
+                if done is None:
+                    done = self.special_done = [False] * n
+                item = entry.item
+                for i, q in enumerate(queues):
+                    if not done[i]:
+                        if q.offer(item, 1):
+                            done[i] = True
+                if not all(done):
+                    return False
+                self.special_done = None
+            backlog.popleft()
+            self.progress = True
+        return True
+
+
+class _Special:
+    __slots__ = ("item",)
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+class PerTargetCollector(Collector):
+    """Partitioned (``key_fn`` given) or broadcast (``key_fn`` is ``None``) routing."""
+
+    __slots__ = (
+        "queues",
+        "backlogs",
+        "key_fn",
+        "partitioner",
+        "partition_to_target",
+        "partition_count",
+        "key_cache",
+        "items_out",
+        "progress",
+        "pending",
+    )
+
+    def __init__(
+        self,
+        queues: Sequence[SpscQueue],
+        key_fn: Callable[[Any], Any] | None = None,
+        partitioner: Callable[[Any, int], int] | None = None,
+        partition_to_target: Sequence[int] | None = None,
+        partition_count: int = DEFAULT_PARTITION_COUNT,
+    ) -> None:
+        self.queues = list(queues)
+        self.backlogs: list[deque[Any]] = [deque() for _ in self.queues]
+        self.key_fn = key_fn
+        self.partitioner = partitioner or default_partitioner
+        self.partition_count = partition_count
+        self.partition_to_target = list(partition_to_target) if partition_to_target else []
+        self.key_cache: dict[Any, int] = {}
+        self.items_out = 0
+        self.progress = False
+        self.pending = 0
+
+    def is_empty(self) -> bool:
+        return self.pending == 0
+
+    def add_special(self, item: Any) -> None:
+        for b in self.backlogs:
+            b.append(item)
+        self.pending += len(self.backlogs)
+
+    def add_chunk(self, chunk: list[Any]) -> None:
+        backlogs = self.backlogs
+        n = len(backlogs)
+        self.items_out += len(chunk)
+        if self.key_fn is None:  # broadcast: consumers never mutate chunks, share it
+            for b in backlogs:
+                b.append(chunk)
+            self.pending += n
+            return
+        if n == 1:
+            backlogs[0].append(chunk)
+            self.pending += 1
+            return
+        parts = self._split(chunk, n)
+        for i, part in enumerate(parts):
+            if part:
+                backlogs[i].append(part)
+                self.pending += 1
+
+    def _split(self, chunk: list[Any], n: int) -> list[list[Any]]:
+        parts: list[list[Any]] = [[] for _ in range(n)]
+        appends = [p.append for p in parts]
+        key_fn = self.key_fn
+        cache = self.key_cache
+        get = cache.get
+        table = self.partition_to_target
+        partitioner = self.partitioner
+        pc = self.partition_count
+        try:
+            if len(cache) > _KEY_CACHE_LIMIT:
+                cache.clear()
+            for item in chunk:
+                k = key_fn(item)  # type: ignore[misc]
+                t = get(k)
+                if t is None:
+                    t = cache[k] = table[partitioner(k, pc)]
+                appends[t](item)
+        except TypeError:
+            # an unhashable key: route without the cache
+            parts = [[] for _ in range(n)]
+            for item in chunk:
+                parts[table[partitioner(key_fn(item), pc)]].append(item)  # type: ignore[misc]
+        return parts
+
+    def flush(self) -> bool:
+        if not self.pending:
+            return True
+        for q, b in zip(self.queues, self.backlogs, strict=True):
+            while b:
+                entry = b[0]
+                if not q.offer(entry, len(entry) if type(entry) is list else 1):
+                    break
+                b.popleft()
+                self.pending -= 1
+                self.progress = True
+        return self.pending == 0

@@ -1,0 +1,76 @@
+"""The embedded engine: runs DAGs in this process on a small pool of threads."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import MutableMapping
+from typing import Any
+
+from slipstream.core.config import JobConfig
+from slipstream.core.dag import DAG
+from slipstream.core.services import InMemoryServices
+from slipstream.engine.job import Job
+
+
+class LocalEngine:
+    """``ss.local(cooperative_threads=None, members=1)``.
+
+    ``members`` > 1 simulates a cluster in one process: every vertex gets
+    ``local_parallelism`` processors per member, member-local edges stay within a member
+    and distributed edges cross members, so distribution semantics can be tested here.
+    """
+
+    def __init__(
+        self,
+        cooperative_threads: int | None = None,
+        members: int = 1,
+        work_dir: str | None = None,
+    ) -> None:
+        if cooperative_threads is None:
+            cooperative_threads = os.cpu_count() or 1
+        if cooperative_threads < 1:
+            raise ValueError(f"cooperative_threads must be >= 1, got {cooperative_threads}")
+        if members < 1:
+            raise ValueError(f"members must be >= 1, got {members}")
+        self.cooperative_threads = cooperative_threads
+        self.member_count = members
+        self.work_dir = work_dir or os.path.join(os.getcwd(), ".slipstream")
+        self.services = InMemoryServices()
+        self._jobs: list[Job] = []
+        self._lock = threading.Lock()
+
+    def new_job(self, dag: DAG, config: JobConfig | None = None, **kwargs: Any) -> Job:
+        """Validate ``dag`` and start it; returns the running :class:`Job`."""
+        if not isinstance(dag, DAG):
+            raise TypeError(f"new_job() needs a DAG, got {type(dag).__name__}")
+        config = config or JobConfig()
+        job = Job(self, dag, config)
+        with self._lock:
+            self._jobs.append(job)
+        job._start()
+        return job
+
+    def get_list(self, name: str) -> list[Any]:
+        return self.services.get_list(name)
+
+    def get_map(self, name: str) -> MutableMapping[Any, Any]:
+        return self.services.get_map(name)
+
+    @property
+    def jobs(self) -> list[Job]:
+        return list(self._jobs)
+
+    def shutdown(self) -> None:
+        """Cancel every running job."""
+        for j in self._jobs:
+            j.cancel()
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"LocalEngine(cooperative_threads={self.cooperative_threads}, members={self.member_count})"

@@ -1,0 +1,199 @@
+"""Turns a DAG into processors, queues and tasklets (the execution plan, seed 004).
+
+For each vertex the meta-supplier is asked once for a supplier per member, each supplier
+for ``local_parallelism`` processors. For each edge every connected (producer, consumer)
+pair gets its own bounded queue; the producer gets a collector that routes into its
+queues, the consumer an inbound stream over the queues that feed it. The embedded
+engine and the Spark engine both build their tasklets here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slipstream.core.config import JobConfig, ProcessingGuarantee
+from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex
+from slipstream.core.partition import DEFAULT_PARTITION_COUNT, partition_table
+from slipstream.core.processor import Context, Processor
+from slipstream.core.suppliers import (
+    MemberAddress,
+    ProcessorSupplier,
+    SupplierContext,
+    processors_of,
+)
+from slipstream.engine.collectors import Collector, PerTargetCollector, RoundRobinCollector
+from slipstream.engine.inbound import InboundEdgeStream
+from slipstream.engine.queues import SpscQueue
+
+
+def member_addresses(member_count: int) -> list[MemberAddress]:
+    return [MemberAddress("127.0.0.1", 5701 + i) for i in range(member_count)]
+
+
+def effective_parallelism(vertex: Vertex, default: int) -> int:
+    lp = vertex.get_local_parallelism()
+    if lp != -1:
+        return lp
+    preferred = vertex.meta_supplier.preferred_local_parallelism()
+    return min(preferred, default) if preferred > 0 else default
+
+
+@dataclass
+class VertexPlan:
+    vertex: Vertex
+    local_parallelism: int
+    member_count: int
+    suppliers: list[ProcessorSupplier] = field(default_factory=list)
+    processors: list[Processor] = field(default_factory=list)  # by global index
+    contexts: list[Context] = field(default_factory=list)
+
+    @property
+    def total_parallelism(self) -> int:
+        return self.local_parallelism * self.member_count
+
+    def member_of(self, global_index: int) -> int:
+        return global_index // self.local_parallelism
+
+
+def edge_targets(edge: Edge, src: VertexPlan, dst: VertexPlan, producer: int) -> list[int]:
+    """Global indices of the consumers that ``producer`` (a global index) sends to."""
+    member = src.member_of(producer)
+    d = dst.local_parallelism
+    if edge.routing is RoutingPolicy.ISOLATED:
+        u_local = producer - member * src.local_parallelism
+        u = src.local_parallelism
+        return [member * d + i for i in range(d) if i % u == u_local % d]
+    if edge.routing is RoutingPolicy.ALL_TO_ONE:
+        table = partition_table(
+            DEFAULT_PARTITION_COUNT, dst.member_count, d, edge.is_distributed, member
+        )
+        return [table[0]]
+    if edge.is_distributed:
+        return list(range(dst.total_parallelism))
+    return [member * d + i for i in range(d)]
+
+
+def make_collector(
+    edge: Edge, src: VertexPlan, dst: VertexPlan, producer: int, queues: Sequence[SpscQueue]
+) -> Collector:
+    targets = edge_targets(edge, src, dst, producer)
+    routing = edge.routing
+    if routing is RoutingPolicy.PARTITIONED:
+        table = partition_table(
+            DEFAULT_PARTITION_COUNT,
+            dst.member_count,
+            dst.local_parallelism,
+            edge.is_distributed,
+            src.member_of(producer),
+        )
+        position = {t: i for i, t in enumerate(targets)}
+        return PerTargetCollector(
+            queues,
+            key_fn=edge.key_fn,
+            partitioner=edge.partitioner,
+            partition_to_target=[position[t] for t in table],
+        )
+    if routing is RoutingPolicy.BROADCAST:
+        return PerTargetCollector(queues)
+    c = RoundRobinCollector(queues)
+    c.cursor = producer % len(queues)
+    return c
+
+
+@dataclass
+class TaskletSpec:
+    """Everything needed to build one processor's tasklet."""
+
+    vertex: VertexPlan
+    global_index: int
+    processor: Processor
+    context: Context
+    inbound: list[InboundEdgeStream] = field(default_factory=list)
+    outbound: list[Collector] = field(default_factory=list)
+
+
+def build_vertex_plans(
+    dag: DAG,
+    config: JobConfig,
+    member_count: int,
+    default_parallelism: int,
+    services: Any,
+    job_name: str,
+) -> dict[str, VertexPlan]:
+    dag.validate(default_parallelism=default_parallelism, check_pickle=True)
+    addresses = member_addresses(member_count)
+    plans: dict[str, VertexPlan] = {}
+    for v in dag.topological_order():
+        lp = effective_parallelism(v, default_parallelism)
+        vp = VertexPlan(v, lp, member_count)
+        sctx = SupplierContext(v.name, job_name, lp, lp * member_count, member_count)
+        for m, (supplier, procs) in enumerate(processors_of(v.meta_supplier, sctx, addresses)):
+            vp.suppliers.append(supplier)
+            for i, p in enumerate(procs):
+                vp.processors.append(p)
+                vp.contexts.append(
+                    Context(
+                        vertex_name=v.name,
+                        global_processor_index=m * lp + i,
+                        local_processor_index=i,
+                        local_parallelism=lp,
+                        total_parallelism=lp * member_count,
+                        member_index=m,
+                        member_count=member_count,
+                        processing_guarantee=config.processing_guarantee,
+                        job_name=job_name,
+                        services=services,
+                    )
+                )
+        plans[v.name] = vp
+    return plans
+
+
+def wire(
+    dag: DAG,
+    plans: dict[str, VertexPlan],
+    guarantee: ProcessingGuarantee,
+    queue_factory: Callable[[Edge, int, int], SpscQueue] | None = None,
+) -> list[TaskletSpec]:
+    """Create queues, collectors and inbound streams for every edge."""
+    specs: dict[tuple[str, int], TaskletSpec] = {}
+    for name, vp in plans.items():
+        for g, (p, ctx) in enumerate(zip(vp.processors, vp.contexts, strict=True)):
+            specs[(name, g)] = TaskletSpec(vp, g, p, ctx)
+    exactly_once = guarantee is ProcessingGuarantee.EXACTLY_ONCE
+    for v in dag.topological_order():
+        for e in dag.outbound_edges(v):
+            src = plans[e.source.name]
+            dst = plans[e.dest.name]  # type: ignore[union-attr]
+            feeding: dict[int, list[SpscQueue]] = {c: [] for c in range(dst.total_parallelism)}
+            for producer in range(src.total_parallelism):
+                targets = edge_targets(e, src, dst, producer)
+                queues = []
+                for c in targets:
+                    if queue_factory is not None:
+                        q = queue_factory(e, producer, c)
+                    else:
+                        q = SpscQueue(
+                            e.get_queue_size(),
+                            f"{e.source.name}#{producer}->{dst.vertex.name}#{c}",
+                        )
+                    queues.append(q)
+                    feeding[c].append(q)
+                specs[(src.vertex.name, producer)].outbound.append(
+                    make_collector(e, src, dst, producer, queues)
+                )
+            for c, qs in feeding.items():
+                if not qs:
+                    continue
+                specs[(dst.vertex.name, c)].inbound.append(
+                    InboundEdgeStream(
+                        e.dest_ordinal,
+                        e.get_priority(),
+                        qs,
+                        exactly_once=exactly_once,
+                        label=f"edge {e.source.name!r} -> {dst.vertex.name!r} (ordinal {e.dest_ordinal})",
+                    )
+                )
+    return list(specs.values())

@@ -1,0 +1,483 @@
+"""The processor tasklet: the one place that drives a processor (reference A.4).
+
+It feeds the inbox from the inbound edges (highest priority group first, round robin
+within a group), presents coalesced watermarks, calls ``try_process`` / ``process`` /
+``complete_edge`` / ``complete``, aligns snapshot barriers and calls the snapshot
+callbacks, and moves the outbox into the outbound collectors while honouring their
+back-pressure. The embedded engine runs tasklets on worker threads; the Spark engine runs
+the very same class inside a Spark task. Nothing else drives processors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from slipstream.core.config import ProcessingGuarantee
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import (
+    DONE_ITEM,
+    IDLE_MESSAGE,
+    IdleMessage,
+    SnapshotBarrier,
+    Watermark,
+)
+from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY, Outbox
+from slipstream.core.processor import Context, Processor
+from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer
+from slipstream.engine.collectors import Collector
+from slipstream.engine.inbound import InboundEdgeStream
+
+NO_PROGRESS = 0
+MADE_PROGRESS = 1
+DONE = 2
+
+# states
+RESTORE = 0
+FINISH_RESTORE = 1
+PROCESS_WATERMARK = 2
+NULLARY_PROCESS = 3
+PROCESS_INBOX = 4
+COMPLETE_EDGE = 5
+SAVE_SNAPSHOT = 6
+EMIT_BARRIER = 7
+COMPLETE = 8
+EMIT_DONE = 9
+CLOSE = 10
+END = 11
+
+_STATE_NAMES = {
+    v: k
+    for k, v in dict(
+        RESTORE=RESTORE,
+        FINISH_RESTORE=FINISH_RESTORE,
+        PROCESS_WATERMARK=PROCESS_WATERMARK,
+        NULLARY_PROCESS=NULLARY_PROCESS,
+        PROCESS_INBOX=PROCESS_INBOX,
+        COMPLETE_EDGE=COMPLETE_EDGE,
+        SAVE_SNAPSHOT=SAVE_SNAPSHOT,
+        EMIT_BARRIER=EMIT_BARRIER,
+        COMPLETE=COMPLETE,
+        EMIT_DONE=EMIT_DONE,
+        CLOSE=CLOSE,
+        END=END,
+    ).items()
+}
+
+
+class SnapshotSink(Protocol):
+    """Where a tasklet's snapshot state goes (the engine's snapshot coordinator)."""
+
+    def requested_snapshot(self) -> SnapshotBarrier | None:
+        """The newest barrier the coordinator asked sources to start, if any."""
+
+    def add_entries(self, tasklet: ProcessorTasklet, snapshot_id: int, entries: list[Any]) -> None:
+        """Store part of a processor's state for ``snapshot_id``."""
+
+    def processor_done(self, tasklet: ProcessorTasklet, barrier: SnapshotBarrier) -> None:
+        """A processor finished saving ``barrier``'s snapshot."""
+
+
+class _SpecialMarkingOutbox(Outbox):
+    """The outbox a tasklet gives its processor: remembers whether a watermark or idle mark
+    was offered, so flushing can skip the per-item scan for specials."""
+
+    __slots__ = ("specials",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.specials = False
+
+    def offer(self, item: Any, ordinal: Any = None) -> bool:
+        t = type(item)
+        if t is Watermark or t is IdleMessage:
+            self.specials = True
+        return Outbox.offer(self, item, ordinal)
+
+
+class ProcessorTasklet:
+    """Drives one processor. ``call()`` does a small step and returns ``NO_PROGRESS``,
+    ``MADE_PROGRESS`` or ``DONE``."""
+
+    def __init__(
+        self,
+        processor: Processor,
+        context: Context,
+        inbound: Sequence[InboundEdgeStream],
+        outbound: Sequence[Collector],
+        *,
+        guarantee: ProcessingGuarantee = ProcessingGuarantee.NONE,
+        snapshot_sink: SnapshotSink | None = None,
+        restore_entries: list[Any] | None = None,
+        outbox_capacity: int = DEFAULT_BUCKET_CAPACITY,
+        blocking_flush: Any = None,
+    ) -> None:
+        self.processor = processor
+        self.context = context
+        self.vertex_name = context.vertex_name
+        self.index = context.global_processor_index
+        self.collectors = list(outbound)
+        self.cooperative = bool(processor.is_cooperative())
+        self.outbox = _SpecialMarkingOutbox(
+            len(self.collectors),
+            outbox_capacity,
+            flush_fn=None if self.cooperative else (blocking_flush or self._blocking_flush),
+        )
+        self.guarantee = guarantee
+        self.exactly_once = guarantee is ProcessingGuarantee.EXACTLY_ONCE
+        self.snapshot_sink = snapshot_sink
+        self.inbox = Inbox()
+        self.inbox_ordinal = -1
+
+        streams = sorted(inbound, key=lambda s: (s.priority, s.ordinal))
+        self.streams = streams
+        self.ordinal_index = {s.ordinal: i for i, s in enumerate(streams)}
+        self.coalescer = WatermarkCoalescer(
+            len(streams), [f"inbound edge ordinal {s.ordinal}" for s in streams]
+        )
+        self.groups: list[list[InboundEdgeStream]] = []
+        for s in streams:
+            if self.groups and self.groups[-1][0].priority == s.priority:
+                self.groups[-1].append(s)
+            else:
+                self.groups.append([s])
+        self.cursor = 0
+        self.live_streams = len(streams)
+        self.barrier_at = [False] * len(streams)
+        self.barrier_count = 0
+        self.pending_barrier: SnapshotBarrier | None = None
+        self._aligning: SnapshotBarrier | None = None
+        self.last_snapshot_id = 0
+        self.completed_edges: list[int] = []
+        self.pending_wm: Any = NO_NEW_WM
+        self.filled_once = False
+
+        self.restore_entries = restore_entries
+        self.state = RESTORE if restore_entries is not None else self._processing_state()
+        self.items_out = 0
+        self.cancelled = False
+        self.closed = False
+        self.progress = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def init(self) -> None:
+        self.processor.init(self.outbox, self.context)
+
+    def _processing_state(self) -> int:
+        return PROCESS_WATERMARK if self.streams else COMPLETE
+
+    @property
+    def items_in(self) -> int:
+        return sum(s.items_in for s in self.streams)
+
+    @property
+    def state_name(self) -> str:
+        return _STATE_NAMES[self.state]
+
+    def close(self) -> None:
+        """Close the processor once (also on failure); errors are the caller's to log."""
+        if not self.closed:
+            self.closed = True
+            self.processor.close()
+
+    def __repr__(self) -> str:
+        return f"ProcessorTasklet({self.vertex_name}#{self.index}, {self.state_name})"
+
+    # -- the step ----------------------------------------------------------------------
+    def call(self) -> int:
+        self.progress = False
+        if not self._flush():
+            return MADE_PROGRESS if self.progress else NO_PROGRESS
+        self._step()
+        self._flush()
+        if self.state == END and self._outbound_empty():
+            return DONE
+        return MADE_PROGRESS if self.progress else NO_PROGRESS
+
+    def _step(self) -> None:
+        state = self.state
+        if state == PROCESS_WATERMARK:
+            if not self._process_watermark():
+                return
+            state = self.state = NULLARY_PROCESS
+        if state == NULLARY_PROCESS:
+            if self.filled_once and self.live_streams and not self.processor.try_process():
+                return
+            state = self.state = PROCESS_INBOX
+        if state == PROCESS_INBOX:
+            self._process_inbox()
+            return
+        if state == COMPLETE_EDGE:
+            ordinal = self.completed_edges[0]
+            if self.processor.complete_edge(ordinal):
+                self.completed_edges.pop(0)
+                self.progress = True
+                if not self.completed_edges:
+                    if self.live_streams == 0 and self.pending_wm is NO_NEW_WM:
+                        self.state = COMPLETE
+                    else:
+                        self.state = PROCESS_WATERMARK
+            return
+        if state == SAVE_SNAPSHOT:
+            self._save_snapshot()
+            return
+        if state == EMIT_BARRIER:
+            self._emit_barrier()
+            return
+        if state == COMPLETE:
+            self._complete()
+            return
+        if state == EMIT_DONE:
+            self._emit_special(DONE_ITEM)
+            self.state = CLOSE
+            self.progress = True
+            return
+        if state == CLOSE:
+            if self._outbound_empty():
+                self.close()
+                self.state = END
+                self.progress = True
+            return
+        if state == RESTORE:
+            self._restore()
+            return
+        if state == FINISH_RESTORE:
+            if self.processor.finish_snapshot_restore():
+                self.progress = True
+                self.state = self._processing_state()
+            return
+
+    # -- states ------------------------------------------------------------------------
+    def _process_watermark(self) -> bool:
+        wm = self.pending_wm
+        if wm is NO_NEW_WM:
+            wm = self.coalescer.check_pending_idle()
+            if wm is NO_NEW_WM:
+                return True
+            self.pending_wm = wm
+        if wm is IDLE_MESSAGE:
+            # processors never see idle marks: forward them to every output
+            self._emit_special(IDLE_MESSAGE)
+        elif not self.processor.try_process_watermark(Watermark(wm)):
+            return False
+        self.pending_wm = NO_NEW_WM
+        self.progress = True
+        return True
+
+    def _process_inbox(self) -> None:
+        inbox = self.inbox
+        if not inbox:
+            self._fill_inbox()
+        if inbox:
+            before = len(inbox)
+            self.processor.process(self.inbox_ordinal, inbox)
+            if len(inbox) != before:
+                self.progress = True
+            if inbox:
+                return
+        if self.completed_edges:
+            self.state = COMPLETE_EDGE
+        elif self.pending_barrier is not None:
+            self.state = SAVE_SNAPSHOT
+        elif self.live_streams == 0:
+            self.state = COMPLETE
+        else:
+            self.state = PROCESS_WATERMARK
+
+    def _fill_inbox(self) -> None:
+        if self.pending_barrier is not None or self.completed_edges:
+            return
+        self.filled_once = True
+        if not self.groups:
+            return
+        group = self.groups[0]
+        n = len(group)
+        inbox = self.inbox
+        coalescer = self.coalescer
+        for _ in range(n):
+            if self.cursor >= n:
+                self.cursor = 0
+            stream = group[self.cursor]
+            self.cursor += 1
+            si = self.ordinal_index[stream.ordinal]
+            if self.barrier_at[si] and (self.exactly_once or self._terminal_aligning()):
+                continue
+            if not stream.drain_to(inbox):
+                continue
+            self.progress = True
+            self.inbox_ordinal = stream.ordinal
+            if inbox:
+                coalescer.observe_event(si)
+            wm = stream.wm_out
+            if wm is not None:
+                out = coalescer.observe_wm(si, wm)
+                if out is not NO_NEW_WM:
+                    self.pending_wm = out
+            barrier = stream.barrier_out
+            if barrier is not None:
+                self._barrier_on(si, barrier)
+            if stream.done:
+                group.remove(stream)
+                self.cursor = 0
+                self.live_streams -= 1
+                if not group:
+                    self.groups.pop(0)
+                if self.barrier_at[si]:
+                    self.barrier_at[si] = False
+                    self.barrier_count -= 1
+                out = coalescer.queue_done(si)
+                if out is not NO_NEW_WM and self.pending_wm is NO_NEW_WM:
+                    self.pending_wm = out
+                self.completed_edges.append(stream.ordinal)
+                self._check_barrier_alignment()
+            return
+
+    def _terminal_aligning(self) -> bool:
+        b = self._aligning
+        return b is not None and b.is_terminal
+
+    def _barrier_on(self, si: int, barrier: SnapshotBarrier) -> None:
+        expected = self.last_snapshot_id + 1
+        if barrier.snapshot_id != expected:
+            raise RuntimeError(
+                f"{self.vertex_name}#{self.index}: snapshot barrier {barrier.snapshot_id} "
+                f"received, expected {expected}"
+            )
+        self.barrier_at[si] = True
+        self.barrier_count += 1
+        self._aligning = barrier
+        self._check_barrier_alignment()
+
+    def _check_barrier_alignment(self) -> None:
+        b = self._aligning
+        if b is not None and self.barrier_count == self.live_streams:
+            self.pending_barrier = b
+            self._aligning = None
+
+    def _save_snapshot(self) -> None:
+        if self.processor.save_to_snapshot():
+            self.progress = True
+            self.state = EMIT_BARRIER
+
+    def _emit_barrier(self) -> None:
+        barrier = self.pending_barrier
+        assert barrier is not None
+        # the state was flushed to the snapshot sink by _flush(); now mark the point
+        self._emit_special(barrier)
+        if self.snapshot_sink is not None:
+            self.snapshot_sink.processor_done(self, barrier)
+        self.last_snapshot_id = barrier.snapshot_id
+        self.pending_barrier = None
+        self.barrier_at = [False] * len(self.streams)
+        self.barrier_count = 0
+        self.progress = True
+        if barrier.is_terminal:
+            self.state = CLOSE
+        else:
+            self.state = COMPLETE if self.live_streams == 0 else PROCESS_WATERMARK
+
+    def _complete(self) -> None:
+        sink = self.snapshot_sink
+        if sink is not None:
+            requested = sink.requested_snapshot()
+            if requested is not None and requested.snapshot_id > self.last_snapshot_id:
+                self.pending_barrier = SnapshotBarrier(self.last_snapshot_id + 1, requested.is_terminal)
+                self.state = SAVE_SNAPSHOT
+                self._save_snapshot()
+                return
+        if self.processor.complete():
+            self.progress = True
+            self.state = EMIT_DONE
+
+    def _restore(self) -> None:
+        entries = self.restore_entries
+        inbox = self.inbox
+        if not inbox and entries:
+            inbox.extend(entries)
+            entries.clear()
+        if inbox:
+            before = len(inbox)
+            self.processor.restore_from_snapshot(inbox)
+            if len(inbox) != before:
+                self.progress = True
+            if inbox:
+                return
+        self.restore_entries = None
+        self.state = FINISH_RESTORE
+        self.progress = True
+
+    # -- output ------------------------------------------------------------------------
+    def _emit_special(self, item: Any) -> None:
+        """Queue ``item`` after everything already in the outbox, on every ordinal."""
+        for b in self.outbox.buckets:
+            b.append(item)
+        self.outbox.specials = True
+
+    def _outbound_empty(self) -> bool:
+        if self.outbox.snapshot_bucket:
+            return False
+        for b in self.outbox.buckets:
+            if b:
+                return False
+        for c in self.collectors:
+            if not c.is_empty():
+                return False
+        return True
+
+    def _flush(self) -> bool:
+        """Move bucket contents to collectors and push collectors into queues. ``True``
+        if everything went out."""
+        outbox = self.outbox
+        sb = outbox.snapshot_bucket
+        if sb:
+            barrier = self.pending_barrier
+            if self.snapshot_sink is not None and barrier is not None:
+                self.snapshot_sink.add_entries(self, barrier.snapshot_id, sb.copy())
+            sb.clear()
+            self.progress = True
+        specials = outbox.specials
+        outbox.specials = False
+        ok = True
+        for b, c in zip(outbox.buckets, self.collectors, strict=True):
+            if b:
+                if specials:
+                    _hand_over_mixed(b, c)
+                else:
+                    c.add_chunk(b.copy())
+                b.clear()
+            if not c.is_empty():
+                c.progress = False  # type: ignore[attr-defined]
+                if not c.flush():
+                    ok = False
+                if c.progress:  # type: ignore[attr-defined]
+                    self.progress = True
+        return ok
+
+    def _blocking_flush(self) -> None:
+        """Flush for a non-cooperative processor's outbox: wait until there is room."""
+        idle = 0
+        while not self._flush():
+            if self.cancelled:
+                raise _Cancelled()
+            idle += 1
+            time.sleep(min(0.001, 0.00002 * (1 << min(idle, 6))))
+
+
+class _Cancelled(Exception):
+    """Unwinds a non-cooperative processor blocked on its outbox after cancellation."""
+
+
+def _hand_over_mixed(bucket: list[Any], collector: Collector) -> None:
+    chunk: list[Any] = []
+    for item in bucket:
+        t = type(item)
+        if t is Watermark or t is IdleMessage or t is SnapshotBarrier or item is DONE_ITEM:
+            if chunk:
+                collector.add_chunk(chunk)
+                chunk = []
+            collector.add_special(item)
+        else:
+            chunk.append(item)
+    if chunk:
+        collector.add_chunk(chunk)

@@ -1,0 +1,1 @@
+"""The Spark engine: runs slipstream DAGs on Apache Spark through PySpark."""
