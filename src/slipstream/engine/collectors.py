@@ -23,6 +23,7 @@ from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partition
 from slipstream.engine.queues import SpscQueue
 
 _KEY_CACHE_LIMIT = 1 << 16
+_SPLIT_AT = 256
 
 
 class Collector:
@@ -46,12 +47,22 @@ class Collector:
 
 
 class RoundRobinCollector(Collector):
-    __slots__ = ("queues", "backlog", "cursor", "special_done", "items_out", "progress")
+    __slots__ = (
+        "queues",
+        "backlog",
+        "cursor",
+        "special_done",
+        "items_out",
+        "progress",
+        "max_chunk",
+    )
 
     def __init__(self, queues: Sequence[SpscQueue]) -> None:
         if not queues:
             raise ValueError("a collector needs at least one queue")
         self.queues = list(queues)
+        # a chunk never exceeds a queue's capacity, so queue_size bounds what is in flight
+        self.max_chunk = min(q.capacity for q in self.queues)
         self.backlog: deque[Any] = deque()
         self.cursor = 0
         self.special_done: list[bool] | None = None
@@ -59,7 +70,17 @@ class RoundRobinCollector(Collector):
         self.progress = False
 
     def add_chunk(self, chunk: list[Any]) -> None:
-        self.backlog.append(chunk)
+        n = len(self.queues)
+        size = len(chunk)
+        step = self.max_chunk
+        if n > 1 and size >= _SPLIT_AT:
+            # spread a big chunk over the consumers instead of handing it all to one
+            step = min(step, -(-size // n))
+        if size <= step:
+            self.backlog.append(chunk)
+        else:
+            for i in range(0, size, step):
+                self.backlog.append(chunk[i : i + step])
 
     def add_special(self, item: Any) -> None:
         self.backlog.append(_Special(item))
@@ -123,6 +144,7 @@ class PerTargetCollector(Collector):
         "items_out",
         "progress",
         "pending",
+        "max_chunk",
     )
 
     def __init__(
@@ -143,9 +165,20 @@ class PerTargetCollector(Collector):
         self.items_out = 0
         self.progress = False
         self.pending = 0
+        self.max_chunk = min((q.capacity for q in self.queues), default=1)
 
     def is_empty(self) -> bool:
         return self.pending == 0
+
+    def _append(self, i: int, chunk: list[Any]) -> None:
+        step = self.max_chunk
+        if len(chunk) <= step:
+            self.backlogs[i].append(chunk)
+            self.pending += 1
+        else:
+            for j in range(0, len(chunk), step):
+                self.backlogs[i].append(chunk[j : j + step])
+                self.pending += 1
 
     def add_special(self, item: Any) -> None:
         for b in self.backlogs:
@@ -157,19 +190,16 @@ class PerTargetCollector(Collector):
         n = len(backlogs)
         self.items_out += len(chunk)
         if self.key_fn is None:  # broadcast: consumers never mutate chunks, share it
-            for b in backlogs:
-                b.append(chunk)
-            self.pending += n
+            for i in range(n):
+                self._append(i, chunk)
             return
         if n == 1:
-            backlogs[0].append(chunk)
-            self.pending += 1
+            self._append(0, chunk)
             return
         parts = self._split(chunk, n)
         for i, part in enumerate(parts):
             if part:
-                backlogs[i].append(part)
-                self.pending += 1
+                self._append(i, part)
 
     def _split(self, chunk: list[Any], n: int) -> list[list[Any]]:
         parts: list[list[Any]] = [[] for _ in range(n)]

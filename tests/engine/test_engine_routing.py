@@ -1,0 +1,156 @@
+"""Routing, locality, parallelism and priority on the embedded engine."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, defaultdict
+
+import pytest
+from engine_test_procs import Collect, ListSource, Tagger
+
+import slipstream as ss
+from slipstream import DAG, Edge
+from slipstream.core.partition import default_partitioner
+
+
+def run(dag: DAG, members: int = 1, threads: int = 2) -> ss.LocalEngine:
+    engine = ss.local(cooperative_threads=threads, members=members)
+    engine.new_job(dag).join(timeout=30)
+    return engine
+
+
+def chain(routing, data, src_lp=2, tag_lp=3, members=1, distributed=False):
+    dag = DAG()
+    s = dag.new_vertex("src", functools.partial(ListSource, data)).local_parallelism(src_lp)
+    t = dag.new_vertex("tag", Tagger).local_parallelism(tag_lp)
+    c = dag.new_vertex("sink", functools.partial(Collect, "out")).local_parallelism(1)
+    e = routing(Edge.between(s, t))
+    if distributed:
+        e.distributed()
+    dag.edge(e).edge(Edge.between(t, c).distributed().all_to_one())
+    engine = run(dag, members=members)
+    return [item for (_g, _o, item) in engine.get_list("out")]
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_unicast_delivers_each_item_once(members: int) -> None:
+    data = list(range(5000))
+    out = chain(lambda e: e, data, members=members)
+    assert sorted(x[3] for x in out) == data
+
+
+@pytest.mark.parametrize("members,distributed", [(1, False), (2, False), (2, True)])
+def test_partitioned_sends_equal_keys_to_one_processor(members: int, distributed: bool) -> None:
+    data = [i % 37 for i in range(3000)]
+    out = chain(lambda e: e.partitioned(lambda x: x), data, members=members, distributed=distributed)
+    assert Counter(x[3] for x in out) == Counter(data)
+    # a local edge partitions within each member, a distributed one across the cluster
+    owner: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for g, m, _o, item in out:
+        owner[(m if not distributed else 0, item)].add(g)
+    assert all(len(v) == 1 for v in owner.values())
+    from slipstream.core.partition import partition_table
+
+    for (m, key), gs in owner.items():
+        table = partition_table(271, members, 3, distributed, m)
+        assert gs == {table[default_partitioner(key, 271)]}
+
+
+def test_member_local_edge_keeps_items_on_their_member() -> None:
+    data = list(range(2000))
+    dag = DAG()
+    s = dag.new_vertex("src", functools.partial(ListSource, data)).local_parallelism(2)
+    t = dag.new_vertex("tag", Tagger).local_parallelism(2)
+    c = dag.new_vertex("sink", functools.partial(Collect, "out")).local_parallelism(1)
+    dag.edge(Edge.between(s, t)).edge(Edge.between(t, c).distributed().all_to_one())
+    engine = run(dag, members=2)
+    out = [item for (_g, _o, item) in engine.get_list("out")]
+    assert sorted(x[3] for x in out) == data
+    # source processor g (member g // 2) got data[g::4]; its items must stay on that member
+    for _g, member, _o, item in out:
+        assert (item % 4) // 2 == member
+
+
+def test_distributed_unicast_crosses_members() -> None:
+    data = list(range(4000))
+    out = chain(lambda e: e, data, src_lp=1, tag_lp=2, members=2, distributed=True)
+    members_seen = {m for (_g, m, _o, item) in out if item % 2 == 0}
+    assert members_seen == {0, 1}  # items of source on member 0 reach member 1 too
+
+
+def test_broadcast_gives_every_consumer_every_item() -> None:
+    data = list(range(300))
+    out = chain(lambda e: e.broadcast(), data, tag_lp=3)
+    per = defaultdict(list)
+    for g, _m, _o, item in out:
+        per[g].append(item)
+    assert set(per) == {0, 1, 2}
+    assert all(sorted(v) == data for v in per.values())
+
+
+def test_isolated_edge_pairs_processors() -> None:
+    data = list(range(600))
+    out = chain(lambda e: e.isolated(), data, src_lp=3, tag_lp=3)
+    for g, _m, _o, item in out:
+        assert item % 3 == g
+
+
+def test_all_to_one_uses_one_consumer() -> None:
+    out = chain(lambda e: e.all_to_one(), list(range(500)), tag_lp=4)
+    assert {g for (g, _m, _o, _i) in out} and len({g for (g, _m, _o, _i) in out}) == 1
+
+
+def test_priority_edge_is_drained_first() -> None:
+    dag = DAG()
+    a = dag.new_vertex("build", functools.partial(ListSource, list(range(3000)))).local_parallelism(2)
+    b = dag.new_vertex("probe", functools.partial(ListSource, list(range(3000)))).local_parallelism(2)
+    c = dag.new_vertex("join", functools.partial(Collect, "out")).local_parallelism(1)
+    dag.edge(Edge.from_(a).to(c, 0).priority(-1)).edge(Edge.from_(b).to(c, 1))
+    engine = run(dag)
+    ordinals = [o for (_g, o, _i) in engine.get_list("out")]
+    assert ordinals == [0] * 3000 + [1] * 3000
+
+
+def test_multiple_outbound_ordinals_and_offer_to_all() -> None:
+    dag = DAG()
+    s = dag.new_vertex("src", functools.partial(ListSource, list(range(100)))).local_parallelism(1)
+    c0 = dag.new_vertex("c0", functools.partial(Collect, "a"))
+    c1 = dag.new_vertex("c1", functools.partial(Collect, "b"))
+    dag.edge(Edge.from_(s, 0).to(c0)).edge(Edge.from_(s, 1).to(c1))
+    engine = run(dag)
+    assert sorted(i for (_g, _o, i) in engine.get_list("a")) == list(range(100))
+    assert sorted(i for (_g, _o, i) in engine.get_list("b")) == list(range(100))
+
+
+def test_default_parallelism_is_cooperative_thread_count() -> None:
+    seen = []
+
+    class Probe(ss.AbstractProcessor):
+        def init_processor(self, context: ss.Context) -> None:
+            seen.append((context.local_parallelism, context.total_parallelism))
+
+    dag = DAG()
+    dag.new_vertex("p", Probe)
+    ss.local(cooperative_threads=3, members=2).new_job(dag).join(10)
+    assert seen == [(3, 6)] * 6
+
+
+def test_meta_supplier_sees_every_member() -> None:
+    from slipstream.core.suppliers import FactorySupplier, ProcessorMetaSupplier
+
+    calls: list = []
+
+    class Meta(ProcessorMetaSupplier):
+        def get(self, addresses):
+            calls.append(list(addresses))
+            return lambda address: FactorySupplier(
+                functools.partial(ListSource, [str(address)] * 2)
+            )
+
+    dag = DAG()
+    s = dag.new_vertex("src", Meta()).local_parallelism(1)
+    c = dag.new_vertex("sink", functools.partial(Collect, "out")).local_parallelism(1)
+    dag.edge(Edge.between(s, c).distributed().all_to_one())
+    engine = run(dag, members=3)
+    assert len(calls) == 1 and len(calls[0]) == 3
+    assert len(engine.get_list("out")) == 2  # 3 processors split each list of 2 by global index
