@@ -9,6 +9,7 @@ cannot be pickled). Every error is a :class:`DagError` naming the vertex and ord
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,11 @@ from slipstream.core.errors import DagError
 from slipstream.core.partition import Partitioner
 from slipstream.core.suppliers import ProcessorMetaSupplier, to_meta_supplier
 
-__all__ = ["DAG", "Vertex", "Edge", "RoutingPolicy", "DEFAULT_QUEUE_SIZE"]
+__all__ = ["DAG", "Vertex", "Edge", "RoutingPolicy", "DEFAULT_QUEUE_SIZE", "DagWarning"]
+
+
+class DagWarning(UserWarning):
+    """A DAG that is valid but likely to misbehave (e.g. a priority diamond)."""
 
 DEFAULT_QUEUE_SIZE = 1024
 
@@ -314,8 +319,45 @@ class DAG:
                         f"parallelism ({e.source.name!r}: {a}, "
                         f"{e.dest.name!r}: {b})"  # type: ignore[union-attr]
                     )
+        self._warn_priority_diamonds()
         if check_pickle:
             self.check_picklable()
+
+    def _ancestors(self, v: Vertex) -> set[str]:
+        seen: set[str] = set()
+        todo = [v.name]
+        while todo:
+            n = todo.pop()
+            for e in self._edges:
+                if e.dest.name == n and e.source.name not in seen:  # type: ignore[union-attr]
+                    seen.add(e.source.name)
+                    todo.append(e.source.name)
+        return seen
+
+    def _warn_priority_diamonds(self) -> None:
+        """Warn where inbound edges of different priority share an upstream vertex: the
+        consumer drains the higher-priority branch to the end first, so unless the other
+        branch fits in its queues the job deadlocks (a known Jet pitfall)."""
+        for v in self._vertices.values():
+            inbound = self.inbound_edges(v)
+            if len({e.get_priority() for e in inbound}) < 2:
+                continue
+            lineages = [self._ancestors(e.source) | {e.source.name} for e in inbound]
+            for i in range(len(inbound)):
+                for j in range(i + 1, len(inbound)):
+                    if inbound[i].get_priority() == inbound[j].get_priority():
+                        continue
+                    common = lineages[i] & lineages[j]
+                    if common:
+                        warnings.warn(
+                            f"vertex {v.name!r}: inbound edges {inbound[i].dest_ordinal} and "
+                            f"{inbound[j].dest_ordinal} have different priorities but share "
+                            f"upstream vertex {sorted(common)[0]!r}; this can deadlock unless "
+                            "the lower-priority branch fits in its queues",
+                            DagWarning,
+                            stacklevel=3,
+                        )
+                        return
 
     def check_picklable(self) -> None:
         """Every supplier and edge function must survive cloudpickle, so the same DAG can

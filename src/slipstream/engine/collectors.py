@@ -202,6 +202,8 @@ class PerTargetCollector(Collector):
                 self._append(i, part)
 
     def _split(self, chunk: list[Any], n: int) -> list[list[Any]]:
+        # measured faster than map/compress variants: one Python loop, a dict lookup of
+        # the key's target (cached partition lookup), a bound append
         parts: list[list[Any]] = [[] for _ in range(n)]
         appends = [p.append for p in parts]
         key_fn = self.key_fn
@@ -210,9 +212,9 @@ class PerTargetCollector(Collector):
         table = self.partition_to_target
         partitioner = self.partitioner
         pc = self.partition_count
+        if len(cache) > _KEY_CACHE_LIMIT:
+            cache.clear()
         try:
-            if len(cache) > _KEY_CACHE_LIMIT:
-                cache.clear()
             for item in chunk:
                 k = key_fn(item)  # type: ignore[misc]
                 t = get(k)

@@ -115,6 +115,7 @@ class Job:
                     s.inbound,
                     s.outbound,
                     guarantee=self.config.processing_guarantee,
+                    outbox_capacity=engine.outbox_capacity,
                 )
             )
         self._tasklets = tasklets

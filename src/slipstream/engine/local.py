@@ -9,6 +9,7 @@ from typing import Any
 
 from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG
+from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY
 from slipstream.core.services import InMemoryServices
 from slipstream.engine.job import Job
 
@@ -26,6 +27,7 @@ class LocalEngine:
         cooperative_threads: int | None = None,
         members: int = 1,
         work_dir: str | None = None,
+        outbox_capacity: int = DEFAULT_BUCKET_CAPACITY,
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = os.cpu_count() or 1
@@ -33,6 +35,10 @@ class LocalEngine:
             raise ValueError(f"cooperative_threads must be >= 1, got {cooperative_threads}")
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
+        if outbox_capacity < 1:
+            raise ValueError(f"outbox_capacity must be >= 1, got {outbox_capacity}")
+        # per outbound ordinal; 1 is useful in tests (every offer may be refused)
+        self.outbox_capacity = outbox_capacity
         self.cooperative_threads = cooperative_threads
         self.member_count = members
         self.work_dir = work_dir or os.path.join(os.getcwd(), ".slipstream")

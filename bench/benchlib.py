@@ -1,0 +1,97 @@
+"""Shared helpers for the benchmarks: deterministic data, isolated runs, result tables.
+
+Each variant runs in a fresh subprocess so that its peak memory (ru_maxrss) is its own
+and one variant's garbage does not slow the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+VOCAB_SIZE = 50_000
+WORDS_PER_LINE = 10
+
+
+def vocabulary(size: int = VOCAB_SIZE) -> list[str]:
+    """Pronounceable pseudo-words, the same on every run."""
+    syll = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po", "da", "fu", "gi", "he"]
+    out = []
+    i = 0
+    while len(out) < size:
+        n = i
+        w = ""
+        while True:
+            w += syll[n % len(syll)]
+            n //= len(syll)
+            if n == 0:
+                break
+        out.append(w)
+        i += 1
+    return out
+
+
+def zipf_words(n: int, vocab_size: int = VOCAB_SIZE, seed: int = 42) -> list[str]:
+    """``n`` words drawn Zipf-like (weight 1/rank) over the vocabulary, fixed seed."""
+    rng = random.Random(seed)
+    vocab = vocabulary(vocab_size)
+    weights = [1.0 / (r + 1) for r in range(vocab_size)]
+    return rng.choices(vocab, weights, k=n)
+
+
+def write_corpus(directory: str, n_words: int, files: int = 8, seed: int = 42) -> None:
+    """The corpus as ``files`` text files of ten words per line (reused if present)."""
+    marker = os.path.join(directory, f".complete-{n_words}-{files}-{seed}")
+    if os.path.exists(marker):
+        return
+    os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):
+        os.remove(os.path.join(directory, name))
+    words = zipf_words(n_words, seed=seed)
+    lines = [" ".join(words[i : i + WORDS_PER_LINE]) for i in range(0, n_words, WORDS_PER_LINE)]
+    per = -(-len(lines) // files)
+    for f in range(files):
+        with open(os.path.join(directory, f"part-{f:02d}.txt"), "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines[f * per : (f + 1) * per]))
+            fh.write("\n")
+    open(marker, "w").close()
+
+
+def run_variant(script: str, variant: str, args: Sequence[str]) -> dict[str, Any]:
+    """Run ``script --variant NAME ...`` in a fresh interpreter; it prints one JSON line."""
+    r = subprocess.run(
+        [sys.executable, script, "--run-variant", variant, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"variant {variant} failed:\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def print_table(title: str, rows: list[dict[str, Any]], baseline: str, count_key: str = "items") -> None:
+    """One row per variant: seconds, items/s, throughput ratio to ``baseline``, peak MB."""
+    base = next(r for r in rows if r["name"] == baseline)
+    base_rate = base[count_key] / base["seconds"]
+    print(f"\n{title}")
+    header = f"{'variant':<34}{'seconds':>9}{'items/s':>14}{'vs ' + baseline:>22}{'peak MB':>10}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        rate = r[count_key] / r["seconds"]
+        print(
+            f"{r['name']:<34}{r['seconds']:>9.2f}{rate:>14,.0f}{rate / base_rate:>21.2f}x"
+            f"{r.get('peak_mb', 0):>10.0f}"
+        )
