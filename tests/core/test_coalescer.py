@@ -1,0 +1,68 @@
+"""Watermark coalescing rules (reference A.6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slipstream.core.items import IDLE_MESSAGE
+from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer, WatermarkOrderError
+
+
+def test_emits_minimum_only_when_all_inputs_reached_it() -> None:
+    c = WatermarkCoalescer(3)
+    assert c.observe_wm(0, 10) is NO_NEW_WM
+    assert c.observe_wm(1, 5) is NO_NEW_WM
+    assert c.observe_wm(2, 7) == 5
+    assert c.observe_wm(1, 8) == 7
+    assert c.observe_wm(2, 20) == 8
+    assert c.observe_wm(1, 9) == 9
+    assert c.observe_wm(1, 30) == 10
+
+
+def test_non_increasing_watermark_is_an_error_naming_the_input() -> None:
+    c = WatermarkCoalescer(2, ["edge x queue 0", "edge x queue 1"])
+    c.observe_wm(1, 5)
+    with pytest.raises(WatermarkOrderError, match="edge x queue 1: 5 after 5"):
+        c.observe_wm(1, 5)
+
+
+def test_finished_input_no_longer_holds_back_but_all_done_gives_nothing_new() -> None:
+    c = WatermarkCoalescer(2)
+    c.observe_wm(0, 10)
+    assert c.queue_done(1) == 10
+    assert c.queue_done(0) is NO_NEW_WM  # never +infinity
+    with pytest.raises(WatermarkOrderError):
+        c.observe_wm(0, 11)
+
+
+def test_all_done_without_watermarks_emits_nothing() -> None:
+    c = WatermarkCoalescer(2)
+    assert c.queue_done(0) is NO_NEW_WM
+    assert c.queue_done(1) is NO_NEW_WM
+
+
+def test_idle_input_is_excluded_and_reactivated_by_data() -> None:
+    c = WatermarkCoalescer(2)
+    assert c.observe_wm(0, 10) is NO_NEW_WM
+    assert c.observe_wm(1, IDLE_MESSAGE) == 10
+    assert c.observe_wm(0, 12) == 12
+    c.observe_event(1)  # input 1 active again with its old watermark (-inf): holds back
+    assert c.observe_wm(0, 15) is NO_NEW_WM
+    assert c.observe_wm(1, 14) == 14
+
+
+def test_all_idle_forwards_top_then_idle_once() -> None:
+    c = WatermarkCoalescer(2)
+    c.observe_wm(0, 10)
+    assert c.observe_wm(1, 4) == 4
+    assert c.observe_wm(0, IDLE_MESSAGE) is NO_NEW_WM
+    assert c.observe_wm(1, IDLE_MESSAGE) == 10  # every input idle: top observed first
+    assert c.check_pending_idle() is IDLE_MESSAGE  # ... then the idle mark
+    assert c.check_pending_idle() is NO_NEW_WM
+    assert c.observe_wm(0, IDLE_MESSAGE) is NO_NEW_WM  # duplicates are fine and silent
+
+
+def test_all_idle_with_nothing_new_forwards_idle_immediately() -> None:
+    c = WatermarkCoalescer(1)
+    assert c.observe_wm(0, 3) == 3
+    assert c.observe_wm(0, IDLE_MESSAGE) is IDLE_MESSAGE

@@ -1,0 +1,200 @@
+"""DAG construction and validation errors name the vertex, edge or ordinal at fault."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+
+import slipstream as ss
+from slipstream import DAG, DagError, Edge
+from slipstream.core.dag import DagWarning
+
+
+class P(ss.AbstractProcessor):
+    pass
+
+
+def test_duplicate_vertex_name() -> None:
+    dag = DAG()
+    dag.new_vertex("a", P)
+    with pytest.raises(DagError, match="duplicate vertex name 'a'"):
+        dag.new_vertex("a", P)
+
+
+def test_edge_to_vertex_not_in_dag() -> None:
+    dag, other = DAG(), DAG()
+    a = dag.new_vertex("a", P)
+    b = other.new_vertex("b", P)
+    with pytest.raises(DagError, match="'b' is not in this DAG"):
+        dag.edge(Edge.between(a, b))
+
+
+def test_same_name_different_vertex_object_rejected() -> None:
+    dag, other = DAG(), DAG()
+    a = dag.new_vertex("a", P)
+    dag.new_vertex("b", P)
+    b2 = other.new_vertex("b", P)
+    with pytest.raises(DagError, match="not in this DAG"):
+        dag.edge(Edge.between(a, b2))
+
+
+def test_edge_without_destination() -> None:
+    dag = DAG()
+    a = dag.new_vertex("a", P)
+    with pytest.raises(DagError, match="no destination"):
+        dag.edge(Edge.from_(a))
+
+
+def test_self_loop() -> None:
+    dag = DAG()
+    a = dag.new_vertex("a", P)
+    with pytest.raises(DagError, match="itself"):
+        dag.edge(Edge.between(a, a))
+
+
+def test_cycle_names_vertices() -> None:
+    dag = DAG()
+    a, b, c = (dag.new_vertex(n, P) for n in "abc")
+    dag.edge(Edge.between(a, b)).edge(Edge.between(b, c)).edge(Edge.from_(c).to(b, 1))
+    with pytest.raises(DagError, match=r"cycle through vertices \['b', 'c'\]"):
+        dag.validate()
+
+
+def test_duplicate_inbound_ordinal() -> None:
+    dag = DAG()
+    a, b, c = (dag.new_vertex(n, P) for n in "abc")
+    dag.edge(Edge.between(a, c))
+    with pytest.raises(DagError, match="'c' already has an inbound edge at ordinal 0"):
+        dag.edge(Edge.between(b, c))
+
+
+def test_duplicate_outbound_ordinal() -> None:
+    dag = DAG()
+    a, b, c = (dag.new_vertex(n, P) for n in "abc")
+    dag.edge(Edge.between(a, b))
+    with pytest.raises(DagError, match="'a' already has an outbound edge at ordinal 0"):
+        dag.edge(Edge.between(a, c))
+
+
+def test_gap_in_inbound_ordinals() -> None:
+    dag = DAG()
+    a, b = dag.new_vertex("a", P), dag.new_vertex("b", P)
+    dag.edge(Edge.from_(a).to(b, 1))
+    with pytest.raises(DagError, match="vertex 'b': inbound ordinals .* ordinal 0 is missing"):
+        dag.validate()
+
+
+def test_gap_in_outbound_ordinals() -> None:
+    dag = DAG()
+    a, b = dag.new_vertex("a", P), dag.new_vertex("b", P)
+    dag.edge(Edge.from_(a, 2).to(b))
+    with pytest.raises(DagError, match="vertex 'a': outbound ordinals .* ordinal 0 is missing"):
+        dag.validate()
+
+
+def test_negative_ordinal() -> None:
+    dag = DAG()
+    a = dag.new_vertex("a", P)
+    with pytest.raises(DagError, match="ordinal must be an int >= 0"):
+        Edge.from_(a, -1)
+
+
+def test_isolated_edge_unequal_parallelism() -> None:
+    dag = DAG()
+    a = dag.new_vertex("a", P).local_parallelism(2)
+    b = dag.new_vertex("b", P).local_parallelism(3)
+    dag.edge(Edge.between(a, b).isolated())
+    with pytest.raises(DagError, match=r"edge 'a'\[0\] -> 'b'\[0\]: isolated edge .*\('a': 2, 'b': 3\)"):
+        dag.validate()
+
+
+def test_isolated_edge_with_default_parallelism_checked_at_submission() -> None:
+    dag = DAG()
+    a = dag.new_vertex("a", P).local_parallelism(1)
+    b = dag.new_vertex("b", P)
+    dag.edge(Edge.between(a, b).isolated())
+    with pytest.raises(DagError, match="isolated"):
+        ss.local(cooperative_threads=2).new_job(dag)
+
+
+def test_isolated_distributed_edge() -> None:
+    dag = DAG()
+    a, b = dag.new_vertex("a", P), dag.new_vertex("b", P)
+    dag.edge(Edge.between(a, b).isolated().distributed())
+    with pytest.raises(DagError, match="isolated edges must be local"):
+        dag.validate()
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+def test_bad_parallelism(bad: object) -> None:
+    dag = DAG()
+    with pytest.raises(DagError, match="vertex 'a': local parallelism"):
+        dag.new_vertex("a", P).local_parallelism(bad)  # type: ignore[arg-type]
+
+
+def test_unpicklable_supplier_named_at_submission() -> None:
+    lock = threading.Lock()
+
+    def make() -> ss.Processor:
+        _ = lock
+        return P()
+
+    dag = DAG()
+    dag.new_vertex("locked", make)
+    with pytest.raises(DagError, match="vertex 'locked': its processor supplier cannot be pickled"):
+        ss.local().new_job(dag)
+
+
+def test_processor_instance_is_not_a_supplier() -> None:
+    dag = DAG()
+    with pytest.raises(DagError, match="vertex 'a'.*Processor instance"):
+        dag.new_vertex("a", P())
+
+
+def test_not_callable_supplier() -> None:
+    with pytest.raises(DagError, match="vertex 'a'"):
+        DAG().new_vertex("a", 42)
+
+
+def test_empty_dag() -> None:
+    with pytest.raises(DagError, match="no vertices"):
+        DAG().validate()
+
+
+def test_bad_queue_size_and_partitioner() -> None:
+    dag = DAG()
+    a, b = dag.new_vertex("a", P), dag.new_vertex("b", P)
+    with pytest.raises(DagError, match="queue size"):
+        Edge.between(a, b).queue_size(0)
+    with pytest.raises(DagError, match="callable key function"):
+        Edge.between(a, b).partitioned(42)  # type: ignore[arg-type]
+
+
+def test_edge_returns_dag_for_chaining_and_dot_and_str() -> None:
+    dag = DAG()
+    a, b, c = dag.new_vertex("a", P), dag.new_vertex("b", P).local_parallelism(2), dag.new_vertex("c", P)
+    assert dag.edge(Edge.between(a, b).partitioned(lambda x: x)) is dag
+    dag.edge(Edge.between(b, c).distributed().broadcast().priority(1))
+    dot = dag.to_dot()
+    assert dot.startswith("digraph DAG {") and '"a" -> "b"' in dot and "partitioned" in dot
+    assert '"b" [label="b [2]"]' in dot and "distributed" in dot
+    text = str(dag)
+    assert "vertex 'b' (local parallelism 2)" in text and "broadcast" in text
+    assert [v.name for v in dag] == ["a", "b", "c"]
+
+
+def test_priority_diamond_warns() -> None:
+    dag = DAG()
+    s, x, j = dag.new_vertex("s", P), dag.new_vertex("x", P), dag.new_vertex("j", P)
+    dag.edge(Edge.from_(s, 0).to(j, 0).priority(-1))
+    dag.edge(Edge.from_(s, 1).to(x)).edge(Edge.from_(x).to(j, 1))
+    with pytest.warns(DagWarning, match="vertex 'j'.*deadlock"):
+        dag.validate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ok = DAG()
+        a, b, c = ok.new_vertex("a", P), ok.new_vertex("b", P), ok.new_vertex("c", P)
+        ok.edge(Edge.from_(a).to(c, 0).priority(-1)).edge(Edge.from_(b).to(c, 1))
+        ok.validate()
