@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import peak_rss_mb, print_table, run_variant, write_corpus  # noqa: E402
 
 import slipstream as ss  # noqa: E402
-from slipstream import DAG, Edge, processors as P, sinks, sources  # noqa: E402
+from slipstream import DAG, Edge, sinks, sources  # noqa: E402
+from slipstream import processors as P
 from slipstream.aggregate import counting  # noqa: E402
 
 

@@ -6,8 +6,8 @@ import threading
 import time
 from typing import Any
 
-from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.items import Watermark
+from slipstream.core.processor import AbstractProcessor, Context
 
 
 class ListSource(AbstractProcessor):

@@ -43,6 +43,8 @@ class Context:
         "job_name",
         "services",
         "metrics",
+        "current_snapshot_id",
+        "snapshot_hooks",
     )
 
     def __init__(
@@ -78,6 +80,10 @@ class Context:
         )
         # Per-processor counters (e.g. "late_items_dropped"); summed per vertex in job metrics.
         self.metrics: dict[str, int] = {}
+        # id of the snapshot being saved while save_to_snapshot() runs
+        self.current_snapshot_id = 0
+        # the engine's snapshot coordinator, when the job takes snapshots
+        self.snapshot_hooks: Any = None
 
     @property
     def snapshotting_enabled(self) -> bool:
@@ -88,6 +94,16 @@ class Context:
 
     def get_map(self, name: str) -> MutableMapping[Any, Any]:
         return self.services.get_map(name)  # type: ignore[no-any-return]
+
+    def stage_on_commit(self, action: Callable[[], None]) -> bool:
+        """Two-phase sinks: run ``action`` once the snapshot being saved now commits (or
+        the job completes). Returns ``False`` (and does nothing) when the job takes no
+        snapshots, in which case the caller should apply its output directly."""
+        hooks = self.snapshot_hooks
+        if hooks is None:
+            return False
+        hooks.stage(self.current_snapshot_id, action)
+        return True
 
     def increment_metric(self, name: str, delta: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + delta

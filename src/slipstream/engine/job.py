@@ -1,17 +1,27 @@
-"""A running job on the embedded engine and its lifecycle."""
+"""A job on the embedded engine: its executions and lifecycle.
+
+A job runs as a sequence of *executions* (one plan, its tasklets and threads). With a
+processing guarantee, an execution that fails is followed by a new one restored from
+the last committed snapshot (``auto_restart``, up to ``max_restarts``); ``suspend()``
+takes a terminal snapshot and ends the execution, ``resume()`` starts a new one from it,
+``restart()`` does both.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from slipstream.core.config import JobConfig, JobStatus
-from slipstream.core.dag import DAG
-from slipstream.core.errors import JobCancelledError, JobFailedError
+from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
+from slipstream.core.dag import DAG, RoutingPolicy
+from slipstream.core.errors import JobCancelledError, JobFailedError, SnapshotError
 from slipstream.engine.plan import build_vertex_plans, wire
+from slipstream.engine.snapshot import SnapshotCoordinator, restore_plan
+from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
 from slipstream.engine.tasklet import ProcessorTasklet
 from slipstream.engine.workers import TaskletFailure, WorkerPool
 
@@ -22,25 +32,167 @@ log = logging.getLogger("slipstream.job")
 _ids = itertools.count(1)
 
 
-class Job:
-    """Handle of a submitted job: ``join``, ``cancel``, ``status``, ``metrics``."""
+class _Execution:
+    """One run of the job's plan."""
 
-    def __init__(self, engine: LocalEngine, dag: DAG, config: JobConfig) -> None:
+    def __init__(self, job: Job, restore: SnapshotData | None) -> None:
+        self.job = job
+        self.failure: TaskletFailure | None = None
+        self.cancelled = False
+        self.finished = threading.Event()
+        engine = job.engine
+        config = job.config
+        self.plans = build_vertex_plans(
+            job.dag, config, engine.member_count, engine.cooperative_threads, engine.services, job.name
+        )
+        specs = wire(job.dag, self.plans, config.processing_guarantee)
+        self.coordinator: SnapshotCoordinator | None = None
+        if job.store is not None:
+            first = (restore.snapshot_id + 1) if restore is not None else job.next_snapshot_id
+            self.coordinator = SnapshotCoordinator(
+                job.name,
+                job.store,
+                config.snapshot_interval_ms,
+                first,
+                {n: vp.total_parallelism for n, vp in self.plans.items()},
+                on_commit=job._on_commit,
+                on_error=self._on_snapshot_error,
+            )
+        routed: dict[tuple[str, int], list[Any]] = {}
+        completed: set[tuple[str, int]] = set()
+        if restore is not None:
+            routed, completed = restore_plan(restore, self.plans, _partitioners(job.dag))
+        self.tasklets: list[ProcessorTasklet] = []
+        for s in specs:
+            key = (s.vertex.vertex.name, s.global_index)
+            s.context.snapshot_hooks = self.coordinator
+            self.tasklets.append(
+                ProcessorTasklet(
+                    s.processor,
+                    s.context,
+                    s.inbound,
+                    s.outbound,
+                    guarantee=config.processing_guarantee,
+                    snapshot_sink=self.coordinator,
+                    restore_entries=routed.get(key, []) if restore is not None else None,
+                    restore_completed=key in completed,
+                    outbox_capacity=engine.outbox_capacity,
+                )
+            )
+        if self.coordinator is not None:
+            self.coordinator.attach(self.tasklets)
+        self.pool: WorkerPool | None = None
+
+    def start(self) -> None:
+        for t in self.tasklets:
+            try:
+                t.init()
+            except BaseException as e:  # noqa: BLE001
+                self.failure = TaskletFailure(t, e)
+                self._close_all()
+                self.finished.set()
+                self.job._execution_ended(self)
+                return
+        self.pool = WorkerPool(
+            self.tasklets,
+            self.job.engine.cooperative_threads,
+            self._on_failure,
+            self._on_workers_done,
+            name=self.job.name,
+        )
+        if self.coordinator is not None:
+            self.coordinator.start_timer()
+        self.pool.start()
+
+    def stop(self) -> None:
+        self.cancelled = True
+        for t in self.tasklets:
+            t.cancelled = True
+        if self.pool is not None:
+            self.pool.stop()
+
+    def _on_snapshot_error(self, error: BaseException) -> None:
+        log.error("job %s: snapshot failed: %s", self.job.name, error)
+
+    def _on_failure(self, failure: TaskletFailure) -> None:
+        if self.failure is None:
+            self.failure = failure
+        self.stop()
+        self.cancelled = False
+
+    def _on_workers_done(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.stop()
+            if self.failure is None and not self.cancelled and not self.coordinator.terminal_committed:
+                self.coordinator.job_completed()
+            else:
+                self.coordinator.discard_uncommitted()
+        if self.failure is not None or self.cancelled:
+            self._close_all()
+        error = self.failure.error if self.failure else None
+        for vp in self.plans.values():
+            for s in vp.suppliers:
+                try:
+                    s.close(error)
+                except Exception:  # noqa: BLE001
+                    log.exception("closing supplier of %s failed", vp.vertex.name)
+        self.finished.set()
+        self.job._execution_ended(self)
+
+    def _close_all(self) -> None:
+        for t in self.tasklets:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - close errors are only logged
+                log.exception("closing %s#%d failed", t.vertex_name, t.index)
+
+
+def _partitioners(dag: DAG) -> dict[str, Any]:
+    """Each vertex's custom partitioner (from its first partitioned inbound edge), so that
+    restored keyed state lands where live items with that key go."""
+    out = {}
+    for v in dag.vertices:
+        for e in dag.inbound_edges(v):
+            if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
+                out[v.name] = e.partitioner
+                break
+    return out
+
+
+class Job:
+    """Handle of a submitted job: ``join``, ``cancel``, ``suspend``, ``resume``,
+    ``restart``, ``status``, ``metrics``."""
+
+    def __init__(
+        self,
+        engine: LocalEngine,
+        dag: DAG,
+        config: JobConfig,
+        restore_from: Any = None,
+    ) -> None:
         self.id = next(_ids)
         self.engine = engine
         self.dag = dag
         self.config = config
         self.name = config.name or f"job-{self.id}"
         self._status = JobStatus.NOT_RUNNING
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._terminal = threading.Event()
+        self._suspended = threading.Event()
         self._failure: TaskletFailure | None = None
-        self._error: BaseException | None = None
         self._cancel_requested = False
-        self._tasklets: list[ProcessorTasklet] = []
-        self._pool: WorkerPool | None = None
+        self._suspend_requested = False
+        self._resume_after_suspend = False
+        self._execution: _Execution | None = None
+        self.restarts = 0
+        self.next_snapshot_id = 1
+        self.last_snapshot: SnapshotData | None = None
         self.submission_time = time.time()
         self.completion_time: float | None = None
+        self.store: DirectorySnapshotStore | None = None
+        if config.processing_guarantee is not ProcessingGuarantee.NONE:
+            self.store = _make_store(config.snapshot_store, engine.work_dir, self.name, self.id)
+        self._restore_from = _load_snapshot(restore_from)
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -67,121 +219,158 @@ class Job:
             if self._status.is_terminal:
                 return
             self._cancel_requested = True
-        for t in self._tasklets:
-            t.cancelled = True
-        if self._pool is not None:
-            self._pool.stop()
-        else:
-            self._finish()
+            ex = self._execution
+            if ex is None or ex.finished.is_set():
+                self._end(JobStatus.CANCELLED)
+                return
+        ex.stop()
+
+    def suspend(self, timeout: float | None = 30.0) -> None:
+        """Take a final snapshot and stop; ``resume()`` continues from it."""
+        with self._lock:
+            if self.store is None:
+                raise SnapshotError(
+                    f"job {self.name!r} has no processing guarantee, so it cannot be suspended"
+                )
+            if self._status is not JobStatus.RUNNING:
+                raise RuntimeError(f"job {self.name!r} is {self._status.value}, not running")
+            self._suspend_requested = True
+            self._suspended.clear()
+            ex = self._execution
+        assert ex is not None and ex.coordinator is not None
+        ex.coordinator.request(terminal=True)
+        if not self._suspended.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} did not suspend within {timeout} s")
+
+    def resume(self) -> None:
+        """Continue a suspended job from its terminal snapshot."""
+        with self._lock:
+            if self._status is not JobStatus.SUSPENDED:
+                raise RuntimeError(f"job {self.name!r} is {self._status.value}, not suspended")
+            self._start_execution(self._latest_snapshot())
+
+    def restart(self, timeout: float | None = 30.0) -> None:
+        """Restart from a fresh terminal snapshot (or from scratch without a guarantee)."""
+        if self.store is None:
+            with self._lock:
+                ex = self._execution
+                self._resume_after_suspend = True
+            if ex is not None:
+                ex.stop()
+            return
+        self.suspend(timeout)
+        self.resume()
 
     @property
     def metrics(self) -> dict[str, dict[str, int]]:
-        """Per vertex: ``items_in``, ``items_out`` and the processors' own counters."""
+        """Per vertex: ``items_in``, ``items_out`` and the processors' own counters (of
+        the current execution), plus job-level ``snapshots`` and ``restarts``."""
         out: dict[str, dict[str, int]] = {}
-        for t in self._tasklets:
+        ex = self._execution
+        for t in ex.tasklets if ex else []:
             m = out.setdefault(t.vertex_name, {"items_in": 0, "items_out": 0})
             m["items_in"] += t.items_in
             m["items_out"] += sum(c.items_out for c in t.collectors)
             for k, v in t.context.metrics.items():
                 m[k] = m.get(k, 0) + v
+        snaps = ex.coordinator.snapshots_committed if ex and ex.coordinator else 0
+        out["__job__"] = {"restarts": self.restarts, "snapshots": snaps}
         return out
 
     def get_metrics(self) -> dict[str, dict[str, int]]:
         return self.metrics
+
+    def export_snapshot(self) -> SnapshotData | None:
+        """The last committed snapshot (pass it as ``restore_from`` to a new job)."""
+        return self._latest_snapshot()
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, name={self.name!r}, status={self._status.value})"
 
     # -- execution ---------------------------------------------------------------------
     def _start(self) -> None:
-        self._status = JobStatus.STARTING
-        engine = self.engine
-        plans = build_vertex_plans(
-            self.dag,
-            self.config,
-            engine.member_count,
-            engine.cooperative_threads,
-            engine.services,
-            self.name,
-        )
-        specs = wire(self.dag, plans, self.config.processing_guarantee)
-        self._plans = plans
-        tasklets = []
-        for s in specs:
-            tasklets.append(
-                ProcessorTasklet(
-                    s.processor,
-                    s.context,
-                    s.inbound,
-                    s.outbound,
-                    guarantee=self.config.processing_guarantee,
-                    outbox_capacity=engine.outbox_capacity,
-                )
-            )
-        self._tasklets = tasklets
-        try:
-            for t in tasklets:
-                t.init()
-        except BaseException as e:
-            self._failure = TaskletFailure(t, e)
-            self._status = JobStatus.FAILED
-            self._close_all()
-            self._terminal.set()
-            return
-        self._pool = WorkerPool(
-            tasklets,
-            engine.cooperative_threads,
-            self._on_failure,
-            self._finish,
-            name=self.name,
-        )
-        self._status = JobStatus.RUNNING
-        self._pool.start()
-
-    def _on_failure(self, failure: TaskletFailure) -> None:
         with self._lock:
-            if self._failure is None:
-                self._failure = failure
-        for t in self._tasklets:
-            t.cancelled = True
-        if self._pool is not None:
-            self._pool.stop()
+            self._start_execution(self._restore_from)
 
-    def _finish(self) -> None:
-        """Called once when every worker has exited."""
-        failed = self._failure is not None
-        if failed or self._cancel_requested:
-            self._close_all()
-        error = self._failure.error if self._failure else None
-        for vp in getattr(self, "_plans", {}).values():
-            for s in vp.suppliers:
-                try:
-                    s.close(error)
-                except Exception:  # noqa: BLE001
-                    log.exception("closing supplier of %s failed", vp.vertex.name)
+    def _start_execution(self, restore: SnapshotData | None) -> None:
+        self._status = JobStatus.STARTING if not self.restarts else JobStatus.RESTARTING
+        if restore is not None:
+            self.next_snapshot_id = restore.snapshot_id + 1
+        self._suspend_requested = False
+        ex = _Execution(self, restore)
+        self._execution = ex
+        self._status = JobStatus.RUNNING
+        ex.start()
+
+    def _on_commit(self, data: SnapshotData) -> None:
+        self.next_snapshot_id = data.snapshot_id + 1
+        self.last_snapshot = data
+
+    def _latest_snapshot(self) -> SnapshotData | None:
+        if self.store is None:
+            return None
+        return self.store.latest()
+
+    def _execution_ended(self, ex: _Execution) -> None:
+        with self._lock:
+            if ex is not self._execution:
+                return
+            if ex.coordinator is not None:
+                self.next_snapshot_id = ex.coordinator.next_id
+            if self._cancel_requested:
+                self._end(JobStatus.CANCELLED)
+                return
+            if ex.failure is not None:
+                if (
+                    self.store is not None
+                    and self.config.auto_restart
+                    and self.restarts < self.config.max_restarts
+                ):
+                    self.restarts += 1
+                    log.warning(
+                        "job %s: %s#%d failed (%s: %s); restart %d of %d from the last snapshot",
+                        self.name,
+                        ex.failure.tasklet.vertex_name,
+                        ex.failure.tasklet.index,
+                        type(ex.failure.error).__name__,
+                        ex.failure.error,
+                        self.restarts,
+                        self.config.max_restarts,
+                    )
+                    try:
+                        self._start_execution(self._latest_snapshot())
+                        return
+                    except BaseException as e:  # noqa: BLE001
+                        log.exception("job %s could not restart", self.name)
+                        ex.failure = TaskletFailure(ex.failure.tasklet, e)
+                self._failure = ex.failure
+                self._end(JobStatus.FAILED)
+                return
+            if ex.coordinator is not None and ex.coordinator.terminal_committed:
+                self._status = JobStatus.SUSPENDED
+                self._suspended.set()
+                return
+            if self._resume_after_suspend:
+                self._resume_after_suspend = False
+                self.restarts += 1
+                self._start_execution(None)
+                return
+            self._end(JobStatus.COMPLETED)
+
+    def _end(self, status: JobStatus) -> None:
         self.completion_time = time.time()
-        if failed:
-            self._status = JobStatus.FAILED
-        elif self._cancel_requested:
-            self._status = JobStatus.CANCELLED
-        else:
-            self._status = JobStatus.COMPLETED
+        self._status = status
         self._terminal.set()
-
-    def _close_all(self) -> None:
-        for t in self._tasklets:
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - close errors are only logged
-                log.exception("closing %s#%d failed", t.vertex_name, t.index)
+        self._suspended.set()
 
     def _failure_error(self) -> JobFailedError:
         f = self._failure
         assert f is not None
         t = f.tasklet
+        restarts = f" after {self.restarts} restart(s)" if self.restarts else ""
         err = JobFailedError(
-            f"job {self.name!r} failed: vertex {t.vertex_name!r}, processor {t.index}: "
-            f"{type(f.error).__name__}: {f.error}",
+            f"job {self.name!r} failed{restarts}: vertex {t.vertex_name!r}, processor "
+            f"{t.index}: {type(f.error).__name__}: {f.error}",
             vertex=t.vertex_name,
             processor_index=t.index,
             cause=f.error,
@@ -194,4 +383,26 @@ class Job:
         return self._terminal.wait(timeout)
 
     def _debug_states(self) -> list[Any]:
-        return [repr(t) for t in self._tasklets]
+        ex = self._execution
+        return [repr(t) for t in ex.tasklets] if ex else []
+
+
+def _make_store(spec: Any, work_dir: str, name: str, job_id: int) -> DirectorySnapshotStore:
+    if isinstance(spec, DirectorySnapshotStore):
+        return spec
+    if spec is None:
+        return DirectorySnapshotStore(os.path.join(work_dir, "snapshots", f"{name}-{job_id}"))
+    if isinstance(spec, str | os.PathLike):
+        return DirectorySnapshotStore(spec)
+    raise TypeError(f"snapshot_store must be a directory path or a DirectorySnapshotStore, got {spec!r}")
+
+
+def _load_snapshot(spec: Any) -> SnapshotData | None:
+    """``restore_from``: a SnapshotData, a store, or a store directory."""
+    if spec is None or isinstance(spec, SnapshotData):
+        return spec
+    store = spec if isinstance(spec, DirectorySnapshotStore) else DirectorySnapshotStore(spec)
+    data = store.latest()
+    if data is None:
+        raise SnapshotError(f"no committed snapshot found in {store.directory}")
+    return data

@@ -46,12 +46,18 @@ class LocalEngine:
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
 
-    def new_job(self, dag: DAG, config: JobConfig | None = None, **kwargs: Any) -> Job:
-        """Validate ``dag`` and start it; returns the running :class:`Job`."""
+    def new_job(
+        self, dag: DAG, config: JobConfig | None = None, *, restore_from: Any = None
+    ) -> Job:
+        """Validate ``dag`` and start it; returns the running :class:`Job`.
+
+        ``restore_from`` starts from a snapshot: a ``SnapshotData`` (``job.export_snapshot()``),
+        a ``DirectorySnapshotStore`` or a snapshot directory (its latest intact snapshot).
+        """
         if not isinstance(dag, DAG):
             raise TypeError(f"new_job() needs a DAG, got {type(dag).__name__}")
         config = config or JobConfig()
-        job = Job(self, dag, config)
+        job = Job(self, dag, config, restore_from=restore_from)
         with self._lock:
             self._jobs.append(job)
         job._start()

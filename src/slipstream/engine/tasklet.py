@@ -78,6 +78,9 @@ class SnapshotSink(Protocol):
     def processor_done(self, tasklet: ProcessorTasklet, barrier: SnapshotBarrier) -> None:
         """A processor finished saving ``barrier``'s snapshot."""
 
+    def tasklet_completed(self, tasklet: ProcessorTasklet) -> None:
+        """A processor completed (it takes part in no further snapshot)."""
+
 
 class _SpecialMarkingOutbox(Outbox):
     """The outbox a tasklet gives its processor: remembers whether a watermark or idle mark
@@ -110,6 +113,7 @@ class ProcessorTasklet:
         guarantee: ProcessingGuarantee = ProcessingGuarantee.NONE,
         snapshot_sink: SnapshotSink | None = None,
         restore_entries: list[Any] | None = None,
+        restore_completed: bool = False,
         outbox_capacity: int = DEFAULT_BUCKET_CAPACITY,
         blocking_flush: Any = None,
     ) -> None:
@@ -148,13 +152,20 @@ class ProcessorTasklet:
         self.barrier_count = 0
         self.pending_barrier: SnapshotBarrier | None = None
         self._aligning: SnapshotBarrier | None = None
-        self.last_snapshot_id = 0
+        # barriers of this execution continue after the snapshot it was restored from
+        self.last_snapshot_id = getattr(snapshot_sink, "committed_id", 0)
         self.completed_edges: list[int] = []
         self.pending_wm: Any = NO_NEW_WM
         self.filled_once = False
 
         self.restore_entries = restore_entries
-        self.state = RESTORE if restore_entries is not None else self._processing_state()
+        if restore_completed:
+            # finished before the snapshot: downstream already has all of its output
+            self.state = EMIT_DONE
+        elif restore_entries is not None:
+            self.state = RESTORE
+        else:
+            self.state = self._processing_state()
         self.items_out = 0
         self.cancelled = False
         self.closed = False
@@ -229,6 +240,8 @@ class ProcessorTasklet:
             self._complete()
             return
         if state == EMIT_DONE:
+            if self.snapshot_sink is not None:
+                self.snapshot_sink.tasklet_completed(self)
             self._emit_special(DONE_ITEM)
             self.state = CLOSE
             self.progress = True
@@ -356,6 +369,7 @@ class ProcessorTasklet:
             self._aligning = None
 
     def _save_snapshot(self) -> None:
+        self.context.current_snapshot_id = self.pending_barrier.snapshot_id  # type: ignore[union-attr]
         if self.processor.save_to_snapshot():
             self.progress = True
             self.state = EMIT_BARRIER
@@ -382,7 +396,7 @@ class ProcessorTasklet:
         if sink is not None:
             requested = sink.requested_snapshot()
             if requested is not None and requested.snapshot_id > self.last_snapshot_id:
-                self.pending_barrier = SnapshotBarrier(self.last_snapshot_id + 1, requested.is_terminal)
+                self.pending_barrier = requested
                 self.state = SAVE_SNAPSHOT
                 self._save_snapshot()
                 return

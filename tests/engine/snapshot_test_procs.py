@@ -1,0 +1,130 @@
+"""Processors for the snapshot tests: a paced source with offsets, a keyed running sum
+that can be told to fail, and a two-phase (exactly-once) collecting sink."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import slipstream as ss
+from slipstream.core.snapshot_keys import BroadcastKey
+
+FAIL_BUDGET: list[int] = [0]
+FAIL_LOCK = threading.Lock()
+
+
+def take_failure() -> bool:
+    with FAIL_LOCK:
+        if FAIL_BUDGET[0] > 0:
+            FAIL_BUDGET[0] -= 1
+            return True
+        return False
+
+
+class PacedSource(ss.AbstractProcessor):
+    """Emits ``range(n)``'s share of this processor at ``rate`` items/s (per processor),
+    saving its offset so a restored job continues where the snapshot was taken."""
+
+    def __init__(self, n: int, rate: float = 50_000.0, batch: int = 16) -> None:
+        self.n = n
+        self.rate = rate
+        self.batch = batch
+        self.offset = 0
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.mine = list(range(context.global_processor_index, self.n, context.total_parallelism))
+        self.start = time.monotonic()
+        self.start_offset = 0
+
+    def complete(self) -> bool:
+        due = self.start_offset + int((time.monotonic() - self.start) * self.rate) + 1
+        stop = min(len(self.mine), due, self.offset + self.batch)
+        while self.offset < stop:
+            if not self.try_emit(self.mine[self.offset]):
+                return False
+            self.offset += 1
+        return self.offset >= len(self.mine)
+
+    def save_to_snapshot(self) -> bool:
+        return self.try_emit_to_snapshot(
+            BroadcastKey(("offset", self.context.global_processor_index)), self.offset
+        )
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        if key.name == ("offset", self.context.global_processor_index):
+            self.offset = self.start_offset = value
+
+
+class RunningSum(ss.AbstractProcessor):
+    """(key, running sum) per item, key = item % keys. May fail once per FAIL_BUDGET unit
+    after ``fail_after`` items."""
+
+    def __init__(self, keys: int = 10, fail_after: int = -1) -> None:
+        self.keys = keys
+        self.fail_after = fail_after
+        self.sums: dict[int, int] = {}
+        self.seen = 0
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        k = item % self.keys
+        s = self.sums.get(k, 0) + item
+        if not self.try_emit((k, s)):
+            return False
+        self.sums[k] = s
+        self.seen += 1
+        if self.seen == self.fail_after and take_failure():
+            raise RuntimeError(f"injected failure after {self.seen} items")
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        return self.emit_to_snapshot_from(iter(list(self.sums.items())))
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.sums[key] = value
+
+
+class TwoPhaseSink(ss.AbstractProcessor):
+    """Publishes to the named list only when the snapshot covering the items commits (or
+    directly when the job takes no snapshots)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pending: list[Any] = []
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.out = context.get_list(self.name)
+
+    def process(self, ordinal: int, inbox: Any) -> None:
+        if self.context.snapshot_hooks is None:
+            self.out.extend(inbox)
+        else:
+            self.pending.extend(inbox)
+        inbox.clear()
+
+    def save_to_snapshot(self) -> bool:
+        batch, self.pending = self.pending, []
+        out = self.out
+        self.context.stage_on_commit(lambda: out.extend(batch))
+        return True
+
+    def complete(self) -> bool:
+        self.out.extend(self.pending)
+        self.pending = []
+        return True
+
+
+class FailingMap(ss.AbstractProcessor):
+    """x -> x * 2; may fail once per FAIL_BUDGET unit after ``fail_after`` items."""
+
+    def __init__(self, fail_after: int = -1) -> None:
+        self.fail_after = fail_after
+        self.seen = 0
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        if not self.try_emit(item * 2):
+            return False
+        self.seen += 1
+        if self.seen == self.fail_after and take_failure():
+            raise RuntimeError(f"injected failure after {self.seen} items")
+        return True
