@@ -66,3 +66,24 @@ def test_all_idle_with_nothing_new_forwards_idle_immediately() -> None:
     c = WatermarkCoalescer(1)
     assert c.observe_wm(0, 3) == 3
     assert c.observe_wm(0, IDLE_MESSAGE) is IDLE_MESSAGE
+
+
+def test_edge_stream_reactivates_idle_queue_on_data() -> None:
+    from slipstream.core.inbox import Inbox
+    from slipstream.core.items import Watermark
+    from slipstream.engine.inbound import InboundEdgeStream
+    from slipstream.engine.queues import SpscQueue
+
+    q0, q1 = SpscQueue(100), SpscQueue(100)
+    s = InboundEdgeStream(0, 0, [q0, q1])
+    q1.offer(IDLE_MESSAGE, 1)
+    q0.offer(Watermark(5), 1)
+    inbox = Inbox()
+    while s.wm_out is None:
+        s.drain_to(inbox)
+    assert s.wm_out == 5  # q1 idle: q0 alone decides
+    q1.offer([1, 2], 2)  # q1 sends data: active again, its watermark (none) holds back
+    q0.offer(Watermark(9), 1)
+    s.drain_to(inbox)
+    s.drain_to(inbox)
+    assert list(inbox) == [1, 2] and s.wm_out is None

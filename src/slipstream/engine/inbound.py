@@ -73,6 +73,7 @@ class InboundEdgeStream:
         progress = False
         queues = self.queues
         barrier_at = self.barrier_at
+        idle = self.coalescer.idle
         for qi in list(self.live):
             if barrier_at[qi] and (self.exactly_once or self.current_barrier.is_terminal):  # type: ignore[union-attr]
                 continue
@@ -84,6 +85,8 @@ class InboundEdgeStream:
                 if type(entry) is list:
                     inbox.extend(entry)
                     taken += len(entry)
+                    if idle[qi]:  # data makes an idle queue active again
+                        self.coalescer.observe_event(qi)
                     continue
                 taken += 1
                 progress = True
