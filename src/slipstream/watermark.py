@@ -24,10 +24,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+from slipstream.core.items import IDLE_MESSAGE as IDLE
 from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.window import SlidingWindowDef
 
 __all__ = [
+    "IDLE",
     "MAX_TIMESTAMP",
     "NO_WATERMARK",
     "TimestampHistory",

@@ -1,6 +1,305 @@
-"""Session window processor (PLACEHOLDER: being written)."""
+"""Session windows: ``aggregate_to_session_window`` (reference A.11, A.16.4, A.16.6).
+
+A session of a key is a maximal run of its events in which each event is less than
+``session_timeout`` after the previous one. Every event at ``t`` stands for the
+**half-open** interval ``[t, t + timeout)`` (Jet 3.0+); a session is the union of
+overlapping event intervals, ``[min ts, max ts + timeout)``. Two events exactly
+``timeout`` apart therefore start two sessions ("touching sessions stay separate"): with
+half-open intervals the result cannot depend on whether a watermark equal to the
+boundary happened to arrive between them.
+
+Per key the processor keeps a list of non-overlapping sessions sorted by start. An event
+whose interval overlaps one session extends it; one that overlaps two (it *bridges* a
+gap) merges them with ``agg_op.combine`` — an interval of length ``timeout`` cannot
+overlap three sessions, each of which is at least ``timeout`` long; otherwise it opens a
+new session.
+
+**When a session is emitted.** We follow A.16.6 literally: on watermark ``W`` every
+session with ``end < W`` is emitted and forgotten, then ``W`` is forwarded. The rule is
+consistent: an event at ``t`` can still change session ``[s, e)`` only if ``t < e``, and
+after ``W`` only events with ``t >= W`` are accepted, so a session with ``e < W`` is
+final. (``e <= W`` would be final as well — the event at ``t = e = W`` does not overlap
+``[s, e)`` — so the strict rule sometimes keeps a final session until the next
+watermark. We keep Jet 4.x's strict comparison, inherited from its closed-interval era,
+so that results relative to watermarks are the same as Jet's; the contents of the
+sessions are identical under both rules.)
+
+**Late events** (``ts < W``, the last watermark received) are dropped and counted in the
+``late_items_dropped`` metric; equality is not late. ``complete()`` emits every session
+that is left, without a watermark. Results are ``KeyedWindowResult(start, end, key,
+agg_op.finish(acc))``.
+
+Emission is driven by a heap of ``(deadline, seq, key)`` entries, one live entry per key
+holding a lower bound of the key's earliest session end: extending a session only raises
+the true deadline, so no new entry is needed then; only a new *earliest* session pushes a
+new entry (the old one becomes stale and is skipped by its sequence number). A watermark
+thus touches only keys with something to emit.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+import operator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from slipstream.aggregate import AggregateOperation
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import NO_WATERMARK, Watermark
+from slipstream.core.processor import AbstractProcessor
+from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.window import KeyedWindowResult
 
-def aggregate_to_session_window(**kwargs: Any) -> Any:
-    raise NotImplementedError
+__all__ = ["CURRENT_WATERMARK_KEY", "SessionWindowP", "aggregate_to_session_window"]
+
+CURRENT_WATERMARK_KEY = BroadcastKey("session_window.current_watermark")
+"""Snapshot key of the last watermark received (broadcast: restore takes the minimum)."""
+
+LATE_METRIC = "late_items_dropped"
+
+
+class SessionWindowP(AbstractProcessor):
+    """Aggregates each key's events into sessions; see the module docstring.
+
+    State: ``sessions`` (key -> list of ``[start, end, acc]`` sorted by start, pairwise
+    non-overlapping), the deadline heap, and the current watermark.
+
+    At-least-once behaviour: the snapshot holds every key's session list (under the key,
+    so it is restored to the processor owning the key's partition) and the current
+    watermark; on restore the watermark is the minimum over all processors. Events that
+    arrived after the barrier on an input that delivered it early were already in the
+    saved sessions and are replayed after the restart: they are accumulated twice (the
+    session bounds are the same, the same timestamps are seen again, but counts and sums
+    are too high). Sessions emitted between the snapshot and the failure are emitted
+    again. After the restore the watermark may appear to go back; events are judged late
+    against the restored (minimum) watermark.
+    """
+
+    def __init__(
+        self,
+        session_timeout: int,
+        key_fn: Callable[[Any], Any],
+        timestamp_fn: Callable[[Any], int],
+        agg_op: AggregateOperation[Any, Any, Any],
+    ) -> None:
+        self._timeout = session_timeout
+        self._key_fn = key_fn
+        self._timestamp_fn = timestamp_fn
+        self._op = agg_op
+        self._sessions: dict[Any, list[list[Any]]] = {}
+        self._heap: list[tuple[int, int, Any]] = []
+        # key -> sequence number of its live heap entry
+        self._scheduled: dict[Any, int] = {}
+        self._seq = itertools.count()
+        self._wm = NO_WATERMARK
+        self._wm_it: Iterator[Any] | None = None
+        self._complete_it: Iterator[Any] | None = None
+        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
+        self._restored_wm: int | None = None
+
+    # -- items -----------------------------------------------------------------------
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        sessions = self._sessions
+        ts_fn = self._timestamp_fn
+        key_fn = self._key_fn
+        accumulate = self._op.accumulate
+        create = self._op.create
+        combine = self._op.combine
+        assert combine is not None
+        timeout = self._timeout
+        wm = self._wm
+        late = 0
+        item: Any = None
+        try:
+            for item in inbox:
+                t = ts_fn(item)
+                if t < wm:
+                    late += 1
+                    continue
+                e = t + timeout
+                k = key_fn(item)
+                lst = sessions.get(k)
+                if lst is None:
+                    sessions[k] = [[t, e, accumulate(create(), item)]]
+                    self._schedule(k, e)
+                    continue
+                # i = index of the first session ending after t (ends are sorted too);
+                # events mostly arrive in order, so scan from the right
+                i = len(lst)
+                while i and lst[i - 1][1] > t:
+                    i -= 1
+                if i < len(lst) and lst[i][0] < e:
+                    w = lst[i]
+                    if i + 1 < len(lst) and lst[i + 1][0] < e:
+                        # the event bridges sessions i and i + 1: merge them
+                        nxt = lst.pop(i + 1)
+                        w[1] = nxt[1]
+                        w[2] = combine(w[2], nxt[2])
+                    else:
+                        if e > w[1]:
+                            w[1] = e  # deadline rises: the heap's lower bound holds
+                    if t < w[0]:
+                        w[0] = t
+                    w[2] = accumulate(w[2], item)
+                else:
+                    lst.insert(i, [t, e, accumulate(create(), item)])
+                    if i == 0:
+                        # a new earliest session: its end is the key's new deadline
+                        self._schedule(k, e)
+        except TypeError as e:
+            raise TypeError(
+                f"aggregate_to_session_window (vertex {self.context.vertex_name!r}): "
+                f"cannot process item {item!r}: {e} (timestamp_fn must return an int)"
+            ) from e
+        inbox.clear()
+        if late:
+            self.context.increment_metric(LATE_METRIC, late)
+
+    def _schedule(self, key: Any, deadline: int) -> None:
+        seq = next(self._seq)
+        self._scheduled[key] = seq
+        heapq.heappush(self._heap, (deadline, seq, key))
+
+    # -- watermarks ------------------------------------------------------------------
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        it = self._wm_it
+        if it is None:
+            wm = watermark.timestamp
+            if wm > self._wm:
+                self._wm = wm
+            it = self._wm_it = self._watermark_output(watermark)
+        if not self.emit_from(it):
+            return False
+        self._wm_it = None
+        return True
+
+    def _watermark_output(self, watermark: Watermark) -> Iterator[Any]:
+        yield from self._expired(watermark.timestamp)
+        yield watermark
+
+    def _expired(self, wm: float) -> Iterator[KeyedWindowResult]:
+        """Emit and forget every session with ``end < wm``, lazily."""
+        heap = self._heap
+        scheduled = self._scheduled
+        sessions = self._sessions
+        finish = self._op.finish
+        while heap and heap[0][0] < wm:
+            _, seq, key = heapq.heappop(heap)
+            if scheduled.get(key) != seq:
+                continue  # stale entry
+            del scheduled[key]
+            lst = sessions[key]
+            n = 0
+            while n < len(lst) and lst[n][1] < wm:
+                n += 1
+            done = lst[:n]
+            del lst[:n]
+            if lst:
+                self._schedule(key, lst[0][1])
+            else:
+                del sessions[key]
+            for start, end, acc in done:
+                yield KeyedWindowResult(start, end, key, finish(acc))
+
+    # -- completion ------------------------------------------------------------------
+    def complete(self) -> bool:
+        it = self._complete_it
+        if it is None:
+            it = self._complete_it = self._expired(math.inf)
+        if not self.emit_from(it):
+            return False
+        self._complete_it = None
+        return True
+
+    # -- snapshots -------------------------------------------------------------------
+    def save_to_snapshot(self) -> bool:
+        if self._complete_it is not None:
+            # completing: finish the completion instead of saving state (A.11)
+            if not self.emit_from(self._complete_it):
+                return False
+            self._complete_it = None
+        sit = self._snapshot_it
+        if sit is None:
+            sit = self._snapshot_it = self._snapshot_entries()
+        if not self.emit_to_snapshot_from(sit):
+            return False
+        self._snapshot_it = None
+        return True
+
+    def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
+        for key, lst in self._sessions.items():
+            # KeyedStateKey(key): routed by the key, and never mistaken for our own
+            # broadcast entry whatever the user's key is
+            yield KeyedStateKey(key), [tuple(w) for w in lst]
+        yield CURRENT_WATERMARK_KEY, self._wm
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        if type(key) is KeyedStateKey:
+            if key.key in self._sessions:
+                raise ValueError(
+                    f"aggregate_to_session_window (vertex {self.context.vertex_name!r}): "
+                    f"duplicate snapshot entry for key {key.key!r}"
+                )
+            self._sessions[key.key] = [list(w) for w in value]
+        elif key == CURRENT_WATERMARK_KEY:
+            if self._restored_wm is None or value < self._restored_wm:
+                self._restored_wm = value
+        else:
+            raise ValueError(
+                f"aggregate_to_session_window (vertex {self.context.vertex_name!r}): "
+                f"unexpected snapshot entry {key!r}"
+            )
+
+    def finish_snapshot_restore(self) -> bool:
+        if self._restored_wm is not None:
+            self._wm = self._restored_wm
+            self._restored_wm = None
+        self._heap.clear()
+        self._scheduled.clear()
+        for key, lst in self._sessions.items():
+            self._schedule(key, lst[0][1])
+        return True
+
+    def __repr__(self) -> str:
+        return f"SessionWindowP(keys={len(self._sessions)}, wm={self._wm})"
+
+
+def aggregate_to_session_window(
+    *,
+    session_timeout: int,
+    key_fn: Callable[[Any], Any],
+    timestamp_fn: Callable[[Any], int],
+    agg_op: AggregateOperation[Any, Any, Any],
+) -> Callable[[], SessionWindowP]:
+    """Session window aggregation by key (``P.aggregate_to_session_window``).
+
+    ``session_timeout`` (a positive int, in timestamp units) is the gap that closes a
+    session. ``agg_op`` needs ``combine``, to merge two sessions that an out-of-order
+    event bridges. Put it behind a distributed edge partitioned by the same key.
+    """
+    name = "aggregate_to_session_window"
+    if isinstance(session_timeout, bool):
+        raise TypeError(f"{name}: session_timeout must be a positive int, got {session_timeout!r}")
+    try:
+        timeout = operator.index(session_timeout)
+    except TypeError:
+        raise TypeError(
+            f"{name}: session_timeout must be a positive int, got {session_timeout!r}"
+        ) from None
+    if timeout <= 0:
+        raise ValueError(f"{name}: session_timeout must be > 0, got {timeout}")
+    if not callable(key_fn):
+        raise TypeError(f"{name}: key_fn must be callable, got {key_fn!r}")
+    if not callable(timestamp_fn):
+        raise TypeError(f"{name}: timestamp_fn must be callable, got {timestamp_fn!r}")
+    if not isinstance(agg_op, AggregateOperation):
+        raise TypeError(f"{name}: agg_op must be an AggregateOperation, got {agg_op!r}")
+    if agg_op.combine is None:
+        raise ValueError(
+            f"{name}: agg_op has no combine primitive, which is needed to merge two sessions "
+            "that an out-of-order event bridges"
+        )
+    return functools.partial(SessionWindowP, timeout, key_fn, timestamp_fn, agg_op)

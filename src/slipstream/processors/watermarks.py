@@ -1,6 +1,248 @@
-"""insert_watermarks (PLACEHOLDER: being written)."""
+"""``insert_watermarks``: turn event timestamps into watermarks (reference A.9, A.7.5).
+
+The processor passes every item through unchanged and, in front of the items, inserts a
+:class:`~slipstream.core.items.Watermark` whenever its policy's watermark advances. It
+**never drops late items** (as in Jet 0.7+): deciding what is late is the business of the
+windowing processors downstream, which can count what they drop. Keeping the two concerns
+apart also means an item is never lost just because a policy was tuned too tight.
+
+During a lull (empty inbox) the engine calls ``try_process()``; time-based policies
+(``limiting_lag_and_delay`` and friends) then move the watermark forward without events,
+which is what lets the last windows of a paused stream be emitted.
+
+Optionally (``idle_timeout_ms``) a processor that saw no item for that long declares its
+substream *idle* by emitting :data:`IDLE` once: downstream coalescers then leave it out of
+the minimum, so one silent partition does not hold back every window (A.6). The next item
+makes it active again and ordinary watermarks resume.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import time
+from collections.abc import Callable
 from typing import Any
 
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
+from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.snapshot_keys import BroadcastKey
 
-def insert_watermarks(timestamp_fn: Any, policy_factory: Any) -> Any:
-    raise NotImplementedError
+__all__ = ["IDLE", "InsertWatermarksP", "insert_watermarks"]
+
+IDLE = IDLE_MESSAGE
+"""The idle message (``slipstream.core.items.IDLE_MESSAGE``) as a public name."""
+
+WM_SNAPSHOT_KEY = BroadcastKey("insert_watermarks.wm")
+"""Snapshot key of the last emitted watermark (broadcast: restore takes the minimum)."""
+
+Clock = Callable[[], int]
+
+
+def _monotonic_millis() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class InsertWatermarksP(AbstractProcessor):
+    """Inserts watermarks into the stream; see the module docstring.
+
+    One policy per processor, made by ``policy_factory()`` in ``init``: a policy tracks
+    one substream, and each processor sees its own substream.
+
+    Emission rules: a watermark is emitted (to every ordinal, by the engine) only when
+    the policy's value is strictly greater than the last one emitted, and always *before*
+    the item that made it advance, so an item is never behind a watermark that its own
+    timestamp produced. Items and watermarks are offered under the outbox's capacity: a
+    refused offer is kept and offered first on the next call.
+
+    At-least-once behaviour: the snapshot holds the last emitted watermark. On restore
+    every processor takes the **minimum** over all saved values and never emits a
+    watermark at or below it, so the downstream stream stays strictly increasing across
+    the restart even though the fresh policy starts from nothing. Items replayed after
+    the restore are passed on again (duplicates downstream); items that were processed
+    after the barrier under at-least-once had already pushed the watermark further
+    before the failure, so replayed items may arrive downstream behind a watermark that
+    was emitted before the failure — the downstream windows see them as late and drop
+    (and count) them. Nothing is ever dropped here.
+    """
+
+    def __init__(
+        self,
+        timestamp_fn: Callable[[Any], int],
+        policy_factory: Callable[[], Any],
+        idle_timeout_ms: int | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._timestamp_fn = timestamp_fn
+        self._policy_factory = policy_factory
+        self._idle_timeout = idle_timeout_ms
+        self._clock: Clock = clock if clock is not None else _monotonic_millis
+        self._policy: Any = None
+        self._last_emitted = NO_WATERMARK
+        # a Watermark or IDLE refused by the outbox: offered before anything else
+        self._pending: Any = None
+        # the head item of the inbox was already reported to the policy
+        self._head_reported = False
+        self._last_item_at = 0
+        self._idle = False
+        self._restored_wm: int | None = None
+
+    def init_processor(self, context: Context) -> None:
+        policy = self._policy_factory()
+        if not (
+            callable(getattr(policy, "report_event", None))
+            and callable(getattr(policy, "current_watermark", None))
+        ):
+            raise TypeError(
+                f"insert_watermarks (vertex {context.vertex_name!r}): policy_factory() "
+                f"returned {policy!r}, which is not a watermark policy (it needs "
+                "report_event(ts) and current_watermark())"
+            )
+        self._policy = policy
+        if self._idle_timeout is not None:
+            self._last_item_at = self._clock()
+
+    # -- items -----------------------------------------------------------------------
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if self._pending is not None and not self._offer_pending():
+            return
+        offer = self.outbox.offer
+        report = self._policy.report_event
+        ts_fn = self._timestamp_fn
+        last = self._last_emitted
+        reported = self._head_reported
+        try:
+            while inbox:
+                item = inbox[0]
+                if reported:
+                    reported = False
+                else:
+                    wm = report(ts_fn(item))
+                    if wm > last:
+                        self._last_emitted = last = wm
+                        if not offer(Watermark(wm)):
+                            self._pending = Watermark(wm)
+                            reported = True
+                            break
+                if not offer(item):
+                    reported = True
+                    break
+                inbox.popleft()
+        except TypeError as e:
+            raise TypeError(
+                f"insert_watermarks (vertex {self.context.vertex_name!r}): cannot take the "
+                f"timestamp of item {inbox[0]!r}: timestamp_fn gave "
+                f"{_safe_ts(ts_fn, inbox[0])}, expected an int ({e})"
+            ) from e
+        self._head_reported = reported
+        if self._idle_timeout is not None:
+            self._last_item_at = self._clock()
+            self._idle = False
+
+    def _offer_pending(self) -> bool:
+        if not self.outbox.offer(self._pending):
+            return False
+        self._pending = None
+        return True
+
+    # -- lulls -----------------------------------------------------------------------
+    def try_process(self) -> bool:
+        if self._pending is not None and not self._offer_pending():
+            return False
+        if self._idle:
+            # idle: stay silent until the next item re-activates the substream
+            return True
+        wm = self._policy.current_watermark()
+        if wm > self._last_emitted:
+            self._last_emitted = wm
+            if not self.outbox.offer(Watermark(wm)):
+                self._pending = Watermark(wm)
+                return False
+        timeout = self._idle_timeout
+        if timeout is not None and self._clock() - self._last_item_at >= timeout:
+            self._idle = True
+            if not self.outbox.offer(IDLE_MESSAGE):
+                self._pending = IDLE_MESSAGE
+                return False
+        return True
+
+    def complete(self) -> bool:
+        return self._pending is None or self._offer_pending()
+
+    # -- snapshots -------------------------------------------------------------------
+    def save_to_snapshot(self) -> bool:
+        if self._pending is not None and not self._offer_pending():
+            return False
+        return self.outbox.offer_to_snapshot(WM_SNAPSHOT_KEY, self._last_emitted)
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        if key != WM_SNAPSHOT_KEY:
+            raise ValueError(
+                f"insert_watermarks (vertex {self.context.vertex_name!r}): unexpected "
+                f"snapshot entry {key!r}"
+            )
+        if self._restored_wm is None or value < self._restored_wm:
+            self._restored_wm = value
+
+    def finish_snapshot_restore(self) -> bool:
+        if self._restored_wm is not None:
+            self._last_emitted = self._restored_wm
+        return True
+
+    def __repr__(self) -> str:
+        return f"InsertWatermarksP(last_emitted={self._last_emitted}, idle={self._idle})"
+
+
+def _safe_ts(ts_fn: Callable[[Any], Any], item: Any) -> str:
+    try:
+        return repr(ts_fn(item))
+    except Exception as e:  # noqa: BLE001 - only describing the failure
+        return f"an error ({type(e).__name__}: {e})"
+
+
+def insert_watermarks(
+    timestamp_fn: Callable[[Any], int],
+    policy_factory: Callable[[], Any],
+    *,
+    idle_timeout_ms: int | None = None,
+    clock: Clock | None = None,
+) -> Callable[[], InsertWatermarksP]:
+    """A supplier of processors that insert watermarks (``P.insert_watermarks``).
+
+    ``timestamp_fn(item)`` gives the event timestamp (an int). ``policy_factory`` is a
+    zero-argument callable returning a new watermark policy, e.g.
+    ``lambda: with_fixed_lag(100)`` — each processor needs its own policy instance.
+    ``idle_timeout_ms``: when set, a processor that received no item for that long (by
+    ``clock``, milliseconds, default monotonic) emits :data:`IDLE` once.
+    """
+    if not callable(timestamp_fn):
+        raise TypeError(f"insert_watermarks: timestamp_fn must be callable, got {timestamp_fn!r}")
+    if not callable(policy_factory):
+        hint = ""
+        if callable(getattr(policy_factory, "report_event", None)):
+            hint = (
+                " (got a policy instance; pass a factory such as "
+                "`lambda: with_fixed_lag(lag)` so that every processor gets its own policy)"
+            )
+        raise TypeError(
+            f"insert_watermarks: policy_factory must be a zero-argument callable returning "
+            f"a watermark policy, got {policy_factory!r}{hint}"
+        )
+    if idle_timeout_ms is not None:
+        if isinstance(idle_timeout_ms, bool):
+            raise TypeError(f"insert_watermarks: idle_timeout_ms must be an int, got {idle_timeout_ms!r}")
+        try:
+            idle_timeout_ms = operator.index(idle_timeout_ms)
+        except TypeError:
+            raise TypeError(
+                f"insert_watermarks: idle_timeout_ms must be an int or None, got {idle_timeout_ms!r}"
+            ) from None
+        if idle_timeout_ms <= 0:
+            raise ValueError(
+                f"insert_watermarks: idle_timeout_ms must be > 0 (or None to disable idleness), "
+                f"got {idle_timeout_ms}"
+            )
+    if clock is not None and not callable(clock):
+        raise TypeError(f"insert_watermarks: clock must be callable or None, got {clock!r}")
+    return functools.partial(InsertWatermarksP, timestamp_fn, policy_factory, idle_timeout_ms, clock)

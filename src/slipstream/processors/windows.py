@@ -1,14 +1,523 @@
-"""Sliding/tumbling window processors (PLACEHOLDER: being written)."""
+"""Sliding and tumbling window processors (reference A.10, A.16.4-5, A.16.7).
+
+Three factories share one processor class:
+
+* :func:`aggregate_to_sliding_window` — single stage: items in, window results out;
+* :func:`accumulate_by_frame` — stage 1 of two: items in, one
+  ``KeyedWindowResult(frame_start, frame_end, key, accumulator)`` per frame and key out;
+* :func:`combine_to_sliding_window` — stage 2 of two: stage-1 frames in, window results
+  out.
+
+**Frames.** The time axis is cut into frames of ``window_def.frame_size`` (the slide);
+an event at ``t`` goes to the frame labelled by its exclusive end,
+``window_def.higher_frame_ts(t)``, and window ``E`` (``[E - window_size, E)``) is the
+``frames_per_window`` frames ending at ``E``. Accumulating per frame is what lets a
+window be assembled from (or slid over) a few accumulators instead of its items.
+
+**Emission** (exactly A.10): on watermark ``W`` every window ``E <= W`` not emitted yet is
+emitted, in order of ``E``, starting at the first window that contains the lowest frame;
+a window emits one ``KeyedWindowResult(E - window_size, E, key, finish(acc))`` per key
+that has events in it, and nothing for an empty window. After window ``E`` the oldest
+frame of ``E`` is evicted (no later window needs it), so memory is bounded by the open
+windows. Then ``W`` itself is forwarded. Stretches of empty windows are skipped in one
+step, so a big jump of the watermark costs nothing. ``complete()`` flushes every window
+up to the last one containing the top frame (``top_frame + window_size - frame_size``)
+without emitting a watermark.
+
+**Late items** are judged at frame granularity, as Jet does: an item whose frame ends at
+or below the last watermark (``frame < next_win_to_emit``) is dropped and counted in the
+``late_items_dropped`` metric. That includes *partially late* items whose frame still
+belongs to a window not emitted yet: they must go, because some window containing them
+was emitted already and the running window of the deduct path has moved past that
+frame. An item with ``ts < W`` whose frame ends after ``W`` is accepted.
+
+**Beyond Jet: results do not depend on ``deduct``.** Jet's deduct path drops a key whose
+running accumulator becomes equal to an empty one, so a window of ``+1, -1`` emits
+nothing with ``summing()`` but ``0`` with an op that has no ``deduct``. Here the running
+window also counts, per key, how many of its frames hold that key; a key leaves the
+window when that count reaches zero, never because of its accumulator's value. So
+``deduct`` is purely an O(1)-per-frame speed-up and accumulators need no equality.
+
+**Outbox capacity** is honoured everywhere: results are produced lazily by a generator
+and emitted with ``emit_from``; a refused result is kept and offered first on the next
+call, and ``try_process_watermark`` returns ``False`` until every window of that
+watermark and the watermark itself went out.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from slipstream.aggregate import AggregateOperation
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import NO_WATERMARK, Watermark
+from slipstream.core.processor import AbstractProcessor
+from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.window import KeyedWindowResult, SlidingWindowDef
 
-def accumulate_by_frame(**kwargs: Any) -> Any:
-    raise NotImplementedError
+__all__ = [
+    "NEXT_WIN_TO_EMIT_KEY",
+    "SlidingWindowP",
+    "accumulate_by_frame",
+    "aggregate_to_sliding_window",
+    "combine_to_sliding_window",
+]
+
+NEXT_WIN_TO_EMIT_KEY = BroadcastKey("window.next_win_to_emit")
+"""Snapshot key of the emission cursor (broadcast: restore takes the minimum)."""
+
+LATE_METRIC = "late_items_dropped"
+
+_MISSING: Any = object()
 
 
-def combine_to_sliding_window(**kwargs: Any) -> Any:
-    raise NotImplementedError
+class SlidingWindowP(AbstractProcessor):
+    """Aggregates items into frames and emits sliding/tumbling windows of them.
+
+    State: ``frames`` (frame end -> key -> accumulator), ``next_win_to_emit`` (the end of
+    the next window to emit; ``NO_WATERMARK`` until the first watermark), ``top_frame``
+    and, on the deduct path, a running window (key -> accumulator plus key -> number of
+    its frames holding the key).
+
+    ``last_stage=False`` is stage 1 (``accumulate_by_frame``): on ``save_to_snapshot`` it
+    emits all its frames downstream instead of saving them (A.16.7), so its state travels
+    inside the barrier-aligned stream and stage 2 combines partial frames of the same
+    frame and key; it then saves only its emission cursor.
+
+    At-least-once behaviour (the last stage saves every ``(KeyedStateKey(key, frame),
+    acc)`` and the cursor; on restore the cursor is the minimum over all processors):
+    items that arrived after the barrier on an input that delivered it early were
+    already accumulated when the snapshot was taken and are replayed after the restart,
+    so they are counted twice in windows that were still open at the snapshot. Windows
+    emitted between the snapshot and the failure are emitted again. A watermark that
+    appears to go backwards after the restart is tolerated: the cursor never moves back,
+    and windows are not re-emitted by it. Stage 1 has the same double counting, carried
+    by the frames it flushed at the barrier.
+    """
+
+    _vertex_kind = "aggregate_to_sliding_window"
+
+    def __init__(
+        self,
+        key_fn: Callable[[Any], Any] | None,
+        timestamp_fn: Callable[[Any], int] | None,
+        window_def: SlidingWindowDef,
+        agg_op: AggregateOperation[Any, Any, Any],
+        last_stage: bool = True,
+    ) -> None:
+        self._key_fn = key_fn
+        self._timestamp_fn = timestamp_fn
+        self._wd = window_def
+        self._op = agg_op
+        self._last_stage = last_stage
+        self._fs = window_def.frame_size
+        self._offset = window_def.frame_offset
+        self._ws = window_def.window_size
+        # window E consists of the frames E - span, ..., E
+        self._span = window_def.window_size - window_def.frame_size
+        self._tumbling = window_def.is_tumbling
+        self._use_deduct = last_stage and not self._tumbling and agg_op.deduct is not None
+
+        self._frames: dict[int, dict[Any, Any]] = {}
+        self._next_win = NO_WATERMARK
+        self._top = NO_WATERMARK
+        # deduct path: the running window (frames running_end - span + fs .. running_end
+        # after the eviction that follows an emission)
+        self._running: dict[Any, Any] = {}
+        self._counts: dict[Any, int] = {}
+        self._running_end: int | None = None
+
+        self._wm_it: Iterator[Any] | None = None
+        self._complete_it: Iterator[Any] | None = None
+        self._flush_it: Iterator[Any] | None = None
+        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
+        self._restored_next: int | None = None
+
+    # -- items -----------------------------------------------------------------------
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        frames = self._frames
+        ts_fn = self._timestamp_fn
+        key_fn = self._key_fn
+        assert ts_fn is not None and key_fn is not None
+        accumulate = self._op.accumulate
+        create = self._op.create
+        fs = self._fs
+        offset = self._offset
+        next_win = self._next_win
+        top = self._top
+        late = 0
+        item: Any = None
+        try:
+            for item in inbox:
+                ts = ts_fn(item)
+                # higher_frame_ts(ts), inlined: the label of the item's frame
+                f = ts - (ts - offset) % fs + fs
+                if f < next_win:
+                    late += 1
+                    continue
+                d = frames.get(f)
+                if d is None:
+                    d = frames[f] = {}
+                    if f > top:
+                        top = f
+                k = key_fn(item)
+                acc = d.get(k, _MISSING)
+                d[k] = accumulate(create() if acc is _MISSING else acc, item)
+        except TypeError as e:
+            raise TypeError(
+                f"{self._vertex_kind} (vertex {self.context.vertex_name!r}): cannot "
+                f"process item {item!r}: {e} (timestamp_fn must return an int)"
+            ) from e
+        inbox.clear()
+        self._top = top
+        if late:
+            self.context.increment_metric(LATE_METRIC, late)
+
+    # -- watermarks ------------------------------------------------------------------
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        it = self._wm_it
+        if it is None:
+            it = self._wm_it = self._watermark_output(watermark)
+        if not self.emit_from(it):
+            return False
+        self._wm_it = None
+        return True
+
+    def _watermark_output(self, watermark: Watermark) -> Iterator[Any]:
+        wm = watermark.timestamp
+        yield from self._window_results(wm)
+        next_win = self._wd.higher_frame_ts(wm)
+        if next_win > self._next_win:
+            # never moves back (a restored processor may see lower watermarks again)
+            self._next_win = next_win
+        yield watermark
+
+    def _window_results(self, limit: int) -> Iterator[KeyedWindowResult]:
+        """Emit every window from the cursor up to ``limit`` and evict its oldest frame.
+
+        Lazily, one result per ``next()``, so that a full outbox can stop it anywhere.
+        Does not move ``next_win_to_emit``: a watermark does that, a flush does not.
+        """
+        frames = self._frames
+        if not frames:
+            return
+        fs = self._fs
+        ws = self._ws
+        span = self._span
+        finish = self._op.finish
+        end = self._next_win
+        if end == NO_WATERMARK:
+            # the first emission starts at the first window holding the lowest frame
+            # (when the cursor is set, an empty window below the frames is skipped by the
+            # loop: no scan of the frames per watermark)
+            end = min(frames)
+        content_of = self._window_content
+        evict = self._evict
+        while end <= limit:
+            content = content_of(end)
+            if content:
+                start = end - ws
+                for key, acc in content.items():
+                    yield KeyedWindowResult(start, end, key, finish(acc))
+                evict(end - span)
+                end += fs
+            else:
+                # an empty window: every remaining frame lies after ``end``; skip the
+                # empty stretch in one step
+                if not frames:
+                    return
+                lowest = min(frames)
+                end = lowest if lowest > end else end + fs
+
+    def _window_content(self, end: int) -> dict[Any, Any]:
+        """Key -> accumulator of window ``end`` (must not be mutated by the caller)."""
+        frames = self._frames
+        if self._tumbling:
+            return frames.get(end) or {}
+        combine = self._op.combine
+        create = self._op.create
+        assert combine is not None
+        fs = self._fs
+        if self._use_deduct:
+            running = self._running
+            counts = self._counts
+            if self._running_end == end - fs:
+                # slide: the running window already holds every frame but the leading one
+                first = last = end
+            else:
+                running.clear()
+                counts.clear()
+                first, last = end - self._span, end
+            for f in range(first, last + 1, fs):
+                d = frames.get(f)
+                if d:
+                    for k, a in d.items():
+                        r = running.get(k, _MISSING)
+                        running[k] = combine(create() if r is _MISSING else r, a)
+                        counts[k] = counts.get(k, 0) + 1
+            self._running_end = end
+            return running
+        # no deduct: recombine the window's frames into fresh accumulators
+        window: dict[Any, Any] = {}
+        for f in range(end - self._span, end + 1, fs):
+            d = frames.get(f)
+            if d:
+                for k, a in d.items():
+                    r = window.get(k, _MISSING)
+                    window[k] = combine(create() if r is _MISSING else r, a)
+        return window
+
+    def _evict(self, frame: int) -> None:
+        d = self._frames.pop(frame, None)
+        if d and self._use_deduct and self._running_end is not None:
+            deduct = self._op.deduct
+            assert deduct is not None
+            running = self._running
+            counts = self._counts
+            for k, a in d.items():
+                c = counts[k] - 1
+                if c:
+                    counts[k] = c
+                    running[k] = deduct(running[k], a)
+                else:
+                    # the key has no event left in the window: it leaves the window,
+                    # whatever its accumulator's value
+                    del counts[k]
+                    del running[k]
+
+    # -- completion ------------------------------------------------------------------
+    def complete(self) -> bool:
+        it = self._complete_it
+        if it is None:
+            it = self._complete_it = self._window_results(self._top + self._span)
+        if not self.emit_from(it):
+            return False
+        self._complete_it = None
+        return True
+
+    # -- snapshots -------------------------------------------------------------------
+    def save_to_snapshot(self) -> bool:
+        if self._complete_it is not None:
+            # completing: finish the completion instead of saving frames (A.11, Jet)
+            if not self.emit_from(self._complete_it):
+                return False
+            self._complete_it = None
+        elif not self._last_stage:
+            # stage 1: flush every frame downstream instead of saving it (A.16.7)
+            it = self._flush_it
+            if it is None:
+                it = self._flush_it = self._window_results(self._top + self._span)
+            if not self.emit_from(it):
+                return False
+            self._flush_it = None
+        sit = self._snapshot_it
+        if sit is None:
+            sit = self._snapshot_it = self._snapshot_entries()
+        if not self.emit_to_snapshot_from(sit):
+            return False
+        self._snapshot_it = None
+        return True
+
+    def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
+        for f, d in self._frames.items():
+            for k, acc in d.items():
+                yield KeyedStateKey(k, f), acc
+        yield NEXT_WIN_TO_EMIT_KEY, self._next_win
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        if type(key) is KeyedStateKey:
+            d = self._frames.setdefault(key.detail, {})
+            if key.key in d:
+                raise ValueError(
+                    f"{self._vertex_kind} (vertex {self.context.vertex_name!r}): duplicate "
+                    f"snapshot entry for key {key.key!r} in frame {key.detail!r}"
+                )
+            d[key.key] = value
+        elif key == NEXT_WIN_TO_EMIT_KEY:
+            if self._restored_next is None or value < self._restored_next:
+                self._restored_next = value
+        else:
+            raise ValueError(
+                f"{self._vertex_kind} (vertex {self.context.vertex_name!r}): unexpected "
+                f"snapshot entry {key!r}"
+            )
+
+    def finish_snapshot_restore(self) -> bool:
+        if self._restored_next is not None:
+            self._next_win = self._restored_next
+            self._restored_next = None
+        frames = self._frames
+        if self._next_win != NO_WATERMARK:
+            # frames whose every window was emitted already (possible when processors
+            # saved different cursors) are of no use
+            oldest_needed = self._next_win - self._span
+            for f in [f for f in frames if f < oldest_needed]:
+                del frames[f]
+        self._top = max(frames, default=NO_WATERMARK)
+        # the running window is rebuilt from the restored frames at the next emission
+        self._running.clear()
+        self._counts.clear()
+        self._running_end = None
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self._wd}, frames={len(self._frames)}, "
+            f"next_win_to_emit={self._next_win})"
+        )
 
 
-def aggregate_to_sliding_window(**kwargs: Any) -> Any:
-    raise NotImplementedError
+class _AccumulateByFrameP(SlidingWindowP):
+    """Stage 1: a tumbling-by-frame window with identity finish that flushes on
+    snapshot (see :class:`SlidingWindowP`)."""
+
+    _vertex_kind = "accumulate_by_frame"
+
+
+class _CombineToSlidingWindowP(SlidingWindowP):
+    """Stage 2: its items are stage-1 frames, combined into the frame they end in.
+
+    The frame of an input is ``higher_frame_ts(item.end - 1)``: the item's own end when
+    both stages use the same window definition, and the enclosing frame when stage 1
+    used a finer one.
+    """
+
+    _vertex_kind = "combine_to_sliding_window"
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        frames = self._frames
+        combine = self._op.combine
+        assert combine is not None
+        create = self._op.create
+        fs = self._fs
+        offset = self._offset
+        next_win = self._next_win
+        top = self._top
+        late = 0
+        item: Any = None
+        try:
+            for item in inbox:
+                t = item.end - 1
+                f = t - (t - offset) % fs + fs
+                if f < next_win:
+                    late += 1
+                    continue
+                d = frames.get(f)
+                if d is None:
+                    d = frames[f] = {}
+                    if f > top:
+                        top = f
+                k = item.key
+                acc = d.get(k, _MISSING)
+                d[k] = combine(create() if acc is _MISSING else acc, item.value)
+        except (AttributeError, TypeError) as e:
+            raise TypeError(
+                f"combine_to_sliding_window (vertex {self.context.vertex_name!r}): expected "
+                f"KeyedWindowResult frames from accumulate_by_frame, cannot combine item "
+                f"{item!r}: {e}"
+            ) from e
+        inbox.clear()
+        self._top = top
+        if late:
+            self.context.increment_metric(LATE_METRIC, late)
+
+
+# -- factories -------------------------------------------------------------------------
+
+
+def _check_fn(factory: str, name: str, fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"{factory}: {name} must be callable, got {fn!r}")
+
+
+def _check_window_def(factory: str, window_def: Any) -> None:
+    if not isinstance(window_def, SlidingWindowDef):
+        raise TypeError(
+            f"{factory}: window_def must be a SlidingWindowDef (from sliding_window_def() or "
+            f"tumbling_window_def()), got {window_def!r}"
+        )
+
+
+def _check_op(factory: str, agg_op: Any, *, needs_combine: bool, why: str = "") -> None:
+    if not isinstance(agg_op, AggregateOperation):
+        raise TypeError(f"{factory}: agg_op must be an AggregateOperation, got {agg_op!r}")
+    if needs_combine and agg_op.combine is None:
+        raise ValueError(f"{factory}: agg_op has no combine primitive, which is needed {why}")
+
+
+def aggregate_to_sliding_window(
+    *,
+    key_fn: Callable[[Any], Any],
+    timestamp_fn: Callable[[Any], int],
+    window_def: SlidingWindowDef,
+    agg_op: AggregateOperation[Any, Any, Any],
+) -> Callable[[], SlidingWindowP]:
+    """Single-stage sliding/tumbling window aggregation by key.
+
+    Emits ``KeyedWindowResult(start, end, key, agg_op.finish(acc))`` for every window
+    ``end <= W`` on watermark ``W``, then forwards ``W``. A sliding (not tumbling) window
+    needs ``agg_op.combine``; ``agg_op.deduct``, when present, slides each window in
+    O(1) per frame instead of recombining its frames (results are the same either way).
+    Put it behind a distributed edge partitioned by the same key, so that snapshot state
+    is restored to the processor that receives the key's items.
+    """
+    name = "aggregate_to_sliding_window"
+    _check_fn(name, "key_fn", key_fn)
+    _check_fn(name, "timestamp_fn", timestamp_fn)
+    _check_window_def(name, window_def)
+    _check_op(
+        name,
+        agg_op,
+        needs_combine=not window_def.is_tumbling,
+        why="to assemble a sliding window from its frames (or use a tumbling window)",
+    )
+    return functools.partial(SlidingWindowP, key_fn, timestamp_fn, window_def, agg_op, True)
+
+
+def accumulate_by_frame(
+    *,
+    key_fn: Callable[[Any], Any],
+    timestamp_fn: Callable[[Any], int],
+    window_def: SlidingWindowDef,
+    agg_op: AggregateOperation[Any, Any, Any],
+) -> Callable[[], SlidingWindowP]:
+    """Stage 1 of a two-stage sliding window: accumulate by (frame, key).
+
+    Emits ``KeyedWindowResult(frame_end - frame_size, frame_end, key, accumulator)`` for
+    every frame ``frame_end <= W`` on watermark ``W`` (the accumulator is not finished),
+    then forwards ``W``. Feed :func:`combine_to_sliding_window` through a distributed
+    edge partitioned by ``lambda r: r.key``; this stage usually sits behind a local edge
+    partitioned by the key. On a snapshot it emits its frames instead of saving them.
+    """
+    name = "accumulate_by_frame"
+    _check_fn(name, "key_fn", key_fn)
+    _check_fn(name, "timestamp_fn", timestamp_fn)
+    _check_window_def(name, window_def)
+    _check_op(name, agg_op, needs_combine=False)
+    return functools.partial(
+        _AccumulateByFrameP,
+        key_fn,
+        timestamp_fn,
+        window_def.to_tumbling_by_frame(),
+        agg_op.with_identity_finish(),
+        False,
+    )
+
+
+def combine_to_sliding_window(
+    *,
+    window_def: SlidingWindowDef,
+    agg_op: AggregateOperation[Any, Any, Any],
+) -> Callable[[], SlidingWindowP]:
+    """Stage 2 of a two-stage sliding window: combine stage-1 frames into windows.
+
+    Input items are the ``KeyedWindowResult`` frames of :func:`accumulate_by_frame`
+    (with the same ``window_def`` and ``agg_op``); output is the same as
+    :func:`aggregate_to_sliding_window` would give on the original items.
+    """
+    name = "combine_to_sliding_window"
+    _check_window_def(name, window_def)
+    _check_op(name, agg_op, needs_combine=True, why="to combine stage-1 frames")
+    return functools.partial(_CombineToSlidingWindowP, None, None, window_def, agg_op, True)

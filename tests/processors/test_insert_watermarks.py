@@ -1,0 +1,274 @@
+"""``insert_watermarks`` (reference A.9, A.7.5): items pass unchanged, a watermark goes
+before the item that advanced it, lulls and idleness are handled in ``try_process()``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slipstream import processors as P
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
+from slipstream.core.outbox import Outbox
+from slipstream.core.processor import Context
+from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.processors.watermarks import IDLE, InsertWatermarksP
+from slipstream.testing import verify_processor
+from slipstream.watermark import limiting_lag_and_delay, with_fixed_lag
+from slipstream.window import tumbling_window_def
+
+WM = Watermark
+WM_KEY = BroadcastKey("insert_watermarks.wm")
+
+
+class FakeClock:
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def ts_of(e: tuple[int, str]) -> int:
+    return e[0]
+
+
+def fixed_lag_oracle(items: list[tuple[int, str]], lag: int, floor: int = NO_WATERMARK) -> list[Any]:
+    out: list[Any] = []
+    top = None
+    last = floor
+    for item in items:
+        top = item[0] if top is None else max(top, item[0])
+        if top - lag > last:
+            last = top - lag
+            out.append(WM(last))
+        out.append(item)
+    return out
+
+
+def new_processor(supplier: Any, ordinals: int = 1, capacity: int = 1) -> tuple[InsertWatermarksP, Outbox]:
+    p = supplier()
+    outbox = Outbox(ordinals, capacity)
+    p.init(outbox, Context(vertex_name="wm"))
+    return p, outbox
+
+
+def take(outbox: Outbox, ordinal: int = 0) -> list[Any]:
+    out = list(outbox.buckets[ordinal])
+    outbox.buckets[ordinal].clear()
+    return out
+
+
+def test_watermark_goes_before_the_item_that_advanced_it() -> None:
+    items = [(0, "a"), (3, "b"), (1, "late"), (3, "same"), (5, "c"), (-10, "very late")]
+    verify_processor(P.insert_watermarks(ts_of, lambda: with_fixed_lag(2))).input(
+        items
+    ).expect_output(
+        [WM(-2), (0, "a"), WM(1), (3, "b"), (1, "late"), (3, "same"), WM(3), (5, "c"), (-10, "very late")]
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ts=st.lists(st.integers(-50, 50), max_size=40),
+    lag=st.integers(0, 10),
+)
+def test_matches_the_fixed_lag_oracle(ts: list[int], lag: int) -> None:
+    """Every item passes, in order, nothing is dropped; watermarks are strictly
+    increasing and equal to the oracle's; also after snapshot + restore at every item
+    (the restored floor is the last emitted watermark, so nothing is re-emitted)."""
+    items = [(t, f"item{i}") for i, t in enumerate(ts)]
+    verify_processor(P.insert_watermarks(ts_of, functools.partial(with_fixed_lag, lag))).input(
+        items
+    ).expect_output(fixed_lag_oracle(items, lag))
+
+
+def test_every_ordinal_gets_the_items_and_the_watermarks() -> None:
+    items = [(10, "a"), (12, "b")]
+    expected = [WM(10), (10, "a"), WM(12), (12, "b")]
+    verify_processor(P.insert_watermarks(ts_of, lambda: with_fixed_lag(0))).input(
+        items
+    ).expect_outputs([expected, expected, expected])
+
+
+def test_throttled_policy() -> None:
+    wd = tumbling_window_def(10)
+    items = [(3, "a"), (12, "b"), (19, "c"), (25, "d"), (21, "e")]
+    verify_processor(
+        P.insert_watermarks(ts_of, lambda: with_fixed_lag(1).throttle_by_frame(wd))
+    ).input(items).expect_output(
+        [WM(0), (3, "a"), WM(10), (12, "b"), (19, "c"), WM(20), (25, "d"), (21, "e")]
+    )
+
+
+def test_each_processor_gets_its_own_policy() -> None:
+    supplier = P.insert_watermarks(ts_of, lambda: with_fixed_lag(0))
+    p1, o1 = new_processor(supplier, capacity=10)
+    p2, o2 = new_processor(supplier, capacity=10)
+    p1.process(0, Inbox([(100, "x")]))
+    p2.process(0, Inbox([(5, "y")]))
+    assert take(o1) == [WM(100), (100, "x")]
+    assert take(o2) == [WM(5), (5, "y")]
+
+
+def test_lull_advances_the_watermark_from_try_process() -> None:
+    clock = FakeClock(0)
+    supplier = P.insert_watermarks(
+        ts_of, lambda: limiting_lag_and_delay(5, 100, clock=clock), clock=clock
+    )
+    p, outbox = new_processor(supplier, capacity=1)
+    inbox = Inbox([(50, "a")])
+    p.process(0, inbox)
+    # capacity 1: the watermark went out, the item was refused and stays in the inbox
+    assert take(outbox) == [WM(45)] and len(inbox) == 1
+    p.process(0, inbox)
+    assert not inbox and take(outbox) == [(50, "a")]
+    assert p.try_process() and take(outbox) == []  # nothing new
+    clock.now = 200  # the delay passed: the watermark catches up with the top timestamp
+    assert p.try_process()
+    assert take(outbox) == [WM(50)]
+    assert p.try_process() and take(outbox) == []  # not emitted twice
+
+
+def test_try_process_keeps_a_refused_watermark() -> None:
+    clock = FakeClock(0)
+    supplier = P.insert_watermarks(
+        ts_of, lambda: limiting_lag_and_delay(5, 100, clock=clock), clock=clock
+    )
+    p, outbox = new_processor(supplier, capacity=1)
+    inbox = Inbox([(50, "a")])
+    p.process(0, inbox)
+    take(outbox)
+    p.process(0, inbox)
+    # the item is still in the outbox: the lull watermark is refused
+    clock.now = 200
+    assert not p.try_process()
+    assert not p.try_process()  # called again with the outbox still full
+    assert take(outbox) == [(50, "a")]
+    assert p.try_process()
+    assert take(outbox) == [WM(50)]
+
+
+def test_idle_message_after_timeout_then_resume() -> None:
+    clock = FakeClock(1000)
+    supplier = P.insert_watermarks(
+        ts_of, lambda: with_fixed_lag(0), idle_timeout_ms=100, clock=clock
+    )
+    p, outbox = new_processor(supplier, capacity=5)
+    clock.now = 1099
+    assert p.try_process() and take(outbox) == []
+    clock.now = 1100  # no item since init for 100 ms
+    assert p.try_process() and take(outbox) == [IDLE_MESSAGE]
+    clock.now = 5000
+    assert p.try_process() and take(outbox) == []  # IDLE only once
+    p.process(0, Inbox([(7, "a")]))
+    assert take(outbox) == [WM(7), (7, "a")]
+    clock.now = 5099
+    assert p.try_process() and take(outbox) == []
+    p.process(0, Inbox([(3, "b")]))  # no advance: no watermark; still an item
+    assert take(outbox) == [(3, "b")]
+    clock.now = 5199
+    assert p.try_process() and take(outbox) == [IDLE]
+    assert IDLE is IDLE_MESSAGE
+
+
+def test_idle_message_respects_outbox_capacity() -> None:
+    clock = FakeClock(0)
+    p, outbox = new_processor(
+        P.insert_watermarks(ts_of, lambda: with_fixed_lag(0), idle_timeout_ms=10, clock=clock),
+        capacity=1,
+    )
+    outbox.buckets[0].append("something already there")
+    clock.now = 10
+    assert not p.try_process()
+    take(outbox)
+    assert p.try_process()
+    assert take(outbox) == [IDLE_MESSAGE]
+
+
+def test_without_idle_timeout_no_idle_message() -> None:
+    clock = FakeClock(0)
+    p, outbox = new_processor(P.insert_watermarks(ts_of, lambda: with_fixed_lag(0), clock=clock))
+    clock.now = 10**9
+    assert p.try_process() and take(outbox) == []
+
+
+def test_snapshot_saves_the_last_watermark_and_restore_takes_the_minimum() -> None:
+    supplier = P.insert_watermarks(ts_of, lambda: with_fixed_lag(0))
+    p, outbox = new_processor(supplier, capacity=10)
+    p.process(0, Inbox([(42, "a")]))
+    assert p.save_to_snapshot()
+    assert outbox.snapshot_bucket == [(WM_KEY, 42)]
+
+    q, qout = new_processor(supplier, capacity=10)
+    q.restore_from_snapshot(Inbox([(WM_KEY, 42), (WM_KEY, 30), (WM_KEY, 35)]))
+    assert q.finish_snapshot_restore()
+    q.process(0, Inbox([(25, "replayed"), (30, "equal"), (31, "new")]))
+    # never at or below the restored minimum 30
+    assert take(qout) == [(25, "replayed"), (30, "equal"), WM(31), (31, "new")]
+
+
+def test_snapshot_before_any_item() -> None:
+    verify_processor(P.insert_watermarks(ts_of, lambda: with_fixed_lag(0))).input(
+        []
+    ).expect_output([])
+
+
+def test_bad_timestamp_names_the_item() -> None:
+    p, _ = new_processor(P.insert_watermarks(ts_of, lambda: with_fixed_lag(0)))
+    with pytest.raises(TypeError, match=r"insert_watermarks .*item \(None, 'x'\).*gave None"):
+        p.process(0, Inbox([(None, "x")]))
+
+
+def test_argument_validation() -> None:
+    with pytest.raises(TypeError, match="timestamp_fn must be callable"):
+        P.insert_watermarks(5, lambda: with_fixed_lag(0))
+    with pytest.raises(TypeError, match="got a policy instance"):
+        P.insert_watermarks(ts_of, with_fixed_lag(0))
+    with pytest.raises(TypeError, match="policy_factory must be a zero-argument callable"):
+        P.insert_watermarks(ts_of, 3)
+    with pytest.raises(ValueError, match="idle_timeout_ms must be > 0"):
+        P.insert_watermarks(ts_of, lambda: with_fixed_lag(0), idle_timeout_ms=0)
+    with pytest.raises(TypeError, match="idle_timeout_ms must be an int"):
+        P.insert_watermarks(ts_of, lambda: with_fixed_lag(0), idle_timeout_ms="10")
+    with pytest.raises(TypeError, match="clock must be callable"):
+        P.insert_watermarks(ts_of, lambda: with_fixed_lag(0), clock=3)
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        P.insert_watermarks(ts_of)  # type: ignore[call-arg]
+    supplier = P.insert_watermarks(ts_of, lambda: "not a policy")
+    with pytest.raises(TypeError, match="policy_factory\\(\\) returned 'not a policy'"):
+        new_processor(supplier)
+
+
+class RecordingPolicy:
+    """Fixed lag 0 that records every reported timestamp."""
+
+    def __init__(self) -> None:
+        self.reported: list[int] = []
+        self.wm = NO_WATERMARK
+
+    def report_event(self, ts: int) -> int:
+        self.reported.append(ts)
+        self.wm = max(self.wm, ts)
+        return self.wm
+
+    def current_watermark(self) -> int:
+        return self.wm
+
+
+def test_each_item_is_reported_to_the_policy_once_despite_refusals() -> None:
+    p, outbox = new_processor(P.insert_watermarks(ts_of, RecordingPolicy), capacity=1)
+    inbox = Inbox([(1, "a"), (2, "b"), (2, "c"), (3, "d")])
+    out: list[Any] = []
+    calls = 0
+    while inbox:
+        p.process(0, inbox)
+        out.extend(take(outbox))
+        calls += 1
+    assert out == [WM(1), (1, "a"), WM(2), (2, "b"), (2, "c"), WM(3), (3, "d")]
+    assert calls == len(out)  # one offer accepted per call with capacity 1
+    assert p._policy.reported == [1, 2, 2, 3]
