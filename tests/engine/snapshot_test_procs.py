@@ -1,5 +1,5 @@
-"""Processors for the snapshot tests: a paced source with offsets, a keyed running sum
-that can be told to fail, and a two-phase (exactly-once) collecting sink."""
+"""Processors for the snapshot tests: a paced source with offsets, and a keyed running
+sum and a mapper that can be told to fail."""
 
 from __future__ import annotations
 
@@ -82,36 +82,6 @@ class RunningSum(ss.AbstractProcessor):
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         self.sums[key] = value
-
-
-class TwoPhaseSink(ss.AbstractProcessor):
-    """Publishes to the named list only when the snapshot covering the items commits (or
-    directly when the job takes no snapshots)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.pending: list[Any] = []
-
-    def init_processor(self, context: ss.Context) -> None:
-        self.out = context.get_list(self.name)
-
-    def process(self, ordinal: int, inbox: Any) -> None:
-        if self.context.snapshot_hooks is None:
-            self.out.extend(inbox)
-        else:
-            self.pending.extend(inbox)
-        inbox.clear()
-
-    def save_to_snapshot(self) -> bool:
-        batch, self.pending = self.pending, []
-        out = self.out
-        self.context.stage_on_commit(lambda: out.extend(batch))
-        return True
-
-    def complete(self) -> bool:
-        self.out.extend(self.pending)
-        self.pending = []
-        return True
 
 
 class FailingMap(ss.AbstractProcessor):

@@ -9,7 +9,6 @@ left input is blocked after its barrier, the snapshot holds A, and the replayed 
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 import snapshot_test_procs as stp
 
 import slipstream as ss
-from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee
+from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
 from slipstream.core.snapshot_keys import BroadcastKey
 
 B_PAIRED = threading.Event()
@@ -128,7 +127,7 @@ def run(guarantee: ProcessingGuarantee, tmp: str) -> list[Any]:
     left = dag.new_vertex("left", Left).local_parallelism(1)
     right = dag.new_vertex("right", Right).local_parallelism(1)
     pairing = dag.new_vertex("pairing", Pairing).local_parallelism(1)
-    sink = dag.new_vertex("sink", functools.partial(stp.TwoPhaseSink, "out")).local_parallelism(1)
+    sink = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
     dag.edge(Edge.from_(left).to(pairing, 0)).edge(Edge.from_(right).to(pairing, 1))
     dag.edge(Edge.between(pairing, sink))
     engine = ss.local(cooperative_threads=1)

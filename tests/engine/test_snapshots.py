@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import slipstream as ss
-from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee
+from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
 from slipstream.engine.snapshot_store import DirectorySnapshotStore
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
@@ -27,7 +27,7 @@ def running_sum_dag(n: int, fail_after: int = -1, rate: float = 40_000.0, sum_lp
     rs = dag.new_vertex(
         "sum", functools.partial(stp.RunningSum, 10, fail_after)
     ).local_parallelism(sum_lp)
-    sink = dag.new_vertex("sink", functools.partial(stp.TwoPhaseSink, "out")).local_parallelism(1)
+    sink = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
     dag.edge(Edge.between(src, rs).partitioned(lambda x: x % 10).distributed())
     dag.edge(Edge.between(rs, sink))
     return dag
@@ -91,7 +91,7 @@ def test_at_least_once_with_failures_loses_nothing(
     dag = DAG()
     src = dag.new_vertex("src", functools.partial(stp.PacedSource, n, 40_000.0)).local_parallelism(2)
     m = dag.new_vertex("map", functools.partial(stp.FailingMap, fail_after)).local_parallelism(2)
-    sink = dag.new_vertex("sink", functools.partial(stp.TwoPhaseSink, "out")).local_parallelism(1)
+    sink = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
     dag.edge(Edge.between(src, m).partitioned(lambda x: x % 10).distributed())
     dag.edge(Edge.between(m, sink))
     engine, job = run_job(dag, ALO, str(tmp_path_factory.mktemp("alo")), interval)

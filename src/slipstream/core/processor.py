@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import Watermark
+from slipstream.core.items import MAX_TIMESTAMP, Watermark
 from slipstream.core.outbox import Outbox
 
 if TYPE_CHECKING:
@@ -95,14 +95,16 @@ class Context:
     def get_map(self, name: str) -> MutableMapping[Any, Any]:
         return self.services.get_map(name)  # type: ignore[no-any-return]
 
-    def stage_on_commit(self, action: Callable[[], None]) -> bool:
-        """Two-phase sinks: run ``action`` once the snapshot being saved now commits (or
-        the job completes). Returns ``False`` (and does nothing) when the job takes no
-        snapshots, in which case the caller should apply its output directly."""
+    def stage_on_commit(self, action: Callable[[], None], at_job_end: bool = False) -> bool:
+        """Two-phase sinks: run ``action`` once the snapshot being saved now commits, or
+        (``at_job_end``: for output produced after the last snapshot) only when the job
+        completes successfully. A failed execution drops what it staged after the last
+        committed snapshot. Returns ``False`` (and does nothing) when the job takes no
+        snapshots: the caller then applies its output directly."""
         hooks = self.snapshot_hooks
         if hooks is None:
             return False
-        hooks.stage(self.current_snapshot_id, action)
+        hooks.stage(MAX_TIMESTAMP if at_job_end else self.current_snapshot_id, action)
         return True
 
     def increment_metric(self, name: str, delta: int = 1) -> None:
@@ -213,6 +215,8 @@ class AbstractProcessor(Processor):
 
     _pending_it: Any = None
     _pending_item: Any = None
+    _pending_snapshot_it: Any = None
+    _pending_snapshot_entry: Any = None
 
     def init(self, outbox: Outbox, context: Context) -> None:
         super().init(outbox, context)
@@ -259,17 +263,18 @@ class AbstractProcessor(Processor):
         return True
 
     def emit_to_snapshot_from(self, iterator: Iterator[tuple[Any, Any]]) -> bool:
-        """Like ``emit_from`` for ``(key, value)`` snapshot entries."""
+        """Like ``emit_from`` for ``(key, value)`` snapshot entries (it keeps its own
+        refused entry, so it never disturbs a pending ``emit_from``)."""
         offer = self.outbox.offer_to_snapshot
-        if self._pending_it is iterator:
-            k, v = self._pending_item
+        if self._pending_snapshot_it is iterator:
+            k, v = self._pending_snapshot_entry
             if not offer(k, v):
                 return False
-            self._pending_it = self._pending_item = None
+            self._pending_snapshot_it = self._pending_snapshot_entry = None
         for entry in iterator:
             if not offer(entry[0], entry[1]):
-                self._pending_it = iterator
-                self._pending_item = entry
+                self._pending_snapshot_it = iterator
+                self._pending_snapshot_entry = entry
                 return False
         return True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import MutableMapping
 from typing import Any
@@ -14,8 +15,18 @@ from slipstream.core.services import InMemoryServices
 from slipstream.engine.job import Job
 
 
+def default_cooperative_threads() -> int:
+    """1 where the GIL is on (measured: a second thread halves throughput of pure-Python
+    DAGs, since only one thread runs Python at a time), else one per CPU."""
+    gil_enabled = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return 1 if gil_enabled else (os.cpu_count() or 1)
+
+
 class LocalEngine:
     """``ss.local(cooperative_threads=None, members=1)``.
+
+    ``cooperative_threads`` (default: :func:`default_cooperative_threads`) is also the
+    default local parallelism of vertices.
 
     ``members`` > 1 simulates a cluster in one process: every vertex gets
     ``local_parallelism`` processors per member, member-local edges stay within a member
@@ -30,7 +41,7 @@ class LocalEngine:
         outbox_capacity: int = DEFAULT_BUCKET_CAPACITY,
     ) -> None:
         if cooperative_threads is None:
-            cooperative_threads = os.cpu_count() or 1
+            cooperative_threads = default_cooperative_threads()
         if cooperative_threads < 1:
             raise ValueError(f"cooperative_threads must be >= 1, got {cooperative_threads}")
         if members < 1:

@@ -1,26 +1,414 @@
-"""Batch aggregation processors (PLACEHOLDER: being written)."""
+"""Batch aggregation processors (reference A.12): the non-windowed rows of Jet's
+aggregation matrix.
+
+=========================  =====================================  ===========================
+factory                    input                                  output in ``complete()``
+=========================  =====================================  ===========================
+``aggregate(op)``          items                                  exactly one ``finish(acc)``
+``accumulate(op)``         items                                  exactly one ``acc``
+``combine(op)``            accumulators                           exactly one ``finish(acc)``
+``aggregate_by_key``       items                                  ``(key, finish(acc))`` per key
+``accumulate_by_key``      items                                  ``(key, acc)`` per key
+``combine_by_key(op)``     ``(key, acc)`` tuples                  ``(key, finish(acc))`` per key
+=========================  =====================================  ===========================
+
+The unkeyed processors emit one item **even with no input** (``finish(create())``);
+the keyed ones emit nothing for no input. Two-stage aggregation is ``accumulate*`` on a
+local edge followed by ``combine*`` on a distributed partitioned (keyed) or distributed
+all-to-one (unkeyed) edge.
+
+Operations are functional (``slipstream.aggregate``): the processors keep whatever
+``accumulate``/``combine`` return.
+
+Emission happens in ``complete()``, bounded by outbox room, and resumes on the next call
+when the outbox is full. Once emission starts, the emitted entries leave the processor's
+state, so a snapshot taken between two ``complete()`` calls holds only what was not
+emitted yet.
+
+Snapshots. Keyed processors save one entry per key with the grouping key itself as the
+snapshot key, so a restore (with any parallelism) routes each key to the processor that
+owns its partition; if a key arrives twice, the two accumulators are combined. Unkeyed
+processors save their accumulator under the key ``("__acc__", global_processor_index)``:
+every entry reaches exactly one processor on restore, and each processor *combines*
+whatever entries it receives, so the total is counted exactly once whatever the new
+parallelism (this needs ``op.combine`` when the saved total parallelism was above 1).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Iterator
+from enum import Enum
+from itertools import islice
 from typing import Any
 
+from slipstream.aggregate import AggregateOperation, counting, identity
+from slipstream.core.inbox import Inbox
+from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.processors.basic import check_callable
 
-def aggregate(op: Any) -> Any:
-    raise NotImplementedError
+__all__ = [
+    "aggregate",
+    "accumulate",
+    "combine",
+    "aggregate_by_key",
+    "accumulate_by_key",
+    "combine_by_key",
+]
+
+Op = AggregateOperation[Any, Any, Any]
+
+_MISSING: Any = object()
+_builtin_map = map
+
+# The accumulate primitive of ``counting()``: recognised to count keys at C speed.
+_COUNT_ONE = counting().accumulate
+_COUNT_CREATE = counting().create
+_count_elements: Callable[[Any, Any], None] | None = getattr(collections, "_count_elements", None)
+
+# Types whose values cannot be mutated in place: an accumulator of such a type can be
+# created once and shared as the starting value of every key.
+_IMMUTABLE_TYPES = (int, float, complex, bool, str, bytes, type(None), frozenset, Enum)
+
+UNKEYED_SNAPSHOT_TAG = "__acc__"
 
 
-def accumulate(op: Any) -> Any:
-    raise NotImplementedError
+def _is_immutable(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(_is_immutable(v) for v in value)
+    return isinstance(value, _IMMUTABLE_TYPES)
 
 
-def combine(op: Any) -> Any:
-    raise NotImplementedError
+def _shared_initial(create: Callable[[], Any]) -> Any:
+    """``create()``'s value if it is immutable (so one instance can seed every key),
+    else ``_MISSING``. Two calls must give equal values: a create() that returns
+    something different each time is not shared."""
+    first = create()
+    if not _is_immutable(first):
+        return _MISSING
+    try:
+        same = bool(first == create())
+    except Exception:  # noqa: BLE001 - odd __eq__: just do not share
+        return _MISSING
+    return first if same else _MISSING
 
 
-def aggregate_by_key(key_fn: Any, op: Any) -> Any:
-    raise NotImplementedError
+def _check_op(op: Any, factory: str, *, needs_combine: bool = False) -> None:
+    if not isinstance(op, AggregateOperation):
+        raise TypeError(
+            f"{factory}(): argument 'op' must be an AggregateOperation "
+            f"(see slipstream.aggregate), got {op!r}"
+        )
+    if needs_combine and op.combine is None:
+        raise ValueError(
+            f"{factory}(): the AggregateOperation has no combine primitive, which "
+            "combining accumulators needs"
+        )
 
 
-def accumulate_by_key(key_fn: Any, op: Any) -> Any:
-    raise NotImplementedError
+# -- unkeyed -------------------------------------------------------------------------
 
 
-def combine_by_key(op: Any) -> Any:
-    raise NotImplementedError
+class AggregateP(AbstractProcessor):
+    """One accumulator over every item; emits exactly one result in ``complete()``.
+
+    ``mode`` is ``"aggregate"`` (accumulate items, emit ``finish(acc)``),
+    ``"accumulate"`` (accumulate items, emit ``acc``) or ``"combine"`` (items are
+    accumulators, combined; emit ``finish(acc)``).
+
+    At-least-once: after a restore, the items that arrived after the snapshot's barrier
+    on some input and before the snapshot was taken are replayed, so they are counted
+    twice. Exactly-once (or no restore) counts every item once.
+    """
+
+    def __init__(self, op: Op, mode: str) -> None:
+        self._op = op
+        self._mode = mode
+        fold = op.combine if mode == "combine" else op.accumulate
+        assert fold is not None  # combine() checked it
+        self._fold: Callable[[Any, Any], Any] = fold
+        self._finish = identity if mode == "accumulate" else op.finish
+        self._acc: Any = None
+        self._result: Any = _MISSING
+        self._restored_entries = 0
+
+    def init_processor(self, context: Context) -> None:
+        # pre-created: the result exists even when no item arrives
+        self._acc = self._op.create()
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        fold = self._fold
+        acc = self._acc
+        for item in inbox:
+            acc = fold(acc, item)
+        self._acc = acc
+        inbox.clear()
+
+    def complete(self) -> bool:
+        result = self._result
+        if result is _MISSING:
+            result = self._result = self._finish(self._acc)
+        # a refused result is kept in _result and offered again on the next call
+        return self.outbox.offer(result)
+
+    def save_to_snapshot(self) -> bool:
+        ctx = self.context
+        if self._op.combine is None and ctx.total_parallelism > 1:
+            raise ValueError(
+                f"vertex {ctx.vertex_name!r}: cannot snapshot an unkeyed {self._mode} "
+                f"with total parallelism {ctx.total_parallelism}: its AggregateOperation "
+                "has no combine primitive, and restoring needs to combine the saved "
+                "accumulators of all processors"
+            )
+        return self.outbox.offer_to_snapshot(
+            (UNKEYED_SNAPSHOT_TAG, ctx.global_processor_index), self._acc
+        )
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        if not (type(key) is tuple and len(key) == 2 and key[0] == UNKEYED_SNAPSHOT_TAG):
+            raise ValueError(
+                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key "
+                f"{key!r} for an unkeyed {self._mode} processor"
+            )
+        self._restored_entries += 1
+        if self._restored_entries == 1:
+            # the accumulator is still the fresh one from create(): take the saved one
+            self._acc = value
+            return
+        combine_fn = self._op.combine
+        if combine_fn is None:
+            raise ValueError(
+                f"vertex {self.context.vertex_name!r}: restoring several saved "
+                "accumulators needs an AggregateOperation with a combine primitive"
+            )
+        self._acc = combine_fn(self._acc, value)
+
+
+# -- keyed ---------------------------------------------------------------------------
+
+
+class GroupByKeyP(AbstractProcessor):
+    """Accumulator per key; emits ``(key, result)`` tuples in ``complete()`` (key order is
+    first-seen order).
+
+    ``mode`` is ``"aggregate"`` (emit ``finish(acc)``), ``"accumulate"`` (emit ``acc``) or
+    ``"combine"`` (input items are ``(key, acc)`` tuples; emit ``finish(acc)``).
+
+    At-least-once: after a restore, items that arrived after the snapshot barrier on
+    some input but before the snapshot was taken are replayed and accumulated twice for
+    their keys. Exactly-once (or no restore) accumulates every item once.
+    """
+
+    def __init__(self, key_fn: Callable[[Any], Any] | None, op: Op, mode: str) -> None:
+        self._key_fn = key_fn
+        self._op = op
+        self._mode = mode
+        self.groups: dict[Any, Any] = {}
+        self._initial: Any = _MISSING
+        self._counting = False
+        self._finish = identity if mode == "accumulate" else op.finish
+        # emission state: the (key, acc) pairs not emitted yet, from position _pos
+        self._results: list[tuple[Any, Any]] | None = None
+        self._pos = 0
+        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
+        self._snapshot_pending: Any = _MISSING
+
+    def init_processor(self, context: Context) -> None:
+        op = self._op
+        self._initial = _shared_initial(op.create)
+        self._counting = (
+            self._mode != "combine"
+            and op.accumulate is _COUNT_ONE
+            and op.create is _COUNT_CREATE
+            and _count_elements is not None
+        )
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if self._mode == "combine":
+            self._combine_inbox(inbox)
+        elif self._counting:
+            _count_elements(self.groups, _builtin_map(self._key_fn, inbox))  # type: ignore[misc, arg-type]
+            inbox.clear()
+        else:
+            self._accumulate_inbox(inbox)
+
+    def _accumulate_inbox(self, inbox: Inbox) -> None:
+        d = self.groups
+        get = d.get
+        acc_fn = self._op.accumulate
+        key_fn = self._key_fn
+        assert key_fn is not None
+        initial = self._initial
+        if initial is not _MISSING:
+            for item in inbox:
+                k = key_fn(item)
+                d[k] = acc_fn(get(k, initial), item)
+        else:
+            create = self._op.create
+            missing = _MISSING
+            for item in inbox:
+                k = key_fn(item)
+                acc = get(k, missing)
+                if acc is missing:
+                    acc = create()
+                d[k] = acc_fn(acc, item)
+        inbox.clear()
+
+    def _combine_inbox(self, inbox: Inbox) -> None:
+        d = self.groups
+        get = d.get
+        combine_fn = self._op.combine
+        assert combine_fn is not None
+        initial = self._initial
+        try:
+            if initial is not _MISSING:
+                for k, acc in inbox:
+                    d[k] = combine_fn(get(k, initial), acc)
+            else:
+                # combine into a fresh accumulator rather than adopting the incoming
+                # one: the sender (or a broadcast sibling) may still hold it
+                create = self._op.create
+                missing = _MISSING
+                for k, acc in inbox:
+                    mine = get(k, missing)
+                    if mine is missing:
+                        mine = create()
+                    d[k] = combine_fn(mine, acc)
+        except (TypeError, ValueError) as e:
+            bad = next((x for x in inbox if not (isinstance(x, tuple) and len(x) == 2)), _MISSING)
+            if bad is not _MISSING:
+                raise TypeError(
+                    f"vertex {self.context.vertex_name!r}: combine_by_key expects "
+                    f"(key, accumulator) tuples, got {bad!r}"
+                ) from e
+            raise
+        inbox.clear()
+
+    def complete(self) -> bool:
+        results = self._results
+        if results is None:
+            # freeze the state into a list: emitted entries then leave the state by
+            # advancing _pos, which a snapshot between calls respects
+            results = self._results = list(self.groups.items())
+            self.groups.clear()
+            self._pos = 0
+        pos = self._pos
+        end = len(results)
+        if pos >= end:
+            return True
+        outbox = self.outbox
+        buckets = outbox.buckets
+        finish = self._finish
+        if len(buckets) == 1:
+            bucket = buckets[0]
+            room = outbox.capacity - len(bucket)
+            if room <= 0:
+                return False
+            stop = min(end, pos + room)
+            if finish is identity:
+                bucket.extend(results[pos:stop])
+            else:
+                bucket.extend([(k, finish(a)) for k, a in results[pos:stop]])
+            self._pos = stop
+        else:
+            offer = outbox.offer
+            while pos < end:
+                k, a = results[pos]
+                if not offer((k, finish(a))):
+                    self._pos = pos
+                    return False
+                pos += 1
+            self._pos = pos
+        if self._pos >= end:
+            self._results = None
+            self._pos = 0
+            return True
+        return False
+
+    def _state_entries(self) -> Iterator[tuple[Any, Any]]:
+        results = self._results
+        if results is not None:
+            return islice(results, self._pos, None)
+        return iter(self.groups.items())
+
+    def save_to_snapshot(self) -> bool:
+        offer = self.outbox.offer_to_snapshot
+        pending = self._snapshot_pending
+        if pending is not _MISSING:
+            if not offer(pending[0], pending[1]):
+                return False
+            self._snapshot_pending = _MISSING
+        it = self._snapshot_it
+        if it is None:
+            # save_to_snapshot() is repeated until True before any other callback, so
+            # the state cannot change while this iterator is alive
+            it = self._snapshot_it = self._state_entries()
+        for entry in it:
+            if not offer(entry[0], entry[1]):
+                self._snapshot_pending = entry
+                return False
+        self._snapshot_it = None
+        return True
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        d = self.groups
+        if key in d:
+            combine_fn = self._op.combine
+            if combine_fn is None:
+                raise ValueError(
+                    f"vertex {self.context.vertex_name!r}: key {key!r} was restored "
+                    "twice and the AggregateOperation has no combine primitive to merge "
+                    "the two accumulators"
+                )
+            d[key] = combine_fn(d[key], value)
+        else:
+            d[key] = value
+
+
+# -- factories -----------------------------------------------------------------------
+
+
+def aggregate(op: Op) -> Callable[[], AggregateP]:
+    """One result, ``op.finish(acc)`` over all items (also with no input).
+
+    Use parallelism 1 behind an all-to-one edge for a global result, or
+    ``accumulate`` + ``combine`` for two stages.
+    """
+    _check_op(op, "aggregate")
+    return functools.partial(AggregateP, op, "aggregate")
+
+
+def accumulate(op: Op) -> Callable[[], AggregateP]:
+    """Stage 1 of a two-stage unkeyed aggregation: emits this processor's accumulator."""
+    _check_op(op, "accumulate")
+    return functools.partial(AggregateP, op, "accumulate")
+
+
+def combine(op: Op) -> Callable[[], AggregateP]:
+    """Stage 2 of a two-stage unkeyed aggregation: combines received accumulators and
+    emits ``op.finish`` of the total."""
+    _check_op(op, "combine", needs_combine=True)
+    return functools.partial(AggregateP, op, "combine")
+
+
+def aggregate_by_key(key_fn: Callable[[Any], Any], op: Op) -> Callable[[], GroupByKeyP]:
+    """``(key, op.finish(acc))`` per distinct ``key_fn(item)``."""
+    check_callable(key_fn, "key_fn", "aggregate_by_key")
+    _check_op(op, "aggregate_by_key")
+    return functools.partial(GroupByKeyP, key_fn, op, "aggregate")
+
+
+def accumulate_by_key(key_fn: Callable[[Any], Any], op: Op) -> Callable[[], GroupByKeyP]:
+    """Stage 1 of a two-stage keyed aggregation: ``(key, acc)`` per distinct key."""
+    check_callable(key_fn, "key_fn", "accumulate_by_key")
+    _check_op(op, "accumulate_by_key")
+    return functools.partial(GroupByKeyP, key_fn, op, "accumulate")
+
+
+def combine_by_key(op: Op) -> Callable[[], GroupByKeyP]:
+    """Stage 2 of a two-stage keyed aggregation: input items are ``(key, acc)`` tuples;
+    emits ``(key, op.finish(combined acc))`` per key. Put it behind a distributed edge
+    partitioned by ``slipstream.entry_key``."""
+    _check_op(op, "combine_by_key", needs_combine=True)
+    return functools.partial(GroupByKeyP, None, op, "combine")

@@ -1,18 +1,322 @@
-"""Batch sources (PLACEHOLDER: being written)."""
-from typing import Any
+"""Batch sources: ``items``, ``list_source``, ``map_source``, ``read_files``.
+
+A source has no inputs: the engine calls ``complete()`` repeatedly until it returns
+``True``. Each call emits as much as the outbox takes right now (bounded by its room, so
+calls stay short) and the next call resumes where it stopped. Every item goes to every
+outbound ordinal.
+
+The data is split across *all* processors of *all* members by position: the processor
+with global index ``i`` of ``n`` takes elements ``i, i + n, i + 2n, ...`` (for
+``read_files``: files ``i, i + n, ...`` of the sorted file list).
+
+Snapshots: a source saves its position under ``BroadcastKey((<tag>, global_index))``,
+so every processor receives every saved position on restore and picks the entry of its
+own global index. A position only means something for the same split, so **sources
+restore only with the same total parallelism**; a restore with another parallelism
+raises an error naming the vertex. Sources replay from the saved position: with
+at-least-once, items emitted after the snapshot are emitted again after a restore.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import os
+from collections.abc import Iterable
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+from slipstream.core.outbox import Outbox
+from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.snapshot_keys import BroadcastKey
+
+__all__ = ["items", "list_source", "map_source", "read_files"]
 
 
-def items(iterable: Any) -> Any:
-    raise NotImplementedError
+def _emit_room(outbox: Outbox) -> int:
+    """How many items fit into *every* bucket right now (sources emit to all ordinals
+    by writing into the buckets directly, bounded by their real free space)."""
+    buckets = outbox.buckets
+    if not buckets:
+        return 1 << 30
+    cap = outbox.capacity
+    room = cap - len(buckets[0])
+    for b in buckets[1:]:
+        r = cap - len(b)
+        if r < room:
+            room = r
+    return room
 
 
-def list_source(name: str) -> Any:
-    raise NotImplementedError
+def _emit_chunk(outbox: Outbox, chunk: list[Any]) -> None:
+    for b in outbox.buckets:
+        b.extend(chunk)
 
 
-def map_source(name: str) -> Any:
-    raise NotImplementedError
+class _PositionedSource(AbstractProcessor):
+    """Common snapshot handling: save ``self._position()`` under a broadcast key and
+    restore the entry of this processor's own global index.
+
+    At-least-once: a source saves its position before it emits the barrier, so a
+    restore replays exactly what was emitted after the snapshot; duplicates downstream
+    come only from at-least-once alignment there. Restore needs the same total
+    parallelism (else a clear error).
+    """
+
+    snapshot_tag = "offset"
+
+    def _position(self) -> Any:
+        raise NotImplementedError
+
+    def _seek(self, position: Any) -> None:
+        raise NotImplementedError
+
+    def save_to_snapshot(self) -> bool:
+        ctx = self.context
+        return self.outbox.offer_to_snapshot(
+            BroadcastKey((self.snapshot_tag, ctx.global_processor_index)),
+            (ctx.total_parallelism, self._position()),
+        )
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        ctx = self.context
+        if not (
+            type(key) is BroadcastKey
+            and type(key.name) is tuple
+            and len(key.name) == 2
+            and key.name[0] == self.snapshot_tag
+        ):
+            raise ValueError(
+                f"vertex {ctx.vertex_name!r}: unexpected snapshot entry key {key!r} for a "
+                f"{type(self).__name__} source"
+            )
+        saved_parallelism, position = value
+        if saved_parallelism != ctx.total_parallelism:
+            raise ValueError(
+                f"vertex {ctx.vertex_name!r}: the snapshot was taken with total "
+                f"parallelism {saved_parallelism}, the job now runs "
+                f"{ctx.total_parallelism}; batch sources restore only with the same "
+                "parallelism"
+            )
+        if key.name[1] == ctx.global_processor_index:
+            self._seek(position)
 
 
-def read_files(directory: str, glob: str = "*", encoding: str = "utf-8") -> Any:
-    raise NotImplementedError
+class ListSourceP(_PositionedSource):
+    """Emits this processor's share of a list. Subclasses decide where the list comes
+    from in ``_load``; the share is copied at ``init`` time, so later changes to the
+    underlying structure do not affect a running job."""
+
+    def __init__(self) -> None:
+        self._data: list[Any] = []
+        self._pos = 0
+
+    def _load(self, context: Context) -> list[Any]:
+        raise NotImplementedError
+
+    def init_processor(self, context: Context) -> None:
+        data = self._load(context)
+        self._data = data[context.global_processor_index :: context.total_parallelism]
+
+    def complete(self) -> bool:
+        data = self._data
+        pos = self._pos
+        end = len(data)
+        if pos < end:
+            outbox = self.outbox
+            room = _emit_room(outbox)
+            if room <= 0:
+                return False
+            stop = pos + room if pos + room < end else end
+            _emit_chunk(outbox, data[pos:stop])
+            self._pos = pos = stop
+        return pos >= end
+
+    def _position(self) -> Any:
+        return self._pos
+
+    def _seek(self, position: Any) -> None:
+        self._pos = position
+
+
+class ItemsP(ListSourceP):
+    """Emits this processor's share of items given when the DAG was built."""
+
+    snapshot_tag = "items-offset"
+
+    def __init__(self, all_items: list[Any]) -> None:
+        super().__init__()
+        self._all = all_items
+
+    def _load(self, context: Context) -> list[Any]:
+        return self._all
+
+
+class NamedListSourceP(ListSourceP):
+    """Emits this processor's share of ``context.get_list(name)``."""
+
+    snapshot_tag = "list-offset"
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._name = name
+
+    def _load(self, context: Context) -> list[Any]:
+        return list(context.get_list(self._name))
+
+
+class NamedMapSourceP(ListSourceP):
+    """Emits this processor's share of ``context.get_map(name)`` as ``(key, value)``
+    tuples (positions follow the map's iteration order at ``init``)."""
+
+    snapshot_tag = "map-offset"
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._name = name
+
+    def _load(self, context: Context) -> list[Any]:
+        return list(context.get_map(self._name).items())
+
+
+class ReadFilesP(_PositionedSource):
+    """Emits the lines of this processor's share of the matching files, one item per
+    line without the line ending; files in sorted path order, lines in file order.
+
+    Reads lazily: each ``complete()`` call reads at most as many lines as the outbox
+    takes, so a call stays short and memory stays bounded whatever the file size.
+    The snapshot position is ``(file index in this processor's share, lines emitted
+    from that file)``.
+    """
+
+    snapshot_tag = "files-offset"
+
+    def __init__(self, directory: str, glob: str, encoding: str) -> None:
+        self._directory = directory
+        self._glob = glob
+        self._encoding = encoding
+        self._files: list[str] = []
+        self._file_index = 0
+        self._line = 0
+        self._fh: IO[str] | None = None
+
+    def init_processor(self, context: Context) -> None:
+        directory = Path(self._directory)
+        if not directory.is_dir():
+            what = "is not a directory" if directory.exists() else "does not exist"
+            raise FileNotFoundError(
+                f"vertex {context.vertex_name!r}: read_files directory {self._directory!r} {what}"
+            )
+        files = sorted(str(p) for p in directory.glob(self._glob) if p.is_file())
+        self._files = files[context.global_processor_index :: context.total_parallelism]
+
+    def _open(self) -> IO[str]:
+        # newline=None: "\r\n" and "\r" line endings read as "\n", like str.splitlines
+        # of a text file would treat them, without splitlines' exotic separators
+        fh = open(  # closed in _close_file() / close()
+            self._files[self._file_index], encoding=self._encoding, newline=None
+        )
+        skip = self._line
+        if skip:
+            for _ in islice(fh, skip):
+                pass
+        return fh
+
+    def _close_file(self) -> None:
+        fh = self._fh
+        if fh is not None:
+            self._fh = None
+            fh.close()
+
+    def complete(self) -> bool:
+        files = self._files
+        outbox = self.outbox
+        while self._file_index < len(files):
+            room = _emit_room(outbox)
+            if room <= 0:
+                return False
+            fh = self._fh
+            if fh is None:
+                fh = self._fh = self._open()
+            lines = list(islice(fh, room))
+            if lines:
+                text = "".join(lines)
+                chunk = text.split("\n")
+                if text.endswith("\n"):
+                    chunk.pop()  # the empty piece after the last line ending
+                _emit_chunk(outbox, chunk)
+                self._line += len(lines)
+            if len(lines) < room:
+                # end of this file
+                self._close_file()
+                self._file_index += 1
+                self._line = 0
+                continue
+            return False
+        return True
+
+    def _position(self) -> Any:
+        return (self._file_index, self._line)
+
+    def _seek(self, position: Any) -> None:
+        self._close_file()
+        self._file_index, self._line = position
+
+    def close(self) -> None:
+        self._close_file()
+
+
+# -- factories -----------------------------------------------------------------------
+
+
+def items(iterable: Iterable[Any]) -> functools.partial[ItemsP]:
+    """A source emitting the given items (materialised into a list now, when the DAG is
+    built). With several processors, global processor ``i`` of ``n`` emits
+    ``items[i::n]``; order holds within each processor."""
+    if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
+        raise TypeError(
+            f"items(): argument 'iterable' must be an iterable of items (not a string), "
+            f"got {type(iterable).__name__}"
+        )
+    return functools.partial(ItemsP, list(iterable))
+
+
+def _check_name(name: Any, factory: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{factory}(): argument 'name' must be a non-empty str, got {name!r}")
+
+
+def list_source(name: str) -> functools.partial[NamedListSourceP]:
+    """A source emitting the elements of the engine's named list ``name``
+    (``engine.get_list(name)``), split by position across all processors."""
+    _check_name(name, "list_source")
+    return functools.partial(NamedListSourceP, name)
+
+
+def map_source(name: str) -> functools.partial[NamedMapSourceP]:
+    """A source emitting ``(key, value)`` tuples of the engine's named map ``name``
+    (``engine.get_map(name)``), split by position across all processors."""
+    _check_name(name, "map_source")
+    return functools.partial(NamedMapSourceP, name)
+
+
+def read_files(
+    directory: str | os.PathLike[str], glob: str = "*", encoding: str = "utf-8"
+) -> functools.partial[ReadFilesP]:
+    """A source emitting the lines (without line endings) of the files in ``directory``
+    whose names match ``glob`` (``pathlib`` glob syntax, relative to ``directory``).
+
+    The sorted file list is split across all processors of all members: global
+    processor ``i`` of ``n`` reads files ``i, i + n, ...``. The directory is checked when
+    the job starts: a missing one fails the job with an error naming it.
+    """
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"read_files(): argument 'directory' must be a path, got {directory!r}")
+    if not isinstance(glob, str) or not glob:
+        raise TypeError(f"read_files(): argument 'glob' must be a non-empty str, got {glob!r}")
+    try:
+        codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        raise ValueError(f"read_files(): unknown encoding {encoding!r}") from None
+    return functools.partial(ReadFilesP, os.fspath(directory), glob, encoding)
