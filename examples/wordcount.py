@@ -19,9 +19,8 @@ import tempfile
 import time
 
 import slipstream as ss
-from slipstream import DAG, Edge, JobConfig
+from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
-from slipstream import sinks, sources
 from slipstream.aggregate import counting
 
 WORD = re.compile(r"[a-z']+")

@@ -362,11 +362,9 @@ class DAG:
     def check_picklable(self) -> None:
         """Every supplier and edge function must survive cloudpickle, so the same DAG can
         ship to Spark executors."""
-        import cloudpickle
-
         for v in self._vertices.values():
             try:
-                cloudpickle.dumps(v.meta_supplier)
+                _check_picklable(v.meta_supplier)
             except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's
                 raise DagError(
                     f"vertex {v.name!r}: its processor supplier cannot be pickled "
@@ -377,7 +375,7 @@ class DAG:
                 if fn is None:
                     continue
                 try:
-                    cloudpickle.dumps(fn)
+                    _check_picklable(fn)
                 except Exception as exc:  # noqa: BLE001
                     raise DagError(
                         f"{e._label()}: the {what} cannot be pickled ({type(exc).__name__}: {exc})"
@@ -423,6 +421,32 @@ class DAG:
 
     def __len__(self) -> int:
         return len(self._vertices)
+
+
+class _Discard:
+    """A file that forgets what is written: checking needs no copy of the bytes."""
+
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _check_picklable(obj: Any) -> None:
+    """Raise if ``obj`` cannot be shipped. The C pickler is tried first: cloudpickle calls
+    back into Python for every object, which costs seconds on a supplier holding millions
+    of items; only what plain pickle refuses (lambdas, closures, cycles) goes to
+    cloudpickle."""
+    import pickle
+
+    import cloudpickle
+
+    try:
+        pickler = pickle.Pickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.fast = True  # no memo: 5x faster on big data; a cycle just falls through
+        pickler.dump(obj)
+        return
+    except Exception:  # noqa: BLE001 - fall back to the more capable pickler
+        pass
+    cloudpickle.CloudPickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
 
 
 def _dot_escape(s: str) -> str:
