@@ -1,0 +1,98 @@
+"""Kill -9 a job's process mid-stream and restart it from the snapshot store in a new
+process: the final output is the same as an uninterrupted run (exactly-once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+N = 6000
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import slipstream as ss
+    from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee
+    from slipstream import processors as P, sinks, sources
+    from slipstream.aggregate import summing
+
+    store, out, mode, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    dag = DAG()
+    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 4000, max_items=n))
+    ident = dag.new_vertex("map", P.map(lambda x: x * 3))
+    agg = dag.new_vertex("sum", P.aggregate_by_key(lambda x: x % 10, summing()))
+    items = dag.new_vertex("items-out", sinks.write_files(out + "/items"))
+    sums = dag.new_vertex("sums-out", sinks.write_files(out + "/sums"))
+    dag.edge(Edge.between(src, ident))
+    dag.edge(Edge.from_(ident, 0).to(agg).partitioned(lambda x: x % 10).distributed())
+    dag.edge(Edge.from_(ident, 1).to(items))
+    dag.edge(Edge.between(agg, sums))
+    cfg = JobConfig(name="killme", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                    snapshot_interval_ms=50, snapshot_store=store)
+    engine = ss.local()
+    job = engine.new_job(dag, cfg, restore_from=store if mode == "restore" else None)
+    print("started", flush=True)
+    job.join(120)
+    print("done", flush=True)
+    """
+)
+
+
+def committed(store: str) -> list[int]:
+    try:
+        with open(os.path.join(store, "MANIFEST.json")) as fh:
+            return list(json.load(fh)["committed"])
+    except (OSError, ValueError):
+        return []
+
+
+def read_lines(d: str) -> list[str]:
+    lines: list[str] = []
+    for name in sorted(os.listdir(d)):
+        if name.startswith("part-"):
+            with open(os.path.join(d, name)) as fh:
+                lines.extend(x for x in fh.read().split("\n") if x)
+    return lines
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_from_store_gives_same_output(tmp_path: Any) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    store, out = str(tmp_path / "store"), str(tmp_path / "out")
+    args = [sys.executable, str(script), store, out]
+    p = subprocess.Popen([*args, "fresh", str(N)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(committed(store)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert committed(store), "no snapshot was committed before the kill"
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == -signal.SIGKILL
+    killed_at = max(committed(store))
+    assert not os.path.exists(os.path.join(out, "sums", "part-00000"))  # it was mid-stream
+
+    r = subprocess.run([*args, "restore", str(N)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert max(committed(store)) > killed_at or "done" in r.stdout
+
+    items = read_lines(os.path.join(out, "items"))
+    assert sorted(int(x) for x in items) == [3 * i for i in range(N)]  # no loss, no duplicates
+    sums = dict(eval(line) for line in read_lines(os.path.join(out, "sums")))  # noqa: S307
+    expected: dict[int, int] = {}
+    for i in range(N):
+        expected[(3 * i) % 10] = expected.get((3 * i) % 10, 0) + 3 * i
+    assert sums == expected
+    assert not [n for n in os.listdir(os.path.join(out, "items")) if n.endswith(".tmp")]
