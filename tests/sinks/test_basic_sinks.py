@@ -138,25 +138,44 @@ def test_write_files_removes_temp_file_on_failure(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_write_files_snapshot_restore_truncates_to_saved_length(tmp_path: Path) -> None:
+def test_write_files_two_phase_restore_drops_uncommitted_output(tmp_path: Path) -> None:
     ctx = Context(processing_guarantee=ss.ProcessingGuarantee.EXACTLY_ONCE)
     proc = sinks.write_files(tmp_path)()
     outbox = Outbox(0, 1)
     proc.init(outbox, ctx)
     proc.process(0, Inbox(["before", "snapshot"]))
-    assert proc.save_to_snapshot()
+    assert proc.save_to_snapshot()  # no coordinator here: the snapshot commits the file
     (entry,) = outbox.snapshot_bucket
     proc.process(0, Inbox(["after", "snapshot"]))  # will be replayed after the restore
-    proc.close()  # crash; the temp file stays for the restore
+    proc.close()  # crash; the uncommitted temp file stays behind
+    assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
     restored = sinks.write_files(tmp_path)()
     restored.init(Outbox(0, 1), ctx)
     restored.restore_from_snapshot(Inbox([entry]))
     assert restored.finish_snapshot_restore()
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
     restored.process(0, Inbox(["after", "snapshot", "more"]))
     assert restored.complete()
     restored.close()
-    assert (tmp_path / "part-00000").read_text() == "before\nsnapshot\nafter\nsnapshot\nmore\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["part-00000"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["part-00000-000000", "part-00000-000001"]
+    text = "".join((tmp_path / n).read_text() for n in names)
+    assert text == "before\nsnapshot\nafter\nsnapshot\nmore\n"
+
+
+def test_write_files_restore_commits_prepared_file_left_by_a_crash(tmp_path: Path) -> None:
+    """A crash between the snapshot's commit and the rename: the restore renames."""
+    from slipstream.core.snapshot_keys import BroadcastKey
+
+    (tmp_path / ".part-00000-000000.tmp").write_text("a\nb\n")
+    entry = (BroadcastKey(("write-files", 0)), (1, [(".part-00000-000000.tmp", "part-00000-000000")]))
+    ctx = Context(processing_guarantee=ss.ProcessingGuarantee.EXACTLY_ONCE)
+    restored = sinks.write_files(tmp_path)()
+    restored.init(Outbox(0, 1), ctx)
+    restored.restore_from_snapshot(Inbox([entry]))
+    assert restored.finish_snapshot_restore()
+    assert (tmp_path / "part-00000-000000").read_text() == "a\nb\n"
+    assert restored.finish_snapshot_restore()  # idempotent
 
 
 def test_write_files_rejects_non_path() -> None:
@@ -312,7 +331,15 @@ def test_verify_processor_harness(tmp_path: Path) -> None:
 
     verify_processor(sinks.noop()).input([1, Watermark(5), 2]).expect_outputs([])
 
-    # snapshot modes save/restore the part file's length: the file ends up right
-    verify_processor(sinks.write_files(tmp_path)).input(["x", 1, "y"]).expect_outputs([])
-    assert [p.name for p in tmp_path.iterdir()] == ["part-00000"]
-    assert (tmp_path / "part-00000").read_text() == "x\n1\ny\n"
+    # every mode starts from an empty directory; the last one (snapshots on, never
+    # restored) leaves its committed part files: together they hold every line once
+    def wipe() -> None:
+        for p in tmp_path.iterdir():
+            p.unlink()
+
+    verify_processor(sinks.write_files(tmp_path)).execute_before_each_run(wipe).input(
+        ["x", 1, "y"]
+    ).expect_outputs([])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names and all(n.startswith("part-00000-") for n in names)
+    assert "".join((tmp_path / n).read_text() for n in names) == "x\n1\ny\n"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import MAX_TIMESTAMP, Watermark
+from slipstream.core.items import Watermark
 from slipstream.core.outbox import Outbox
 
 if TYPE_CHECKING:
@@ -95,16 +95,20 @@ class Context:
     def get_map(self, name: str) -> MutableMapping[Any, Any]:
         return self.services.get_map(name)  # type: ignore[no-any-return]
 
-    def stage_on_commit(self, action: Callable[[], None], at_job_end: bool = False) -> bool:
-        """Two-phase sinks: run ``action`` once the snapshot being saved now commits, or
-        (``at_job_end``: for output produced after the last snapshot) only when the job
-        completes successfully. A failed execution drops what it staged after the last
-        committed snapshot. Returns ``False`` (and does nothing) when the job takes no
-        snapshots: the caller then applies its output directly."""
+    def stage_on_commit(self, action: Callable[[], None], at_completion: bool = False) -> bool:
+        """Two-phase sinks: run ``action`` once the snapshot being saved now commits; with
+        ``at_completion`` (for output produced after the processor's last snapshot, staged
+        from ``complete()``) once a snapshot recording this processor as completed
+        commits, or the job completes. A failed execution drops what it staged after the
+        last committed snapshot. Returns ``False`` (and does nothing) when the job takes
+        no snapshots: the caller then applies its output directly."""
         hooks = self.snapshot_hooks
         if hooks is None:
             return False
-        hooks.stage(MAX_TIMESTAMP if at_job_end else self.current_snapshot_id, action)
+        if at_completion:
+            hooks.stage_at_completion(self.vertex_name, self.global_processor_index, action)
+        else:
+            hooks.stage(self.current_snapshot_id, action)
         return True
 
     def increment_metric(self, name: str, delta: int = 1) -> None:

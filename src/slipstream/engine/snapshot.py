@@ -59,6 +59,7 @@ class SnapshotCoordinator:
         self._reported: set[int] = set()
         self._entries: dict[tuple[str, int], list[Any]] = {}
         self._staged: list[tuple[int, Callable[[], None]]] = []
+        self._staged_at_completion: dict[tuple[str, int], list[Callable[[], None]]] = {}
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self.snapshots_committed = 0
@@ -117,6 +118,14 @@ class SnapshotCoordinator:
         with self._lock:
             self._staged.append((snapshot_id, action))
 
+    def stage_at_completion(self, vertex: str, index: int, action: Callable[[], None]) -> None:
+        """Run ``action`` once a snapshot that records processor (vertex, index) as
+        completed commits, or the job completes. Output a processor produces after its
+        last snapshot becomes final exactly when its completion does: a restore from an
+        older snapshot re-runs the processor, one from a newer snapshot does not."""
+        with self._lock:
+            self._staged_at_completion.setdefault((vertex, index), []).append(action)
+
     # -- coordinator side ------------------------------------------------------------------
     def request(self, terminal: bool = False) -> int | None:
         """Start the next snapshot unless one is in progress; returns its id."""
@@ -168,6 +177,10 @@ class SnapshotCoordinator:
         self._requested = None
         self._entries = {}
         self._run_staged(req.snapshot_id)
+        for name, vs in data.vertices.items():
+            for index in vs.completed:
+                for action in self._staged_at_completion.pop((name, index), ()):
+                    action()
         if req.is_terminal:
             self.terminal_committed = True
         self._commit_event.notify_all()
@@ -190,10 +203,15 @@ class SnapshotCoordinator:
         """The job finished normally: everything staged is final."""
         with self._lock:
             self._run_staged(None)
+            for actions in self._staged_at_completion.values():
+                for action in actions:
+                    action()
+            self._staged_at_completion = {}
 
     def discard_uncommitted(self) -> None:
         with self._lock:
             self._staged = [(s, a) for (s, a) in self._staged if s <= self.committed_id]
+            self._staged_at_completion = {}
 
     def wait_for_commit(self, snapshot_id: int, timeout: float | None) -> bool:
         with self._lock:

@@ -10,9 +10,8 @@ next snapshot commits (or when the job completes), so a replay after a restore n
 duplicates anything. Otherwise they write directly: after a restore from an
 at-least-once snapshot replayed items are written again (a list receives duplicates; a
 map is overwritten with the same values). ``write_buffered`` keeps no snapshot state.
-``write_files`` saves how many bytes each part file held at the snapshot and
-truncates back to it on restore, so its output is exactly-once under an exactly-once
-job and at-least-once otherwise.
+``write_files`` commits its files two-phase at snapshots (see :class:`WriteFilesP`):
+exactly-once under an exactly-once job, at-least-once otherwise.
 """
 
 from __future__ import annotations
@@ -64,17 +63,17 @@ class _StagingSinkP(_SinkP):
             self._publish(list(inbox))
         inbox.clear()
 
-    def _stage(self, at_job_end: bool) -> None:
+    def _stage(self, at_completion: bool) -> None:
         if self._pending:
             batch, self._pending = self._pending, []
-            self.context.stage_on_commit(functools.partial(self._publish, batch), at_job_end)
+            self.context.stage_on_commit(functools.partial(self._publish, batch), at_completion)
 
     def save_to_snapshot(self) -> bool:
-        self._stage(at_job_end=False)
+        self._stage(at_completion=False)
         return True
 
     def complete(self) -> bool:
-        self._stage(at_job_end=True)
+        self._stage(at_completion=True)
         return True
 
 
@@ -124,35 +123,36 @@ class MapSinkP(_StagingSinkP):
 
 
 class WriteFilesP(_SinkP):
-    """Writes ``str(item)`` lines (UTF-8) to ``<directory>/part-<global index:05d>``.
+    """Writes ``str(item)`` lines (UTF-8) to part files in ``directory``.
 
-    The lines go to the hidden temporary file ``.part-<index>.tmp`` in the same
-    directory, which is renamed to its final name when the input is complete, so a
-    reader never sees a half-written part file. A failed or cancelled job leaves no
-    temporary file behind (it is removed in ``close``) unless snapshotting is on, when
-    it is kept for the restore.
+    Lines go to a hidden temporary file in the same directory that is renamed to its
+    final name only when its content is final, so a reader never sees a half-written or
+    uncommitted part file:
 
-    Snapshot: the byte length of the temporary file, under
-    ``BroadcastKey(("write-files-offset", global_index))``; on restore the file is
-    truncated to that length, so items after the snapshot are written exactly once when
-    the job restores from an exactly-once snapshot (at-least-once: the items that passed
-    the barrier before the snapshot was taken are written twice). Restore needs the same
-    total parallelism.
+    * without snapshots: ``part-<global index:05d>``, renamed when the input is complete;
+    * with snapshots (two-phase): at every snapshot the current temporary file is fsynced
+      and *prepared*; when the snapshot commits it is renamed to
+      ``part-<index:05d>-<sequence:06d>``, so a streaming job's output appears snapshot by
+      snapshot. The snapshot records the prepared files, and a restore commits any that a
+      crash left uncommitted, then deletes temporary files written after the snapshot
+      (they are written again by the replay). Exactly-once under an exactly-once job; under
+      at-least-once, items that passed the barrier before the snapshot are written again.
+      A job may restore with another parallelism.
     """
 
-    snapshot_tag = "write-files-offset"
+    snapshot_tag = "write-files"
 
     def __init__(self, directory: str) -> None:
         self._directory = directory
         self._fh: IO[bytes] | None = None
-        self._written = 0
-        self._restore_offset: int | None = None
-        self._final = ""
         self._temp = ""
+        self._sequence = 0
+        self._two_phase = False
         self._done = False
+        self._restored: list[tuple[int, list[tuple[str, str]]]] = []
 
     def is_cooperative(self) -> bool:
-        # file system calls can block for an unbounded time
+        # file system calls (fsync) can block for an unbounded time
         return False
 
     def init_processor(self, context: Context) -> None:
@@ -163,84 +163,119 @@ class WriteFilesP(_SinkP):
                 f"vertex {context.vertex_name!r}: cannot create write_files directory "
                 f"{self._directory!r}: {e}"
             ) from e
-        name = f"part-{context.global_processor_index:05d}"
-        self._final = os.path.join(self._directory, name)
-        self._temp = os.path.join(self._directory, f".{name}.tmp")
+        self._two_phase = context.snapshotting_enabled
+
+    def _name(self) -> str:
+        i = self.context.global_processor_index
+        return f"part-{i:05d}-{self._sequence:06d}" if self._two_phase else f"part-{i:05d}"
 
     def _file(self) -> IO[bytes]:
         fh = self._fh
         if fh is None:
-            offset = self._restore_offset
-            if offset is None:
-                fh = open(self._temp, "wb")  # closed in complete() / close()
-                self._written = 0
-            else:
-                if not os.path.exists(self._temp):
-                    raise FileNotFoundError(
-                        f"vertex {self.context.vertex_name!r}: restoring write_files needs "
-                        f"the temporary file {self._temp!r}, which is missing"
-                    )
-                fh = open(self._temp, "r+b")
-                fh.truncate(offset)
-                fh.seek(offset)
-                self._written = offset
-            self._fh = fh
+            self._temp = os.path.join(self._directory, f".{self._name()}.tmp")
+            fh = self._fh = open(self._temp, "wb")  # closed in _seal / close()
         return fh
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         data = ("\n".join(map(str, inbox)) + "\n").encode("utf-8")
         self._file().write(data)
-        self._written += len(data)
         inbox.clear()
 
-    def complete(self) -> bool:
-        fh = self._file()
-        fh.close()
+    def _seal(self) -> tuple[str, str] | None:
+        """Close the current temporary file; returns (temp, final) or None if empty."""
+        fh = self._fh
+        if fh is None:
+            return None
         self._fh = None
-        os.replace(self._temp, self._final)
+        fh.flush()
+        os.fsync(fh.fileno())  # a committed snapshot must not claim bytes a crash loses
+        fh.close()
+        pair = (self._temp, os.path.join(self._directory, self._name()))
+        self._sequence += 1
+        return pair
+
+    def complete(self) -> bool:
+        pair = self._seal()
+        if self._two_phase:
+            if pair is not None:
+                commit = functools.partial(_commit_files, [pair])
+                if not self.context.stage_on_commit(commit, at_completion=True):
+                    commit()  # no coordinator (e.g. the test harness): final now
+        elif pair is not None:
+            os.replace(*pair)
+        else:  # no input at all: still leave an (empty) part file
+            open(os.path.join(self._directory, self._name()), "wb").close()
         self._done = True
         return True
 
     def save_to_snapshot(self) -> bool:
-        fh = self._file()
-        fh.flush()
-        os.fsync(fh.fileno())  # the snapshot must not claim bytes a crash could lose
+        pair = self._seal()
+        prepared = [pair] if pair is not None else []
+        if prepared:
+            commit = functools.partial(_commit_files, prepared)
+            if not self.context.stage_on_commit(commit):
+                commit()  # no coordinator (e.g. the test harness): the snapshot is the commit
         ctx = self.context
         return self.outbox.offer_to_snapshot(
             BroadcastKey((self.snapshot_tag, ctx.global_processor_index)),
-            (ctx.total_parallelism, self._written),
+            (self._sequence, [(os.path.basename(t), os.path.basename(f)) for t, f in prepared]),
         )
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        ctx = self.context
         name = key.name if type(key) is BroadcastKey else None
         if not (type(name) is tuple and len(name) == 2 and name[0] == self.snapshot_tag):
             raise ValueError(
-                f"vertex {ctx.vertex_name!r}: unexpected snapshot entry key {key!r} for write_files"
+                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key {key!r} "
+                "for write_files"
             )
-        saved_parallelism, offset = value
-        if saved_parallelism != ctx.total_parallelism:
-            raise ValueError(
-                f"vertex {ctx.vertex_name!r}: write_files snapshot was taken with total "
-                f"parallelism {saved_parallelism}, the job now runs "
-                f"{ctx.total_parallelism}; it restores only with the same parallelism"
-            )
-        if name[1] == ctx.global_processor_index:
-            self._restore_offset = offset
+        sequence, prepared = value
+        self._restored.append((name[1], prepared))
+        if name[1] == self.context.global_processor_index:
+            self._sequence = sequence
+
+    def finish_snapshot_restore(self) -> bool:
+        # Commit what the snapshot prepared (a crash may have come between the snapshot's
+        # commit and the renames), then drop temporary files written after it. Processor
+        # 0 also takes care of indices that no longer exist at this parallelism.
+        ctx = self.context
+        mine = {ctx.global_processor_index}
+        if ctx.global_processor_index == 0:
+            mine |= {i for i, _ in self._restored if i >= ctx.total_parallelism}
+        d = self._directory
+        for index, prepared in self._restored:
+            if index in mine:
+                _commit_files([(os.path.join(d, t), os.path.join(d, f)) for t, f in prepared])
+        for n in os.listdir(d):
+            if n.startswith(".part-") and n.endswith(".tmp"):
+                try:
+                    index = int(n[len(".part-") :].split("-")[0].split(".")[0])
+                except ValueError:
+                    continue
+                if index in mine:
+                    os.remove(os.path.join(d, n))
+        self._restored = []
+        return True
 
     def close(self) -> None:
         fh = self._fh
         if fh is not None:
             self._fh = None
             fh.close()
-        snapshotting = getattr(self, "context", None) is not None and (
-            self.context.snapshotting_enabled
-        )
-        if not self._done and self._temp and not snapshotting:
-            try:
-                os.remove(self._temp)
-            except FileNotFoundError:
-                pass
+            if not self._two_phase and not self._done:
+                try:
+                    os.remove(self._temp)
+                except FileNotFoundError:
+                    pass
+
+
+def _commit_files(pairs: list[tuple[str, str]]) -> None:
+    """Rename prepared temporary files to their final names (idempotent)."""
+    for temp, final in pairs:
+        try:
+            os.replace(temp, final)
+        except FileNotFoundError:
+            if not os.path.exists(final):
+                raise
 
 
 class LoggerP(_SinkP):
