@@ -332,3 +332,23 @@ def test_deduct_is_inverse_of_combine(op: Op, left: list[int], right: list[int])
     assert op.deduct(accumulate_all(op, left + right), a) == b
     # ... and a window whose items all left equals a fresh accumulator.
     assert op.deduct(a, a) == op.create()
+
+
+def test_additive_promise_matches_accumulate() -> None:
+    """Hot loops inline ``acc + additive(item)``: it must equal what accumulate does."""
+    import operator
+
+    from slipstream.aggregate import counting, summing, to_list
+
+    get = operator.itemgetter(1)
+    for op in (counting(), summing(get)):
+        assert op.create() == 0
+        for item in [(0, 5), (1, -2)]:
+            inc = op.additive(item) if callable(op.additive) else op.additive
+            assert op.accumulate(op.create(), item) == inc
+        assert op.with_finish(str).additive is op.additive
+        assert op.with_identity_finish().additive is op.additive
+    assert summing().additive is not None and summing().accumulate(3, 4) == 7
+    stage2 = summing(get).with_combining_accumulate(operator.itemgetter(0))
+    assert stage2.additive is not None and stage2.accumulate(3, (4, "x")) == 7
+    assert to_list().additive is None

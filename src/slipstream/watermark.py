@@ -84,6 +84,20 @@ class WatermarkPolicy(ABC):
         """A new policy that only lets the watermark change in steps of ``>= min_step``."""
         return _ThrottleByMinStep(self, min_step)
 
+    def report_threshold(self) -> int:
+        """Events with a timestamp below this cannot change what ``report_event`` or
+        ``current_watermark`` return, now or later, so a caller may skip reporting them
+        (the fast path of ``insert_watermarks``). ``NO_WATERMARK`` (the default) means
+        every event must be reported, as for policies whose state moves with each event
+        or with the clock."""
+        return NO_WATERMARK
+
+    def timestamp_for(self, watermark: int) -> int | None:
+        """The smallest event timestamp whose report makes the watermark at least
+        ``watermark``, if the policy can tell (``None``: it cannot). Throttles use it to
+        skip events that cannot reach their next step."""
+        return None
+
     def throttle_by_frame(self, window_def: SlidingWindowDef) -> WatermarkPolicy:
         """A new policy whose watermark is this one floored to ``window_def``'s frames."""
         return _ThrottleByFrame(self, window_def)
@@ -105,6 +119,13 @@ class _FixedLag(WatermarkPolicy):
 
     def current_watermark(self) -> int:
         return self._wm
+
+    def report_threshold(self) -> int:
+        # ts - lag > wm  <=>  ts > wm + lag
+        return self._wm + self._lag + 1
+
+    def timestamp_for(self, watermark: int) -> int | None:
+        return watermark + self._lag
 
     def __repr__(self) -> str:
         return f"with_fixed_lag({self._lag})"
@@ -334,6 +355,18 @@ class _ThrottleByMinStep(WatermarkPolicy):
     def current_watermark(self) -> int:
         return self._throttle(self._wrapped.current_watermark())
 
+    def report_threshold(self) -> int:
+        # the output moves only once the raw watermark reaches _next; for a max-based
+        # inner policy skipped events below that leave every later output unchanged
+        if self._curr != NO_WATERMARK:
+            t = self._wrapped.timestamp_for(self._next)
+            if t is not None:
+                return max(t, self._wrapped.report_threshold())
+        return self._wrapped.report_threshold()
+
+    def timestamp_for(self, watermark: int) -> int | None:
+        return self._wrapped.timestamp_for(max(watermark, self._next))
+
     def __repr__(self) -> str:
         return f"{self._wrapped!r}.throttle_by_min_step({self._min_step})"
 
@@ -364,6 +397,20 @@ class _ThrottleByFrame(WatermarkPolicy):
 
     def current_watermark(self) -> int:
         return self._throttle(self._wrapped.current_watermark())
+
+    def report_threshold(self) -> int:
+        # the output moves only when the raw watermark reaches the next frame boundary
+        if self._last_throttled != NO_WATERMARK:
+            t = self._wrapped.timestamp_for(self._last_throttled + self._window_def.frame_size)
+            if t is not None:
+                return max(t, self._wrapped.report_threshold())
+        return self._wrapped.report_threshold()
+
+    def timestamp_for(self, watermark: int) -> int | None:
+        boundary = self._window_def.floor_frame_ts(watermark)
+        if boundary < watermark:
+            boundary += self._window_def.frame_size
+        return self._wrapped.timestamp_for(boundary)
 
     def __repr__(self) -> str:
         return f"{self._wrapped!r}.throttle_by_frame({self._window_def!r})"

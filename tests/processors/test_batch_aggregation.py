@@ -183,8 +183,10 @@ def identity_key(x: int) -> int:
     return x
 
 
-def by_abs(x: int) -> int:
-    return abs(x)
+def by_abs(x: int) -> tuple[int, int]:
+    # no ties: with ties min_by/max_by keep the first item, and which item comes first
+    # depends on how the input was split between stage-1 processors
+    return (abs(x), x)
 
 
 KEY_FNS = [mod3, mod7, sign, as_str, pair_key, constant, identity_key]

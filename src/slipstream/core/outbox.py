@@ -13,7 +13,12 @@ refusing, a full bucket is flushed by the processor's own thread, waiting for ro
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 from typing import Any
+
+from slipstream.core.items import IdleMessage, Watermark
+
+_SPECIAL_TYPES = frozenset((Watermark, IdleMessage))
 
 DEFAULT_BUCKET_CAPACITY = 2048
 
@@ -22,6 +27,8 @@ class Outbox:
     """Jet's ``Outbox`` (punctuation-era flavour: buffered buckets with a capacity)."""
 
     __slots__ = (
+        "specials",
+        "unfinished",
         "buckets",
         "snapshot_bucket",
         "capacity",
@@ -47,6 +54,12 @@ class Outbox:
         self._all = tuple(range(ordinal_count))
         self._flush_fn = flush_fn
         self._count = 0
+        # set when a watermark or idle mark was offered: the engine then looks for special
+        # items while moving buckets downstream (it skips that scan otherwise)
+        self.specials = False
+        # True while the last offer was refused: the processor holds an item it must
+        # offer again, so the engine does not start a snapshot at a source then
+        self.unfinished = False
 
     @property
     def bucket_count(self) -> int:
@@ -58,14 +71,19 @@ class Outbox:
         anything if any target bucket is full."""
         buckets = self.buckets
         cap = self.capacity
+        t = type(item)
+        if t is Watermark or t is IdleMessage:
+            self.specials = True
         if ordinal is None:
             if len(buckets) == 1:
                 b = buckets[0]
                 if len(b) >= cap:
                     if self._flush_fn is None:
+                        self.unfinished = True
                         return False
                     self._flush_fn()
                 b.append(item)
+                self.unfinished = False
                 return True
             ordinals: Sequence[int] = self._all
         elif isinstance(ordinal, int):
@@ -76,40 +94,49 @@ class Outbox:
             b = buckets[ordinal]
             if len(b) >= cap:
                 if self._flush_fn is None:
+                    self.unfinished = True
                     return False
                 self._flush_fn()
             b.append(item)
+            self.unfinished = False
             return True
         else:
             ordinals = ordinal
         for o in ordinals:
             if len(buckets[o]) >= cap:
                 if self._flush_fn is None:
+                    self.unfinished = True
                     return False
                 self._flush_fn()
                 break
         for o in ordinals:
             buckets[o].append(item)
+        self.unfinished = False
         return True
 
     def offer_many(self, items: Iterable[Any], ordinal: int = 0) -> Any:
-        """Add items to one bucket until it is full. Returns ``None`` if everything was
-        added, else an iterator positioned at the first item not added (the caller keeps
-        it and offers the rest later). A fast path for built-in processors."""
+        """Add items to one bucket until it is full, at C speed. Returns ``None`` if
+        everything was added, else an iterator whose first item is the refused one,
+        followed by the rest (the caller offers them again later)."""
         b = self.buckets[ordinal]
-        room = self.capacity - len(b)
         if self._flush_fn is not None:
             for item in items:
                 if len(b) >= self.capacity:
                     self._flush_fn()
                 b.append(item)
             return None
+        room = self.capacity - len(b)
         it = iter(items)
-        for item in it:
-            if room <= 0:
+        added = list(islice(it, room)) if room > 0 else []
+        if added:
+            b.extend(added)
+            if not _SPECIAL_TYPES.isdisjoint(map(type, added)):
+                self.specials = True
+        if len(added) == room:
+            for item in it:  # one more: the bucket is full, so it is refused
+                self.unfinished = True
                 return _Prepend(item, it)
-            b.append(item)
-            room -= 1
+        self.unfinished = False
         return None
 
     def offer_to_snapshot(self, key: Any, value: Any) -> bool:
@@ -123,7 +150,12 @@ class Outbox:
         return True
 
     def has_unfinished_item(self) -> bool:
-        return False
+        """Whether the last offer was refused (its item must be offered again)."""
+        return self.unfinished
+
+    def is_cooperative_outbox(self) -> bool:
+        """``False`` for a blocking outbox (non-cooperative processors)."""
+        return self._flush_fn is None
 
     def is_empty(self) -> bool:
         if self.snapshot_bucket:

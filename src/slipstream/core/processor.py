@@ -254,11 +254,20 @@ class AbstractProcessor(Processor):
         """Emit items from ``iterator`` until it is exhausted (``True``) or the outbox is
         full (``False``). Call again with the same iterator to resume: the refused item is
         kept here, not lost."""
-        offer = self.outbox.offer
+        outbox = self.outbox
+        offer = outbox.offer
         if self._pending_it is iterator:
             if not offer(self._pending_item, ordinal):
                 return False
             self._pending_it = self._pending_item = None
+        if ordinal is None and len(outbox.buckets) == 1:
+            # one bucket: move a bucketful at C speed
+            rest = outbox.offer_many(iterator, 0)
+            if rest is None:
+                return True
+            self._pending_it = iterator
+            self._pending_item = next(rest)  # the refused item; the rest stays in iterator
+            return False
         for item in iterator:
             if not offer(item, ordinal):
                 self._pending_it = iterator

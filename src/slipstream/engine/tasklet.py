@@ -19,6 +19,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import (
     DONE_ITEM,
     IDLE_MESSAGE,
+    DoneItem,
     IdleMessage,
     SnapshotBarrier,
     Watermark,
@@ -82,23 +83,6 @@ class SnapshotSink(Protocol):
         """A processor completed (it takes part in no further snapshot)."""
 
 
-class _SpecialMarkingOutbox(Outbox):
-    """The outbox a tasklet gives its processor: remembers whether a watermark or idle mark
-    was offered, so flushing can skip the per-item scan for specials."""
-
-    __slots__ = ("specials",)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.specials = False
-
-    def offer(self, item: Any, ordinal: Any = None) -> bool:
-        t = type(item)
-        if t is Watermark or t is IdleMessage:
-            self.specials = True
-        return Outbox.offer(self, item, ordinal)
-
-
 class ProcessorTasklet:
     """Drives one processor. ``call()`` does a small step and returns ``NO_PROGRESS``,
     ``MADE_PROGRESS`` or ``DONE``."""
@@ -123,7 +107,7 @@ class ProcessorTasklet:
         self.index = context.global_processor_index
         self.collectors = list(outbound)
         self.cooperative = bool(processor.is_cooperative())
-        self.outbox = _SpecialMarkingOutbox(
+        self.outbox = Outbox(
             len(self.collectors),
             outbox_capacity,
             flush_fn=None if self.cooperative else (blocking_flush or self._blocking_flush),
@@ -395,7 +379,11 @@ class ProcessorTasklet:
         sink = self.snapshot_sink
         if sink is not None:
             requested = sink.requested_snapshot()
-            if requested is not None and requested.snapshot_id > self.last_snapshot_id:
+            if (
+                requested is not None
+                and requested.snapshot_id > self.last_snapshot_id
+                and not self.outbox.has_unfinished_item()  # never with an item half-offered
+            ):
                 self.pending_barrier = requested
                 self.state = SAVE_SNAPSHOT
                 self._save_snapshot()
@@ -483,15 +471,27 @@ class _Cancelled(Exception):
 
 
 def _hand_over_mixed(bucket: list[Any], collector: Collector) -> None:
-    chunk: list[Any] = []
-    for item in bucket:
-        t = type(item)
-        if t is Watermark or t is IdleMessage or t is SnapshotBarrier or item is DONE_ITEM:
-            if chunk:
-                collector.add_chunk(chunk)
-                chunk = []
-            collector.add_special(item)
-        else:
-            chunk.append(item)
-    if chunk:
-        collector.add_chunk(chunk)
+    """Hand a bucket holding special items over as data chunks and specials, in order.
+    The specials are found with C-speed ``list.index`` scans over the item types."""
+    types = list(map(type, bucket))
+    positions: list[int] = []
+    for t in _SPECIAL_TYPES:
+        i = -1
+        while True:
+            try:
+                i = types.index(t, i + 1)
+            except ValueError:
+                break
+            positions.append(i)
+    positions.sort()
+    prev = 0
+    for i in positions:
+        if i > prev:
+            collector.add_chunk(bucket[prev:i])
+        collector.add_special(bucket[i])
+        prev = i + 1
+    if prev < len(bucket):
+        collector.add_chunk(bucket[prev:])
+
+
+_SPECIAL_TYPES = (Watermark, IdleMessage, SnapshotBarrier, DoneItem)

@@ -107,6 +107,63 @@ class InsertWatermarksP(AbstractProcessor):
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if self._pending is not None and not self._offer_pending():
             return
+        outbox = self.outbox
+        if len(outbox.buckets) == 1 and outbox.is_cooperative_outbox() and not self._head_reported:
+            self._process_fast(inbox)
+        else:
+            self._process_items(inbox)
+        if self._idle_timeout is not None:
+            self._last_item_at = self._clock()
+            self._idle = False
+
+    def _process_fast(self, inbox: Inbox) -> None:
+        """One outbound bucket with room: append items (and the watermarks they cause)
+        straight into it, and report to the policy only the events that can move it."""
+        outbox = self.outbox
+        bucket = outbox.buckets[0]
+        append = bucket.append
+        pop = inbox.popleft
+        room = outbox.capacity - len(bucket)
+        policy = self._policy
+        report = policy.report_event
+        # duck-typed policies without report_threshold report every event
+        threshold_fn = getattr(policy, "report_threshold", None) or _report_everything
+        threshold = threshold_fn()
+        ts_fn = self._timestamp_fn
+        last = self._last_emitted
+        item: Any = None
+        try:
+            if 0 < len(inbox) < room and max(map(ts_fn, inbox)) < threshold:
+                # the whole inbox fits and no event in it can move the watermark (the
+                # usual case with a throttled policy): move it at C speed
+                bucket.extend(inbox)
+                inbox.clear()
+                return
+            while inbox and room >= 2:  # an item may bring a watermark along
+                item = inbox[0]
+                ts = ts_fn(item)
+                if ts >= threshold:
+                    wm = report(ts)
+                    threshold = threshold_fn()
+                    if wm > last:
+                        last = wm
+                        append(Watermark(wm))
+                        outbox.specials = True
+                        room -= 1
+                append(pop())
+                room -= 1
+        except TypeError as e:
+            raise TypeError(
+                f"insert_watermarks (vertex {self.context.vertex_name!r}): cannot take the "
+                f"timestamp of item {item!r}: timestamp_fn gave "
+                f"{_safe_ts(ts_fn, item)}, expected an int ({e})"
+            ) from e
+        finally:
+            self._last_emitted = last
+        if inbox and room < 2:
+            self._process_items(inbox)  # the last slot: the careful per-item path
+
+    def _process_items(self, inbox: Inbox) -> None:
         offer = self.outbox.offer
         report = self._policy.report_event
         ts_fn = self._timestamp_fn
@@ -136,9 +193,6 @@ class InsertWatermarksP(AbstractProcessor):
                 f"{_safe_ts(ts_fn, inbox[0])}, expected an int ({e})"
             ) from e
         self._head_reported = reported
-        if self._idle_timeout is not None:
-            self._last_item_at = self._clock()
-            self._idle = False
 
     def _offer_pending(self) -> bool:
         if not self.outbox.offer(self._pending):
@@ -192,6 +246,10 @@ class InsertWatermarksP(AbstractProcessor):
 
     def __repr__(self) -> str:
         return f"InsertWatermarksP(last_emitted={self._last_emitted}, idle={self._idle})"
+
+
+def _report_everything() -> int:
+    return NO_WATERMARK
 
 
 def _safe_ts(ts_fn: Callable[[Any], Any], item: Any) -> str:
