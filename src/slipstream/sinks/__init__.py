@@ -9,6 +9,7 @@ from slipstream.sinks.basic import (
     write_files,
 )
 from slipstream.sinks.socket import write_socket
+from slipstream.spark.io import spark_dataframe_sink as spark_dataframe
 
 __all__ = [
     "list_sink",
@@ -18,4 +19,5 @@ __all__ = [
     "noop",
     "write_buffered",
     "write_socket",
+    "spark_dataframe",
 ]

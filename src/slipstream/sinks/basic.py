@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import uuid
 from collections.abc import Callable, MutableMapping
 from typing import IO, Any
 
@@ -172,7 +173,11 @@ class WriteFilesP(_SinkP):
     def _file(self) -> IO[bytes]:
         fh = self._fh
         if fh is None:
-            self._temp = os.path.join(self._directory, f".{self._name()}.tmp")
+            # unique per attempt: a retried or speculative Spark task never writes into
+            # another attempt's file, and the final rename is atomic
+            self._temp = os.path.join(
+                self._directory, f".{self._name()}.{uuid.uuid4().hex[:12]}.tmp"
+            )
             fh = self._fh = open(self._temp, "wb")  # closed in _seal / close()
         return fh
 

@@ -2,6 +2,9 @@
 
 from slipstream.sources.batch import items, list_source, map_source, read_files
 from slipstream.sources.streaming import generator, stream_files, stream_socket
+from slipstream.spark.io import spark_dataframe_source as spark_dataframe
+from slipstream.spark.io import spark_rdd_source as spark_rdd
+from slipstream.spark.io import spark_stream_source as spark_stream
 
 __all__ = [
     "items",
@@ -11,4 +14,7 @@ __all__ = [
     "stream_socket",
     "stream_files",
     "generator",
+    "spark_dataframe",
+    "spark_rdd",
+    "spark_stream",
 ]

@@ -1,0 +1,241 @@
+"""Spark data as slipstream sources and sinks.
+
+* :func:`spark_dataframe_source` / :func:`spark_rdd_source`: a source vertex fed by a
+  DataFrame's (or RDD's) partitions. On the Spark engine the Spark data itself becomes
+  the vertex's input, brought to the vertex's total parallelism (``coalesce`` when it
+  has more partitions, ``repartition`` when fewer), and processor ``i`` emits the rows of
+  partition ``i``. On the embedded engine processor ``i`` fetches partitions
+  ``i, i + n, ...`` to the driver with ``SparkContext.runJob``, so the same DAG runs on
+  both engines (it needs the DataFrame's session alive).
+* :func:`spark_dataframe_sink`: a sink keeping its items as a DataFrame. On the Spark
+  engine the rows stay on the executors (a persisted RDD) and
+  ``engine.get_dataframe(name)`` wraps them with ``createDataFrame``; on the embedded
+  engine the items land in the named list (``engine.get_list(name)``).
+
+A DataFrame or RDD holds a handle on the JVM and cannot be pickled; the source's
+meta-supplier drops it when pickled (the DAG's pickle check still passes) and only the
+driver that built the DAG can run it.
+
+Nothing here imports pyspark at module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import Watermark
+from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.suppliers import (
+    FactorySupplier,
+    MemberAddress,
+    ProcessorMetaSupplier,
+    ProcessorSupplier,
+)
+
+__all__ = [
+    "SparkRowSource",
+    "SparkDataFrameSink",
+    "SparkStreamSource",
+    "spark_dataframe_source",
+    "spark_stream_source",
+    "spark_rdd_source",
+    "spark_dataframe_sink",
+]
+
+
+def _whole_partition(rows: Iterator[Any]) -> Iterator[Any]:
+    return rows
+
+
+class _DriverRowReaderP(AbstractProcessor):
+    """Embedded-engine reader: fetches its share of the partitions to the driver.
+
+    Non-cooperative: each ``runJob`` blocks until Spark returns the partition.
+    """
+
+    def __init__(self, source: SparkRowSource) -> None:
+        self._source = source
+        self._it: Iterator[Any] | None = None
+
+    def is_cooperative(self) -> bool:
+        return False
+
+    def init_processor(self, context: Context) -> None:
+        rdd = self._source.spark_rdd()
+        mine = range(
+            context.global_processor_index, rdd.getNumPartitions(), context.total_parallelism
+        )
+        map_fn = self._source.map_fn
+
+        def rows() -> Iterator[Any]:
+            for p in mine:
+                part = rdd.context.runJob(rdd, _whole_partition, [p])
+                yield from part if map_fn is None else map(map_fn, part)
+
+        self._it = rows()
+
+    def complete(self) -> bool:
+        assert self._it is not None
+        return self.emit_from(self._it)
+
+
+class _DriverRowSupplier(ProcessorSupplier):
+    def __init__(self, source: SparkRowSource) -> None:
+        self.source = source
+
+    def get(self, count: int) -> list[Any]:
+        return [_DriverRowReaderP(self.source) for _ in range(count)]
+
+
+class SparkRowSource(ProcessorMetaSupplier):
+    """Meta-supplier of a source vertex reading a DataFrame or an RDD (see module doc)."""
+
+    def __init__(self, data: Any, map_fn: Callable[[Any], Any] | None, kind: str) -> None:
+        if map_fn is not None and not callable(map_fn):
+            raise TypeError(f"map_fn must be callable, got {type(map_fn).__name__}")
+        self._data: Any = data
+        self.map_fn = map_fn
+        self.kind = kind
+
+    def spark_rdd(self) -> Any:
+        """The RDD behind the source (``df.rdd`` for a DataFrame)."""
+        if self._data is None:
+            raise RuntimeError(
+                f"this spark_{self.kind}_source was pickled and lost its {self.kind}: a "
+                "Spark DataFrame/RDD source runs only in the driver process that built the DAG"
+            )
+        return self._data.rdd if self.kind == "dataframe" else self._data
+
+    def get(
+        self, addresses: Sequence[MemberAddress]
+    ) -> Callable[[MemberAddress], ProcessorSupplier]:
+        supplier = _DriverRowSupplier(self)
+        return lambda _address: supplier
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_data"] = None  # a JVM handle: never shipped
+        return state
+
+    def __repr__(self) -> str:
+        return f"spark_{self.kind}_source()"
+
+
+class SparkStreamSource(SparkRowSource):
+    """Meta-supplier of a source vertex fed by a *streaming* DataFrame: each micro-batch's
+    rows feed the source processors of that epoch (Spark engine only)."""
+
+    def __init__(self, df: Any, map_fn: Callable[[Any], Any] | None) -> None:
+        super().__init__(df, map_fn, "stream")
+
+    @property
+    def streaming_df(self) -> Any:
+        if self._data is None:
+            raise RuntimeError(
+                "this spark_stream_source was pickled and lost its DataFrame: it runs only "
+                "in the driver process that built the DAG"
+            )
+        return self._data
+
+    def spark_rdd(self) -> Any:
+        raise RuntimeError("a streaming DataFrame has no RDD; its micro-batches do")
+
+    def get(
+        self, addresses: Sequence[MemberAddress]
+    ) -> Callable[[MemberAddress], ProcessorSupplier]:
+        raise RuntimeError(
+            "spark_stream_source runs only on the Spark engine (ss.spark(...)): the embedded "
+            "engine cannot read a Spark streaming DataFrame"
+        )
+
+
+def spark_stream_source(df: Any, map_fn: Callable[[Any], Any] | None = None) -> SparkStreamSource:
+    """A source vertex fed by a streaming DataFrame (``spark.readStream...``): the DAG then
+    runs as a Structured Streaming query, one epoch per micro-batch, with processor state
+    carried from epoch to epoch (see :mod:`slipstream.spark.streaming`). ``map_fn``
+    converts each ``Row`` first."""
+    if not getattr(df, "isStreaming", False):
+        raise TypeError(
+            "spark_stream_source needs a streaming DataFrame (spark.readStream...); for a "
+            "static one use spark_dataframe_source"
+        )
+    return SparkStreamSource(df, map_fn)
+
+
+def spark_dataframe_source(df: Any, map_fn: Callable[[Any], Any] | None = None) -> SparkRowSource:
+    """A source vertex emitting the rows (``pyspark.sql.Row``) of ``df``; ``map_fn``
+    converts each row first (e.g. ``lambda r: (r.word, r.n)`` or ``Row.asDict``).
+
+    Each DataFrame partition feeds one source processor (after bringing the partition
+    count to the vertex's total parallelism)."""
+    if not hasattr(df, "rdd"):
+        raise TypeError(
+            f"spark_dataframe_source needs a pyspark DataFrame, got {type(df).__name__}"
+        )
+    if getattr(df, "isStreaming", False):
+        raise TypeError("spark_dataframe_source needs a static DataFrame; use spark_stream_source")
+    return SparkRowSource(df, map_fn, "dataframe")
+
+
+def spark_rdd_source(rdd: Any, map_fn: Callable[[Any], Any] | None = None) -> SparkRowSource:
+    """A source vertex emitting the elements of ``rdd`` (one partition per processor)."""
+    if not hasattr(rdd, "mapPartitionsWithIndex"):
+        raise TypeError(f"spark_rdd_source needs a pyspark RDD, got {type(rdd).__name__}")
+    return SparkRowSource(rdd, map_fn, "rdd")
+
+
+class _CollectRowsP(AbstractProcessor):
+    """Appends (converted) items to the named list; swallows watermarks."""
+
+    def __init__(self, name: str, to_row: Callable[[Any], Any] | None) -> None:
+        self.name = name
+        self.to_row = to_row
+
+    def init_processor(self, context: Context) -> None:
+        self.out = context.get_list(self.name)
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if self.to_row is None:
+            self.out.extend(inbox)
+        else:
+            self.out.extend(map(self.to_row, inbox))
+        inbox.clear()
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        return True
+
+
+class SparkDataFrameSink(ProcessorMetaSupplier):
+    """Meta-supplier of a sink whose items become ``engine.get_dataframe(name)``."""
+
+    def __init__(self, name: str, schema: Any, to_row: Callable[[Any], Any] | None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a DataFrame sink needs a non-empty name, got {name!r}")
+        if to_row is not None and not callable(to_row):
+            raise TypeError(f"to_row must be callable, got {type(to_row).__name__}")
+        self.name = name
+        self.schema = schema
+        self.to_row = to_row
+
+    def get(
+        self, addresses: Sequence[MemberAddress]
+    ) -> Callable[[MemberAddress], ProcessorSupplier]:
+        supplier = FactorySupplier(functools.partial(_CollectRowsP, self.name, self.to_row))
+        return lambda _address: supplier
+
+    def __repr__(self) -> str:
+        return f"spark_dataframe_sink({self.name!r})"
+
+
+def spark_dataframe_sink(
+    name: str, schema: Any = None, to_row: Callable[[Any], Any] | None = None
+) -> SparkDataFrameSink:
+    """A sink whose items become a DataFrame: ``engine.get_dataframe(name)`` on the Spark
+    engine (``schema`` as for ``SparkSession.createDataFrame``: a DDL string, a
+    ``StructType`` or column names; ``None`` infers it from the rows). ``to_row``
+    converts each item first (items must be tuples, dicts or Rows for Spark). On the
+    embedded engine the (converted) items go to ``engine.get_list(name)``."""
+    return SparkDataFrameSink(name, schema, to_row)

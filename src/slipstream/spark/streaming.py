@@ -1,0 +1,394 @@
+"""Streaming DAGs on Spark Structured Streaming: one epoch per micro-batch.
+
+A DAG whose source is :func:`~slipstream.spark.io.spark_stream_source` runs as a query
+``df.writeStream.foreachBatch(...)``. For every micro-batch (``epoch_id``) the driver
+
+1. loads the state committed by the previous epoch (a snapshot in slipstream's
+   :class:`~slipstream.engine.snapshot_store.DirectorySnapshotStore` under the
+   checkpoint location) and routes its entries to the processors exactly as the
+   embedded engine restores a snapshot (:func:`~slipstream.engine.snapshot.restore_plan`:
+   keyed entries to the owner of the key's partition, ``BroadcastKey`` entries to every
+   processor);
+2. runs the DAG once over the micro-batch's rows, compiled as for a batch job
+   (:mod:`slipstream.spark.compile`) but in *epoch mode*: every processor first
+   restores its share of the state (``restore_from_snapshot`` /
+   ``finish_snapshot_restore``), the source emits the epoch's rows and then a terminal
+   snapshot barrier; each processor saves its state (``save_to_snapshot``), forwards the
+   barrier and closes. No ``complete()`` is called, so open windows stay open (in the
+   saved state) instead of being flushed as at the end of a batch;
+3. commits the new state atomically as snapshot ``epoch_id + 1`` (temp file + fsync +
+   rename, then the manifest), with each processor's watermark-coalescing state, so
+   watermarks continue across epochs (a window opened in epoch n closes in epoch n+k);
+4. hands the sinks' list/map output to the engine.
+
+Spark commits its own offsets for the epoch only after ``foreachBatch`` returns. If the
+driver dies in between, Spark replays the epoch with the same id: slipstream sees that
+snapshot ``epoch_id + 1`` is already committed and skips it, so state is never applied
+twice; an epoch that had not committed is recomputed from the previous state (same
+input, deterministic processors: same state and output). That is exactly-once for the
+processors' state; a sink's side effects are exactly-once when they are idempotent per
+epoch (list/map sinks deliver to the driver, which does not survive a driver restart).
+
+Limits: one ``spark_stream_source`` and no other source vertex (a batch source would
+run again in every epoch); no ``spark_dataframe_sink``; parallelism is fixed when the
+job starts (keyed state follows a change of parallelism, watermark state does not).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from slipstream.core.config import JobConfig, JobStatus
+from slipstream.core.dag import DAG, RoutingPolicy
+from slipstream.core.errors import DagError, JobCancelledError, JobFailedError
+from slipstream.engine.plan import VertexPlan, member_addresses
+from slipstream.engine.snapshot import restore_plan
+from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
+from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
+from slipstream.spark.io import SparkStreamSource
+
+if TYPE_CHECKING:
+    from slipstream.spark.engine import SparkEngine
+
+__all__ = ["EpochSnapshot", "SparkStreamingJob"]
+
+log = logging.getLogger("slipstream.spark.streaming")
+_ids = itertools.count(1)
+
+
+@dataclass
+class EpochSnapshot(SnapshotData):
+    """The state after one epoch: every processor's saved entries (``vertices``, as in
+    the embedded engine's snapshots) plus its watermark-coalescing state."""
+
+    epoch_id: int = -1
+    watermarks: dict[tuple[str, int], Any] = field(default_factory=dict)
+
+
+def _partitioners(dag: DAG) -> dict[str, Any]:
+    """Each vertex's custom partitioner (from its first partitioned inbound edge), so
+    restored keyed state lands where that vertex's live items with the key go."""
+    out = {}
+    for v in dag.vertices:
+        for e in dag.inbound_edges(v):
+            if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
+                out[v.name] = e.partitioner
+                break
+    return out
+
+
+def default_checkpoint_location(job_name: str) -> str:
+    return os.path.join(os.getcwd(), ".slipstream", "spark-streaming", job_name)
+
+
+class SparkStreamingJob:
+    """A streaming DAG running as a Structured Streaming query (see the module doc).
+
+    ``join(timeout)`` waits for the query to end (``cancel()`` stops it);
+    ``process_all_available()`` blocks until every input available now is processed
+    (handy in tests); ``query`` is the ``StreamingQuery``. ``metrics`` sums the
+    per-processor counters over the epochs run by this job; ``epochs_committed`` and
+    ``epochs_skipped`` (replays of already committed epochs) count epochs.
+    """
+
+    def __init__(
+        self,
+        engine: SparkEngine,
+        dag: DAG,
+        config: JobConfig,
+        checkpoint_location: str | None,
+        trigger: Mapping[str, Any] | None,
+    ) -> None:
+        self.id = next(_ids)
+        self.engine = engine
+        self.dag = dag
+        self.config = config
+        self.name = config.name or f"stream-job-{self.id}"
+        sources = [v for v in dag.vertices if isinstance(v.meta_supplier, SparkStreamSource)]
+        if len(sources) != 1:
+            names = [v.name for v in sources]
+            raise DagError(
+                f"a streaming job on Spark needs exactly one spark_stream_source vertex, "
+                f"got {names} (union the streaming DataFrames before the DAG)"
+            )
+        meta = sources[0].meta_supplier
+        assert isinstance(meta, SparkStreamSource)
+        self.source = meta
+        if checkpoint_location is None:
+            store = config.snapshot_store
+            checkpoint_location = (
+                os.fspath(store)
+                if isinstance(store, (str, os.PathLike))
+                else default_checkpoint_location(self.name)
+            )
+        self.checkpoint_location = os.path.abspath(checkpoint_location)
+        self.trigger = dict(trigger) if trigger else None
+        self.store = DirectorySnapshotStore(
+            os.path.join(self.checkpoint_location, "slipstream-state")
+        )
+        self.job_group = f"slipstream-stream-{self.id}-{uuid.uuid4().hex[:12]}"
+        self.query: Any = None
+        self._status = JobStatus.NOT_RUNNING
+        self._lock = threading.Lock()
+        self._terminal = threading.Event()
+        self._cancel_requested = False
+        self._error: JobFailedError | None = None
+        self._metrics: dict[str, dict[str, int]] = {}
+        self.epochs_committed = 0
+        self.epochs_skipped = 0
+        self.last_epoch_id: int | None = None
+        self.submission_time = time.time()
+        self.completion_time: float | None = None
+        self._plans: dict[str, VertexPlan] = {}
+        self._members = 1
+        self._lp = 1
+        self._before_commit: Any = None
+        # the driver's lists/maps as of the job start, for processors reading them (e.g.
+        # a lookup map): shipped once, not per epoch, so sink output that accumulates
+        # on the driver is not shipped back again and again
+        self._services: Any = None
+
+    # -- public API --------------------------------------------------------------------
+    @property
+    def status(self) -> JobStatus:
+        return self._status
+
+    def get_status(self) -> JobStatus:
+        return self._status
+
+    @property
+    def metrics(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            out = {k: dict(v) for k, v in self._metrics.items()}
+        out["__job__"] = {"restarts": 0, "snapshots": self.epochs_committed}
+        return out
+
+    def get_metrics(self) -> dict[str, dict[str, int]]:
+        return self.metrics
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the query to end; raises like a batch job's ``join``."""
+        if not self._terminal.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} still {self._status.value} after {timeout} s")
+        if self._status is JobStatus.CANCELLED:
+            raise JobCancelledError(f"job {self.name!r} was cancelled")
+        if self._status is JobStatus.FAILED:
+            assert self._error is not None
+            raise self._error
+
+    def cancel(self) -> None:
+        """Stop the query (the epoch in progress is abandoned and replayed by the next
+        run from the same checkpoint)."""
+        with self._lock:
+            if self._status.is_terminal or self._cancel_requested:
+                return
+            self._cancel_requested = True
+        try:
+            self.engine.spark_context.cancelJobGroup(self.job_group)
+        except Exception:  # noqa: BLE001
+            log.debug("cancelJobGroup failed", exc_info=True)
+        if self.query is not None:
+            try:
+                self.query.stop()
+            except Exception:  # noqa: BLE001 - stopping a failed query may raise
+                log.debug("query.stop failed", exc_info=True)
+
+    def process_all_available(self, timeout: float | None = None) -> None:
+        """Block until the query has processed all input available now. Raises the
+        job's ``JobFailedError`` if an epoch failed."""
+        if self.query is None:
+            raise RuntimeError(f"job {self.name!r} has no running query")
+        done = threading.Event()
+        problem: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                self.query.processAllAvailable()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                problem.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        if not done.wait(timeout):
+            raise TimeoutError(f"job {self.name!r}: input not processed within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        if problem:
+            raise self._failure(problem[0])
+
+    def suspend(self) -> None:
+        raise NotImplementedError(
+            "suspend() is not supported on Spark: cancel() the job and start it again "
+            "with the same checkpoint_location"
+        )
+
+    def resume(self) -> None:
+        raise NotImplementedError("resume() is not supported on Spark (see suspend())")
+
+    def restart(self) -> None:
+        raise NotImplementedError("restart() is not supported on Spark (see suspend())")
+
+    def __repr__(self) -> str:
+        return (
+            f"SparkStreamingJob(id={self.id}, name={self.name!r}, "
+            f"status={self._status.value}, epochs={self.epochs_committed})"
+        )
+
+    # -- execution ---------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Fix the job's shape and validate the DAG (before any epoch runs)."""
+        self._members, self._lp = self.engine._shape()
+        validate(self.dag, self._lp)
+        self._plans = plan_vertices(self.dag, self._members, self._lp)
+        os.makedirs(self.checkpoint_location, exist_ok=True)
+        self._services = self.engine._services_broadcast()
+
+    def _start(self) -> None:
+        self._status = JobStatus.STARTING
+        try:
+            self._prepare()
+            writer = (
+                self.source.streaming_df.writeStream.foreachBatch(self._epoch)
+                .queryName(f"slipstream-{self.name}")
+                .option("checkpointLocation", os.path.join(self.checkpoint_location, "spark"))
+            )
+            if self.trigger:
+                writer = writer.trigger(**self.trigger)
+            self._status = JobStatus.RUNNING
+            self.query = writer.start()
+        except BaseException:
+            self._status = JobStatus.FAILED
+            self._terminal.set()
+            raise
+        threading.Thread(
+            target=self._watch, name=f"slipstream-stream-{self.name}", daemon=True
+        ).start()
+
+    def _watch(self) -> None:
+        error: BaseException | None = None
+        try:
+            self.query.awaitTermination()
+        except BaseException as exc:  # noqa: BLE001 - reported through join()
+            error = exc
+        self.completion_time = time.time()
+        if self._services is not None:
+            _quietly(self._services.unpersist)
+        if self._error is not None:
+            self._status = JobStatus.FAILED
+        elif self._cancel_requested:
+            self._status = JobStatus.CANCELLED
+        elif error is not None:
+            self._error = self._failure(error)
+            self._status = JobStatus.FAILED
+        else:
+            self._status = JobStatus.COMPLETED  # e.g. trigger availableNow
+        self._terminal.set()
+
+    def _failure(self, error: BaseException) -> JobFailedError:
+        from slipstream.spark.engine import failure_error
+
+        return failure_error(self.name, error)
+
+    def _epoch(self, batch_df: Any, epoch_id: int) -> None:
+        """The ``foreachBatch`` function (runs on the driver)."""
+        try:
+            self._run_epoch(batch_df, int(epoch_id))
+        except Exception as exc:
+            if self._cancel_requested:
+                raise
+            error = self._failure(exc)
+            if self._error is None:
+                self._error = error
+            raise error from error.__cause__
+
+    def _run_epoch(self, batch_df: Any, epoch_id: int) -> None:
+        engine = self.engine
+        sc = engine.spark_context
+        snapshot_id = epoch_id + 1  # snapshot ids start at 1
+        committed = self.store.committed_ids()
+        if snapshot_id in committed:
+            log.info("job %s: epoch %d already committed; skipping its replay", self.name, epoch_id)
+            self.epochs_skipped += 1
+            return
+        previous = [i for i in committed if i < snapshot_id]
+        state: dict[str, Any] | None = None
+        if previous:
+            data = self.store.read(previous[-1])
+            routed, _completed = restore_plan(data, self._plans, _partitioners(self.dag))
+            watermarks = {}
+            if isinstance(data, EpochSnapshot):
+                same = {
+                    name
+                    for name, vs in data.vertices.items()
+                    if name in self._plans
+                    and vs.total_parallelism == self._plans[name].total_parallelism
+                }
+                watermarks = {k: v for k, v in data.watermarks.items() if k[0] in same}
+            state = {"restore": routed, "watermarks": watermarks}
+        state_bc = sc.broadcast(state) if state is not None else None
+        services_bc = self._services
+        compiled = None
+        try:
+            sc.setJobGroup(
+                self.job_group,
+                f"slipstream job {self.name!r} epoch {epoch_id}",
+                interruptOnCancel=True,
+            )
+            compiled = compile_dag(
+                sc,
+                self.dag,
+                self.config,
+                job_name=self.name,
+                member_count=self._members,
+                default_parallelism=self._lp,
+                addresses=member_addresses(self._members),
+                services=services_bc,
+                epoch=EpochInput(batch_df.rdd, state_bc),
+            )
+            records = compiled.result_rdd.collect()
+        finally:
+            for rdd in compiled.persisted if compiled is not None else []:
+                _quietly(rdd.unpersist)
+            if state_bc is not None:
+                _quietly(state_bc.unpersist)
+
+        from slipstream.spark.engine import ordered_results
+
+        results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
+        if self._before_commit is not None:
+            self._before_commit(epoch_id)  # a test hook: a driver failure before the commit
+        snapshot = EpochSnapshot(snapshot_id, self.name, epoch_id=epoch_id)
+        for r in results:
+            vs = snapshot.vertices.get(r["vertex"])
+            if vs is None:
+                total = compiled.total_parallelism[r["vertex"]]
+                vs = snapshot.vertices[r["vertex"]] = VertexState(total)
+            vs.entries[r["index"]] = [e for blob in r["snapshot"] for e in cloudpickle.loads(blob)]
+            snapshot.watermarks[(r["vertex"], r["index"])] = r["watermarks"]
+        self.store.write(snapshot)  # the commit point of the epoch
+        engine._merge_results(results)
+        with self._lock:
+            for r in results:
+                m = self._metrics.setdefault(r["vertex"], {"items_in": 0, "items_out": 0})
+                for k, v in r["metrics"].items():
+                    m[k] = m.get(k, 0) + v
+            self.epochs_committed += 1
+            self.last_epoch_id = epoch_id
+
+
+def _quietly(fn: Any) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - cleanup only
+        log.debug("cleanup failed", exc_info=True)

@@ -1,0 +1,614 @@
+"""What runs inside one Spark task: one processor, driven by the shared tasklet.
+
+A compiled vertex becomes an RDD with one partition per processor (partition index =
+global processor index). Its task function, :class:`VertexTask`, is called by
+``mapPartitionsWithIndex`` on the executor and
+
+1. rebuilds the processor's inbound queues from the partition's records: one
+   ``SpscQueue`` per (edge, producer), filled completely, in the producer's order;
+2. builds the processor from the member's shipped supplier (``supplier.get(lp)``, taking
+   the one at this local index and closing the others);
+3. wraps it in :class:`slipstream.engine.tasklet.ProcessorTasklet` with
+   ``InboundEdgeStream``\\ s over those queues and collectors from
+   :func:`slipstream.engine.plan.make_collector` (so routing is the embedded engine's),
+   and calls ``tasklet.call()`` until it reports ``DONE`` (all input is present, so no
+   threads and no waiting are needed);
+4. turns what the collectors pushed into the output queues into records for the next
+   stage, and finally yields one result record with the task's metrics and the lists
+   and maps the processor wrote.
+
+Records are ``(target_global_index, payload)``. Data payloads are
+``(edge_id, producer_index, seq, entry)`` where ``entry`` is a chunk (a ``list`` of
+items) or one special item (``Watermark``, ``IDLE_MESSAGE``, ``DONE_ITEM``); chunks are
+merged up to :data:`MAX_RECORD_ITEMS` so shuffles move few, big records. ``seq``
+restores the producer's order on the consumer side. Result payloads are
+``(RESULT_TAG, dict)``; DataFrame-sink rows are ``(ROWS_TAG, list)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+import cloudpickle
+
+from slipstream.core.config import ProcessingGuarantee
+from slipstream.core.dag import Edge
+from slipstream.core.items import DONE_ITEM, SnapshotBarrier, Watermark
+from slipstream.core.processor import AbstractProcessor, Context, Processor
+from slipstream.core.services import InMemoryServices
+from slipstream.core.suppliers import FactorySupplier, ProcessorSupplier, SupplierContext
+from slipstream.engine.coalescer import WatermarkCoalescer
+from slipstream.engine.collectors import Collector, RoundRobinCollector
+from slipstream.engine.inbound import InboundEdgeStream
+from slipstream.engine.plan import VertexPlan, edge_targets, make_collector
+from slipstream.engine.queues import UNBOUNDED, SpscQueue
+from slipstream.engine.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
+from slipstream.spark.failures import ProcessorFailure, encode_failure
+
+__all__ = [
+    "RESULT_TAG",
+    "ROWS_TAG",
+    "MAX_RECORD_ITEMS",
+    "InboundSpec",
+    "OutboundSpec",
+    "VertexTask",
+    "TaskServices",
+    "RowSourceP",
+    "StreamRowSourceP",
+    "EpochSnapshotSink",
+    "EPOCH_BARRIER",
+    "capture_watermarks",
+    "restore_watermarks",
+]
+
+RESULT_TAG = -1
+ROWS_TAG = -2
+
+#: Consecutive chunks of one queue are merged into records of up to this many items.
+MAX_RECORD_ITEMS = 16384
+#: Output is turned into records once this many items wait in the output queues.
+_DRAIN_THRESHOLD = 65536
+#: How often (in tasklet calls) the output queues are measured.
+_DRAIN_CHECK_EVERY = 16
+
+Record = tuple[int, tuple[Any, ...]]
+
+
+@dataclass
+class InboundSpec:
+    """One inbound edge of the vertex: for each consumer (global index) the producers
+    feeding it, ascending (the order of the embedded engine's queues)."""
+
+    edge_id: int
+    ordinal: int
+    priority: int
+    label: str
+    producers: list[list[int]]
+
+
+@dataclass
+class OutboundSpec:
+    """One outbound edge: a routing-only copy of the edge (its vertices are stubs) and the
+    plans of both ends, enough for ``edge_targets``/``make_collector``. A ``narrow`` edge
+    keeps every item on the producer's own index (no shuffle)."""
+
+    edge_id: int
+    ordinal: int
+    edge: Edge
+    src: VertexPlan
+    dst: VertexPlan
+    narrow: bool
+
+
+class TaskServices(InMemoryServices):
+    """The named lists and maps a processor sees inside a Spark task.
+
+    Starts as a copy of the driver's structures (shipped as a broadcast, read lazily:
+    only for names a processor asks for), so ``list_source``-style readers work on
+    executors. :meth:`changes` reports what the task appended to lists and changed in
+    maps, which the driver applies to its own store.
+    """
+
+    def __init__(self, initial: Any = None) -> None:
+        super().__init__()
+        self._initial = initial
+        self._initial_value: tuple[dict[str, list[Any]], dict[str, dict[Any, Any]]] | None = None
+        self._base_len: dict[str, int] = {}
+        self._base_maps: dict[str, dict[Any, Any]] = {}
+
+    def _base(self) -> tuple[dict[str, list[Any]], dict[str, dict[Any, Any]]]:
+        if self._initial_value is None:
+            if self._initial is None:
+                self._initial_value = ({}, {})
+            else:
+                value = getattr(self._initial, "value", self._initial)
+                self._initial_value = (dict(value[0]), dict(value[1]))
+        return self._initial_value
+
+    def get_list(self, name: str) -> list[Any]:
+        with self._lock:
+            lst = self.lists.get(name)
+            if lst is None:
+                base = self._base()[0].get(name, [])
+                lst = self.lists[name] = list(base)
+                self._base_len[name] = len(base)
+            return lst
+
+    def get_map(self, name: str) -> dict[Any, Any]:
+        with self._lock:
+            m = self.maps.get(name)
+            if m is None:
+                base = self._base()[1].get(name, {})
+                m = self.maps[name] = dict(base)
+                self._base_maps[name] = base
+            return m
+
+    def changes(
+        self, exclude_lists: Iterable[str] = ()
+    ) -> tuple[dict[str, list[Any]], dict[str, tuple[dict[Any, Any], list[Any]]]]:
+        """``(appended items per list, (updated entries, deleted keys) per map)``."""
+        skip = set(exclude_lists)
+        lists = {}
+        for name, lst in self.lists.items():
+            if name in skip:
+                continue
+            added = lst[self._base_len.get(name, 0) :]
+            if added:
+                lists[name] = added
+        maps = {}
+        for name, m in self.maps.items():
+            base = self._base_maps.get(name, {})
+            missing = object()
+            updates = {k: v for k, v in m.items() if base.get(k, missing) != v}
+            deleted = [k for k in base if k not in m]
+            if updates or deleted:
+                maps[name] = (updates, deleted)
+        return lists, maps
+
+
+class RowSourceP(AbstractProcessor):
+    """Emits the rows of one Spark partition (a DataFrame or RDD source vertex)."""
+
+    def __init__(self, rows: Iterator[Any], map_fn: Callable[[Any], Any] | None = None) -> None:
+        self._it = iter(rows) if map_fn is None else map(map_fn, rows)
+
+    def complete(self) -> bool:
+        return self.emit_from(self._it)
+
+
+@dataclass
+class VertexTask:
+    """The ``mapPartitionsWithIndex`` function of one vertex (pickled to executors)."""
+
+    vertex: str
+    job_name: str
+    local_parallelism: int
+    member_count: int
+    guarantee: ProcessingGuarantee
+    suppliers: list[ProcessorSupplier] | None
+    inbound: list[InboundSpec] = field(default_factory=list)
+    outbound: list[OutboundSpec] = field(default_factory=list)
+    row_source: bool = False
+    row_map_fn: Callable[[Any], Any] | None = None
+    dataframe_sink: str | None = None
+    services: Any = None
+    epoch_mode: bool = False
+    epoch_state: Any = None
+
+    def __call__(self, index: int, records: Iterator[Any]) -> Iterator[Record]:
+        return self._run(index, records)
+
+    # ------------------------------------------------------------------ the run
+    def _run(self, index: int, records: Iterator[Any]) -> Iterator[Record]:
+        lp = self.local_parallelism
+        member, local = divmod(index, lp)
+        services = TaskServices(self.services)
+        epoch = self.epoch_mode
+        # an epoch of a streaming job snapshots every processor's state at its end
+        guarantee = ProcessingGuarantee.EXACTLY_ONCE if epoch else self.guarantee
+        context = Context(
+            vertex_name=self.vertex,
+            global_processor_index=index,
+            local_processor_index=local,
+            local_parallelism=lp,
+            total_parallelism=lp * self.member_count,
+            member_index=member,
+            member_count=self.member_count,
+            processing_guarantee=guarantee,
+            job_name=self.job_name,
+            services=services,
+        )
+
+        streams: list[InboundEdgeStream] = []
+        if self.inbound:
+            buffers: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+            passed_on: list[Record] = []
+            try:
+                for target, payload in records:
+                    tag = payload[0]
+                    if tag >= 0:
+                        key = (tag, payload[1])
+                        buf = buffers.get(key)
+                        if buf is None:
+                            buf = buffers[key] = []
+                        buf.append((payload[2], payload[3]))
+                    elif tag == RESULT_TAG:
+                        passed_on.append((target, payload))  # an upstream task's result
+                streams = self._inbound_streams(index, buffers)
+            except ProcessorFailure:
+                raise  # an upstream processor failed (PySpark pipelined it into this task)
+            except Exception as exc:
+                raise encode_failure(self.vertex, index, exc) from exc
+            yield from passed_on
+
+        supplier: ProcessorSupplier | None = None
+        processor: Processor | None = None
+        tasklet: ProcessorTasklet | None = None
+        error: BaseException | None = None
+        epoch_sink: EpochSnapshotSink | None = None
+        try:
+            if self.row_source:
+                processor = (StreamRowSourceP if epoch else RowSourceP)(records, self.row_map_fn)
+            else:
+                supplier, processor = self._make_processor(member, local)
+            outputs, collectors = self._outbound(index)
+            restore: list[Any] | None = None
+            saved_wm: Any = None
+            # epoch mode: the last watermark sent per outbound edge, across epochs
+            sent_wm: dict[int, int] | None = None
+            if epoch:
+                epoch_sink = EpochSnapshotSink(
+                    processor if isinstance(processor, StreamRowSourceP) else None
+                )
+                state = _value(self.epoch_state) or {}
+                if state.get("restore") is not None:
+                    restore = list(state["restore"].get((self.vertex, index), []))
+                saved_wm = (state.get("watermarks") or {}).get((self.vertex, index))
+                sent_wm = dict(saved_wm["sent"]) if saved_wm is not None else {}
+            tasklet = ProcessorTasklet(
+                processor,
+                context,
+                streams,
+                collectors,
+                guarantee=guarantee,
+                snapshot_sink=epoch_sink,
+                restore_entries=restore,
+            )
+            if saved_wm is not None:
+                restore_watermarks(tasklet, saved_wm)
+            tasklet.init()
+            seq = itertools.count()
+            calls = 0
+            idle = 0
+            call = tasklet.call
+            while True:
+                r = call()
+                if r == DONE:
+                    break
+                if r == NO_PROGRESS:
+                    # All input is present and the output is unbounded, so only a processor
+                    # waiting for time (or a never-ending source) gets here: back off.
+                    idle += 1
+                    if idle > 64:
+                        time.sleep(min(0.001, 0.00002 * (1 << min(idle - 64, 6))))
+                else:
+                    idle = 0
+                calls += 1
+                if calls % _DRAIN_CHECK_EVERY == 0 and _pending(outputs) >= _DRAIN_THRESHOLD:
+                    yield from _drain(outputs, index, seq, sent_wm)
+            yield from _drain(outputs, index, seq, sent_wm)
+        except GeneratorExit:
+            error = RuntimeError("the Spark task was stopped")
+            raise
+        except Exception as exc:
+            error = exc
+            raise encode_failure(self.vertex, index, exc) from exc
+        finally:
+            if error is not None:
+                try:
+                    if tasklet is not None:
+                        tasklet.close()
+                    elif processor is not None:
+                        processor.close()
+                except Exception:  # noqa: BLE001 - close errors must not hide the failure
+                    pass
+            if supplier is not None:
+                try:
+                    supplier.close(error)
+                except Exception as exc:  # noqa: BLE001
+                    if error is None:
+                        raise encode_failure(self.vertex, index, exc) from exc
+
+        assert tasklet is not None
+        metrics = {
+            "items_in": tasklet.items_in,
+            "items_out": sum(c.items_out for c in tasklet.collectors),
+        }
+        for k, v in context.metrics.items():
+            metrics[k] = metrics.get(k, 0) + v
+        excluded = [self.dataframe_sink] if self.dataframe_sink is not None else []
+        lists, maps = services.changes(excluded)
+        if self.dataframe_sink is not None:
+            rows = services.lists.get(self.dataframe_sink, [])
+            for start in range(0, len(rows), MAX_RECORD_ITEMS):
+                yield (0, (ROWS_TAG, rows[start : start + MAX_RECORD_ITEMS]))
+        result: dict[str, Any] = {
+            "vertex": self.vertex,
+            "index": index,
+            "metrics": metrics,
+            "lists": lists,
+            "maps": maps,
+        }
+        if epoch_sink is not None:
+            result["snapshot"] = epoch_sink.blobs
+            result["watermarks"] = {**capture_watermarks(tasklet), "sent": sent_wm}
+        yield (0, (RESULT_TAG, result))
+
+    # ------------------------------------------------------------------ helpers
+    def _inbound_streams(
+        self, index: int, buffers: dict[tuple[int, int], list[tuple[int, Any]]]
+    ) -> list[InboundEdgeStream]:
+        exactly_once = self.guarantee is ProcessingGuarantee.EXACTLY_ONCE
+        streams = []
+        by_seq = itemgetter(0)
+        for spec in self.inbound:
+            if not spec.producers[index]:
+                # nothing feeds this processor on this edge (e.g. all-to-one): like the
+                # embedded engine's plan, it gets no stream for the edge at all
+                continue
+            queues = []
+            for producer in spec.producers[index]:
+                q = SpscQueue(UNBOUNDED, f"{spec.label}, producer {producer}")
+                buf = buffers.pop((spec.edge_id, producer), None)
+                if buf:
+                    buf.sort(key=by_seq)  # linear when already in order (the usual case)
+                if not buf or not (
+                    buf[-1][1] is DONE_ITEM
+                    or (self.epoch_mode and type(buf[-1][1]) is SnapshotBarrier)
+                ):
+                    raise RuntimeError(
+                        f"{spec.label}: the input from producer {producer} to processor "
+                        f"{index} is incomplete (no end-of-stream mark); this is a bug "
+                        "in the Spark engine"
+                    )
+                entries = q.entries
+                size = 0
+                for _seq, entry in buf:
+                    entries.append(entry)
+                    size += len(entry) if type(entry) is list else 1
+                q.put_count = size
+                queues.append(q)
+            streams.append(
+                InboundEdgeStream(
+                    spec.ordinal,
+                    spec.priority,
+                    queues,
+                    exactly_once=exactly_once,
+                    label=spec.label,
+                )
+            )
+        if buffers:
+            unknown = sorted(buffers)
+            raise RuntimeError(
+                f"processor {index} received records of unexpected (edge, producer) pairs "
+                f"{unknown[:5]}; this is a bug in the Spark engine"
+            )
+        return streams
+
+    def _make_processor(self, member: int, local: int) -> tuple[ProcessorSupplier, Processor]:
+        assert self.suppliers is not None
+        supplier = self.suppliers[member]
+        if not isinstance(supplier, ProcessorSupplier):
+            supplier = FactorySupplier(supplier)
+        lp = self.local_parallelism
+        supplier.init(
+            SupplierContext(
+                self.vertex, self.job_name, lp, lp * self.member_count, self.member_count, member
+            )
+        )
+        procs = list(supplier.get(lp))
+        if len(procs) != lp:
+            raise ValueError(
+                f"vertex {self.vertex!r}: supplier returned {len(procs)} processors, "
+                f"expected local parallelism {lp}"
+            )
+        for p in procs:
+            if not isinstance(p, Processor):
+                raise TypeError(
+                    f"vertex {self.vertex!r}: supplier returned {type(p).__name__}, "
+                    "which is not a slipstream Processor"
+                )
+        for i, p in enumerate(procs):
+            if i != local:
+                try:
+                    p.close()
+                except Exception:  # noqa: BLE001 - an unused processor's close is best effort
+                    pass
+        return supplier, procs[local]
+
+    def _outbound(
+        self, index: int
+    ) -> tuple[list[tuple[int, list[int], list[SpscQueue]]], list[Collector]]:
+        outputs = []
+        collectors: list[Collector] = []
+        for spec in self.outbound:
+            if spec.narrow:
+                targets = [index]
+                queues = [SpscQueue(UNBOUNDED)]
+                collector: Collector = RoundRobinCollector(queues)
+            else:
+                targets = edge_targets(spec.edge, spec.src, spec.dst, index)
+                queues = [SpscQueue(UNBOUNDED) for _ in targets]
+                collector = make_collector(spec.edge, spec.src, spec.dst, index, queues)
+            outputs.append((spec.edge_id, targets, queues))
+            collectors.append(collector)
+        return outputs, collectors
+
+
+class StreamRowSourceP(AbstractProcessor):
+    """The source of one epoch of a streaming job: emits the micro-batch's rows, then
+    never completes (``exhausted`` tells :class:`EpochSnapshotSink` to end the epoch with
+    a terminal snapshot, so downstream processors keep their state instead of flushing
+    it as they would at the end of a batch job)."""
+
+    def __init__(self, rows: Iterator[Any], map_fn: Callable[[Any], Any] | None = None) -> None:
+        self._it = iter(rows) if map_fn is None else map(map_fn, rows)
+        self.exhausted = False
+
+    def complete(self) -> bool:
+        if not self.exhausted and self.emit_from(self._it):
+            self.exhausted = True
+        return False
+
+
+#: The one snapshot of an epoch: terminal, so every processor saves its state, forwards
+#: the barrier and closes (no complete(), no end-of-stream).
+EPOCH_BARRIER = SnapshotBarrier(1, is_terminal=True)
+
+
+class EpochSnapshotSink:
+    """The tasklet's snapshot sink inside one epoch's task (the SnapshotSink protocol).
+
+    Requests the terminal epoch barrier from a stream source once it has emitted all its
+    rows (other processors receive the barrier from upstream; one without any input gets
+    it at once). Saved entries are pickled as they arrive, as Jet's
+    ``offerToSnapshot`` serializes immediately."""
+
+    committed_id = 0
+
+    def __init__(self, source: StreamRowSourceP | None) -> None:
+        self.source = source
+        self.blobs: list[bytes] = []
+
+    def requested_snapshot(self) -> SnapshotBarrier | None:
+        if self.source is None or self.source.exhausted:
+            return EPOCH_BARRIER
+        return None
+
+    def add_entries(self, tasklet: Any, snapshot_id: int, entries: list[Any]) -> None:
+        self.blobs.append(cloudpickle.dumps(entries))
+
+    def processor_done(self, tasklet: Any, barrier: SnapshotBarrier) -> None:
+        pass
+
+    def tasklet_completed(self, tasklet: Any) -> None:
+        pass
+
+
+_COALESCER_STATE = ("wm", "idle", "last_emitted", "top_observed", "all_idle", "idle_pending")
+
+
+def _coalescer_state(c: WatermarkCoalescer) -> dict[str, Any]:
+    return {f: copy.copy(getattr(c, f)) for f in _COALESCER_STATE}
+
+
+def _set_coalescer_state(c: WatermarkCoalescer, state: dict[str, Any]) -> bool:
+    if len(state["wm"]) != len(c.wm):
+        return False
+    for f in _COALESCER_STATE:
+        setattr(c, f, copy.copy(state[f]))
+    return True
+
+
+def capture_watermarks(tasklet: ProcessorTasklet) -> dict[str, Any]:
+    """The watermark-coalescing state of a tasklet at the end of an epoch: per inbound
+    edge (by ordinal) the watermark of each upstream queue, and across edges. Restored
+    into the next epoch's tasklet, so watermarks continue across micro-batches: a new
+    epoch does not start from "no watermark" on inputs that are silent in it."""
+    return {
+        "edges": {s.ordinal: _coalescer_state(s.coalescer) for s in tasklet.streams},
+        "ordinals": [s.ordinal for s in tasklet.streams],
+        "tasklet": _coalescer_state(tasklet.coalescer),
+    }
+
+
+def restore_watermarks(tasklet: ProcessorTasklet, state: dict[str, Any]) -> None:
+    """Prime a new epoch's tasklet with :func:`capture_watermarks` of the last epoch
+    (skipped if the processor's inputs changed shape)."""
+    if state["ordinals"] != [s.ordinal for s in tasklet.streams]:
+        return
+    for s in tasklet.streams:
+        _set_coalescer_state(s.coalescer, state["edges"][s.ordinal])
+    _set_coalescer_state(tasklet.coalescer, state["tasklet"])
+
+
+def _value(broadcast: Any) -> Any:
+    return getattr(broadcast, "value", broadcast)
+
+
+def _pending(outputs: list[tuple[int, list[int], list[SpscQueue]]]) -> int:
+    n = 0
+    for _e, _t, queues in outputs:
+        for q in queues:
+            n += q.put_count - q.take_count
+    return n
+
+
+def _drain(
+    outputs: list[tuple[int, list[int], list[SpscQueue]]],
+    index: int,
+    seq: Iterator[int],
+    sent_wm: dict[int, int] | None = None,
+) -> Iterator[Record]:
+    """Turn everything in the output queues into records, merging consecutive chunks.
+
+    With ``sent_wm`` (epoch mode) a watermark not above the last one this producer sent
+    on the edge, in this or an earlier epoch, is dropped: a restored processor may repeat
+    a lower one (e.g. ``insert_watermarks`` restores the minimum over its peers), and
+    the consumers' coalescers continue from the last epoch, where watermarks on a queue
+    must strictly increase. Such a watermark says nothing new."""
+    for edge_id, targets, queues in outputs:
+        start = sent_wm.get(edge_id) if sent_wm is not None else None
+        top = start
+        for target, q in zip(targets, queues, strict=True):
+            entries = q.entries
+            if not entries:
+                continue
+            floor = start  # every queue of the edge gets the same specials, in order
+            parts: list[list[Any]] = []
+            size = 0
+            taken = 0
+            while entries:
+                entry = entries.popleft()
+                if type(entry) is list:
+                    n = len(entry)
+                    taken += n
+                    if size + n > MAX_RECORD_ITEMS and parts:
+                        yield (target, (edge_id, index, next(seq), _merge(parts)))
+                        parts = []
+                        size = 0
+                    parts.append(entry)
+                    size += n
+                    continue
+                taken += 1
+                if sent_wm is not None and type(entry) is Watermark:
+                    if floor is not None and entry.timestamp <= floor:
+                        continue
+                    floor = entry.timestamp
+                    if top is None or floor > top:
+                        top = floor
+                if parts:
+                    yield (target, (edge_id, index, next(seq), _merge(parts)))
+                    parts = []
+                    size = 0
+                yield (target, (edge_id, index, next(seq), entry))
+            if parts:
+                yield (target, (edge_id, index, next(seq), _merge(parts)))
+            q.take_count += taken
+        if sent_wm is not None and top is not None:
+            sent_wm[edge_id] = top
+
+
+def _merge(parts: list[list[Any]]) -> list[Any]:
+    if len(parts) == 1:
+        return parts[0]
+    out: list[Any] = []
+    for p in parts:
+        out.extend(p)
+    return out

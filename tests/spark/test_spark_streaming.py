@@ -1,0 +1,340 @@
+"""Streaming DAGs on the Spark engine (slipstream.spark.streaming).
+
+Most tests drive the epochs themselves through the in-process RDD stand-in
+(spark_fake_rdd), calling the job's ``foreachBatch`` function with one micro-batch per
+epoch, so state hand-over, replays and failures are checked fast and exactly. One test
+runs a real Structured Streaming query over a directory of files, stops it mid-stream
+and restarts it from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream import DAG, Edge
+
+from .spark_engine_procs import Boom, Collect, Mapper
+from .spark_fake_rdd import FakeSession
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+WINDOW = 1000
+LAG = 600
+
+
+def _library() -> tuple[Any, Any]:
+    from slipstream import processors as P
+    from slipstream import sinks
+
+    try:
+        P.insert_watermarks(lambda e: e, lambda: None)
+        sinks.list_sink("x")
+    except NotImplementedError:
+        pytest.skip("library processors are placeholders")
+    return P, sinks
+
+
+def window_dag(source: Any, sink: str = "windows") -> DAG:
+    """stream source -> insert_watermarks -> (distributed, by key) tumbling count -> sink"""
+    P, sinks = _library()
+    from slipstream.aggregate import counting
+    from slipstream.watermark import with_fixed_lag
+    from slipstream.window import tumbling_window_def
+
+    dag = DAG()
+    src = dag.new_vertex("source", source)
+    wm = dag.new_vertex(
+        "watermarks", P.insert_watermarks(_ts, functools.partial(with_fixed_lag, LAG))
+    )
+    win = dag.new_vertex(
+        "windows",
+        P.aggregate_to_sliding_window(
+            key_fn=_key, timestamp_fn=_ts, window_def=tumbling_window_def(WINDOW), agg_op=counting()
+        ),
+    )
+    out = dag.new_vertex("sink", sinks.list_sink(sink)).local_parallelism(1)
+    dag.edge(Edge.between(src, wm).isolated())
+    dag.edge(Edge.between(wm, win).distributed().partitioned(_key))
+    dag.edge(Edge.between(win, out).distributed().all_to_one())
+    return dag
+
+
+def _ts(e: tuple[int, str]) -> int:
+    return e[0]
+
+
+def _key(e: tuple[int, str]) -> str:
+    return e[1]
+
+
+def _row_to_event(row: Any) -> tuple[int, str]:
+    return (row.ts, row.key) if hasattr(row, "ts") else tuple(row)  # type: ignore[return-value]
+
+
+def batches(seed: int, n: int, size: int = 150) -> list[list[tuple[int, str]]]:
+    """Micro-batches of events: batch ``i`` covers roughly [i*WINDOW, (i+1)*WINDOW) with
+    disorder well below LAG, so no event is ever late."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        base = sorted(i * WINDOW + rng.randrange(WINDOW) for _ in range(size))
+        out.append([(t + rng.randrange(LAG // 3), rng.choice("abcd")) for t in base])
+    return out
+
+
+# ------------------------------------------------------------------ epochs without a JVM
+
+
+class _FakeStreamingDF:
+    isStreaming = True
+
+
+class _Batch:
+    """What foreachBatch receives: only ``.rdd`` is used."""
+
+    def __init__(self, rdd: Any) -> None:
+        self.rdd = rdd
+
+
+def _fake_job(
+    engine: Any, build: Callable[[Any], DAG], checkpoint: Path, name: str = "stream"
+) -> Any:
+    from slipstream.spark.io import spark_stream_source
+    from slipstream.spark.streaming import SparkStreamingJob
+
+    dag = build(spark_stream_source(_FakeStreamingDF()))
+    job = SparkStreamingJob(engine, dag, ss.JobConfig(name=name), str(checkpoint), None)
+    job._prepare()
+    return job
+
+
+def _run_epoch(engine: Any, job: Any, events: list[Any], epoch_id: int) -> None:
+    job._epoch(_Batch(engine.spark_context.parallelize(events, 1)), epoch_id)
+
+
+def _batch_windows(events: list[tuple[int, str]]) -> Counter[tuple[Any, ...]]:
+    """The same DAG as a batch job on the embedded engine emits every window."""
+    from slipstream import sources
+
+    engine = ss.local(cooperative_threads=2)
+    engine.new_job(window_dag(sources.items(events))).join(60)
+    return Counter(tuple(r) for r in engine.get_list("windows"))
+
+
+def test_epochs_carry_window_state_and_watermarks(tmp_path: Path) -> None:
+    data = batches(1, 6)
+    engine = ss.spark(FakeSession())
+    job = _fake_job(engine, window_dag, tmp_path)
+    per_epoch = []
+    for epoch_id, events in enumerate(data):
+        _run_epoch(engine, job, events, epoch_id)
+        per_epoch.append(len(engine.get_list("windows")))
+    got = Counter(tuple(r) for r in engine.get_list("windows"))
+    everything = _batch_windows([e for b in data for e in b])
+    # no duplicates, and every emitted window is complete (its batch-job value)
+    assert max(got.values()) == 1
+    assert got - everything == Counter()
+    # windows opened in one epoch closed in a later one: all but the last open windows
+    top = max(t for b in data for t, _k in b)
+    closed = {r for r in everything if r[1] <= top - LAG - WINDOW}
+    assert closed <= set(got)
+    assert per_epoch[0] == 0 and per_epoch[-1] > per_epoch[1] > 0
+    assert job.epochs_committed == 6 and job.last_epoch_id == 5
+    assert job.store.committed_ids()[-1] == 6  # snapshot id = epoch id + 1
+    m = job.metrics
+    assert m["source"]["items_out"] == sum(len(b) for b in data)
+    assert m["__job__"]["snapshots"] == 6
+
+
+def test_watermark_of_an_input_silent_in_an_epoch_carries_over(tmp_path: Path) -> None:
+    """The stand-in deals a micro-batch's rows round robin to the 2 source processors.
+    Epoch 0: watermarking processor 0 reaches -400, processor 1 reaches 4400 (coalesced:
+    -400, nothing closes). Epoch 1 feeds processor 0 only (to 8400): processor 1 is
+    silent, but its 4400 from epoch 0 still counts, so the coalesced watermark moves to
+    4400 and closes the windows below it."""
+    engine = ss.spark(FakeSession())
+    job = _fake_job(engine, window_dag, tmp_path)
+    _run_epoch(engine, job, [(100, "a"), (3000, "a"), (200, "a"), (5000, "a")], 0)
+    assert engine.get_list("windows") == []
+    state = job.store.read(1)
+    queue_wms = {
+        tuple(w["edges"][0]["wm"]) for (v, _i), w in state.watermarks.items() if v == "windows"
+    }
+    assert queue_wms == {(-400, 4400)}
+    _run_epoch(engine, job, [(9000, "a")], 1)
+    assert sorted(tuple(r) for r in engine.get_list("windows")) == [
+        (0, 1000, "a", 2),
+        (3000, 4000, "a", 1),
+    ]
+
+
+def test_replayed_committed_epoch_is_skipped(tmp_path: Path) -> None:
+    data = batches(2, 4)
+    engine = ss.spark(FakeSession())
+    job = _fake_job(engine, window_dag, tmp_path)
+    for epoch_id in range(3):
+        _run_epoch(engine, job, data[epoch_id], epoch_id)
+    before = list(engine.get_list("windows"))
+    _run_epoch(engine, job, data[2], 2)  # Spark replays epoch 2 after a driver restart
+    assert job.epochs_skipped == 1
+    assert engine.get_list("windows") == before
+
+
+def test_epoch_failing_before_commit_replays_to_the_same_result(tmp_path: Path) -> None:
+    data = batches(3, 6)
+    # uninterrupted
+    engine = ss.spark(FakeSession())
+    job = _fake_job(engine, window_dag, tmp_path / "a")
+    for epoch_id, events in enumerate(data):
+        _run_epoch(engine, job, events, epoch_id)
+    uninterrupted = Counter(tuple(r) for r in engine.get_list("windows"))
+
+    # the driver fails in epoch 3 after running it, before committing its state
+    first = ss.spark(FakeSession())
+    job1 = _fake_job(first, window_dag, tmp_path / "b")
+
+    def crash(epoch_id: int) -> None:
+        if epoch_id == 3:
+            raise RuntimeError("driver lost")
+
+    job1._before_commit = crash
+    for epoch_id in range(3):
+        _run_epoch(first, job1, data[epoch_id], epoch_id)
+    with pytest.raises(ss.JobFailedError, match="driver lost"):
+        _run_epoch(first, job1, data[3], 3)
+    # a new driver (engine) restarts from the checkpoint; Spark replays epoch 3
+    second = ss.spark(FakeSession())
+    job2 = _fake_job(second, window_dag, tmp_path / "b")
+    for epoch_id in range(3, 6):
+        _run_epoch(second, job2, data[epoch_id], epoch_id)
+    combined = Counter(tuple(r) for r in first.get_list("windows")) + Counter(
+        tuple(r) for r in second.get_list("windows")
+    )
+    assert combined == uninterrupted
+    assert job2.epochs_skipped == 0 and job2.epochs_committed == 3
+
+
+def test_processor_failure_in_an_epoch_names_the_vertex(tmp_path: Path) -> None:
+    def build(source: Any) -> DAG:
+        dag = DAG()
+        src = dag.new_vertex("source", source)
+        bad = dag.new_vertex("fragile", functools.partial(Boom, 13))
+        out = dag.new_vertex("sink", functools.partial(Collect, "out"))
+        dag.edge(Edge.between(src, bad)).edge(Edge.between(bad, out))
+        return dag
+
+    engine = ss.spark(FakeSession())
+    job = _fake_job(engine, build, tmp_path)
+    _run_epoch(engine, job, [1, 2, 3], 0)
+    with pytest.raises(ss.JobFailedError) as info:
+        _run_epoch(engine, job, [12, 13, 14], 1)
+    assert info.value.vertex == "fragile"
+    assert isinstance(info.value.__cause__, ValueError)
+    assert sorted(engine.get_list("out")) == [1, 2, 3]  # the failed epoch published nothing
+    assert job.store.committed_ids() == [1]
+
+
+def test_streaming_dag_errors(tmp_path: Path) -> None:
+    from slipstream.spark.io import spark_dataframe_sink, spark_stream_source
+    from slipstream.spark.streaming import SparkStreamingJob
+
+    engine = ss.spark(FakeSession())
+    with pytest.raises(TypeError, match="streaming DataFrame"):
+        spark_stream_source(object())
+    # a second, non-streaming source
+    dag = DAG()
+    s1 = dag.new_vertex("stream", spark_stream_source(_FakeStreamingDF()))
+    s2 = dag.new_vertex("static", functools.partial(Mapper, str))
+    m = dag.new_vertex("merge", functools.partial(Mapper, str))
+    dag.edge(Edge.between(s1, m)).edge(Edge.from_(s2).to(m, 1))
+    job = SparkStreamingJob(engine, dag, ss.JobConfig(), str(tmp_path), None)
+    job._prepare()
+    with pytest.raises(ss.JobFailedError, match="'static'.*every source"):
+        _run_epoch(engine, job, [1], 0)
+    # a DataFrame sink
+    dag = DAG()
+    s1 = dag.new_vertex("stream", spark_stream_source(_FakeStreamingDF()))
+    out = dag.new_vertex("out", spark_dataframe_sink("x"))
+    dag.edge(Edge.between(s1, out))
+    job = SparkStreamingJob(engine, dag, ss.JobConfig(), str(tmp_path / "2"), None)
+    job._prepare()
+    with pytest.raises(ss.JobFailedError, match="spark_dataframe_sink"):
+        _run_epoch(engine, job, [1], 0)
+    # the embedded engine cannot read a streaming DataFrame
+    local = ss.local()
+    dag = DAG()
+    s1 = dag.new_vertex("stream", spark_stream_source(_FakeStreamingDF()))
+    out = dag.new_vertex("out", functools.partial(Collect, "x"))
+    dag.edge(Edge.between(s1, out))
+    with pytest.raises(RuntimeError, match="only on the Spark engine"):
+        local.new_job(dag).join(10)
+
+
+# ------------------------------------------------------------------ a real query
+
+
+def _write_file(directory: Path, i: int, events: list[tuple[int, str]]) -> None:
+    tmp = directory.parent / f".tmp-{directory.name}-{i}"
+    tmp.write_text("\n".join(json.dumps({"ts": t, "key": k}) for t, k in events))
+    os.rename(tmp, directory / f"part-{i:04d}.json")  # atomic: the source sees whole files
+
+
+def _query_run(
+    spark_session: Any, directory: Path, checkpoint: Path, files: list[tuple[int, list[Any]]]
+) -> tuple[Counter[tuple[Any, ...]], Any]:
+    """Start the window DAG on ``directory`` with ``checkpoint``, add ``files`` one at a
+    time (waiting for each to be processed), stop; returns the windows and the job."""
+    from slipstream.spark.io import spark_stream_source
+
+    df = (
+        spark_session.readStream.schema("ts long, key string")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(directory))
+    )
+    engine = ss.spark(spark_session)
+    job = engine.new_job(
+        window_dag(spark_stream_source(df, _row_to_event)),
+        ss.JobConfig(name="windows"),
+        checkpoint_location=str(checkpoint),
+    )
+    try:
+        for i, events in files:
+            _write_file(directory, i, events)
+            job.process_all_available(120)
+    finally:
+        job.cancel()
+        with pytest.raises(ss.JobCancelledError):
+            job.join(60)
+    return Counter(tuple(r) for r in engine.get_list("windows")), job
+
+
+@pytest.mark.timeout(300)
+def test_query_stopped_and_restarted_from_checkpoint(spark_session: Any, tmp_path: Path) -> None:
+    data = list(enumerate(batches(4, 6)))
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    t0 = time.monotonic()
+    uninterrupted, job = _query_run(spark_session, tmp_path / "a", tmp_path / "ca", data)
+    assert job.epochs_committed == 6
+    assert job.status is ss.JobStatus.CANCELLED
+    first, job1 = _query_run(spark_session, tmp_path / "b", tmp_path / "cb", data[:3])
+    second, job2 = _query_run(spark_session, tmp_path / "b", tmp_path / "cb", data[3:])
+    print(f"three streaming runs: {time.monotonic() - t0:.1f} s")
+    assert (job1.epochs_committed, job2.epochs_committed) == (3, 3)
+    assert job2.last_epoch_id == 5  # Spark's epoch ids continued from the checkpoint
+    assert first + second == uninterrupted  # no loss, no duplicates
+    assert max(uninterrupted.values()) == 1
+    everything = _batch_windows([e for _i, b in data for e in b])
+    assert uninterrupted - everything == Counter()
+    assert len(uninterrupted) >= len(everything) - 2 * 4  # all but the open windows
