@@ -18,7 +18,6 @@ actually emitted is lower than the raw one and lateness is judged against it.
 
 from __future__ import annotations
 
-import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 from slipstream.core.items import IDLE_MESSAGE as IDLE
 from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
+from slipstream.core.validation import int_value
 from slipstream.window import SlidingWindowDef
 
 __all__ = [
@@ -55,12 +55,9 @@ def wall_clock_millis() -> int:
 
 def _int_arg(name: str, value: Any, *, minimum: int) -> int:
     """Validate an int argument ``>= minimum`` with an error that names it."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    try:
-        as_int = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})") from None
+    as_int = int_value(value)
+    if as_int is None:
+        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if as_int < minimum:
         bound = "non-negative" if minimum == 0 else f">= {minimum}"
         raise ValueError(f"{name} must be {bound}, got {as_int}")

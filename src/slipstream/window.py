@@ -14,11 +14,11 @@ compare by value in tests, and sort by ``(start, end, key, value)``.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
+from slipstream.core.validation import int_value
 
 __all__ = [
     "KeyedWindowResult",
@@ -30,14 +30,9 @@ __all__ = [
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    try:
-        as_int = operator.index(value)
-    except TypeError:
-        raise ValueError(
-            f"{name} must be a positive int, got {value!r} ({type(value).__name__})"
-        ) from None
+    as_int = int_value(value)
+    if as_int is None:
+        raise ValueError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
     if as_int <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return as_int
@@ -59,15 +54,12 @@ class SlidingWindowDef:
     def __post_init__(self) -> None:
         frame_size = _positive_int("frame_size (slide)", self.frame_size)
         window_size = _positive_int("window_size", self.window_size)
-        if isinstance(self.frame_offset, bool):
-            raise ValueError(f"frame_offset must be an int, got {self.frame_offset!r}")
-        try:
-            frame_offset = operator.index(self.frame_offset)
-        except TypeError:
+        frame_offset = int_value(self.frame_offset)
+        if frame_offset is None:
             raise ValueError(
                 f"frame_offset must be an int, got {self.frame_offset!r} "
                 f"({type(self.frame_offset).__name__})"
-            ) from None
+            )
         if window_size % frame_size != 0:
             raise ValueError(
                 f"window_size ({window_size}) must be a multiple of the slide / frame_size "

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from window_test_support import new_processor, ts_of, with_fixed_lag_watermarks
 
 from slipstream import processors as P
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
 from slipstream.core.outbox import Outbox
-from slipstream.core.processor import Context
 from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.processors.watermarks import IDLE, InsertWatermarksP
 from slipstream.testing import verify_processor
@@ -31,30 +31,6 @@ class FakeClock:
 
     def __call__(self) -> int:
         return self.now
-
-
-def ts_of(e: tuple[int, str]) -> int:
-    return e[0]
-
-
-def fixed_lag_oracle(items: list[tuple[int, str]], lag: int, floor: int = NO_WATERMARK) -> list[Any]:
-    out: list[Any] = []
-    top = None
-    last = floor
-    for item in items:
-        top = item[0] if top is None else max(top, item[0])
-        if top - lag > last:
-            last = top - lag
-            out.append(WM(last))
-        out.append(item)
-    return out
-
-
-def new_processor(supplier: Any, ordinals: int = 1, capacity: int = 1) -> tuple[InsertWatermarksP, Outbox]:
-    p = supplier()
-    outbox = Outbox(ordinals, capacity)
-    p.init(outbox, Context(vertex_name="wm"))
-    return p, outbox
 
 
 def take(outbox: Outbox, ordinal: int = 0) -> list[Any]:
@@ -84,7 +60,7 @@ def test_matches_the_fixed_lag_oracle(ts: list[int], lag: int) -> None:
     items = [(t, f"item{i}") for i, t in enumerate(ts)]
     verify_processor(P.insert_watermarks(ts_of, functools.partial(with_fixed_lag, lag))).input(
         items
-    ).expect_output(fixed_lag_oracle(items, lag))
+    ).expect_output(with_fixed_lag_watermarks(items, lag))
 
 
 def test_every_ordinal_gets_the_items_and_the_watermarks() -> None:
@@ -115,7 +91,9 @@ def test_each_processor_gets_its_own_policy() -> None:
     assert take(o2) == [WM(5), (5, "y")]
 
 
-def test_lull_advances_the_watermark_from_try_process() -> None:
+def delay_policy_after_one_item() -> tuple[FakeClock, InsertWatermarksP, Outbox, Inbox]:
+    """A processor with ``limiting_lag_and_delay(5, 100)`` on a fake clock at 0 and
+    outbox capacity 1, after one ``process()`` of the inbox ``[(50, "a")]``."""
     clock = FakeClock(0)
     supplier = P.insert_watermarks(
         ts_of, lambda: limiting_lag_and_delay(5, 100, clock=clock), clock=clock
@@ -123,6 +101,11 @@ def test_lull_advances_the_watermark_from_try_process() -> None:
     p, outbox = new_processor(supplier, capacity=1)
     inbox = Inbox([(50, "a")])
     p.process(0, inbox)
+    return clock, p, outbox, inbox
+
+
+def test_lull_advances_the_watermark_from_try_process() -> None:
+    clock, p, outbox, inbox = delay_policy_after_one_item()
     # capacity 1: the watermark went out, the item was refused and stays in the inbox
     assert take(outbox) == [WM(45)] and len(inbox) == 1
     p.process(0, inbox)
@@ -135,13 +118,7 @@ def test_lull_advances_the_watermark_from_try_process() -> None:
 
 
 def test_try_process_keeps_a_refused_watermark() -> None:
-    clock = FakeClock(0)
-    supplier = P.insert_watermarks(
-        ts_of, lambda: limiting_lag_and_delay(5, 100, clock=clock), clock=clock
-    )
-    p, outbox = new_processor(supplier, capacity=1)
-    inbox = Inbox([(50, "a")])
-    p.process(0, inbox)
+    clock, p, outbox, inbox = delay_policy_after_one_item()
     take(outbox)
     p.process(0, inbox)
     # the item is still in the outbox: the lull watermark is refused

@@ -12,21 +12,35 @@ from __future__ import annotations
 import functools
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from window_test_support import (
+    HARNESS_SETTINGS,
+    CollectSink,
+    Event,
+    ListSource,
+    drive,
+    expected_output,
+    key_of,
+    max_disorder,
+    new_processor,
+    same_per_watermark,
+    saved_entries,
+    sorted_values,
+    ts_of,
+    with_fixed_lag_watermarks,
+)
 
 import slipstream as ss
-from slipstream import DAG, AbstractProcessor, Edge
+from slipstream import DAG, Edge
 from slipstream import processors as P
-from slipstream.aggregate import AggregateOperation, counting, summing, to_list
+from slipstream.aggregate import AggregateOperation, counting, summing
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import NO_WATERMARK, Watermark
-from slipstream.core.outbox import Outbox
-from slipstream.core.processor import Context, Processor
+from slipstream.core.items import Watermark
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
 from slipstream.testing import verify_processor
 from slipstream.watermark import with_fixed_lag
@@ -34,20 +48,7 @@ from slipstream.window import KeyedWindowResult
 
 R = KeyedWindowResult
 WM = Watermark
-Event = tuple[int, str, int]
 WM_KEY = BroadcastKey("session_window.current_watermark")
-
-
-def ts_of(e: Event) -> int:
-    return e[0]
-
-
-def key_of(e: Event) -> str:
-    return e[1]
-
-
-def sorted_values() -> AggregateOperation[Any, Any, Any]:
-    return to_list().and_then(lambda items: sorted(e[2] for e in items))
 
 
 OPS: dict[str, tuple[Callable[[], AggregateOperation[Any, Any, Any]], Callable[[list[Event]], Any]]] = {
@@ -91,92 +92,14 @@ def oracle_sessions(
 def expected_stream(
     stream: list[Any], timeout: int, agg: Callable[[list[Event]], Any]
 ) -> tuple[list[Any], int]:
-    wm = NO_WATERMARK
-    kept: list[Event] = []
-    dropped = 0
-    for item in stream:
-        if isinstance(item, Watermark):
-            wm = item.timestamp
-        elif item[0] < wm:
-            dropped += 1
-        else:
-            kept.append(item)
-    results = oracle_sessions(kept, timeout, agg)
-    out: list[Any] = []
-    emitted: set[int] = set()
-    for item in stream:
-        if isinstance(item, Watermark):
-            for i, r in enumerate(results):
-                if i not in emitted and r.end < item.timestamp:
-                    out.append(r)
-                    emitted.add(i)
-            out.append(item)
-    out.extend(r for i, r in enumerate(results) if i not in emitted)
-    return out, dropped
-
-
-def with_fixed_lag_watermarks(events: list[Event], lag: int) -> list[Any]:
-    out: list[Any] = []
-    top = None
-    last = NO_WATERMARK
-    for e in events:
-        top = e[0] if top is None else max(top, e[0])
-        if top - lag > last:
-            last = top - lag
-            out.append(WM(last))
-        out.append(e)
-    return out
-
-
-def _segments(items: Iterable[Any]) -> tuple[list[Any], list[list[str]]]:
-    wms: list[Any] = []
-    segs: list[list[str]] = []
-    cur: list[Any] = []
-    for it in items:
-        if isinstance(it, Watermark):
-            wms.append(it)
-            segs.append(sorted(map(repr, cur)))
-            cur = []
-        else:
-            cur.append(it)
-    segs.append(sorted(map(repr, cur)))
-    return wms, segs
-
-
-def same_per_watermark(expected: list[Any], actual: list[Any]) -> bool:
-    return _segments(expected) == _segments(actual)
-
-
-# -- driving by hand -----------------------------------------------------------------------
-
-
-def new_processor(supplier: Any, capacity: int = 1) -> tuple[Processor, Outbox]:
-    p = supplier()
-    outbox = Outbox(1, capacity)
-    p.init(outbox, Context(vertex_name="sessions"))
-    return p, outbox
-
-
-def drive(supplier: Any, stream: list[Any], capacity: int = 1) -> tuple[list[Any], int]:
-    p, outbox = new_processor(supplier, capacity)
-    out: list[Any] = []
-
-    def until_true(fn: Callable[[], bool]) -> None:
-        for _ in range(100_000):
-            done = fn()
-            out.extend(outbox.buckets[0])
-            outbox.buckets[0].clear()
-            if done:
-                return
-        raise AssertionError("never finished")
-
-    for item in stream:
-        if isinstance(item, Watermark):
-            until_true(functools.partial(p.try_process_watermark, item))
-        else:
-            p.process(0, Inbox([item]))
-    until_true(p.complete)
-    return out, p.context.metrics.get("late_items_dropped", 0)
+    """Late: ``ts <`` the watermark; a session goes out at the first watermark ``>`` its
+    end (A.16.6)."""
+    return expected_output(
+        stream,
+        lambda ts, wm: ts < wm,
+        lambda kept: oracle_sessions(kept, timeout, agg),
+        lambda end, wm: end < wm,
+    )
 
 
 # -- oracle tests --------------------------------------------------------------------------
@@ -197,20 +120,7 @@ def event_lists(draw: st.DrawFn) -> list[Event]:
     ]
 
 
-def max_disorder(events: list[Event]) -> int:
-    top = None
-    worst = 0
-    for e in events:
-        if top is not None:
-            worst = max(worst, top - e[0])
-        top = e[0] if top is None else max(top, e[0])
-    return worst
-
-
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@SETTINGS
+@HARNESS_SETTINGS
 @given(events=event_lists(), timeout=st.integers(1, 6), op_name=st.sampled_from(sorted(OPS)))
 def test_lag_covering_disorder_gives_exactly_the_oracle(
     events: list[Event], timeout: int, op_name: str
@@ -227,7 +137,7 @@ def test_lag_covering_disorder_gives_exactly_the_oracle(
     ).expect_output(expected)
 
 
-@SETTINGS
+@HARNESS_SETTINGS
 @given(
     events=event_lists(),
     timeout=st.integers(1, 6),
@@ -322,21 +232,11 @@ def test_many_keys_only_expired_ones_are_touched() -> None:
 # -- snapshots ---------------------------------------------------------------------------------
 
 
-def saved(p: Processor, outbox: Outbox) -> list[tuple[Any, Any]]:
-    entries: list[tuple[Any, Any]] = []
-    while True:
-        done = p.save_to_snapshot()
-        entries.extend(outbox.snapshot_bucket)
-        outbox.snapshot_bucket.clear()
-        if done:
-            return entries
-
-
 def test_snapshot_holds_sessions_by_key_and_the_watermark() -> None:
     p, outbox = new_processor(sessions(5, summing(lambda e: e[2])))
     p.process(0, Inbox([(0, "a", 1), (20, "a", 2), (3, "b", 3)]))
     assert p.try_process_watermark(WM(-1))
-    entries = saved(p, outbox)
+    entries = saved_entries(p, outbox)
     assert sorted(entries, key=repr) == sorted(
         [
             (KeyedStateKey("a"), [(0, 5, 1), (20, 25, 2)]),
@@ -405,33 +305,6 @@ def test_bad_timestamp_names_the_item() -> None:
 
 
 # -- through the engine ---------------------------------------------------------------------------
-
-
-class ListSource(AbstractProcessor):
-    def __init__(self, items: list[Any]) -> None:
-        self._items = items
-        self._it: Any = None
-
-    def complete(self) -> bool:
-        if self._it is None:
-            c = self.context
-            self._it = iter(self._items[c.global_processor_index :: c.total_parallelism])
-        return self.emit_from(self._it)
-
-
-class CollectSink(AbstractProcessor):
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def init_processor(self, context: Context) -> None:
-        self._list = context.get_list(self._name)
-
-    def process(self, ordinal: int, inbox: Inbox) -> None:
-        self._list.extend(inbox)
-        inbox.clear()
-
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        return True
 
 
 def test_engine_sessions_equal_the_oracle() -> None:

@@ -16,21 +16,36 @@ from __future__ import annotations
 import functools
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from window_test_support import (
+    HARNESS_SETTINGS,
+    CollectSink,
+    Event,
+    ListSource,
+    assert_same_per_watermark,
+    drive,
+    expected_output,
+    key_of,
+    max_disorder,
+    new_processor,
+    same_per_watermark,
+    saved_entries,
+    sorted_values,
+    ts_of,
+    with_fixed_lag_watermarks,
+)
 
 import slipstream as ss
-from slipstream import DAG, AbstractProcessor, Edge
+from slipstream import DAG, Edge
 from slipstream import processors as P
-from slipstream.aggregate import AggregateOperation, counting, summing, to_list
+from slipstream.aggregate import AggregateOperation, counting, summing
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
-from slipstream.core.outbox import Outbox
-from slipstream.core.processor import Context, Processor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
 from slipstream.testing import verify_processor
 from slipstream.watermark import with_fixed_lag
@@ -43,15 +58,6 @@ from slipstream.window import (
 
 R = KeyedWindowResult
 WM = Watermark
-Event = tuple[int, str, int]  # (timestamp, key, value)
-
-
-def ts_of(e: Event) -> int:
-    return e[0]
-
-
-def key_of(e: Event) -> str:
-    return e[1]
 
 
 def value_of(e: Event) -> int:
@@ -67,12 +73,6 @@ def sum_with_deduct() -> AggregateOperation[Any, Any, Any]:
 
 def sum_without_deduct() -> AggregateOperation[Any, Any, Any]:
     return AggregateOperation(int, lambda a, e: a + e[2], operator.add)
-
-
-def sorted_values() -> AggregateOperation[Any, Any, Any]:
-    # mutable list accumulators, no deduct; sorted so that the result doesn't depend on
-    # the order frames were combined in
-    return to_list().and_then(lambda items: sorted(e[2] for e in items))
 
 
 OPS: dict[str, tuple[Callable[[], AggregateOperation[Any, Any, Any]], Callable[[list[Event]], Any]]] = {
@@ -118,147 +118,14 @@ def first_window_end(t: int, wd: SlidingWindowDef) -> int:
 def expected_stream(
     stream: list[Any], wd: SlidingWindowDef, agg: Callable[[list[Event]], Any]
 ) -> tuple[list[Any], int]:
-    """The output a window processor must give for ``stream`` (events and watermarks),
-    and the number of late events it must drop."""
-    wm = NO_WATERMARK
-    kept: list[Event] = []
-    dropped = 0
-    for item in stream:
-        if isinstance(item, Watermark):
-            wm = item.timestamp
-        elif first_window_end(item[0], wd) <= wm:
-            dropped += 1
-        else:
-            kept.append(item)
-    results = oracle_windows(kept, wd, agg)
-    out: list[Any] = []
-    emitted: set[int] = set()
-    for item in stream:
-        if isinstance(item, Watermark):
-            for i, r in enumerate(results):
-                if i not in emitted and r.end <= item.timestamp:
-                    out.append(r)
-                    emitted.add(i)
-            out.append(item)
-    out.extend(r for i, r in enumerate(results) if i not in emitted)
-    return out, dropped
-
-
-def with_fixed_lag_watermarks(events: list[Event], lag: int) -> list[Any]:
-    """The stream insert_watermarks(with_fixed_lag(lag)) produces for ``events``."""
-    out: list[Any] = []
-    top = None
-    last = NO_WATERMARK
-    for e in events:
-        top = e[0] if top is None else max(top, e[0])
-        if top - lag > last:
-            last = top - lag
-            out.append(WM(last))
-        out.append(e)
-    return out
-
-
-# -- output comparison -------------------------------------------------------------------
-
-
-def _segments(items: Iterable[Any]) -> tuple[list[Any], list[list[str]]]:
-    wms: list[Any] = []
-    segs: list[list[str]] = []
-    cur: list[str] = []
-    for it in items:
-        if isinstance(it, Watermark):
-            wms.append(it)
-            segs.append(sorted(map(repr, cur)))
-            cur = []
-        else:
-            cur.append(it)
-    segs.append(sorted(map(repr, cur)))
-    return wms, segs
-
-
-def same_per_watermark(expected: list[Any], actual: list[Any]) -> bool:
-    """Same watermarks in the same order, and between two watermarks the same items in
-    any order."""
-    return _segments(expected) == _segments(actual)
-
-
-def assert_same_per_watermark(expected: list[Any], actual: list[Any]) -> None:
-    e_wms, e_segs = _segments(expected)
-    a_wms, a_segs = _segments(actual)
-    assert a_wms == e_wms
-    for i, (es, as_) in enumerate(zip(e_segs, a_segs, strict=True)):
-        assert as_ == es, f"segment {i} (before watermark #{i}) differs"
-
-
-# -- driving a processor by hand -----------------------------------------------------------
-
-
-def new_processor(supplier: Callable[[], Processor], capacity: int = 1) -> tuple[Processor, Outbox]:
-    p = supplier()
-    outbox = Outbox(1, capacity)
-    p.init(outbox, Context(vertex_name="test"))
-    return p, outbox
-
-
-def drive(
-    supplier: Callable[[], Processor],
-    stream: list[Any],
-    *,
-    capacity: int = 1,
-    snapshot_every_item: bool = False,
-    complete: bool = True,
-) -> tuple[list[Any], int]:
-    """Feed ``stream`` one item per call with a bounded outbox (draining it after each
-    call); optionally save, drop and restore the processor after every item. Returns the
-    output and the late-drop count summed over every processor instance."""
-    p, outbox = new_processor(supplier, capacity)
-    out: list[Any] = []
-    late = 0
-
-    def drain() -> None:
-        out.extend(outbox.buckets[0])
-        outbox.buckets[0].clear()
-
-    def call_until_true(fn: Callable[[], bool]) -> None:
-        for _ in range(100_000):
-            done = fn()
-            drain()
-            if done:
-                return
-        raise AssertionError("processor never finished")
-
-    def snapshot_and_restore() -> None:
-        nonlocal p, outbox, late
-        entries: list[Any] = []
-
-        def save() -> bool:
-            done = p.save_to_snapshot()
-            entries.extend(outbox.snapshot_bucket)
-            outbox.snapshot_bucket.clear()
-            return done
-
-        call_until_true(save)
-        late += p.context.metrics.get("late_items_dropped", 0)
-        p, outbox = new_processor(supplier, capacity)
-        inbox = Inbox(entries)
-        while inbox:
-            p.restore_from_snapshot(inbox)
-        call_until_true(p.finish_snapshot_restore)
-
-    for item in stream:
-        if isinstance(item, Watermark):
-            call_until_true(functools.partial(p.try_process_watermark, item))
-        else:
-            inbox = Inbox([item])
-            while inbox:
-                p.process(0, inbox)
-                drain()
-        if snapshot_every_item:
-            snapshot_and_restore()
-    if complete:
-        call_until_true(p.complete)
-    late += p.context.metrics.get("late_items_dropped", 0)
-    return out, late
+    """Late: the first window containing the event ended at or below the watermark
+    (A.10, frame granularity); a window goes out at the first watermark ``>=`` its end."""
+    return expected_output(
+        stream,
+        lambda ts, wm: first_window_end(ts, wd) <= wm,
+        lambda kept: oracle_windows(kept, wd, agg),
+        lambda end, wm: end <= wm,
+    )
 
 
 # -- strategies ---------------------------------------------------------------------------
@@ -290,16 +157,6 @@ def event_lists(draw: st.DrawFn, max_size: int = 30) -> list[Event]:
     ]
 
 
-def max_disorder(events: list[Event]) -> int:
-    top = None
-    worst = 0
-    for e in events:
-        if top is not None:
-            worst = max(worst, top - e[0])
-        top = e[0] if top is None else max(top, e[0])
-    return worst
-
-
 def single_stage(wd: SlidingWindowDef, op: AggregateOperation[Any, Any, Any]) -> Any:
     return P.aggregate_to_sliding_window(
         key_fn=key_of, timestamp_fn=ts_of, window_def=wd, agg_op=op
@@ -312,11 +169,6 @@ def stage1(wd: SlidingWindowDef, op: AggregateOperation[Any, Any, Any]) -> Any:
 
 def stage2(wd: SlidingWindowDef, op: AggregateOperation[Any, Any, Any]) -> Any:
     return P.combine_to_sliding_window(window_def=wd, agg_op=op)
-
-
-HARNESS_SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
 
 
 # -- oracle tests --------------------------------------------------------------------------
@@ -615,16 +467,6 @@ def test_watermark_is_held_back_until_all_its_windows_are_out() -> None:
 # -- snapshots --------------------------------------------------------------------------------
 
 
-def saved_entries(p: Processor, outbox: Outbox) -> list[tuple[Any, Any]]:
-    entries: list[tuple[Any, Any]] = []
-    while True:
-        done = p.save_to_snapshot()
-        entries.extend(outbox.snapshot_bucket)
-        outbox.snapshot_bucket.clear()
-        if done:
-            return entries
-
-
 def test_snapshot_holds_frames_by_key_and_the_cursor() -> None:
     wd = sliding_window_def(4, 2)
     p, outbox = new_processor(single_stage(wd, sum_with_deduct()), capacity=100)
@@ -705,37 +547,6 @@ def test_bad_timestamp_names_the_item() -> None:
 
 
 # -- through the engine ------------------------------------------------------------------------
-
-
-class ListSource(AbstractProcessor):
-    """Emits its share of ``items`` (round robin by global index) from complete()."""
-
-    def __init__(self, items: list[Any]) -> None:
-        self._items = items
-        self._it: Any = None
-
-    def complete(self) -> bool:
-        if self._it is None:
-            c = self.context
-            self._it = iter(self._items[c.global_processor_index :: c.total_parallelism])
-        return self.emit_from(self._it)
-
-
-class CollectSink(AbstractProcessor):
-    """Appends every item to the named list; swallows watermarks."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def init_processor(self, context: Context) -> None:
-        self._list = context.get_list(self._name)
-
-    def process(self, ordinal: int, inbox: Inbox) -> None:
-        self._list.extend(inbox)
-        inbox.clear()
-
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        return True
 
 
 def run_windows_job(

@@ -205,15 +205,20 @@ def test_noop_discards() -> None:
     assert engine.services.lists == {}
 
 
-def test_sinks_swallow_watermarks(tmp_path: Path) -> None:
-    for supplier in (
+def every_sink(tmp_path: Path) -> list[Any]:
+    """A supplier of each kind of basic sink."""
+    return [
         sinks.list_sink("l"),
         sinks.map_sink("m"),
         sinks.write_files(tmp_path),
         sinks.logger(),
         sinks.noop(),
         sinks.write_buffered(Recorder, add, flush, destroy),
-    ):
+    ]
+
+
+def test_sinks_swallow_watermarks(tmp_path: Path) -> None:
+    for supplier in every_sink(tmp_path):
         proc = supplier()
         outbox = Outbox(0, 1)
         proc.init(outbox, Context())
@@ -291,14 +296,7 @@ def test_factories_validate_arguments() -> None:
 
 
 def test_suppliers_pickle(tmp_path: Path) -> None:
-    for supplier in (
-        sinks.list_sink("l"),
-        sinks.map_sink("m"),
-        sinks.write_files(tmp_path),
-        sinks.logger(),
-        sinks.noop(),
-        sinks.write_buffered(Recorder, add, flush, destroy),
-    ):
+    for supplier in every_sink(tmp_path):
         assert isinstance(cloudpickle.loads(cloudpickle.dumps(supplier))(), Processor)
 
 

@@ -168,6 +168,19 @@ def run_calls(p: Processor, outbox: Outbox, calls: int) -> list[Any]:
     return out
 
 
+def run_to_completion(p: Processor, outbox: Outbox, max_calls: int) -> list[Any]:
+    """Call complete() until it returns True (failing after ``max_calls`` calls); returns
+    what the processor emitted."""
+    out: list[Any] = []
+    calls = 0
+    while not p.complete():
+        out += take(outbox)
+        calls += 1
+        assert calls < max_calls
+    out += take(outbox)
+    return out
+
+
 def lines_oracle(text: str) -> list[str]:
     """What a line reader yields for ``text``: split on \\n, a final unterminated line
     counts, a trailing \\r is dropped."""
@@ -638,12 +651,7 @@ def test_generator_max_items_emits_each_sequence_number_once(
     for i in range(parallelism):
         p = sources.generator(lambda s: s, None, max_items=max_items)()
         ob = init_processor(p, i, parallelism, capacity)
-        calls = 0
-        while not p.complete():
-            out += take(ob)
-            calls += 1
-            assert calls < 100_000
-        out += take(ob)
+        out += run_to_completion(p, ob, 100_000)
     assert sorted(out) == list(range(max_items))
 
 
@@ -681,12 +689,7 @@ def test_generator_snapshot_restore(
         ob = init_processor(p, i, after, capacity)
         p.restore_from_snapshot(Inbox(entries))
         assert p.finish_snapshot_restore()
-        n = 0
-        while not p.complete():
-            second += take(ob)
-            n += 1
-            assert n < 10_000
-        second += take(ob)
+        second += run_to_completion(p, ob, 10_000)
     assert set(first) | set(second) == set(range(max_items))
     if before == after:
         assert sorted(first + second) == list(range(max_items))  # exactly once

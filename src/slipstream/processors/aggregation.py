@@ -46,7 +46,7 @@ from typing import Any
 from slipstream.aggregate import AggregateOperation, counting, identity
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.processors.basic import check_callable
+from slipstream.core.validation import check_callable
 
 __all__ = [
     "aggregate",

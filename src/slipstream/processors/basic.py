@@ -28,6 +28,7 @@ from typing import Any
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor, Context, FlatMapper
+from slipstream.core.validation import check_callable
 
 __all__ = ["map", "filter", "flat_map", "no_op"]
 
@@ -38,17 +39,17 @@ _builtin_filter = filter
 _NOTHING: Any = object()
 
 
-def check_callable(fn: Any, argument: str, factory: str) -> None:
-    """Raise ``TypeError`` naming ``argument`` of ``factory`` unless ``fn`` is callable.
+class _BulkP(AbstractProcessor):
+    """Takes the bulk path when there is exactly one outbound ordinal (``_single``),
+    which is only known once the outbox is there."""
 
-    Factories validate up front so a typo fails when the DAG is built, not deep inside a
-    running job.
-    """
-    if not callable(fn):
-        raise TypeError(f"{factory}(): argument {argument!r} must be callable, got {fn!r}")
+    _single = False
+
+    def init_processor(self, context: Context) -> None:
+        self._single = len(self.outbox.buckets) == 1
 
 
-class MapP(AbstractProcessor):
+class MapP(_BulkP):
     """Emits ``fn(item)`` for every item, in order.
 
     Unlike Jet's ``mapP``, a ``None`` result is emitted like any other value: in Python
@@ -58,10 +59,6 @@ class MapP(AbstractProcessor):
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self._fn = fn
         self._pending: Any = _NOTHING
-        self._single = False
-
-    def init_processor(self, context: Context) -> None:
-        self._single = len(self.outbox.buckets) == 1
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if self._single:
@@ -95,16 +92,12 @@ class MapP(AbstractProcessor):
             inbox.popleft()
 
 
-class FilterP(AbstractProcessor):
+class FilterP(_BulkP):
     """Emits the items for which ``predicate(item)`` is truthy, in order."""
 
     def __init__(self, predicate: Callable[[Any], Any]) -> None:
         self._predicate = predicate
-        self._single = False
         self._head_passed = False
-
-    def init_processor(self, context: Context) -> None:
-        self._single = len(self.outbox.buckets) == 1
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         pred = self._predicate
@@ -141,7 +134,7 @@ class FilterP(AbstractProcessor):
             inbox.popleft()
 
 
-class FlatMapP(AbstractProcessor):
+class FlatMapP(_BulkP):
     """Emits every item of ``fn(item)`` (an iterable) for every item, in order.
 
     When the outbox fills up in the middle of one item's results, the rest of that
@@ -152,11 +145,10 @@ class FlatMapP(AbstractProcessor):
     def __init__(self, fn: Callable[[Any], Iterable[Any]]) -> None:
         self._fn = fn
         self._rest: Iterator[Any] | None = None
-        self._single = False
         self._flat_mapper: FlatMapper | None = None
 
     def init_processor(self, context: Context) -> None:
-        self._single = len(self.outbox.buckets) == 1
+        super().init_processor(context)
         if not self._single:
             self._flat_mapper = self.flat_mapper(self._fn)
 
@@ -210,14 +202,8 @@ class FlatMapP(AbstractProcessor):
             popleft()
 
 
-class NoOpP(AbstractProcessor):
+class NoOpP(_BulkP):
     """Passes every item through unchanged (Jet's ``noopP``)."""
-
-    def __init__(self) -> None:
-        self._single = False
-
-    def init_processor(self, context: Context) -> None:
-        self._single = len(self.outbox.buckets) == 1
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if self._single:

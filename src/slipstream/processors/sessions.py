@@ -42,15 +42,15 @@ import functools
 import heapq
 import itertools
 import math
-import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
-from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.core.validation import check_fn, int_value
+from slipstream.processors.windows import LATE_METRIC, WindowingP, check_agg_op
 from slipstream.window import KeyedWindowResult
 
 __all__ = ["CURRENT_WATERMARK_KEY", "SessionWindowP", "aggregate_to_session_window"]
@@ -58,10 +58,8 @@ __all__ = ["CURRENT_WATERMARK_KEY", "SessionWindowP", "aggregate_to_session_wind
 CURRENT_WATERMARK_KEY = BroadcastKey("session_window.current_watermark")
 """Snapshot key of the last watermark received (broadcast: restore takes the minimum)."""
 
-LATE_METRIC = "late_items_dropped"
 
-
-class SessionWindowP(AbstractProcessor):
+class SessionWindowP(WindowingP):
     """Aggregates each key's events into sessions; see the module docstring.
 
     State: ``sessions`` (key -> list of ``[start, end, acc]`` sorted by start, pairwise
@@ -78,6 +76,9 @@ class SessionWindowP(AbstractProcessor):
     against the restored (minimum) watermark.
     """
 
+    _vertex_kind = "aggregate_to_session_window"
+    _cursor_key = CURRENT_WATERMARK_KEY
+
     def __init__(
         self,
         session_timeout: int,
@@ -85,6 +86,7 @@ class SessionWindowP(AbstractProcessor):
         timestamp_fn: Callable[[Any], int],
         agg_op: AggregateOperation[Any, Any, Any],
     ) -> None:
+        super().__init__()
         self._timeout = session_timeout
         self._key_fn = key_fn
         self._timestamp_fn = timestamp_fn
@@ -95,10 +97,6 @@ class SessionWindowP(AbstractProcessor):
         self._scheduled: dict[Any, int] = {}
         self._seq = itertools.count()
         self._wm = NO_WATERMARK
-        self._wm_it: Iterator[Any] | None = None
-        self._complete_it: Iterator[Any] | None = None
-        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
-        self._restored_wm: int | None = None
 
     # -- items -----------------------------------------------------------------------
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -150,10 +148,7 @@ class SessionWindowP(AbstractProcessor):
                         # a new earliest session: its end is the key's new deadline
                         self._schedule(k, e)
         except TypeError as e:
-            raise TypeError(
-                f"aggregate_to_session_window (vertex {self.context.vertex_name!r}): "
-                f"cannot process item {item!r}: {e} (timestamp_fn must return an int)"
-            ) from e
+            raise self._bad_item(item, e) from e
         inbox.clear()
         if late:
             self.context.increment_metric(LATE_METRIC, late)
@@ -164,21 +159,11 @@ class SessionWindowP(AbstractProcessor):
         heapq.heappush(self._heap, (deadline, seq, key))
 
     # -- watermarks ------------------------------------------------------------------
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        it = self._wm_it
-        if it is None:
-            wm = watermark.timestamp
-            if wm > self._wm:
-                self._wm = wm
-            it = self._wm_it = self._watermark_output(watermark)
-        if not self.emit_from(it):
-            return False
-        self._wm_it = None
-        return True
-
     def _watermark_output(self, watermark: Watermark) -> Iterator[Any]:
-        yield from self._expired(watermark.timestamp)
-        yield watermark
+        wm = watermark.timestamp
+        if wm > self._wm:
+            self._wm = wm  # now, not when the generator starts: process() judges by it
+        return itertools.chain(self._expired(wm), (watermark,))
 
     def _expired(self, wm: float) -> Iterator[KeyedWindowResult]:
         """Emit and forget every session with ``end < wm``, lazily."""
@@ -205,30 +190,10 @@ class SessionWindowP(AbstractProcessor):
                 yield KeyedWindowResult(start, end, key, finish(acc))
 
     # -- completion ------------------------------------------------------------------
-    def complete(self) -> bool:
-        it = self._complete_it
-        if it is None:
-            it = self._complete_it = self._expired(math.inf)
-        if not self.emit_from(it):
-            return False
-        self._complete_it = None
-        return True
+    def _final_results(self) -> Iterator[KeyedWindowResult]:
+        return self._expired(math.inf)
 
     # -- snapshots -------------------------------------------------------------------
-    def save_to_snapshot(self) -> bool:
-        if self._complete_it is not None:
-            # completing: finish the completion instead of saving state (A.11)
-            if not self.emit_from(self._complete_it):
-                return False
-            self._complete_it = None
-        sit = self._snapshot_it
-        if sit is None:
-            sit = self._snapshot_it = self._snapshot_entries()
-        if not self.emit_to_snapshot_from(sit):
-            return False
-        self._snapshot_it = None
-        return True
-
     def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
         for key, lst in self._sessions.items():
             # KeyedStateKey(key): routed by the key, and never mistaken for our own
@@ -236,27 +201,15 @@ class SessionWindowP(AbstractProcessor):
             yield KeyedStateKey(key), [tuple(w) for w in lst]
         yield CURRENT_WATERMARK_KEY, self._wm
 
-    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        if type(key) is KeyedStateKey:
-            if key.key in self._sessions:
-                raise ValueError(
-                    f"aggregate_to_session_window (vertex {self.context.vertex_name!r}): "
-                    f"duplicate snapshot entry for key {key.key!r}"
-                )
-            self._sessions[key.key] = [list(w) for w in value]
-        elif key == CURRENT_WATERMARK_KEY:
-            if self._restored_wm is None or value < self._restored_wm:
-                self._restored_wm = value
-        else:
-            raise ValueError(
-                f"aggregate_to_session_window (vertex {self.context.vertex_name!r}): "
-                f"unexpected snapshot entry {key!r}"
-            )
+    def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
+        if key.key in self._sessions:
+            raise ValueError(f"{self._where()}: duplicate snapshot entry for key {key.key!r}")
+        self._sessions[key.key] = [list(w) for w in value]
 
     def finish_snapshot_restore(self) -> bool:
-        if self._restored_wm is not None:
-            self._wm = self._restored_wm
-            self._restored_wm = None
+        restored = self._take_restored_cursor()
+        if restored is not None:
+            self._wm = restored
         self._heap.clear()
         self._scheduled.clear()
         for key, lst in self._sessions.items():
@@ -281,25 +234,17 @@ def aggregate_to_session_window(
     event bridges. Put it behind a distributed edge partitioned by the same key.
     """
     name = "aggregate_to_session_window"
-    if isinstance(session_timeout, bool):
+    timeout = int_value(session_timeout)
+    if timeout is None:
         raise TypeError(f"{name}: session_timeout must be a positive int, got {session_timeout!r}")
-    try:
-        timeout = operator.index(session_timeout)
-    except TypeError:
-        raise TypeError(
-            f"{name}: session_timeout must be a positive int, got {session_timeout!r}"
-        ) from None
     if timeout <= 0:
         raise ValueError(f"{name}: session_timeout must be > 0, got {timeout}")
-    if not callable(key_fn):
-        raise TypeError(f"{name}: key_fn must be callable, got {key_fn!r}")
-    if not callable(timestamp_fn):
-        raise TypeError(f"{name}: timestamp_fn must be callable, got {timestamp_fn!r}")
-    if not isinstance(agg_op, AggregateOperation):
-        raise TypeError(f"{name}: agg_op must be an AggregateOperation, got {agg_op!r}")
-    if agg_op.combine is None:
-        raise ValueError(
-            f"{name}: agg_op has no combine primitive, which is needed to merge two sessions "
-            "that an out-of-order event bridges"
-        )
+    check_fn(key_fn, "key_fn", name)
+    check_fn(timestamp_fn, "timestamp_fn", name)
+    check_agg_op(
+        name,
+        agg_op,
+        needs_combine=True,
+        why="to merge two sessions that an out-of-order event bridges",
+    )
     return functools.partial(SessionWindowP, timeout, key_fn, timestamp_fn, agg_op)

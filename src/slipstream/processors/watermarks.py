@@ -19,7 +19,6 @@ makes it active again and ordinary watermarks resume.
 from __future__ import annotations
 
 import functools
-import operator
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.validation import check_fn, int_value
 
 __all__ = ["IDLE", "InsertWatermarksP", "insert_watermarks"]
 
@@ -153,11 +153,7 @@ class InsertWatermarksP(AbstractProcessor):
                 append(pop())
                 room -= 1
         except TypeError as e:
-            raise TypeError(
-                f"insert_watermarks (vertex {self.context.vertex_name!r}): cannot take the "
-                f"timestamp of item {item!r}: timestamp_fn gave "
-                f"{_safe_ts(ts_fn, item)}, expected an int ({e})"
-            ) from e
+            raise self._bad_timestamp(item, e) from e
         finally:
             self._last_emitted = last
         if inbox and room < 2:
@@ -187,12 +183,15 @@ class InsertWatermarksP(AbstractProcessor):
                     break
                 inbox.popleft()
         except TypeError as e:
-            raise TypeError(
-                f"insert_watermarks (vertex {self.context.vertex_name!r}): cannot take the "
-                f"timestamp of item {inbox[0]!r}: timestamp_fn gave "
-                f"{_safe_ts(ts_fn, inbox[0])}, expected an int ({e})"
-            ) from e
+            raise self._bad_timestamp(inbox[0], e) from e
         self._head_reported = reported
+
+    def _bad_timestamp(self, item: Any, e: TypeError) -> TypeError:
+        return TypeError(
+            f"insert_watermarks (vertex {self.context.vertex_name!r}): cannot take the "
+            f"timestamp of item {item!r}: timestamp_fn gave "
+            f"{_safe_ts(self._timestamp_fn, item)}, expected an int ({e})"
+        )
 
     def _offer_pending(self) -> bool:
         if not self.outbox.offer(self._pending):
@@ -274,8 +273,7 @@ def insert_watermarks(
     ``idle_timeout_ms``: when set, a processor that received no item for that long (by
     ``clock``, milliseconds, default monotonic) emits :data:`IDLE` once.
     """
-    if not callable(timestamp_fn):
-        raise TypeError(f"insert_watermarks: timestamp_fn must be callable, got {timestamp_fn!r}")
+    check_fn(timestamp_fn, "timestamp_fn", "insert_watermarks")
     if not callable(policy_factory):
         hint = ""
         if callable(getattr(policy_factory, "report_event", None)):
@@ -288,14 +286,12 @@ def insert_watermarks(
             f"a watermark policy, got {policy_factory!r}{hint}"
         )
     if idle_timeout_ms is not None:
-        if isinstance(idle_timeout_ms, bool):
-            raise TypeError(f"insert_watermarks: idle_timeout_ms must be an int, got {idle_timeout_ms!r}")
-        try:
-            idle_timeout_ms = operator.index(idle_timeout_ms)
-        except TypeError:
+        as_int = int_value(idle_timeout_ms)
+        if as_int is None:
             raise TypeError(
                 f"insert_watermarks: idle_timeout_ms must be an int or None, got {idle_timeout_ms!r}"
-            ) from None
+            )
+        idle_timeout_ms = as_int
         if idle_timeout_ms <= 0:
             raise ValueError(
                 f"insert_watermarks: idle_timeout_ms must be > 0 (or None to disable idleness), "

@@ -55,6 +55,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.core.validation import check_fn
 from slipstream.window import KeyedWindowResult, SlidingWindowDef
 
 __all__ = [
@@ -69,13 +70,112 @@ NEXT_WIN_TO_EMIT_KEY = BroadcastKey("window.next_win_to_emit")
 """Snapshot key of the emission cursor (broadcast: restore takes the minimum)."""
 
 LATE_METRIC = "late_items_dropped"
+"""The metric counting the items a window processor dropped as late."""
 
 _MISSING: Any = object()
 _KWR = KeyedWindowResult
 _new = tuple.__new__
 
 
-class SlidingWindowP(AbstractProcessor):
+class WindowingP(AbstractProcessor):
+    """What the sliding and the session window processors have in common.
+
+    Results are produced lazily by generators and emitted with ``emit_from``, so that a
+    full outbox can stop them anywhere: a refused result is kept and offered first on
+    the next call, and ``try_process_watermark`` (``_watermark_output``) and
+    ``complete`` (``_final_results``) return ``False`` until their generator is done.
+
+    State is saved as ``KeyedStateKey`` entries (restored by ``_restore_keyed`` on the
+    processor owning the key) and one cursor under the broadcast ``_cursor_key``: every
+    processor receives every processor's cursor and keeps the minimum, which the
+    subclass takes with ``_take_restored_cursor`` in ``finish_snapshot_restore``.
+    """
+
+    _vertex_kind = ""
+    """The factory's name: errors name it and the vertex."""
+    _cursor_key: BroadcastKey
+
+    def __init__(self) -> None:
+        self._wm_it: Iterator[Any] | None = None
+        self._complete_it: Iterator[Any] | None = None
+        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
+        self._restored_cursor: int | None = None
+
+    def _watermark_output(self, watermark: Watermark) -> Iterator[Any]:
+        """The results that ``watermark`` releases, then ``watermark`` itself."""
+        raise NotImplementedError
+
+    def _final_results(self) -> Iterator[Any]:
+        """Every result still held, for ``complete()`` (no watermark)."""
+        raise NotImplementedError
+
+    def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
+        raise NotImplementedError
+
+    def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        return f"{self._vertex_kind} (vertex {self.context.vertex_name!r})"
+
+    def _bad_item(self, item: Any, e: Exception) -> TypeError:
+        return TypeError(
+            f"{self._where()}: cannot process item {item!r}: {e} (timestamp_fn must return "
+            "an int)"
+        )
+
+    # -- watermarks and completion -----------------------------------------------------
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        it = self._wm_it
+        if it is None:
+            it = self._wm_it = self._watermark_output(watermark)
+        if not self.emit_from(it):
+            return False
+        self._wm_it = None
+        return True
+
+    def complete(self) -> bool:
+        it = self._complete_it
+        if it is None:
+            it = self._complete_it = self._final_results()
+        if not self.emit_from(it):
+            return False
+        self._complete_it = None
+        return True
+
+    # -- snapshots -------------------------------------------------------------------
+    def save_to_snapshot(self) -> bool:
+        if self._complete_it is not None:
+            # completing: finish the completion instead of saving state (A.11, Jet)
+            if not self.emit_from(self._complete_it):
+                return False
+            self._complete_it = None
+        sit = self._snapshot_it
+        if sit is None:
+            sit = self._snapshot_it = self._snapshot_entries()
+        if not self.emit_to_snapshot_from(sit):
+            return False
+        self._snapshot_it = None
+        return True
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        if type(key) is KeyedStateKey:
+            self._restore_keyed(key, value)
+        elif key == self._cursor_key:
+            if self._restored_cursor is None or value < self._restored_cursor:
+                self._restored_cursor = value
+        else:
+            raise ValueError(f"{self._where()}: unexpected snapshot entry {key!r}")
+
+    def _take_restored_cursor(self) -> int | None:
+        """The minimum of the restored cursors (``None`` if none came); forgotten once
+        taken."""
+        cursor = self._restored_cursor
+        self._restored_cursor = None
+        return cursor
+
+
+class SlidingWindowP(WindowingP):
     """Aggregates items into frames and emits sliding/tumbling windows of them.
 
     State: ``frames`` (frame end -> key -> accumulator), ``next_win_to_emit`` (the end of
@@ -100,6 +200,7 @@ class SlidingWindowP(AbstractProcessor):
     """
 
     _vertex_kind = "aggregate_to_sliding_window"
+    _cursor_key = NEXT_WIN_TO_EMIT_KEY
 
     def __init__(
         self,
@@ -109,6 +210,7 @@ class SlidingWindowP(AbstractProcessor):
         agg_op: AggregateOperation[Any, Any, Any],
         last_stage: bool = True,
     ) -> None:
+        super().__init__()
         self._key_fn = key_fn
         self._timestamp_fn = timestamp_fn
         self._wd = window_def
@@ -130,12 +232,7 @@ class SlidingWindowP(AbstractProcessor):
         self._running: dict[Any, Any] = {}
         self._counts: dict[Any, int] = {}
         self._running_end: int | None = None
-
-        self._wm_it: Iterator[Any] | None = None
-        self._complete_it: Iterator[Any] | None = None
         self._flush_it: Iterator[Any] | None = None
-        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
-        self._restored_next: int | None = None
 
     # -- items -----------------------------------------------------------------------
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -213,25 +310,13 @@ class SlidingWindowP(AbstractProcessor):
         except TypeError as e:
             if item is None:  # a map-based loop: find the offending item
                 item = next((x for x in inbox if not isinstance(ts_fn(x), int)), None)
-            raise TypeError(
-                f"{self._vertex_kind} (vertex {self.context.vertex_name!r}): cannot "
-                f"process item {item!r}: {e} (timestamp_fn must return an int)"
-            ) from e
+            raise self._bad_item(item, e) from e
         inbox.clear()
         self._top = top
         if late:
             self.context.increment_metric(LATE_METRIC, late)
 
     # -- watermarks ------------------------------------------------------------------
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        it = self._wm_it
-        if it is None:
-            it = self._wm_it = self._watermark_output(watermark)
-        if not self.emit_from(it):
-            return False
-        self._wm_it = None
-        return True
-
     def _watermark_output(self, watermark: Watermark) -> Iterator[Any]:
         wm = watermark.timestamp
         yield from self._window_results(wm)
@@ -339,37 +424,22 @@ class SlidingWindowP(AbstractProcessor):
                     del running[k]
 
     # -- completion ------------------------------------------------------------------
-    def complete(self) -> bool:
-        it = self._complete_it
-        if it is None:
-            it = self._complete_it = self._window_results(self._top + self._span)
-        if not self.emit_from(it):
-            return False
-        self._complete_it = None
-        return True
+    def _final_results(self) -> Iterator[Any]:
+        # every window up to the last one containing the top frame
+        return self._window_results(self._top + self._span)
 
     # -- snapshots -------------------------------------------------------------------
     def save_to_snapshot(self) -> bool:
-        if self._complete_it is not None:
-            # completing: finish the completion instead of saving frames (A.11, Jet)
-            if not self.emit_from(self._complete_it):
-                return False
-            self._complete_it = None
-        elif not self._last_stage:
-            # stage 1: flush every frame downstream instead of saving it (A.16.7)
+        if not self._last_stage and self._complete_it is None:
+            # stage 1: flush every frame downstream instead of saving it (A.16.7) -- unless
+            # completing: then the base class finishes the completion, which emits them
             it = self._flush_it
             if it is None:
-                it = self._flush_it = self._window_results(self._top + self._span)
+                it = self._flush_it = self._final_results()
             if not self.emit_from(it):
                 return False
             self._flush_it = None
-        sit = self._snapshot_it
-        if sit is None:
-            sit = self._snapshot_it = self._snapshot_entries()
-        if not self.emit_to_snapshot_from(sit):
-            return False
-        self._snapshot_it = None
-        return True
+        return super().save_to_snapshot()
 
     def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
         for f, d in self._frames.items():
@@ -377,28 +447,19 @@ class SlidingWindowP(AbstractProcessor):
                 yield KeyedStateKey(k, f), acc
         yield NEXT_WIN_TO_EMIT_KEY, self._next_win
 
-    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        if type(key) is KeyedStateKey:
-            d = self._frames.setdefault(key.detail, {})
-            if key.key in d:
-                raise ValueError(
-                    f"{self._vertex_kind} (vertex {self.context.vertex_name!r}): duplicate "
-                    f"snapshot entry for key {key.key!r} in frame {key.detail!r}"
-                )
-            d[key.key] = value
-        elif key == NEXT_WIN_TO_EMIT_KEY:
-            if self._restored_next is None or value < self._restored_next:
-                self._restored_next = value
-        else:
+    def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
+        d = self._frames.setdefault(key.detail, {})
+        if key.key in d:
             raise ValueError(
-                f"{self._vertex_kind} (vertex {self.context.vertex_name!r}): unexpected "
-                f"snapshot entry {key!r}"
+                f"{self._where()}: duplicate snapshot entry for key {key.key!r} in frame "
+                f"{key.detail!r}"
             )
+        d[key.key] = value
 
     def finish_snapshot_restore(self) -> bool:
-        if self._restored_next is not None:
-            self._next_win = self._restored_next
-            self._restored_next = None
+        restored = self._take_restored_cursor()
+        if restored is not None:
+            self._next_win = restored
         frames = self._frames
         if self._next_win != NO_WATERMARK:
             # frames whose every window was emitted already (possible when processors
@@ -465,9 +526,8 @@ class _CombineToSlidingWindowP(SlidingWindowP):
                 d[k] = combine(create() if acc is _MISSING else acc, item.value)
         except (AttributeError, TypeError) as e:
             raise TypeError(
-                f"combine_to_sliding_window (vertex {self.context.vertex_name!r}): expected "
-                f"KeyedWindowResult frames from accumulate_by_frame, cannot combine item "
-                f"{item!r}: {e}"
+                f"{self._where()}: expected KeyedWindowResult frames from "
+                f"accumulate_by_frame, cannot combine item {item!r}: {e}"
             ) from e
         inbox.clear()
         self._top = top
@@ -478,11 +538,6 @@ class _CombineToSlidingWindowP(SlidingWindowP):
 # -- factories -------------------------------------------------------------------------
 
 
-def _check_fn(factory: str, name: str, fn: Any) -> None:
-    if not callable(fn):
-        raise TypeError(f"{factory}: {name} must be callable, got {fn!r}")
-
-
 def _check_window_def(factory: str, window_def: Any) -> None:
     if not isinstance(window_def, SlidingWindowDef):
         raise TypeError(
@@ -491,7 +546,9 @@ def _check_window_def(factory: str, window_def: Any) -> None:
         )
 
 
-def _check_op(factory: str, agg_op: Any, *, needs_combine: bool, why: str = "") -> None:
+def check_agg_op(factory: str, agg_op: Any, *, needs_combine: bool, why: str = "") -> None:
+    """``agg_op`` must be an AggregateOperation, with ``combine`` when ``needs_combine``
+    (``why`` completes the error: "which is needed <why>")."""
     if not isinstance(agg_op, AggregateOperation):
         raise TypeError(f"{factory}: agg_op must be an AggregateOperation, got {agg_op!r}")
     if needs_combine and agg_op.combine is None:
@@ -515,10 +572,10 @@ def aggregate_to_sliding_window(
     is restored to the processor that receives the key's items.
     """
     name = "aggregate_to_sliding_window"
-    _check_fn(name, "key_fn", key_fn)
-    _check_fn(name, "timestamp_fn", timestamp_fn)
+    check_fn(key_fn, "key_fn", name)
+    check_fn(timestamp_fn, "timestamp_fn", name)
     _check_window_def(name, window_def)
-    _check_op(
+    check_agg_op(
         name,
         agg_op,
         needs_combine=not window_def.is_tumbling,
@@ -543,10 +600,10 @@ def accumulate_by_frame(
     partitioned by the key. On a snapshot it emits its frames instead of saving them.
     """
     name = "accumulate_by_frame"
-    _check_fn(name, "key_fn", key_fn)
-    _check_fn(name, "timestamp_fn", timestamp_fn)
+    check_fn(key_fn, "key_fn", name)
+    check_fn(timestamp_fn, "timestamp_fn", name)
     _check_window_def(name, window_def)
-    _check_op(name, agg_op, needs_combine=False)
+    check_agg_op(name, agg_op, needs_combine=False)
     return functools.partial(
         _AccumulateByFrameP,
         key_fn,
@@ -570,5 +627,5 @@ def combine_to_sliding_window(
     """
     name = "combine_to_sliding_window"
     _check_window_def(name, window_def)
-    _check_op(name, agg_op, needs_combine=True, why="to combine stage-1 frames")
+    check_agg_op(name, agg_op, needs_combine=True, why="to combine stage-1 frames")
     return functools.partial(_CombineToSlidingWindowP, None, None, window_def, agg_op, True)

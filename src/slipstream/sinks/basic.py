@@ -28,6 +28,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.validation import check_callable, check_name, check_path
 
 __all__ = ["list_sink", "map_sink", "write_files", "logger", "noop", "write_buffered"]
 
@@ -357,42 +358,29 @@ class WriteBufferedP(_SinkP):
 # -- factories -----------------------------------------------------------------------
 
 
-def _check_name(name: Any, factory: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{factory}(): argument 'name' must be a non-empty str, got {name!r}")
-
-
-def _check_callable(fn: Any, argument: str, factory: str, optional: bool = False) -> None:
-    if fn is None and optional:
-        return
-    if not callable(fn):
-        raise TypeError(f"{factory}(): argument {argument!r} must be callable, got {fn!r}")
-
-
 def list_sink(name: str) -> functools.partial[ListSinkP]:
     """Appends every item to ``engine.get_list(name)``."""
-    _check_name(name, "list_sink")
+    check_name(name, "list_sink")
     return functools.partial(ListSinkP, name)
 
 
 def map_sink(name: str) -> functools.partial[MapSinkP]:
     """Puts ``(key, value)`` items into ``engine.get_map(name)``; a later put wins. Any
     other item fails the job with an error naming it."""
-    _check_name(name, "map_sink")
+    check_name(name, "map_sink")
     return functools.partial(MapSinkP, name)
 
 
 def write_files(directory: str | os.PathLike[str]) -> functools.partial[WriteFilesP]:
     """Writes ``str(item)`` per line (UTF-8) into ``directory`` (created if missing),
     one file ``part-<global processor index:05d>`` per processor."""
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"write_files(): argument 'directory' must be a path, got {directory!r}")
+    check_path(directory, "write_files")
     return functools.partial(WriteFilesP, os.fspath(directory))
 
 
 def logger(to_string: Callable[[Any], str] = str) -> functools.partial[LoggerP]:
     """Logs each item (``to_string(item)``) at INFO with the processor's logger."""
-    _check_callable(to_string, "to_string", "logger")
+    check_callable(to_string, "to_string", "logger")
     return functools.partial(LoggerP, to_string)
 
 
@@ -409,10 +397,10 @@ def write_buffered(
 ) -> functools.partial[WriteBufferedP]:
     """A sink built from buffer functions (Jet's ``writeBufferedP``); see
     :class:`WriteBufferedP`."""
-    _check_callable(create_buffer, "create_buffer", "write_buffered")
-    _check_callable(add_to_buffer, "add_to_buffer", "write_buffered")
-    _check_callable(flush_buffer, "flush_buffer", "write_buffered")
-    _check_callable(destroy_buffer, "destroy_buffer", "write_buffered", optional=True)
+    check_callable(create_buffer, "create_buffer", "write_buffered")
+    check_callable(add_to_buffer, "add_to_buffer", "write_buffered")
+    check_callable(flush_buffer, "flush_buffer", "write_buffered")
+    check_callable(destroy_buffer, "destroy_buffer", "write_buffered", optional=True)
     return functools.partial(
         WriteBufferedP, create_buffer, add_to_buffer, flush_buffer, destroy_buffer
     )

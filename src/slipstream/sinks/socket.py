@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
+from slipstream.core.net import connect_tcp
 from slipstream.core.processor import AbstractProcessor, Context, Processor
+from slipstream.core.validation import check_encoding, check_port
 
 __all__ = ["write_socket", "WriteSocketP"]
 
@@ -56,15 +58,14 @@ class WriteSocketP(AbstractProcessor):
         return False
 
     def init_processor(self, context: Context) -> None:
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
-        except OSError as e:
-            raise ConnectionError(
-                f"write_socket (vertex {context.vertex_name!r}, processor "
-                f"{context.global_processor_index}): cannot connect to {self.host}:{self.port}: {e}"
-            ) from e
-        sock.settimeout(SOCKET_WRITE_TIMEOUT_S)
-        self._sock = sock
+        self._sock = connect_tcp(
+            self.host,
+            self.port,
+            self.connect_timeout_s,
+            SOCKET_WRITE_TIMEOUT_S,
+            f"write_socket (vertex {context.vertex_name!r}, processor "
+            f"{context.global_processor_index})",
+        )
         # incremental, so an encoding with a byte-order mark writes it once, not per batch
         self._encode = codecs.getincrementalencoder(self.encoding)().encode
 
@@ -140,10 +141,6 @@ def write_socket(
     ``encoding``. A refused connection fails the job with a ``ConnectionError`` naming
     ``host:port``. See :class:`WriteSocketP`.
     """
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise ValueError(f"write_socket: port must be an int in 1..65535, got {port!r}")
-    try:
-        codecs.lookup(encoding)
-    except LookupError:
-        raise ValueError(f"write_socket: unknown encoding {encoding!r}") from None
+    check_port(port, "write_socket")
+    check_encoding(encoding, "write_socket")
     return functools.partial(WriteSocketP, host, port, encoding, connect_timeout_s)

@@ -30,6 +30,7 @@ from typing import IO, Any
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.validation import check_name, check_path
 
 __all__ = ["items", "list_source", "map_source", "read_files"]
 
@@ -282,22 +283,17 @@ def items(iterable: Iterable[Any]) -> functools.partial[ItemsP]:
     return functools.partial(ItemsP, list(iterable))
 
 
-def _check_name(name: Any, factory: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{factory}(): argument 'name' must be a non-empty str, got {name!r}")
-
-
 def list_source(name: str) -> functools.partial[NamedListSourceP]:
     """A source emitting the elements of the engine's named list ``name``
     (``engine.get_list(name)``), split by position across all processors."""
-    _check_name(name, "list_source")
+    check_name(name, "list_source")
     return functools.partial(NamedListSourceP, name)
 
 
 def map_source(name: str) -> functools.partial[NamedMapSourceP]:
     """A source emitting ``(key, value)`` tuples of the engine's named map ``name``
     (``engine.get_map(name)``), split by position across all processors."""
-    _check_name(name, "map_source")
+    check_name(name, "map_source")
     return functools.partial(NamedMapSourceP, name)
 
 
@@ -311,8 +307,7 @@ def read_files(
     processor ``i`` of ``n`` reads files ``i, i + n, ...``. The directory is checked when
     the job starts: a missing one fails the job with an error naming it.
     """
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"read_files(): argument 'directory' must be a path, got {directory!r}")
+    check_path(directory, "read_files")
     if not isinstance(glob, str) or not glob:
         raise TypeError(f"read_files(): argument 'glob' must be a non-empty str, got {glob!r}")
     try:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from slipstream.core.items import IDLE_MESSAGE
+from slipstream.core.net import connect_tcp
 from slipstream.core.partition import stable_hash
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.snapshot_keys import BroadcastKey
@@ -34,6 +35,7 @@ from slipstream.core.suppliers import (
     ProcessorMetaSupplier,
     SameSupplierMetaSupplier,
 )
+from slipstream.core.validation import check_encoding, check_fn, check_port
 
 __all__ = [
     "stream_socket",
@@ -53,13 +55,6 @@ GENERATOR_MAX_PER_CALL = 1024
 FILE_READ_CHUNK = 32 * 1024
 
 
-def _check_encoding(where: str, encoding: str) -> None:
-    try:
-        codecs.lookup(encoding)
-    except LookupError:
-        raise ValueError(f"{where}: unknown encoding {encoding!r}") from None
-
-
 def _check_idle_timeout(where: str, idle_timeout_ms: float | None) -> None:
     if idle_timeout_ms is not None and not idle_timeout_ms >= 0:
         raise ValueError(
@@ -67,12 +62,37 @@ def _check_idle_timeout(where: str, idle_timeout_ms: float | None) -> None:
         )
 
 
+class _IdleMarkingSource(AbstractProcessor):
+    """A source that can run dry: after ``idle_timeout_s`` without data it offers
+    :data:`IDLE_MESSAGE` once; new data makes it active again (module docstring)."""
+
+    def __init__(self, idle_timeout_ms: float | None) -> None:
+        self.idle_timeout_s = None if idle_timeout_ms is None else idle_timeout_ms / 1000.0
+        self._idle = False
+        self._last_data = 0.0
+
+    def _mark_active(self) -> None:
+        """Data came (or the source started): the idle timeout starts again."""
+        self._last_data = time.monotonic()
+        self._idle = False
+
+    def _maybe_idle(self) -> None:
+        t = self.idle_timeout_s
+        if (
+            t is not None
+            and not self._idle
+            and time.monotonic() - self._last_data >= t
+            and self.outbox.offer(IDLE_MESSAGE)
+        ):
+            self._idle = True
+
+
 # ---------------------------------------------------------------------------------------
 # stream_socket
 # ---------------------------------------------------------------------------------------
 
 
-class StreamSocketP(AbstractProcessor):
+class StreamSocketP(_IdleMarkingSource):
     """Reads text lines from a TCP server and emits each line (without its line break).
 
     Why non-cooperative: reading a socket is blocking I/O, and a blocking processor gets a
@@ -98,18 +118,16 @@ class StreamSocketP(AbstractProcessor):
         idle_timeout_ms: float | None = 1000,
         connect_timeout_s: float = 10.0,
     ) -> None:
+        super().__init__(idle_timeout_ms)
         self.host = host
         self.port = port
         self.encoding = encoding
-        self.idle_timeout_s = None if idle_timeout_ms is None else idle_timeout_ms / 1000.0
         self.connect_timeout_s = connect_timeout_s
         self._sock: socket.socket | None = None
         self._reader = False
         self._lines: Iterator[str] | None = None
         self._partial = ""
         self._eof = False
-        self._idle = False
-        self._last_data = 0.0
 
     def is_cooperative(self) -> bool:
         return False
@@ -118,17 +136,15 @@ class StreamSocketP(AbstractProcessor):
         self._reader = context.global_processor_index == 0
         if not self._reader:
             return
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
-        except OSError as e:
-            raise ConnectionError(
-                f"stream_socket (vertex {context.vertex_name!r}): cannot connect to "
-                f"{self.host}:{self.port}: {e}"
-            ) from e
-        sock.settimeout(SOCKET_READ_TIMEOUT_S)
-        self._sock = sock
+        self._sock = connect_tcp(
+            self.host,
+            self.port,
+            self.connect_timeout_s,
+            SOCKET_READ_TIMEOUT_S,
+            f"stream_socket (vertex {context.vertex_name!r})",
+        )
         self._decoder = codecs.getincrementaldecoder(self.encoding)()
-        self._last_data = time.monotonic()
+        self._mark_active()
 
     def complete(self) -> bool:
         if not self._reader:
@@ -160,8 +176,7 @@ class StreamSocketP(AbstractProcessor):
             tail = self._partial + self._decoder.decode(b"", True)
             self._partial = ""
             parts = [tail] if tail else []
-        self._last_data = time.monotonic()
-        self._idle = False
+        self._mark_active()
         if not parts:
             return self._eof
         for i, line in enumerate(parts):
@@ -172,16 +187,6 @@ class StreamSocketP(AbstractProcessor):
             self._lines = it
             return False
         return self._eof
-
-    def _maybe_idle(self) -> None:
-        t = self.idle_timeout_s
-        if (
-            t is not None
-            and not self._idle
-            and time.monotonic() - self._last_data >= t
-            and self.outbox.offer(IDLE_MESSAGE)
-        ):
-            self._idle = True
 
     def close(self) -> None:
         sock = self._sock
@@ -207,9 +212,8 @@ def stream_socket(
     itself idle (``None``: never). A refused connection fails the job with a
     ``ConnectionError`` naming ``host:port``. See :class:`StreamSocketP`.
     """
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise ValueError(f"stream_socket: port must be an int in 1..65535, got {port!r}")
-    _check_encoding("stream_socket", encoding)
+    check_port(port, "stream_socket")
+    check_encoding(encoding, "stream_socket")
     _check_idle_timeout("stream_socket", idle_timeout_ms)
     factory = functools.partial(
         StreamSocketP, host, port, encoding, idle_timeout_ms, connect_timeout_s
@@ -224,7 +228,7 @@ def stream_socket(
 _FILES_KEY = "stream_files"
 
 
-class StreamFilesP(AbstractProcessor):
+class StreamFilesP(_IdleMarkingSource):
     """Watches a directory and emits the lines of its files as they are written.
 
     Files present at the start are read from the beginning, new files as they appear,
@@ -258,11 +262,11 @@ class StreamFilesP(AbstractProcessor):
         poll_interval_ms: float = 100,
         idle_timeout_ms: float | None = 1000,
     ) -> None:
+        super().__init__(idle_timeout_ms)
         self.directory = directory
         self.glob = glob
         self.encoding = encoding
         self.poll_interval_s = poll_interval_ms / 1000.0
-        self.idle_timeout_s = None if idle_timeout_ms is None else idle_timeout_ms / 1000.0
         # committed offset per owned file name: the byte after the last emitted line
         self._offsets: dict[str, int] = {}
         # the file size at which the file had no further complete line (skip re-reading)
@@ -272,8 +276,6 @@ class StreamFilesP(AbstractProcessor):
         self._batch_i = 0
         self._batch_name = ""
         self._next_poll = 0.0
-        self._last_data = 0.0
-        self._idle = False
         self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
 
     def init_processor(self, context: Context) -> None:
@@ -284,7 +286,7 @@ class StreamFilesP(AbstractProcessor):
             )
         self._index = context.global_processor_index
         self._parallelism = context.total_parallelism
-        self._last_data = time.monotonic()
+        self._mark_active()
 
     def _owns(self, name: str) -> bool:
         return stable_hash(name) % self._parallelism == self._index
@@ -303,18 +305,10 @@ class StreamFilesP(AbstractProcessor):
             if self._read(name):
                 self._work.append(name)  # more to read: round robin over the files
             if self._batch:
-                self._last_data = time.monotonic()
-                self._idle = False
+                self._mark_active()
                 self._emit_batch()
             return False
-        t = self.idle_timeout_s
-        if (
-            t is not None
-            and not self._idle
-            and time.monotonic() - self._last_data >= t
-            and self.outbox.offer(IDLE_MESSAGE)
-        ):
-            self._idle = True
+        self._maybe_idle()
         return False
 
     def _emit_batch(self) -> bool:
@@ -469,7 +463,7 @@ def stream_files(
     completes. Files are spread over the processors by a stable hash of their name. See
     :class:`StreamFilesP` for the snapshot and encoding rules.
     """
-    _check_encoding("stream_files", encoding)
+    check_encoding(encoding, "stream_files")
     if "\n".encode(encoding) != b"\n":
         raise ValueError(
             f"stream_files: encoding {encoding!r} does not write a line break as the byte "
@@ -522,7 +516,6 @@ class GeneratorP(AbstractProcessor):
         self.clock = clock
         self._pending: Any = _NOTHING
         self._restored: dict[int, tuple[int, int]] = {}
-        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
 
     def init_processor(self, context: Context) -> None:
         self._index = context.global_processor_index
@@ -587,15 +580,11 @@ class GeneratorP(AbstractProcessor):
         return max_items is not None and self._next >= max_items
 
     def save_to_snapshot(self) -> bool:
-        it = self._snapshot_it
-        if it is None:
-            it = self._snapshot_it = iter(
-                [(BroadcastKey((_GENERATOR_KEY, self._index)), (self._next, self._stride))]
-            )
-        if not self.emit_to_snapshot_from(it):
-            return False
-        self._snapshot_it = None
-        return True
+        # one entry: a refused offer is simply made again on the next call (the state
+        # cannot change before save_to_snapshot() returned True)
+        return self.outbox.offer_to_snapshot(
+            BroadcastKey((_GENERATOR_KEY, self._index)), (self._next, self._stride)
+        )
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         if type(key) is not BroadcastKey or not (
@@ -641,8 +630,7 @@ def generator(
     possible). With ``max_items`` it emits exactly ``seq = 0 .. max_items - 1`` and
     completes; without, it never completes. See :class:`GeneratorP`.
     """
-    if not callable(fn):
-        raise TypeError(f"generator: fn must be callable, got {type(fn).__name__}")
+    check_fn(fn, "fn", "generator")
     if items_per_second is not None and not items_per_second > 0:
         raise ValueError(
             f"generator: items_per_second must be > 0 (or None / math.inf for unlimited), "
