@@ -62,6 +62,22 @@ def write_corpus(directory: str, n_words: int, files: int = 8, seed: int = 42) -
     open(marker, "w").close()
 
 
+def load_example(name: str) -> Any:
+    """Import ``examples/<name>.py`` (the examples are scripts, not a package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", f"{name}.py")
+    module_name = f"slipstream_example_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_variant(script: str, variant: str, args: Sequence[str]) -> dict[str, Any]:
     """Run ``script --variant NAME ...`` in a fresh interpreter; it prints one JSON line."""
     r = subprocess.run(

@@ -23,12 +23,12 @@ from collections import Counter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import peak_rss_mb, print_table, run_variant, write_corpus  # noqa: E402
+from benchlib import load_example, peak_rss_mb, print_table, run_variant, write_corpus  # noqa: E402
+
+build_dag = load_example("wordcount").build_dag  # the DAG of examples/wordcount.py
 
 import slipstream as ss  # noqa: E402
 from slipstream import DAG, Edge, sinks, sources  # noqa: E402
-from slipstream import processors as P
-from slipstream.aggregate import counting  # noqa: E402
 
 
 def corpus_files(d: str) -> list[str]:
@@ -56,17 +56,8 @@ def wc_counter(d: str) -> dict[str, int]:
 
 
 def wordcount_dag(d: str) -> DAG:
-    dag = DAG()
-    src = dag.new_vertex("source", sources.read_files(d, "*.txt"))
-    tok = dag.new_vertex("tokenize", P.flat_map(str.split))
-    acc = dag.new_vertex("accumulate", P.accumulate_by_key(lambda w: w, counting()))
-    comb = dag.new_vertex("combine", P.combine_by_key(counting()))
-    out = dag.new_vertex("sink", sinks.list_sink("counts")).local_parallelism(1)
-    dag.edge(Edge.between(src, tok))
-    dag.edge(Edge.between(tok, acc).partitioned(lambda w: w))
-    dag.edge(Edge.between(acc, comb).distributed().partitioned(ss.entry_key))
-    dag.edge(Edge.between(comb, out))
-    return dag
+    """The example's DAG with the same tokenizer as the plain loops (str.split)."""
+    return build_dag(d, "*.txt", str.split)
 
 
 def wc_engine(d: str, threads: int | None) -> dict[str, int]:

@@ -17,10 +17,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
-from slipstream.core.dag import DAG, RoutingPolicy
+from slipstream.core.dag import DAG
 from slipstream.core.errors import JobCancelledError, JobFailedError, SnapshotError
 from slipstream.engine.plan import build_vertex_plans, wire
-from slipstream.engine.snapshot import SnapshotCoordinator, restore_plan
+from slipstream.engine.snapshot import SnapshotCoordinator, custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
 from slipstream.engine.tasklet import ProcessorTasklet
 from slipstream.engine.workers import TaskletFailure, WorkerPool
@@ -61,7 +61,7 @@ class _Execution:
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
         if restore is not None:
-            routed, completed = restore_plan(restore, self.plans, _partitioners(job.dag))
+            routed, completed = restore_plan(restore, self.plans, custom_partitioners(job.dag))
         self.tasklets: list[ProcessorTasklet] = []
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
@@ -145,18 +145,6 @@ class _Execution:
                 t.close()
             except Exception:  # noqa: BLE001 - close errors are only logged
                 log.exception("closing %s#%d failed", t.vertex_name, t.index)
-
-
-def _partitioners(dag: DAG) -> dict[str, Any]:
-    """Each vertex's custom partitioner (from its first partitioned inbound edge), so that
-    restored keyed state lands where live items with that key go."""
-    out = {}
-    for v in dag.vertices:
-        for e in dag.inbound_edges(v):
-            if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
-                out[v.name] = e.partitioner
-                break
-    return out
 
 
 class Job:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from slipstream.core.dag import DAG, RoutingPolicy
 from slipstream.core.errors import SnapshotError
 from slipstream.core.items import SnapshotBarrier
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner, partition_table
@@ -263,3 +264,15 @@ def restore_plan(
                     p = partitioner(routing_key(k), DEFAULT_PARTITION_COUNT)
                     routed[(name, table[p])].append(entry)
     return routed, completed
+
+
+def custom_partitioners(dag: DAG) -> dict[str, Any]:
+    """Each vertex's custom partitioner (from its first partitioned inbound edge), so that
+    restored keyed state lands where live items with that key go."""
+    out = {}
+    for v in dag.vertices:
+        for e in dag.inbound_edges(v):
+            if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
+                out[v.name] = e.partitioner
+                break
+    return out

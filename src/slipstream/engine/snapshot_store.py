@@ -14,13 +14,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
 from slipstream.core.errors import SnapshotError
+from slipstream.core.files import atomic_write
 
 log = logging.getLogger("slipstream.snapshot")
 
@@ -46,37 +46,6 @@ class SnapshotData:
 
     def entry_count(self) -> int:
         return sum(len(es) for v in self.vertices.values() for es in v.entries.values())
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(d)
 
 
 class DirectorySnapshotStore:
@@ -115,12 +84,12 @@ class DirectorySnapshotStore:
         except Exception as e:  # noqa: BLE001
             raise SnapshotError(f"snapshot {data.snapshot_id} state cannot be pickled: {e}") from e
         digest = hashlib.sha256(payload).hexdigest().encode()
-        _atomic_write(self._path(data.snapshot_id), digest + b"\n" + payload)
+        atomic_write(self._path(data.snapshot_id), digest + b"\n" + payload)
         ids = [i for i in self.committed_ids() if i != data.snapshot_id] + [data.snapshot_id]
         ids.sort()
         stale, ids = ids[: -self.keep], ids[-self.keep :]
         manifest = {"committed": ids, "latest": ids[-1], "job": data.job_name}
-        _atomic_write(
+        atomic_write(
             os.path.join(self.directory, MANIFEST), json.dumps(manifest).encode("utf-8")
         )
         for i in stale:

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from slipstream.core.config import JobConfig, JobStatus
-from slipstream.core.dag import DAG, RoutingPolicy
+from slipstream.core.dag import DAG
 from slipstream.core.errors import DagError, JobCancelledError, JobFailedError
 from slipstream.engine.plan import VertexPlan, member_addresses
-from slipstream.engine.snapshot import restore_plan
+from slipstream.engine.snapshot import custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
 from slipstream.spark.io import SparkStreamSource
@@ -73,18 +73,6 @@ class EpochSnapshot(SnapshotData):
 
     epoch_id: int = -1
     watermarks: dict[tuple[str, int], Any] = field(default_factory=dict)
-
-
-def _partitioners(dag: DAG) -> dict[str, Any]:
-    """Each vertex's custom partitioner (from its first partitioned inbound edge), so
-    restored keyed state lands where that vertex's live items with the key go."""
-    out = {}
-    for v in dag.vertices:
-        for e in dag.inbound_edges(v):
-            if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
-                out[v.name] = e.partitioner
-                break
-    return out
 
 
 def default_checkpoint_location(job_name: str) -> str:
@@ -325,7 +313,7 @@ class SparkStreamingJob:
         state: dict[str, Any] | None = None
         if previous:
             data = self.store.read(previous[-1])
-            routed, _completed = restore_plan(data, self._plans, _partitioners(self.dag))
+            routed, _completed = restore_plan(data, self._plans, custom_partitioners(self.dag))
             watermarks = {}
             if isinstance(data, EpochSnapshot):
                 same = {
