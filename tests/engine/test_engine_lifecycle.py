@@ -171,3 +171,22 @@ def test_sink_collecting_watermarks_sees_coalesced_minimum() -> None:
     # processor 0 emits wm 1, 21, 41, ...; processor 1 emits 11, 31, ...: min is always the lower
     assert set(wms) <= {x * 10 + 1 for x in data}
     assert wms[-1] == 991  # when both finished... the top observed is emitted once all are done
+
+
+def test_gc_settings_are_restored_when_jobs_end() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    dag = DAG()
+    s = dag.new_vertex("src", Infinite)
+    c = dag.new_vertex("sink", functools.partial(Sink, "gc"))
+    dag.edge(Edge.between(s, c))
+    job = ss.local().new_job(dag)
+    time.sleep(0.05)
+    assert gc.get_threshold() != before and gc.get_freeze_count() > 0  # tuned while running
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(5)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    ss.local(tune_gc=False).new_job(dag).cancel()
+    assert gc.get_threshold() == before

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
 from slipstream.core.errors import JobCancelledError, JobFailedError, SnapshotError
+from slipstream.engine import gc_tuning
 from slipstream.engine.plan import build_vertex_plans, wire
 from slipstream.engine.snapshot import SnapshotCoordinator, custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
@@ -93,6 +94,9 @@ class _Execution:
                 self.finished.set()
                 self.job._execution_ended(self)
                 return
+        if self.job.engine.tune_gc:
+            gc_tuning.job_started()
+            self._gc_tuned = True
         self.pool = WorkerPool(
             self.tasklets,
             self.job.engine.cooperative_threads,
@@ -120,7 +124,12 @@ class _Execution:
         self.stop()
         self.cancelled = False
 
+    _gc_tuned = False
+
     def _on_workers_done(self) -> None:
+        if self._gc_tuned:
+            self._gc_tuned = False
+            gc_tuning.job_ended()
         if self.coordinator is not None:
             self.coordinator.stop()
             if self.failure is None and not self.cancelled and not self.coordinator.terminal_committed:

@@ -39,6 +39,7 @@ class LocalEngine:
         members: int = 1,
         work_dir: str | None = None,
         outbox_capacity: int = DEFAULT_BUCKET_CAPACITY,
+        tune_gc: bool = True,
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = default_cooperative_threads()
@@ -50,6 +51,8 @@ class LocalEngine:
             raise ValueError(f"outbox_capacity must be >= 1, got {outbox_capacity}")
         # per outbound ordinal; 1 is useful in tests (every offer may be refused)
         self.outbox_capacity = outbox_capacity
+        # see slipstream.engine.gc_tuning: fewer, cheaper collections while jobs run
+        self.tune_gc = tune_gc
         self.cooperative_threads = cooperative_threads
         self.member_count = members
         self.work_dir = work_dir or os.path.join(os.getcwd(), ".slipstream")

@@ -118,7 +118,9 @@ class ListSourceP(_PositionedSource):
 
     def init_processor(self, context: Context) -> None:
         data = self._load(context)
-        self._data = data[context.global_processor_index :: context.total_parallelism]
+        n = context.total_parallelism
+        # a sole processor emits the list itself: no copy of what may be millions of items
+        self._data = data if n == 1 else data[context.global_processor_index :: n]
 
     def complete(self) -> bool:
         data = self._data
