@@ -509,18 +509,24 @@ class _CombineToSlidingWindowP(SlidingWindowP):
         top = self._top
         late = 0
         item: Any = None
+        # consecutive stage-1 frames mostly end at the same frame: keep its bounds
+        lo = hi = 0
+        d: dict[Any, Any] = {}
         try:
             for item in inbox:
                 t = item.end - 1
-                f = t - (t - offset) % fs + fs
-                if f < next_win:
-                    late += 1
-                    continue
-                d = frames.get(f)
-                if d is None:
-                    d = frames[f] = {}
-                    if f > top:
-                        top = f
+                if not lo <= t < hi:
+                    f = t - (t - offset) % fs + fs
+                    if f < next_win:
+                        late += 1
+                        continue
+                    d = frames.get(f)  # type: ignore[assignment]
+                    if d is None:
+                        d = frames[f] = {}
+                        if f > top:
+                            top = f
+                    lo = f - fs
+                    hi = f
                 k = item.key
                 acc = d.get(k, _MISSING)
                 d[k] = combine(create() if acc is _MISSING else acc, item.value)
