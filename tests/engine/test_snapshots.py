@@ -179,3 +179,16 @@ def test_suspend_requires_a_guarantee() -> None:
     job.cancel()
     with pytest.raises(ss.JobCancelledError):
         job.join(5)
+
+
+def test_restart_takes_a_terminal_snapshot_and_continues(tmp_path: Any) -> None:
+    import time
+
+    n = 6000
+    engine, job = run_job(running_sum_dag(n, rate=5000.0), EO, str(tmp_path), interval=50)
+    time.sleep(0.2)
+    job.restart()
+    assert job.status is JobStatus.RUNNING
+    job.join(60)
+    assert job.status is JobStatus.COMPLETED
+    assert Counter(engine.get_list("out")) == expected_running_sums(n)
