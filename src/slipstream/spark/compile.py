@@ -167,10 +167,22 @@ def _member_suppliers(
 class EpochInput:
     """What makes a compilation one epoch of a streaming job: the epoch's rows for the
     stream source vertex and the state carried from the previous epoch (a broadcast of
-    ``{"restore": {(vertex, index): entries} | None, "watermarks": {...}}``)."""
+    ``{"restore": {(vertex, index): entries} | None, "watermarks": {...}}``).
+
+    Without ``stream_rdd`` the epoch belongs to a driver-driven micro-batch job whose
+    sources are slipstream processors: each source processor runs for up to
+    ``epoch_ms`` (:class:`~slipstream.spark.task.EpochSourceGate`). ``final`` makes it
+    that job's last run: processors restore the state, then complete as in a batch job
+    (windows flush) and take no snapshot."""
 
     stream_rdd: Any
     state: Any = None
+    epoch_ms: float | None = None
+    final: bool = False
+
+    @property
+    def driver_driven(self) -> bool:
+        return self.stream_rdd is None
 
 
 def validate(dag: DAG, default_parallelism: int) -> None:
@@ -253,7 +265,15 @@ def compile_dag(
                 f"vertex {v.name!r}: a Spark streaming source needs a streaming job "
                 "(SparkEngine.new_job starts one when the DAG has a spark_stream_source)"
             )
-        if epoch is not None and not inbound and not stream_source:
+        if epoch is not None and epoch.driver_driven:
+            if stream_source or row_source:
+                raise DagError(
+                    f"vertex {v.name!r}: a micro-batch job (new_job(..., streaming=True)) "
+                    "reads slipstream's own replayable sources only, not a Spark "
+                    "DataFrame/RDD or stream source (a DAG with a spark_stream_source runs "
+                    "as a Structured Streaming query)"
+                )
+        elif epoch is not None and not inbound and not stream_source:
             raise DagError(
                 f"vertex {v.name!r}: in a streaming job on Spark every source must be a "
                 "spark_stream_source (other sources would run again in every micro-batch)"
@@ -310,13 +330,19 @@ def compile_dag(
             row_map_fn=meta.map_fn if isinstance(meta, SparkRowSource) else None,
             dataframe_sink=df_sink,
             services=services,
-            epoch_mode=epoch is not None,
+            epoch_mode=epoch is not None and not epoch.final,
             epoch_state=epoch.state if epoch is not None else None,
+            source_epoch_ms=(
+                epoch.epoch_ms
+                if epoch is not None and epoch.driver_driven and not epoch.final
+                else None
+            ),
+            final_run=epoch is not None and epoch.final,
         )
 
         if not inbound:
             if stream_source:
-                assert epoch is not None
+                assert epoch is not None and not epoch.driver_driven
                 base = _with_partitions(epoch.stream_rdd, n)
             elif isinstance(meta, SparkRowSource):
                 base = _with_partitions(meta.spark_rdd(), n)

@@ -18,7 +18,9 @@ shape (bench/spark_wordcount.py).
 
 A DAG with a ``spark_stream_source`` runs as a Structured Streaming query instead, one
 epoch per micro-batch, with processor state carried between epochs
-(:mod:`slipstream.spark.streaming`).
+(:mod:`slipstream.spark.streaming`); ``new_job(dag, config, streaming=True)`` runs a DAG
+over slipstream's own replayable sources the same way, as a micro-batch loop on the
+driver.
 
 Fault tolerance is Spark's: a failed task is retried (``spark.task.maxFailures``) and
 lost shuffle output is recomputed from lineage, so processors should be deterministic
@@ -151,6 +153,8 @@ class SparkEngine:
         *,
         checkpoint_location: str | None = None,
         trigger: Mapping[str, Any] | None = None,
+        streaming: bool = False,
+        epoch_ms: float | None = None,
     ) -> Any:
         """Validate and compile ``dag``, then start it; returns the running job.
 
@@ -161,6 +165,14 @@ class SparkEngine:
         else ``./.slipstream/spark-streaming/<job name>``); ``trigger`` is passed to
         ``DataStreamWriter.trigger`` (e.g. ``{"processingTime": "1 second"}``).
 
+        ``streaming=True`` runs a DAG whose sources are slipstream's own replayable
+        sources (``sources.generator``, ``sources.stream_files``, ...) as a micro-batch
+        loop on the driver (:class:`~slipstream.spark.streaming.SparkMicroBatchJob`):
+        each source processor emits for up to ``epoch_ms`` (default 1000) per epoch,
+        state and source offsets are committed per epoch under ``checkpoint_location``
+        (same default as above), and once every source has completed the DAG completes
+        as a batch job would. Without it such a DAG runs as a batch job.
+
         Raises :class:`slipstream.DagError` here, before anything runs, for an invalid
         DAG or a supplier that cannot be pickled."""
         if not isinstance(dag, DAG):
@@ -170,12 +182,32 @@ class SparkEngine:
         if any(isinstance(v.meta_supplier, SparkStreamSource) for v in dag.vertices):
             from slipstream.spark.streaming import SparkStreamingJob
 
-            job = SparkStreamingJob(self, dag, config, checkpoint_location, trigger)
-        else:
-            if checkpoint_location is not None or trigger is not None:
+            if epoch_ms is not None:
                 raise ValueError(
-                    "checkpoint_location and trigger apply to streaming jobs (DAGs with a "
-                    "spark_stream_source) only"
+                    "epoch_ms applies to micro-batch jobs (streaming=True over slipstream's "
+                    "own sources); a spark_stream_source's micro-batches follow trigger"
+                )
+            job = SparkStreamingJob(self, dag, config, checkpoint_location, trigger)
+        elif streaming:
+            from slipstream.spark.streaming import DEFAULT_EPOCH_MS, SparkMicroBatchJob
+
+            if trigger is not None:
+                raise ValueError(
+                    "trigger applies to DAGs with a spark_stream_source only; a micro-batch "
+                    "job's epochs are epoch_ms long"
+                )
+            job = SparkMicroBatchJob(
+                self,
+                dag,
+                config,
+                checkpoint_location,
+                DEFAULT_EPOCH_MS if epoch_ms is None else epoch_ms,
+            )
+        else:
+            if checkpoint_location is not None or trigger is not None or epoch_ms is not None:
+                raise ValueError(
+                    "checkpoint_location, trigger and epoch_ms apply to streaming jobs (DAGs "
+                    "with a spark_stream_source, or new_job(..., streaming=True)) only"
                 )
             job = SparkJob(self, dag, config)
         job._start()

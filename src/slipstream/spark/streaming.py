@@ -29,9 +29,28 @@ input, deterministic processors: same state and output). That is exactly-once fo
 processors' state; a sink's side effects are exactly-once when they are idempotent per
 epoch (list/map sinks deliver to the driver, which does not survive a driver restart).
 
-Limits: one ``spark_stream_source`` and no other source vertex (a batch source would
-run again in every epoch); no ``spark_dataframe_sink``; parallelism is fixed when the
-job starts (keyed state follows a change of parallelism, watermark state does not).
+The same epoch (:meth:`_EpochJob._run_one_epoch`) also drives DAGs whose sources are
+slipstream's own replayable sources (``generator``, ``stream_files``, ...; their
+offsets are snapshot state): ``new_job(dag, config, streaming=True, epoch_ms=1000)``
+starts a :class:`SparkMicroBatchJob`, a loop on the driver instead of a Spark query.
+Epoch ``k`` restores every processor, the sources included, from snapshot ``k``; each
+source processor calls ``complete()`` for up to ``epoch_ms`` (or until it returns True)
+and then takes the terminal barrier, saving its offset; snapshot ``k + 1`` is committed
+and the sinks' output delivered. When every source processor has completed, a final run
+restores the last snapshot and completes the DAG as a batch job would (windows flush).
+A job started again from the same checkpoint continues after the last committed epoch:
+an epoch abandoned by ``cancel()`` or a driver failure is run again from the committed
+offsets (with its own time budget, so its split into epochs may differ, but each item is
+applied to the state once).
+
+Micro-batch limits: every source is a slipstream processor; a source task that Spark
+recomputes after it finished (lost shuffle output) may emit a different amount than its
+first attempt (a retried *failed* task is safe); one job per checkpoint location.
+
+Structured Streaming limits: one ``spark_stream_source`` and no other source vertex (a
+batch source would run again in every epoch); no ``spark_dataframe_sink``; parallelism is
+fixed when the job starts (keyed state follows a change of parallelism, watermark state
+does not).
 """
 
 from __future__ import annotations
@@ -55,15 +74,18 @@ from slipstream.engine.plan import VertexPlan, member_addresses
 from slipstream.engine.snapshot import custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
-from slipstream.spark.io import SparkStreamSource
+from slipstream.spark.io import SparkRowSource, SparkStreamSource
 
 if TYPE_CHECKING:
     from slipstream.spark.engine import SparkEngine
 
-__all__ = ["EpochSnapshot", "SparkStreamingJob"]
+__all__ = ["DEFAULT_EPOCH_MS", "EpochSnapshot", "SparkMicroBatchJob", "SparkStreamingJob"]
 
 log = logging.getLogger("slipstream.spark.streaming")
 _ids = itertools.count(1)
+
+#: How long a source processor of a micro-batch job emits in one epoch, by default.
+DEFAULT_EPOCH_MS = 1000.0
 
 
 @dataclass
@@ -73,21 +95,22 @@ class EpochSnapshot(SnapshotData):
 
     epoch_id: int = -1
     watermarks: dict[tuple[str, int], Any] = field(default_factory=dict)
+    #: written by a micro-batch job's final run: the job has completed
+    finished: bool = False
 
 
 def default_checkpoint_location(job_name: str) -> str:
     return os.path.join(os.getcwd(), ".slipstream", "spark-streaming", job_name)
 
 
-class SparkStreamingJob:
-    """A streaming DAG running as a Structured Streaming query (see the module doc).
+class _EpochJob:
+    """What both kinds of streaming job on Spark share: the job API, and
+    :meth:`_run_one_epoch`, THE epoch (restore, run the DAG in epoch mode, commit,
+    deliver). ``metrics`` sums the per-processor counters over the epochs run by this
+    job; ``epochs_committed`` and ``epochs_skipped`` (replays of already committed
+    epochs) count epochs."""
 
-    ``join(timeout)`` waits for the query to end (``cancel()`` stops it);
-    ``process_all_available()`` blocks until every input available now is processed
-    (handy in tests); ``query`` is the ``StreamingQuery``. ``metrics`` sums the
-    per-processor counters over the epochs run by this job; ``epochs_committed`` and
-    ``epochs_skipped`` (replays of already committed epochs) count epochs.
-    """
+    _kind = "stream-job"
 
     def __init__(
         self,
@@ -95,23 +118,12 @@ class SparkStreamingJob:
         dag: DAG,
         config: JobConfig,
         checkpoint_location: str | None,
-        trigger: Mapping[str, Any] | None,
     ) -> None:
         self.id = next(_ids)
         self.engine = engine
         self.dag = dag
         self.config = config
-        self.name = config.name or f"stream-job-{self.id}"
-        sources = [v for v in dag.vertices if isinstance(v.meta_supplier, SparkStreamSource)]
-        if len(sources) != 1:
-            names = [v.name for v in sources]
-            raise DagError(
-                f"a streaming job on Spark needs exactly one spark_stream_source vertex, "
-                f"got {names} (union the streaming DataFrames before the DAG)"
-            )
-        meta = sources[0].meta_supplier
-        assert isinstance(meta, SparkStreamSource)
-        self.source = meta
+        self.name = config.name or f"{self._kind}-{self.id}"
         if checkpoint_location is None:
             store = config.snapshot_store
             checkpoint_location = (
@@ -120,12 +132,10 @@ class SparkStreamingJob:
                 else default_checkpoint_location(self.name)
             )
         self.checkpoint_location = os.path.abspath(checkpoint_location)
-        self.trigger = dict(trigger) if trigger else None
         self.store = DirectorySnapshotStore(
             os.path.join(self.checkpoint_location, "slipstream-state")
         )
         self.job_group = f"slipstream-stream-{self.id}-{uuid.uuid4().hex[:12]}"
-        self.query: Any = None
         self._status = JobStatus.NOT_RUNNING
         self._lock = threading.Lock()
         self._terminal = threading.Event()
@@ -165,7 +175,7 @@ class SparkStreamingJob:
         return self.metrics
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the query to end; raises like a batch job's ``join``."""
+        """Wait for the job to end; raises like a batch job's ``join``."""
         if not self._terminal.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still {self._status.value} after {timeout} s")
         if self._status is JobStatus.CANCELLED:
@@ -175,8 +185,8 @@ class SparkStreamingJob:
             raise self._error
 
     def cancel(self) -> None:
-        """Stop the query (the epoch in progress is abandoned and replayed by the next
-        run from the same checkpoint)."""
+        """Stop the job (the epoch in progress is abandoned and run again by the next
+        job started from the same checkpoint)."""
         with self._lock:
             if self._status.is_terminal or self._cancel_requested:
                 return
@@ -185,6 +195,170 @@ class SparkStreamingJob:
             self.engine.spark_context.cancelJobGroup(self.job_group)
         except Exception:  # noqa: BLE001
             log.debug("cancelJobGroup failed", exc_info=True)
+        self._stop()
+
+    def _stop(self) -> None:
+        """Whatever else stops the job after ``cancel()``."""
+
+    def suspend(self) -> None:
+        raise NotImplementedError(
+            "suspend() is not supported on Spark: cancel() the job and start it again "
+            "with the same checkpoint_location"
+        )
+
+    def resume(self) -> None:
+        raise NotImplementedError("resume() is not supported on Spark (see suspend())")
+
+    def restart(self) -> None:
+        raise NotImplementedError("restart() is not supported on Spark (see suspend())")
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(id={self.id}, name={self.name!r}, "
+            f"status={self._status.value}, epochs={self.epochs_committed})"
+        )
+
+    # -- execution ---------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Fix the job's shape and validate the DAG (before any epoch runs)."""
+        self._members, self._lp = self.engine._shape()
+        validate(self.dag, self._lp)
+        self._plans = plan_vertices(self.dag, self._members, self._lp)
+        os.makedirs(self.checkpoint_location, exist_ok=True)
+        self._services = self.engine._services_broadcast()
+
+    def _failure(self, error: BaseException) -> JobFailedError:
+        from slipstream.spark.engine import failure_error
+
+        return failure_error(self.name, error)
+
+    def _load_state(self, snapshot_id: int) -> dict[str, Any] | None:
+        """The state to restore before the epoch that commits ``snapshot_id``: the
+        latest committed snapshot below it, routed to the processors (``None`` at the
+        start)."""
+        previous = [i for i in self.store.committed_ids() if i < snapshot_id]
+        if not previous:
+            return None
+        data = self.store.read(previous[-1])
+        routed, _completed = restore_plan(data, self._plans, custom_partitioners(self.dag))
+        watermarks = {}
+        if isinstance(data, EpochSnapshot):
+            same = {
+                name
+                for name, vs in data.vertices.items()
+                if name in self._plans
+                and vs.total_parallelism == self._plans[name].total_parallelism
+            }
+            watermarks = {k: v for k, v in data.watermarks.items() if k[0] in same}
+        return {"restore": routed, "watermarks": watermarks}
+
+    def _run_one_epoch(
+        self,
+        epoch_id: int,
+        stream_rdd: Any = None,
+        *,
+        epoch_ms: float | None = None,
+        final: bool = False,
+    ) -> list[dict[str, Any]] | None:
+        """Run epoch ``epoch_id`` (module doc, steps 1-4) and return the processors'
+        results, or ``None`` if snapshot ``epoch_id + 1`` is already committed (a replay).
+
+        ``stream_rdd`` is the micro-batch of a ``spark_stream_source``; without it the
+        sources are slipstream processors running for ``epoch_ms``. ``final`` runs the
+        last epoch of such a job: processors restore and then complete (windows flush);
+        the commit only records that the job finished."""
+        engine = self.engine
+        sc = engine.spark_context
+        snapshot_id = epoch_id + 1  # snapshot ids start at 1
+        if snapshot_id in self.store.committed_ids():
+            log.info("job %s: epoch %d already committed; skipping its replay", self.name, epoch_id)
+            self.epochs_skipped += 1
+            return None
+        state = self._load_state(snapshot_id)
+        state_bc = sc.broadcast(state) if state is not None else None
+        compiled = None
+        try:
+            sc.setJobGroup(
+                self.job_group,
+                f"slipstream job {self.name!r} epoch {epoch_id}",
+                interruptOnCancel=True,
+            )
+            compiled = compile_dag(
+                sc,
+                self.dag,
+                self.config,
+                job_name=self.name,
+                member_count=self._members,
+                default_parallelism=self._lp,
+                addresses=member_addresses(self._members),
+                services=self._services,
+                epoch=EpochInput(stream_rdd, state_bc, epoch_ms=epoch_ms, final=final),
+            )
+            records = compiled.result_rdd.collect()
+        finally:
+            for rdd in compiled.persisted if compiled is not None else []:
+                _quietly(rdd.unpersist)
+            if state_bc is not None:
+                _quietly(state_bc.unpersist)
+
+        from slipstream.spark.engine import ordered_results
+
+        results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
+        if self._before_commit is not None:
+            self._before_commit(epoch_id)  # a test hook: a driver failure before the commit
+        snapshot = EpochSnapshot(snapshot_id, self.name, epoch_id=epoch_id, finished=final)
+        for r in results:
+            if "snapshot" not in r:
+                continue  # the final run takes no snapshot
+            vs = snapshot.vertices.get(r["vertex"])
+            if vs is None:
+                total = compiled.total_parallelism[r["vertex"]]
+                vs = snapshot.vertices[r["vertex"]] = VertexState(total)
+            vs.entries[r["index"]] = [e for blob in r["snapshot"] for e in cloudpickle.loads(blob)]
+            snapshot.watermarks[(r["vertex"], r["index"])] = r["watermarks"]
+        self.store.write(snapshot)  # the commit point of the epoch
+        engine._merge_results(results)
+        with self._lock:
+            for r in results:
+                m = self._metrics.setdefault(r["vertex"], {"items_in": 0, "items_out": 0})
+                for k, v in r["metrics"].items():
+                    m[k] = m.get(k, 0) + v
+            self.epochs_committed += 1
+            self.last_epoch_id = epoch_id
+        return results
+
+
+class SparkStreamingJob(_EpochJob):
+    """A streaming DAG running as a Structured Streaming query (see the module doc).
+
+    ``join(timeout)`` waits for the query to end (``cancel()`` stops it);
+    ``process_all_available()`` blocks until every input available now is processed
+    (handy in tests); ``query`` is the ``StreamingQuery``.
+    """
+
+    def __init__(
+        self,
+        engine: SparkEngine,
+        dag: DAG,
+        config: JobConfig,
+        checkpoint_location: str | None,
+        trigger: Mapping[str, Any] | None,
+    ) -> None:
+        super().__init__(engine, dag, config, checkpoint_location)
+        sources = [v for v in dag.vertices if isinstance(v.meta_supplier, SparkStreamSource)]
+        if len(sources) != 1:
+            names = [v.name for v in sources]
+            raise DagError(
+                f"a streaming job on Spark needs exactly one spark_stream_source vertex, "
+                f"got {names} (union the streaming DataFrames before the DAG)"
+            )
+        meta = sources[0].meta_supplier
+        assert isinstance(meta, SparkStreamSource)
+        self.source = meta
+        self.trigger = dict(trigger) if trigger else None
+        self.query: Any = None
+
+    def _stop(self) -> None:
         if self.query is not None:
             try:
                 self.query.stop()
@@ -214,33 +388,6 @@ class SparkStreamingJob:
             raise self._error
         if problem:
             raise self._failure(problem[0])
-
-    def suspend(self) -> None:
-        raise NotImplementedError(
-            "suspend() is not supported on Spark: cancel() the job and start it again "
-            "with the same checkpoint_location"
-        )
-
-    def resume(self) -> None:
-        raise NotImplementedError("resume() is not supported on Spark (see suspend())")
-
-    def restart(self) -> None:
-        raise NotImplementedError("restart() is not supported on Spark (see suspend())")
-
-    def __repr__(self) -> str:
-        return (
-            f"SparkStreamingJob(id={self.id}, name={self.name!r}, "
-            f"status={self._status.value}, epochs={self.epochs_committed})"
-        )
-
-    # -- execution ---------------------------------------------------------------------
-    def _prepare(self) -> None:
-        """Fix the job's shape and validate the DAG (before any epoch runs)."""
-        self._members, self._lp = self.engine._shape()
-        validate(self.dag, self._lp)
-        self._plans = plan_vertices(self.dag, self._members, self._lp)
-        os.makedirs(self.checkpoint_location, exist_ok=True)
-        self._services = self.engine._services_broadcast()
 
     def _start(self) -> None:
         self._status = JobStatus.STARTING
@@ -283,11 +430,6 @@ class SparkStreamingJob:
             self._status = JobStatus.COMPLETED  # e.g. trigger availableNow
         self._terminal.set()
 
-    def _failure(self, error: BaseException) -> JobFailedError:
-        from slipstream.spark.engine import failure_error
-
-        return failure_error(self.name, error)
-
     def _epoch(self, batch_df: Any, epoch_id: int) -> None:
         """The ``foreachBatch`` function (runs on the driver)."""
         try:
@@ -301,78 +443,118 @@ class SparkStreamingJob:
             raise error from error.__cause__
 
     def _run_epoch(self, batch_df: Any, epoch_id: int) -> None:
-        engine = self.engine
-        sc = engine.spark_context
-        snapshot_id = epoch_id + 1  # snapshot ids start at 1
-        committed = self.store.committed_ids()
-        if snapshot_id in committed:
-            log.info("job %s: epoch %d already committed; skipping its replay", self.name, epoch_id)
-            self.epochs_skipped += 1
-            return
-        previous = [i for i in committed if i < snapshot_id]
-        state: dict[str, Any] | None = None
-        if previous:
-            data = self.store.read(previous[-1])
-            routed, _completed = restore_plan(data, self._plans, custom_partitioners(self.dag))
-            watermarks = {}
-            if isinstance(data, EpochSnapshot):
-                same = {
-                    name
-                    for name, vs in data.vertices.items()
-                    if name in self._plans
-                    and vs.total_parallelism == self._plans[name].total_parallelism
-                }
-                watermarks = {k: v for k, v in data.watermarks.items() if k[0] in same}
-            state = {"restore": routed, "watermarks": watermarks}
-        state_bc = sc.broadcast(state) if state is not None else None
-        services_bc = self._services
-        compiled = None
+        self._run_one_epoch(epoch_id, batch_df.rdd)
+
+
+class SparkMicroBatchJob(_EpochJob):
+    """A streaming DAG over slipstream's own replayable sources, run as a micro-batch
+    loop on the driver (``new_job(dag, config, streaming=True)``; see the module doc).
+
+    Epoch ``k`` restores every processor, sources included, from snapshot ``k`` and runs
+    the DAG with each source processor emitting for up to ``epoch_ms`` (or until it
+    completes); the sources then save their offsets and every other processor its
+    state, and snapshot ``k + 1`` is committed before the sinks' output is delivered.
+    Once every source processor has completed, a final run restores the last snapshot
+    and completes the DAG as a batch job would (windows flush), and the job completes.
+    ``cancel()`` abandons the epoch in progress; a new job started from the same
+    ``checkpoint_location`` continues from the last committed epoch (a job whose final
+    run committed completes at once).
+    """
+
+    _kind = "microbatch-job"
+
+    def __init__(
+        self,
+        engine: SparkEngine,
+        dag: DAG,
+        config: JobConfig,
+        checkpoint_location: str | None,
+        epoch_ms: float = DEFAULT_EPOCH_MS,
+    ) -> None:
+        if (
+            isinstance(epoch_ms, bool)
+            or not isinstance(epoch_ms, (int, float))
+            or not (epoch_ms > 0 and epoch_ms != float("inf"))
+        ):
+            raise ValueError(f"epoch_ms must be a finite number > 0, got {epoch_ms!r}")
+        super().__init__(engine, dag, config, checkpoint_location)
+        self.epoch_ms = float(epoch_ms)
+        sources = [v for v in dag.vertices if not dag.inbound_edges(v)]
+        spark = [
+            v.name
+            for v in sources
+            if isinstance(v.meta_supplier, (SparkStreamSource, SparkRowSource))
+        ]
+        if spark:
+            raise DagError(
+                f"source vertices {spark}: a micro-batch job (streaming=True) reads "
+                "slipstream's own replayable sources only (for a Spark streaming DataFrame "
+                "use spark_stream_source without streaming=True)"
+            )
+        self._source_names = {v.name for v in sources}
+        self._thread: threading.Thread | None = None
+        self._finished = False
+
+    def _start(self) -> None:
+        from pyspark import InheritableThread
+
+        self._status = JobStatus.STARTING
         try:
-            sc.setJobGroup(
-                self.job_group,
-                f"slipstream job {self.name!r} epoch {epoch_id}",
-                interruptOnCancel=True,
-            )
-            compiled = compile_dag(
-                sc,
-                self.dag,
-                self.config,
-                job_name=self.name,
-                member_count=self._members,
-                default_parallelism=self._lp,
-                addresses=member_addresses(self._members),
-                services=services_bc,
-                epoch=EpochInput(batch_df.rdd, state_bc),
-            )
-            records = compiled.result_rdd.collect()
+            self._prepare()
+        except BaseException:
+            self._status = JobStatus.FAILED
+            self._terminal.set()
+            raise
+        self._thread = InheritableThread(
+            target=self._loop, name=f"slipstream-microbatch-{self.name}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _sources_done(self, results: list[dict[str, Any]]) -> bool:
+        return all(
+            r.get("source_done", False) for r in results if r["vertex"] in self._source_names
+        )
+
+    def _loop(self) -> None:
+        error: BaseException | None = None
+        try:
+            with self._lock:
+                if self._cancel_requested:
+                    return
+                self._status = JobStatus.RUNNING
+            committed = self.store.committed_ids()
+            latest = committed[-1] if committed else 0
+            if latest and getattr(self.store.read(latest), "finished", False):
+                log.info("job %s: already finished at snapshot %d", self.name, latest)
+                self._finished = True
+                return
+            while not self._cancel_requested:
+                results = self._run_one_epoch(latest, epoch_ms=self.epoch_ms)
+                latest += 1
+                if results is not None and self._sources_done(results):
+                    if not self._cancel_requested:
+                        self._run_one_epoch(latest, final=True)
+                        self._finished = True
+                    return
+        except BaseException as exc:  # noqa: BLE001 - reported through join()
+            error = exc
         finally:
-            for rdd in compiled.persisted if compiled is not None else []:
-                _quietly(rdd.unpersist)
-            if state_bc is not None:
-                _quietly(state_bc.unpersist)
+            self._finish(error)
 
-        from slipstream.spark.engine import ordered_results
-
-        results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
-        if self._before_commit is not None:
-            self._before_commit(epoch_id)  # a test hook: a driver failure before the commit
-        snapshot = EpochSnapshot(snapshot_id, self.name, epoch_id=epoch_id)
-        for r in results:
-            vs = snapshot.vertices.get(r["vertex"])
-            if vs is None:
-                total = compiled.total_parallelism[r["vertex"]]
-                vs = snapshot.vertices[r["vertex"]] = VertexState(total)
-            vs.entries[r["index"]] = [e for blob in r["snapshot"] for e in cloudpickle.loads(blob)]
-            snapshot.watermarks[(r["vertex"], r["index"])] = r["watermarks"]
-        self.store.write(snapshot)  # the commit point of the epoch
-        engine._merge_results(results)
-        with self._lock:
-            for r in results:
-                m = self._metrics.setdefault(r["vertex"], {"items_in": 0, "items_out": 0})
-                for k, v in r["metrics"].items():
-                    m[k] = m.get(k, 0) + v
-            self.epochs_committed += 1
-            self.last_epoch_id = epoch_id
+    def _finish(self, error: BaseException | None) -> None:
+        self.completion_time = time.time()
+        if self._services is not None:
+            _quietly(self._services.unpersist)
+        if self._finished:
+            self._status = JobStatus.COMPLETED
+        elif self._cancel_requested:
+            self._status = JobStatus.CANCELLED
+        else:
+            assert error is not None
+            self._error = self._failure(error)
+            self._status = JobStatus.FAILED
+        self._terminal.set()
 
 
 def _quietly(fn: Any) -> None:

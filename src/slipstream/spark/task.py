@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 
@@ -62,6 +62,7 @@ __all__ = [
     "RowSourceP",
     "StreamRowSourceP",
     "EpochSnapshotSink",
+    "EpochSourceGate",
     "EPOCH_BARRIER",
     "capture_watermarks",
     "restore_watermarks",
@@ -200,6 +201,11 @@ class VertexTask:
     services: Any = None
     epoch_mode: bool = False
     epoch_state: Any = None
+    #: epoch mode of a driver-driven micro-batch job: a source processor (no inbound
+    #: edge) calls ``complete()`` for at most this long, then takes the epoch barrier
+    source_epoch_ms: float | None = None
+    #: the last run of a micro-batch job: restore ``epoch_state``, then complete normally
+    final_run: bool = False
 
     def __call__(self, index: int, records: Iterator[Any]) -> Iterator[Record]:
         return self._run(index, records)
@@ -252,20 +258,29 @@ class VertexTask:
         tasklet: ProcessorTasklet | None = None
         error: BaseException | None = None
         epoch_sink: EpochSnapshotSink | None = None
+        gate: EpochSourceGate | None = None
         try:
             if self.row_source:
                 processor = (StreamRowSourceP if epoch else RowSourceP)(records, self.row_map_fn)
             else:
                 supplier, processor = self._make_processor(member, local)
+                if epoch and self.source_epoch_ms is not None and not self.inbound:
+                    gate = EpochSourceGate(processor, self.source_epoch_ms)
+                    processor = cast(Processor, gate)
             outputs, collectors = self._outbound(index)
             restore: list[Any] | None = None
             saved_wm: Any = None
             # epoch mode: the last watermark sent per outbound edge, across epochs
             sent_wm: dict[int, int] | None = None
-            if epoch:
-                epoch_sink = EpochSnapshotSink(
-                    processor if isinstance(processor, StreamRowSourceP) else None
-                )
+            if epoch or self.final_run:
+                if epoch:
+                    epoch_sink = EpochSnapshotSink(
+                        gate
+                        if gate is not None
+                        else processor
+                        if isinstance(processor, StreamRowSourceP)
+                        else None
+                    )
                 state = _value(self.epoch_state) or {}
                 if state.get("restore") is not None:
                     restore = list(state["restore"].get((self.vertex, index), []))
@@ -348,6 +363,8 @@ class VertexTask:
         if epoch_sink is not None:
             result["snapshot"] = epoch_sink.blobs
             result["watermarks"] = {**capture_watermarks(tasklet), "sent": sent_wm}
+        if gate is not None:
+            result["source_done"] = gate.done
         yield (0, (RESULT_TAG, result))
 
     # ------------------------------------------------------------------ helpers
@@ -467,6 +484,43 @@ class StreamRowSourceP(AbstractProcessor):
         return False
 
 
+class EpochSourceGate:
+    """Bounds one epoch of a slipstream source in a driver-driven micro-batch job.
+
+    Stands in for the source processor in its tasklet (everything but ``complete()`` is
+    the processor's own): ``complete()`` is passed on until ``epoch_ms`` have passed
+    since the first call or the source reports it is done, and never reports completion
+    itself, so the tasklet ends the epoch with the terminal snapshot barrier (the source
+    saves its offset) instead of emitting end-of-stream. ``done`` tells the driver the
+    source has nothing more: it then runs the job's final, completing run.
+    """
+
+    def __init__(self, processor: Processor, epoch_ms: float) -> None:
+        self._inner = processor
+        self._epoch_s = epoch_ms / 1000.0
+        self._deadline: float | None = None
+        self.done = False
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not set yet (e.g. during copying): no recursion
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def complete(self) -> bool:
+        if self.done:
+            return False
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self._epoch_s
+        if self._inner.complete():
+            self.done = True
+        return False
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the epoch should end: the source is done or its time is up."""
+        return self.done or (self._deadline is not None and time.monotonic() >= self._deadline)
+
+
 #: The one snapshot of an epoch: terminal, so every processor saves its state, forwards
 #: the barrier and closes (no complete(), no end-of-stream).
 EPOCH_BARRIER = SnapshotBarrier(1, is_terminal=True)
@@ -476,13 +530,13 @@ class EpochSnapshotSink:
     """The tasklet's snapshot sink inside one epoch's task (the SnapshotSink protocol).
 
     Requests the terminal epoch barrier from a stream source once it has emitted all its
-    rows (other processors receive the barrier from upstream; one without any input gets
+    rows, or from a gated source (:class:`EpochSourceGate`) once its epoch is over (other processors receive the barrier from upstream; one without any input gets
     it at once). Saved entries are pickled as they arrive, as Jet's
     ``offerToSnapshot`` serializes immediately."""
 
     committed_id = 0
 
-    def __init__(self, source: StreamRowSourceP | None) -> None:
+    def __init__(self, source: StreamRowSourceP | EpochSourceGate | None) -> None:
         self.source = source
         self.blobs: list[bytes] = []
 
