@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
-from slipstream.core.errors import JobCancelledError, JobFailedError, SnapshotError
+from slipstream.core.errors import JobFailedError, SnapshotError
+from slipstream.core.job_handle import JobHandle
 from slipstream.engine import gc_tuning
 from slipstream.engine.plan import build_vertex_plans, wire
 from slipstream.engine.snapshot import SnapshotCoordinator, custom_partitioners, restore_plan
@@ -156,7 +157,7 @@ class _Execution:
                 log.exception("closing %s#%d failed", t.vertex_name, t.index)
 
 
-class Job:
+class Job(JobHandle):
     """Handle of a submitted job: ``join``, ``cancel``, ``suspend``, ``resume``,
     ``restart``, ``status``, ``metrics``."""
 
@@ -192,24 +193,6 @@ class Job:
         self._restore_from = _load_snapshot(restore_from)
 
     # -- public API --------------------------------------------------------------------
-    @property
-    def status(self) -> JobStatus:
-        return self._status
-
-    def get_status(self) -> JobStatus:
-        return self._status
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the job to end. Raises ``JobFailedError`` (naming the vertex and
-        processor index, with the processor's exception chained), ``JobCancelledError``,
-        or ``TimeoutError`` if ``timeout`` seconds pass first."""
-        if not self._terminal.wait(timeout):
-            raise TimeoutError(f"job {self.name!r} still {self._status.value} after {timeout} s")
-        if self._status is JobStatus.CANCELLED:
-            raise JobCancelledError(f"job {self.name!r} was cancelled")
-        if self._status is JobStatus.FAILED:
-            raise self._failure_error()
-
     def cancel(self) -> None:
         """Stop the job; ``join()`` then raises ``JobCancelledError``."""
         with self._lock:
@@ -273,9 +256,6 @@ class Job:
         snaps = ex.coordinator.snapshots_committed if ex and ex.coordinator else 0
         out["__job__"] = {"restarts": self.restarts, "snapshots": snaps}
         return out
-
-    def get_metrics(self) -> dict[str, dict[str, int]]:
-        return self.metrics
 
     def export_snapshot(self) -> SnapshotData | None:
         """The last committed snapshot (pass it as ``restore_from`` to a new job)."""
@@ -360,7 +340,7 @@ class Job:
         self._terminal.set()
         self._suspended.set()
 
-    def _failure_error(self) -> JobFailedError:
+    def _join_error(self) -> JobFailedError:
         f = self._failure
         assert f is not None
         t = f.tasklet
@@ -375,9 +355,6 @@ class Job:
         )
         err.__cause__ = f.error
         return err
-
-    def _wait_terminal(self, timeout: float | None = None) -> bool:
-        return self._terminal.wait(timeout)
 
     def _debug_states(self) -> list[Any]:
         ex = self._execution

@@ -40,7 +40,8 @@ from typing import Any
 
 from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
-from slipstream.core.errors import JobCancelledError, JobFailedError
+from slipstream.core.errors import JobFailedError
+from slipstream.core.job_handle import JobHandle
 from slipstream.core.services import InMemoryServices
 from slipstream.engine.plan import member_addresses
 from slipstream.spark.compile import CompiledDag, compile_dag
@@ -315,7 +316,7 @@ def _unpersist(rdd: Any) -> None:
         log.debug("unpersist failed", exc_info=True)
 
 
-class SparkJob:
+class SparkJob(JobHandle):
     """A job on the Spark engine: ``join``, ``cancel``, ``status``, ``metrics``, ``id``.
 
     ``metrics`` (per vertex: ``items_in``, ``items_out`` and the processors' own
@@ -344,30 +345,12 @@ class SparkJob:
 
     # -- public API --------------------------------------------------------------------
     @property
-    def status(self) -> JobStatus:
-        return self._status
-
-    def get_status(self) -> JobStatus:
-        return self._status
-
-    @property
     def metrics(self) -> dict[str, dict[str, int]]:
         return {k: dict(v) for k, v in self._metrics.items()}
 
-    def get_metrics(self) -> dict[str, dict[str, int]]:
-        return self.metrics
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the job to end. Raises ``JobFailedError`` (naming the vertex and
-        processor index, the processor's exception chained), ``JobCancelledError``, or
-        ``TimeoutError`` if ``timeout`` seconds pass first."""
-        if not self._terminal.wait(timeout):
-            raise TimeoutError(f"job {self.name!r} still {self._status.value} after {timeout} s")
-        if self._status is JobStatus.CANCELLED:
-            raise JobCancelledError(f"job {self.name!r} was cancelled")
-        if self._status is JobStatus.FAILED:
-            assert self._error is not None
-            raise self._error
+    def _join_error(self) -> JobFailedError:
+        assert self._error is not None
+        return self._error
 
     def cancel(self) -> None:
         """Cancel the job's Spark job group; ``join()`` then raises ``JobCancelledError``."""
@@ -484,9 +467,6 @@ class SparkJob:
 
     def _failure_error(self, error: BaseException) -> JobFailedError:
         return failure_error(self.name, error)
-
-    def _wait_terminal(self, timeout: float | None = None) -> bool:
-        return self._terminal.wait(timeout)
 
 
 class _CancelledBeforeStart(Exception):

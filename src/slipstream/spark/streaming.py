@@ -69,7 +69,8 @@ import cloudpickle
 
 from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
-from slipstream.core.errors import DagError, JobCancelledError, JobFailedError
+from slipstream.core.errors import DagError, JobFailedError
+from slipstream.core.job_handle import JobHandle
 from slipstream.engine.plan import VertexPlan, member_addresses
 from slipstream.engine.snapshot import custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
@@ -103,7 +104,7 @@ def default_checkpoint_location(job_name: str) -> str:
     return os.path.join(os.getcwd(), ".slipstream", "spark-streaming", job_name)
 
 
-class _EpochJob:
+class _EpochJob(JobHandle):
     """What both kinds of streaming job on Spark share: the job API, and
     :meth:`_run_one_epoch`, THE epoch (restore, run the DAG in epoch mode, commit,
     deliver). ``metrics`` sums the per-processor counters over the epochs run by this
@@ -158,31 +159,15 @@ class _EpochJob:
 
     # -- public API --------------------------------------------------------------------
     @property
-    def status(self) -> JobStatus:
-        return self._status
-
-    def get_status(self) -> JobStatus:
-        return self._status
-
-    @property
     def metrics(self) -> dict[str, dict[str, int]]:
         with self._lock:
             out = {k: dict(v) for k, v in self._metrics.items()}
         out["__job__"] = {"restarts": 0, "snapshots": self.epochs_committed}
         return out
 
-    def get_metrics(self) -> dict[str, dict[str, int]]:
-        return self.metrics
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the job to end; raises like a batch job's ``join``."""
-        if not self._terminal.wait(timeout):
-            raise TimeoutError(f"job {self.name!r} still {self._status.value} after {timeout} s")
-        if self._status is JobStatus.CANCELLED:
-            raise JobCancelledError(f"job {self.name!r} was cancelled")
-        if self._status is JobStatus.FAILED:
-            assert self._error is not None
-            raise self._error
+    def _join_error(self) -> JobFailedError:
+        assert self._error is not None
+        return self._error
 
     def cancel(self) -> None:
         """Stop the job (the epoch in progress is abandoned and run again by the next
