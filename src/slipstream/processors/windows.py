@@ -47,6 +47,7 @@ watermark and the watermark itself went out.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -512,9 +513,13 @@ class _CombineToSlidingWindowP(SlidingWindowP):
         # consecutive stage-1 frames mostly end at the same frame: keep its bounds
         lo = hi = 0
         d: dict[Any, Any] = {}
+        # an additive op (counting, summing) combines with +: add inline
+        inline_add = self._op.additive is not None and combine is operator.add
         try:
+            # items are KeyedWindowResult(start, end, key, acc): plain tuple unpacking
             for item in inbox:
-                t = item.end - 1
+                _start, end, k, v = item
+                t = end - 1
                 if not lo <= t < hi:
                     f = t - (t - offset) % fs + fs
                     if f < next_win:
@@ -527,10 +532,12 @@ class _CombineToSlidingWindowP(SlidingWindowP):
                             top = f
                     lo = f - fs
                     hi = f
-                k = item.key
-                acc = d.get(k, _MISSING)
-                d[k] = combine(create() if acc is _MISSING else acc, item.value)
-        except (AttributeError, TypeError) as e:
+                if inline_add:
+                    d[k] = d.get(k, 0) + v
+                else:
+                    acc = d.get(k, _MISSING)
+                    d[k] = combine(create() if acc is _MISSING else acc, v)
+        except (AttributeError, TypeError, ValueError) as e:
             raise TypeError(
                 f"{self._where()}: expected KeyedWindowResult frames from "
                 f"accumulate_by_frame, cannot combine item {item!r}: {e}"
