@@ -35,7 +35,6 @@ class Outbox:
         "snapshot_capacity",
         "_all",
         "_flush_fn",
-        "_count",
     )
 
     def __init__(
@@ -53,7 +52,6 @@ class Outbox:
         self.snapshot_capacity = capacity if snapshot_capacity is None else snapshot_capacity
         self._all = tuple(range(ordinal_count))
         self._flush_fn = flush_fn
-        self._count = 0
         # set when a watermark or idle mark was offered: the engine then looks for special
         # items while moving buckets downstream (it skips that scan otherwise)
         self.specials = False
