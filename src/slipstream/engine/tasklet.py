@@ -99,7 +99,6 @@ class ProcessorTasklet:
         restore_entries: list[Any] | None = None,
         restore_completed: bool = False,
         outbox_capacity: int = DEFAULT_BUCKET_CAPACITY,
-        blocking_flush: Any = None,
     ) -> None:
         self.processor = processor
         self.context = context
@@ -110,7 +109,7 @@ class ProcessorTasklet:
         self.outbox = Outbox(
             len(self.collectors),
             outbox_capacity,
-            flush_fn=None if self.cooperative else (blocking_flush or self._blocking_flush),
+            flush_fn=None if self.cooperative else self._blocking_flush,
         )
         self.guarantee = guarantee
         self.exactly_once = guarantee is ProcessingGuarantee.EXACTLY_ONCE
