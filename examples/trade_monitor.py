@@ -3,7 +3,7 @@
     python examples/trade_monitor.py                       # runs until Ctrl-C
     python examples/trade_monitor.py --duration 30 --rate 50000
     python examples/trade_monitor.py --window-ms 2000 --slide-ms 500 --duration 6
-    python examples/trade_monitor.py --engine spark --duration 10   # bounded batch replay
+    python examples/trade_monitor.py --engine spark --duration 20   # micro-batch epochs on Spark
 
 The DAG (the two-stage sliding window of Jet's trade-monitor benchmark):
 
@@ -311,33 +311,57 @@ def run_local(a: argparse.Namespace, window_def: SlidingWindowDef) -> int:
 
 
 def run_spark(a: argparse.Namespace, window_def: SlidingWindowDef) -> int:
-    """The Spark engine runs bounded (batch) jobs: generate ``rate * duration`` trades in
-    real time, then print every window once the job has finished."""
-    duration = a.duration if a.duration is not None else 10.0
-    n = int(a.rate * duration)
+    """On Spark the job runs as micro-batch epochs of ``--epoch-ms`` (the driver-driven
+    streaming mode): each epoch's closed windows reach the driver's list, and are printed
+    as they arrive."""
+    import tempfile
+
+    engine = ss.spark()
+    dag = build_dag(a.rate, window_def, a.lag_ms, a.disorder_ms, sink=sinks.list_sink("windows"))
+    forever = "until Ctrl-C" if a.duration is None else f"for {a.duration:g} s"
     print(
-        f"trade monitor on Spark: {n:,} trades over ~{duration:g} s, printed when the job ends",
+        f"trade monitor on Spark: {a.rate:,.0f} trades/s in epochs of {a.epoch_ms} ms, "
+        f"window {a.window_ms / 1000:g} s sliding by {a.slide_ms / 1000:g} s, running {forever}",
         flush=True,
     )
-    engine = ss.spark()
-    dag = build_dag(
-        a.rate, window_def, a.lag_ms, a.disorder_ms, max_items=n, sink=sinks.list_sink("windows")
-    )
+    checkpoint = tempfile.mkdtemp(prefix="slipstream-trade-monitor-")
     t0 = time.monotonic()
-    job = engine.new_job(dag, JobConfig(name="trade-monitor"))
-    try:
-        job.join()
-    except KeyboardInterrupt:
-        job.cancel()
-        return 0
+    job = engine.new_job(
+        dag,
+        JobConfig(name="trade-monitor"),
+        streaming=True,
+        epoch_ms=a.epoch_ms,
+        checkpoint_location=checkpoint,
+    )
+    results = engine.get_list("windows")
+    printed = 0
     windows: dict[tuple[int, int], dict[str, tuple[int, float]]] = {}
-    for r in engine.get_list("windows"):
-        windows.setdefault((r.start, r.end), {})[r.key] = r.value
-    for (start, end), per_ticker in sorted(windows.items()):
-        print(format_window(start, end, per_ticker), flush=True)
+    try:
+        while a.duration is None or time.monotonic() - t0 < a.duration:
+            time.sleep(0.2)
+            for r in results[printed:]:
+                windows.setdefault((r.start, r.end), {})[r.key] = r.value
+            printed = len(results)
+            # a window is complete once a later one has results (they arrive in order)
+            for key in sorted(windows)[:-1]:
+                print(format_window(*key, windows.pop(key)), flush=True)
+            if job.status.is_terminal:
+                break
+    except KeyboardInterrupt:
+        pass
+    job.cancel()
+    try:
+        job.join(timeout=60)
+    except ss.JobCancelledError:
+        pass
+    except ss.JobFailedError as e:
+        print(f"the job failed: {e}", file=sys.stderr)
+        return 1
+    metrics = job.metrics
+    trades = metrics.get("trades", {}).get("items_out", 0)
     print(
-        f"summary: {n:,} trades in {time.monotonic() - t0:.1f} s, {len(windows)} windows, "
-        f"{_late_dropped(job.metrics)} late trades dropped",
+        f"summary: {trades:,} trades in {time.monotonic() - t0:.1f} s, "
+        f"{_late_dropped(metrics)} late trades dropped",
         flush=True,
     )
     engine.shutdown()
@@ -359,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         "--disorder-ms", type=int, default=200, help="max timestamp disorder (default 200)"
     )
     ap.add_argument("--engine", choices=["local", "spark"], default="local")
+    ap.add_argument(
+        "--epoch-ms", type=int, default=1000, help="Spark micro-batch epoch (default 1,000)"
+    )
     a = ap.parse_args(argv)
     if a.rate <= 0:
         ap.error(f"--rate must be > 0, got {a.rate}")
