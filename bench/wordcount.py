@@ -107,7 +107,7 @@ class RunningSum(ss.AbstractProcessor):
             append((k, s))
 
     def save_to_snapshot(self) -> bool:
-        return self.emit_to_snapshot_from(iter(list(self.sums.items())))
+        return self.save_state(self.sums.items)
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         self.sums[key] = value

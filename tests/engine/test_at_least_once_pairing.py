@@ -114,7 +114,7 @@ class Pairing(ss.AbstractProcessor):
         return self.emit_from(self.leftovers)
 
     def save_to_snapshot(self) -> bool:
-        return self.emit_to_snapshot_from(iter(list(self.waiting.items())))
+        return self.save_state(self.waiting.items)
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         self.waiting[key] = value

@@ -291,6 +291,22 @@ class AbstractProcessor(Processor):
                 return False
         return True
 
+    _state_entries: Any = None
+
+    def save_state(self, entries: Callable[[], Iterable[tuple[Any, Any]]]) -> bool:
+        """The usual body of ``save_to_snapshot``: ``return self.save_state(lambda:
+        self.sums.items())``. ``entries()`` is called once per snapshot (take a copy of
+        the state if the processor could change it before the snapshot is saved whole);
+        when the snapshot bucket fills up this returns ``False`` and the next call goes on
+        where it stopped."""
+        it = self._state_entries
+        if it is None:
+            it = self._state_entries = iter(list(entries()))
+        if self.emit_to_snapshot_from(it):
+            self._state_entries = None
+            return True
+        return False
+
     def flat_mapper(
         self, fn: Callable[[Any], Iterable[Any]], ordinal: int | None = None
     ) -> FlatMapper:
