@@ -290,10 +290,18 @@ def run_local(a: argparse.Namespace, window_def: SlidingWindowDef) -> int:
     finally:
         if in_main:
             signal.signal(signal.SIGINT, previous)
-    elapsed = time.monotonic() - t0
+    return _stop_and_summarize(
+        job, time.monotonic() - t0, lambda m: m.get("print", {}).get("windows_printed", 0), 10
+    )
+
+
+def _stop_and_summarize(
+    job: Any, elapsed: float, windows_printed: Any, join_timeout: float
+) -> int:
+    """Cancel the (streaming) job, wait for it, print the summary; the exit code."""
     job.cancel()
     try:
-        job.join(timeout=10)
+        job.join(timeout=join_timeout)
     except ss.JobCancelledError:
         pass
     except ss.JobFailedError as e:
@@ -301,10 +309,10 @@ def run_local(a: argparse.Namespace, window_def: SlidingWindowDef) -> int:
         return 1
     metrics = job.metrics
     trades = metrics.get("trades", {}).get("items_out", 0)
-    printed = metrics.get("print", {}).get("windows_printed", 0)
     print(
         f"summary: {trades:,} trades in {elapsed:.1f} s ({trades / elapsed:,.0f}/s), "
-        f"{printed} windows printed, {_late_dropped(metrics)} late trades dropped",
+        f"{windows_printed(metrics)} windows printed, {_late_dropped(metrics)} late trades "
+        "dropped",
         flush=True,
     )
     return 0
@@ -335,6 +343,7 @@ def run_spark(a: argparse.Namespace, window_def: SlidingWindowDef) -> int:
     )
     results = engine.get_list("windows")
     printed = 0
+    shown = 0
     windows: dict[tuple[int, int], dict[str, tuple[int, float]]] = {}
     try:
         while a.duration is None or time.monotonic() - t0 < a.duration:
@@ -345,27 +354,14 @@ def run_spark(a: argparse.Namespace, window_def: SlidingWindowDef) -> int:
             # a window is complete once a later one has results (they arrive in order)
             for key in sorted(windows)[:-1]:
                 print(format_window(*key, windows.pop(key)), flush=True)
+                shown += 1
             if job.status.is_terminal:
                 break
     except KeyboardInterrupt:
         pass
-    job.cancel()
-    try:
-        job.join(timeout=60)
-    except ss.JobCancelledError:
-        pass
-    except ss.JobFailedError as e:
-        print(f"the job failed: {e}", file=sys.stderr)
-        return 1
-    metrics = job.metrics
-    trades = metrics.get("trades", {}).get("items_out", 0)
-    print(
-        f"summary: {trades:,} trades in {time.monotonic() - t0:.1f} s, "
-        f"{_late_dropped(metrics)} late trades dropped",
-        flush=True,
-    )
+    code = _stop_and_summarize(job, time.monotonic() - t0, lambda _m: shown, 60)
     engine.shutdown()
-    return 0
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,6 @@ __all__ = [
     "DONE_ITEM",
     "NO_WATERMARK",
     "MAX_TIMESTAMP",
-    "is_special",
 ]
 
 
@@ -117,10 +116,3 @@ class DoneItem:
 
 
 DONE_ITEM: Final = DoneItem()
-
-_SPECIAL_TYPES = (Watermark, IdleMessage, SnapshotBarrier, DoneItem)
-
-
-def is_special(item: object) -> bool:
-    """True for the items the engine broadcasts instead of routing."""
-    return isinstance(item, _SPECIAL_TYPES)

@@ -49,6 +49,3 @@ class JobHandle:
     def _join_error(self) -> JobFailedError:
         """The error ``join`` raises for a failed job."""
         raise NotImplementedError
-
-    def _wait_terminal(self, timeout: float | None = None) -> bool:
-        return self._terminal.wait(timeout)

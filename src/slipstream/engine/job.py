@@ -356,10 +356,6 @@ class Job(JobHandle):
         err.__cause__ = f.error
         return err
 
-    def _debug_states(self) -> list[Any]:
-        ex = self._execution
-        return [repr(t) for t in ex.tasklets] if ex else []
-
 
 def _make_store(spec: Any, work_dir: str, name: str, job_id: int) -> DirectorySnapshotStore:
     if isinstance(spec, DirectorySnapshotStore):

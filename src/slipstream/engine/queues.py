@@ -31,9 +31,6 @@ class SpscQueue:
         self.put_count += size
         return True
 
-    def has_room(self) -> bool:
-        return self.put_count - self.take_count < self.capacity
-
     def size(self) -> int:
         return self.put_count - self.take_count
 
