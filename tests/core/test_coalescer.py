@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.core.items import IDLE_MESSAGE
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import DONE_ITEM, IDLE_MESSAGE, Watermark
 from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer, WatermarkOrderError
+from slipstream.engine.inbound import InboundEdgeStream
+from slipstream.engine.queues import SpscQueue
 
 
 def test_emits_minimum_only_when_all_inputs_reached_it() -> None:
@@ -87,3 +90,50 @@ def test_edge_stream_reactivates_idle_queue_on_data() -> None:
     s.drain_to(inbox)
     s.drain_to(inbox)
     assert list(inbox) == [1, 2] and s.wm_out is None
+
+
+def _edge(n: int = 2) -> tuple[InboundEdgeStream, list[SpscQueue]]:
+    qs = [SpscQueue(100) for _ in range(n)]
+    return InboundEdgeStream(0, 0, qs), qs
+
+
+def _drain(s: InboundEdgeStream) -> tuple[list[object], object]:
+    inbox = Inbox()
+    s.drain_to(inbox)
+    return list(inbox), s.wm_out
+
+
+@pytest.mark.parametrize("second_end", ["idle", "done"])
+def test_edge_stream_delivers_idle_owed_after_top_watermark(second_end: str) -> None:
+    """Two queues on one edge: 10 and 11, the queue of 11 goes idle, then the other goes
+    idle or finishes: the drain reports 11, and the next drain the idle mark (Jet polls
+    the coalescer's pending check after every drain)."""
+    s, (q0, q1) = _edge()
+    q0.offer(Watermark(10), 1)
+    q1.offer(Watermark(11), 1)
+    q1.offer(IDLE_MESSAGE, 1)
+    assert _drain(s) == ([], 10)
+    assert _drain(s) == ([], None)
+    q0.offer(IDLE_MESSAGE if second_end == "idle" else DONE_ITEM, 1)
+    assert _drain(s) == ([], 11)
+    assert _drain(s) == ([], IDLE_MESSAGE)
+    assert _drain(s) == ([], None)
+
+
+def test_edge_stream_coalesces_like_jet() -> None:
+    """Jet's ConcurrentInboundEdgeStreamTest: receiving watermarks, then coalesce; a
+    watermark in one queue is released when the other queue finishes."""
+    s, (q0, q1) = _edge()
+    q0.offer(Watermark(1), 1)
+    q1.offer(Watermark(2), 1)
+    assert _drain(s) == ([], 1)
+    q0.offer(Watermark(3), 1)
+    q1.offer(Watermark(3), 1)
+    assert _drain(s) == ([], 2)
+    assert _drain(s) == ([], 3)
+
+    s, (q0, q1) = _edge()
+    q0.offer(Watermark(1), 1)
+    assert _drain(s) == ([], None)
+    q1.offer(DONE_ITEM, 1)
+    assert _drain(s) == ([], 1)

@@ -101,6 +101,12 @@ class InboundEdgeStream:
                 progress = True
             if stop:
                 break
+        else:
+            # the periodic check (Jet polls it after every drain): an idle mark owed
+            # since every queue went idle or finished after the top watermark went out
+            if self.coalescer.idle_pending:
+                self.wm_out = self.coalescer.check_pending_idle()
+                progress = True
         n = len(inbox)
         if n:
             self.items_in += n
@@ -152,6 +158,3 @@ class InboundEdgeStream:
             self.barrier_count = 0
             return True
         return False
-
-    def check_pending_idle(self) -> Any:
-        return self.coalescer.check_pending_idle()
