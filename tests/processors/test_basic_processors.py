@@ -249,9 +249,20 @@ def test_flat_map_item_stays_in_inbox_until_all_outputs_are_out() -> None:
 
 
 @given(batches=batches_st, capacity=st.integers(1, 5), ordinals=st.integers(1, 3))
-def test_no_op_passes_items_through(batches: list[list[int]], capacity: int, ordinals: int) -> None:
-    flat = list(itertools.chain.from_iterable(batches))
-    assert drive(P.no_op(), batches, capacity=capacity, ordinal_count=ordinals) == [flat] * ordinals
+def test_no_op_swallows_items(batches: list[list[int]], capacity: int, ordinals: int) -> None:
+    assert drive(P.no_op(), batches, capacity=capacity, ordinal_count=ordinals) == [[]] * ordinals
+
+
+def test_no_op_forwards_watermarks_only() -> None:
+    """Jet's noopP: normal items are swallowed, watermarks go on, nothing else is emitted."""
+    from slipstream.testing import verify_processor
+
+    verify_processor(P.no_op()).input([1, ss.Watermark(5), 2, 3, ss.Watermark(9)]).expect_output(
+        [ss.Watermark(5), ss.Watermark(9)]
+    )
+    verify_processor(P.no_op()).inputs([[1, ss.Watermark(5)], ["x"]]).expect_outputs(
+        [[ss.Watermark(5)], [ss.Watermark(5)]]
+    )
 
 
 # -- through the engine ----------------------------------------------------------------
@@ -267,7 +278,7 @@ def test_engine_map_filter_flat_map_no_op(members: int) -> None:
     assert Counter(run_dag(P.flat_map(repeat_n), data, members=members)) == Counter(
         oracle_flat(repeat_n, data)
     )
-    assert Counter(run_dag(P.no_op(), data, members=members)) == Counter(data)
+    assert run_dag(P.no_op(), data, members=members) == []
 
 
 def test_engine_chain_keeps_order_with_parallelism_one() -> None:
@@ -332,7 +343,7 @@ def test_engine_flat_map_property(data: list[int], members: int) -> None:
         (P.flat_map(repeat_n), [3, 0, 2, 5], [3, 3, 3, 2, 2, 5]),
         (P.flat_map(repeat_gen), [4, 1, 9], [4, 4, 4, 4, 1, 9, 9, 9, 9]),
         (P.flat_map(str.split), ["a b c", "", "d"], ["a", "b", "c", "d"]),
-        (P.no_op(), ["x", None, 3], ["x", None, 3]),
+        (P.no_op(), ["x", None, 3], []),
     ],
 )
 def test_verify_processor_harness(supplier: Any, data: list[Any], expected: list[Any]) -> None:

@@ -1,5 +1,5 @@
 """Stateless one-to-one / one-to-many processors: ``map``, ``filter``, ``flat_map``,
-``no_op``.
+``no_op`` (which swallows items).
 
 These sit on the hot path of almost every DAG (word count: every word passes through
 ``flat_map``), so each processor has two paths:
@@ -202,25 +202,12 @@ class FlatMapP(_BulkP):
             popleft()
 
 
-class NoOpP(_BulkP):
-    """Passes every item through unchanged (Jet's ``noopP``)."""
+class NoOpP(AbstractProcessor):
+    """Swallows every item and forwards watermarks (Jet's ``noopP``): a placeholder
+    vertex, or a sink that only needs to consume its input."""
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        if self._single:
-            bucket = self.outbox.buckets[0]
-            room = self.outbox.capacity - len(bucket)
-            if len(inbox) <= room:
-                bucket.extend(inbox)
-                inbox.clear()
-            elif room > 0:
-                popleft = inbox.popleft
-                bucket.extend([popleft() for _ in range(room)])
-            return
-        offer = self.outbox.offer
-        while inbox:
-            if not offer(inbox[0]):
-                return
-            inbox.popleft()
+        inbox.clear()
 
 
 def map(fn: Callable[[Any], Any]) -> Callable[[], MapP]:  # noqa: A001
@@ -242,5 +229,6 @@ def flat_map(fn: Callable[[Any], Iterable[Any]]) -> Callable[[], FlatMapP]:
 
 
 def no_op() -> Callable[[], NoOpP]:
-    """A vertex that passes items through unchanged."""
+    """A vertex that consumes its input and emits nothing but the watermarks it
+    receives (Jet's ``noopP``)."""
     return functools.partial(NoOpP)
