@@ -34,6 +34,7 @@ from slipstream.core.suppliers import (
 )
 from slipstream.engine.job import Job
 from slipstream.engine.local import LocalEngine
+from slipstream.pipeline import Pipeline
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,7 @@ def spark(spark_session: Any = None, **kwargs: Any) -> Any:
 
 __all__ = [
     "DAG",
+    "Pipeline",
     "Vertex",
     "Edge",
     "RoutingPolicy",

@@ -22,8 +22,10 @@ from slipstream.core.validation import int_value
 
 __all__ = [
     "KeyedWindowResult",
+    "SessionWindowDef",
     "SlidingWindowDef",
     "WindowResult",
+    "session_window_def",
     "sliding_window_def",
     "tumbling_window_def",
 ]
@@ -124,6 +126,25 @@ def tumbling_window_def(size: int) -> SlidingWindowDef:
     """Non-overlapping windows of ``size`` (a sliding window whose slide equals its size)."""
     size = _positive_int("size", size)
     return SlidingWindowDef(frame_size=size, frame_offset=0, window_size=size)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWindowDef:
+    """Session windows: a key's session closes after ``timeout`` without its events.
+
+    Used by the Pipeline API's ``window()``; the Core API passes ``session_timeout`` to
+    ``P.aggregate_to_session_window`` directly.
+    """
+
+    timeout: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "timeout", _positive_int("session timeout", self.timeout))
+
+
+def session_window_def(timeout: int) -> SessionWindowDef:
+    """Session windows closed by a gap of ``timeout`` (timestamp units) between events."""
+    return SessionWindowDef(timeout)
 
 
 class KeyedWindowResult(NamedTuple):

@@ -17,7 +17,15 @@ from slipstream.core.errors import DagError
 from slipstream.core.partition import Partitioner
 from slipstream.core.suppliers import ProcessorMetaSupplier, to_meta_supplier
 
-__all__ = ["DAG", "Vertex", "Edge", "RoutingPolicy", "DEFAULT_QUEUE_SIZE", "DagWarning"]
+__all__ = [
+    "DAG",
+    "Vertex",
+    "Edge",
+    "RoutingPolicy",
+    "DEFAULT_QUEUE_SIZE",
+    "DagWarning",
+    "as_dag",
+]
 
 
 class DagWarning(UserWarning):
@@ -421,6 +429,20 @@ class DAG:
 
     def __len__(self) -> int:
         return len(self._vertices)
+
+
+def as_dag(job: Any) -> DAG:
+    """What ``new_job`` runs: a :class:`DAG` as it is, or anything with ``to_dag()`` (a
+    ``slipstream.Pipeline``) compiled. Both engines call this, so a pipeline runs
+    wherever a DAG does. Duck-typed: the core layer does not import the pipeline layer."""
+    if isinstance(job, DAG):
+        return job
+    to_dag = getattr(job, "to_dag", None)
+    if callable(to_dag):
+        dag = to_dag()
+        if isinstance(dag, DAG):
+            return dag
+    raise TypeError(f"new_job() needs a DAG or a Pipeline, got {type(job).__name__}")
 
 
 class _Discard:

@@ -9,7 +9,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from slipstream.core.config import JobConfig
-from slipstream.core.dag import DAG
+from slipstream.core.dag import DAG, as_dag
 from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY
 from slipstream.core.services import InMemoryServices
 from slipstream.engine.job import Job
@@ -61,15 +61,15 @@ class LocalEngine:
         self._lock = threading.Lock()
 
     def new_job(
-        self, dag: DAG, config: JobConfig | None = None, *, restore_from: Any = None
+        self, dag: DAG | Any, config: JobConfig | None = None, *, restore_from: Any = None
     ) -> Job:
-        """Validate ``dag`` and start it; returns the running :class:`Job`.
+        """Validate ``dag`` (a DAG, or a Pipeline, compiled here) and start it; returns
+        the running :class:`Job`.
 
         ``restore_from`` starts from a snapshot: a ``SnapshotData`` (``job.export_snapshot()``),
         a ``DirectorySnapshotStore`` or a snapshot directory (its latest intact snapshot).
         """
-        if not isinstance(dag, DAG):
-            raise TypeError(f"new_job() needs a DAG, got {type(dag).__name__}")
+        dag = as_dag(dag)
         config = config or JobConfig()
         job = Job(self, dag, config, restore_from=restore_from)
         with self._lock:

@@ -39,7 +39,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from slipstream.core.config import JobConfig, JobStatus
-from slipstream.core.dag import DAG
+from slipstream.core.dag import DAG, as_dag
 from slipstream.core.errors import JobFailedError
 from slipstream.core.job_handle import JobHandle
 from slipstream.core.services import InMemoryServices
@@ -149,7 +149,7 @@ class SparkEngine:
     # -- jobs --------------------------------------------------------------------------
     def new_job(
         self,
-        dag: DAG,
+        dag: DAG | Any,
         config: JobConfig | None = None,
         *,
         checkpoint_location: str | None = None,
@@ -176,8 +176,7 @@ class SparkEngine:
 
         Raises :class:`slipstream.DagError` here, before anything runs, for an invalid
         DAG or a supplier that cannot be pickled."""
-        if not isinstance(dag, DAG):
-            raise TypeError(f"new_job() needs a DAG, got {type(dag).__name__}")
+        dag = as_dag(dag)  # a Pipeline is compiled here
         config = config or JobConfig()
         job: Any
         if any(isinstance(v.meta_supplier, SparkStreamSource) for v in dag.vertices):

@@ -1,0 +1,227 @@
+"""Operator fusion: consecutive stateless stages run as one function in one processor.
+
+A chain of ``map``/``filter``/``flat_map``/``peek`` stages compiles to one
+:class:`ChainFn`, a function from a list of items to the list of their results, built
+from C-level iterators (``map``, ``filter``, ``itertools.chain``) so that the per-item
+cost is the user functions and little else. No queue hop separates the stages.
+
+A chain runs either
+
+* in its own vertex, :class:`FusedChainP`, or
+* inside the processor it feeds, :class:`InputFusedP`, which transforms the items of one
+  inbound ordinal before the wrapped processor sees them (e.g. ``flat_map(tokenize)``
+  inside stage 1 of a word count). The compiler does this only where the edge into the
+  wrapped processor needs no key of the chain's output (stage 1 of a two-stage
+  aggregation, watermark insertion, the probe side of a hash join).
+
+Both keep the upstream inbox untouched until every result of its items was handed on:
+the engine takes a snapshot (or forwards a watermark) only once the inbox is empty, so
+no result is ever lost in between, and each user function runs exactly once per item.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from itertools import chain
+from typing import Any
+
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import Watermark
+from slipstream.core.outbox import Outbox
+from slipstream.core.processor import AbstractProcessor, Context, Processor
+
+__all__ = ["ChainFn", "FusedChainP", "InputFusedP", "STATELESS_KINDS"]
+
+STATELESS_KINDS = ("map", "filter", "flat_map", "peek", "project")
+"""Step kinds: ``project`` is an internal ``map`` that keeps ``None`` results."""
+
+_not_none = functools.partial(operator.is_not, None)
+_from_iterables = chain.from_iterable
+
+
+class _Peek:
+    """``peek``'s step: call ``fn(item)`` for its side effect, pass the item on."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, item: Any) -> Any:
+        self.fn(item)
+        return item
+
+
+class ChainFn:
+    """``list of items -> list of results`` of a chain of stateless steps.
+
+    Steps are ``(kind, fn)`` with kind in :data:`STATELESS_KINDS`. ``map`` drops a
+    ``None`` result (as Jet's pipeline ``map`` does); ``flat_map``'s ``fn`` returns an
+    iterable. A class rather than a closure so it pickles plainly where it can.
+    """
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: Sequence[tuple[str, Callable[[Any], Any]]]) -> None:
+        for kind, _fn in steps:
+            if kind not in STATELESS_KINDS:
+                raise ValueError(f"ChainFn: unknown step kind {kind!r}")
+        self.steps = tuple(steps)
+
+    def __call__(self, items: Iterable[Any]) -> list[Any]:
+        it: Any = items
+        for kind, fn in self.steps:
+            if kind == "map":
+                it = filter(_not_none, map(fn, it))
+            elif kind == "filter":
+                it = filter(fn, it)
+            elif kind == "flat_map":
+                it = _from_iterables(map(fn, it))
+            elif kind == "project":
+                it = map(fn, it)
+            else:
+                it = map(_Peek(fn), it)
+        return it if type(it) is list else list(it)
+
+    def __repr__(self) -> str:
+        return "ChainFn(" + ", ".join(kind for kind, _ in self.steps) + ")"
+
+
+class FusedChainP(AbstractProcessor):
+    """A vertex running a :class:`ChainFn` over its input, every result to every
+    outbound ordinal. Watermarks pass through (the chain keeps event time: it may drop
+    items, never delay them)."""
+
+    def __init__(self, fn: ChainFn) -> None:
+        self._fn = fn
+        self._out: list[Any] | None = None  # results of the inbox not handed on yet
+        self._pos = 0
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        out = self._out
+        if out is None:
+            out = self._fn(inbox)
+            self._pos = 0
+        if self._emit(out):
+            self._out = None
+            inbox.clear()
+        else:
+            self._out = out
+
+    def _emit(self, out: list[Any]) -> bool:
+        """Hand ``out[_pos:]`` on as far as the outbox takes it; ``True`` when done."""
+        outbox = self.outbox
+        pos = self._pos
+        end = len(out)
+        if len(outbox.buckets) == 1 and outbox.is_cooperative_outbox():
+            bucket = outbox.buckets[0]
+            room = outbox.capacity - len(bucket)
+            if room <= 0:
+                return pos >= end
+            if pos == 0 and end <= room:
+                bucket.extend(out)
+                return True
+            stop = min(end, pos + room)
+            bucket.extend(out[pos:stop])
+            self._pos = stop
+            return stop >= end
+        offer = outbox.offer
+        while pos < end:
+            if not offer(out[pos]):
+                self._pos = pos
+                return False
+            pos += 1
+        self._pos = pos
+        return True
+
+
+class InputFusedP(Processor):
+    """Runs ``transforms[ordinal]`` over the items of inbound ``ordinal`` and feeds the
+    results to ``inner``; everything else is ``inner``'s (watermarks, completion,
+    snapshots, cooperativeness).
+
+    The results wait in a private inbox until ``inner`` took them all; only then are the
+    upstream items removed, so the engine never sees an empty inbox (and never starts a
+    snapshot or forwards a watermark) while results are still in between.
+    """
+
+    def __init__(
+        self, inner_supplier: Callable[[], Processor], transforms: dict[int, ChainFn]
+    ) -> None:
+        self.inner = inner_supplier()
+        if not isinstance(self.inner, Processor):
+            raise TypeError(
+                f"InputFusedP: the supplier made {type(self.inner).__name__}, not a Processor"
+            )
+        self._transforms = transforms
+        self._pending = Inbox()
+
+    def init(self, outbox: Outbox, context: Context) -> None:
+        super().init(outbox, context)
+        self.inner.init(outbox, context)
+
+    def is_cooperative(self) -> bool:
+        return self.inner.is_cooperative()
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        fn = self._transforms.get(ordinal)
+        inner = self.inner
+        if fn is None:
+            inner.process(ordinal, inbox)
+            return
+        pending = self._pending
+        if pending:
+            inner.process(ordinal, pending)
+            if pending:
+                return
+            inbox.clear()  # every result of these items was taken
+            return
+        if not inbox:
+            return
+        pending.extend(fn(inbox))
+        if pending:
+            inner.process(ordinal, pending)
+            if pending:
+                return
+        inbox.clear()
+
+    def try_process(self) -> bool:
+        return self.inner.try_process()
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        return self.inner.try_process_watermark(watermark)
+
+    def complete_edge(self, ordinal: int) -> bool:
+        return self.inner.complete_edge(ordinal)
+
+    def complete(self) -> bool:
+        return self.inner.complete()
+
+    def save_to_snapshot(self) -> bool:
+        return self.inner.save_to_snapshot()
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        self.inner.restore_from_snapshot(inbox)
+
+    def finish_snapshot_restore(self) -> bool:
+        return self.inner.finish_snapshot_restore()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"InputFusedP({self.inner!r}, {self._transforms!r})"
+
+
+def fused_chain(fn: ChainFn) -> Callable[[], FusedChainP]:
+    """Supplier of a :class:`FusedChainP` vertex."""
+    return functools.partial(FusedChainP, fn)
+
+
+def input_fused(
+    inner_supplier: Callable[[], Processor], transforms: dict[int, ChainFn]
+) -> Callable[[], InputFusedP]:
+    """Supplier of ``inner_supplier``'s processors with ``transforms`` on their inputs."""
+    return functools.partial(InputFusedP, inner_supplier, dict(transforms))

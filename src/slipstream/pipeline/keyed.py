@@ -1,0 +1,187 @@
+"""Processors that only the Pipeline API needs: keyed stateful mapping (``map_stateful``,
+``rolling_aggregate``) and the joining side of ``hash_join``.
+
+Keyed state is saved with the grouping key itself as the snapshot key, so a restore
+(also with another parallelism) routes each key's state to the processor that owns the
+key's partition, as the keyed aggregation processors do.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from slipstream.aggregate import AggregateOperation
+from slipstream.core.inbox import Inbox
+from slipstream.core.processor import AbstractProcessor
+from slipstream.core.snapshot_keys import BroadcastKey
+
+__all__ = ["HashJoinP", "MapStatefulP", "hash_join", "map_stateful", "rolling_aggregate"]
+
+_NOTHING: Any = object()
+
+
+class MapStatefulP(AbstractProcessor):
+    """State per key; for each item emits ``fn(state, key, item)`` (``None``: nothing).
+
+    ``create()`` makes a key's state the first time the key is seen; ``fn`` may mutate
+    it (Jet's ``mapStateful``). With ``rolling_op`` set instead, the state is that
+    operation's accumulator (``accumulate`` returns the new one, so immutable
+    accumulators work) and each item emits ``(key, finish(acc))``: a rolling aggregate.
+    """
+
+    def __init__(
+        self,
+        key_fn: Callable[[Any], Any],
+        create: Callable[[], Any] | None,
+        fn: Callable[[Any, Any, Any], Any] | None,
+        rolling_op: AggregateOperation[Any, Any, Any] | None = None,
+    ) -> None:
+        self._key_fn = key_fn
+        self._create = create
+        self._fn = fn
+        self._op = rolling_op
+        self.states: dict[Any, Any] = {}
+        self._pending: Any = _NOTHING  # the head item's result, refused by the outbox
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        offer = self.outbox.offer
+        if self._pending is not _NOTHING:
+            if not offer(self._pending):
+                return
+            self._pending = _NOTHING
+            inbox.popleft()
+        states = self.states
+        key_fn = self._key_fn
+        op = self._op
+        missing = _NOTHING
+        while inbox:
+            item = inbox[0]
+            key = key_fn(item)
+            state = states.get(key, missing)
+            if op is not None:
+                state = op.accumulate(op.create() if state is missing else state, item)
+                states[key] = state
+                result = (key, op.finish(state))
+            else:
+                if state is missing:
+                    state = states[key] = self._create()  # type: ignore[misc]
+                result = self._fn(state, key, item)  # type: ignore[misc]
+                if result is None:
+                    inbox.popleft()
+                    continue
+            if not offer(result):
+                self._pending = result
+                return
+            inbox.popleft()
+
+    def save_to_snapshot(self) -> bool:
+        return self.save_state(lambda: self.states.items())
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.states[key] = value
+
+
+class HashJoinP(AbstractProcessor):
+    """Ordinal 0 is the stream to enrich; ordinals 1.. are the build sides, drained first
+    (their edges have a higher priority), each into a table ``key -> [items]``.
+
+    For each item of ordinal 0 the output is ``output_fn(item, match_1, ..., match_n)``
+    for every combination of matches; a side without a match contributes ``None``
+    (left outer join, Jet's ``hashJoin``), or drops the item when ``inner`` is set.
+    """
+
+    def __init__(
+        self,
+        key_fns: list[Callable[[Any], Any]],
+        build_key_fns: list[Callable[[Any], Any]],
+        output_fn: Callable[..., Any],
+        inner: bool,
+    ) -> None:
+        self._key_fns = key_fns
+        self._build_key_fns = build_key_fns
+        self._output_fn = output_fn
+        self._inner = inner
+        self.tables: list[dict[Any, list[Any]]] = [{} for _ in build_key_fns]
+        self._it: Any = None
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if ordinal > 0:
+            table = self.tables[ordinal - 1]
+            key_fn = self._build_key_fns[ordinal - 1]
+            for item in inbox:
+                k = key_fn(item)
+                found = table.get(k)
+                if found is None:
+                    table[k] = [item]
+                else:
+                    found.append(item)
+            inbox.clear()
+            return
+        while inbox:
+            it = self._it
+            if it is None:
+                it = self._it = self._joined(inbox[0])
+            if not self.emit_from(it):
+                return
+            self._it = None
+            inbox.popleft()
+
+    def _joined(self, item: Any) -> Any:
+        sides: list[list[Any]] = []
+        for table, key_fn in zip(self.tables, self._key_fns, strict=True):
+            matches = table.get(key_fn(item))
+            if matches is None:
+                if self._inner:
+                    return iter(())
+                matches = [None]
+            sides.append(matches)
+        output_fn = self._output_fn
+        if len(sides) == 1:
+            return (output_fn(item, m) for m in sides[0])
+        return (output_fn(item, *combo) for combo in _product(sides))
+
+    def save_to_snapshot(self) -> bool:
+        # every processor holds the same tables (the build sides are broadcast): one copy
+        # is saved, and restored to every processor
+        if self.context.global_processor_index != 0:
+            return True
+        return self.save_state(
+            lambda: (
+                (BroadcastKey(("hash_join", side, k)), v)
+                for side, table in enumerate(self.tables)
+                for k, v in table.items()
+            )
+        )
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        _tag, side, k = key.name
+        self.tables[side][k] = list(value)
+
+
+def _product(sides: list[list[Any]]) -> Any:
+    import itertools
+
+    return itertools.product(*sides)
+
+
+def map_stateful(
+    key_fn: Callable[[Any], Any], create: Callable[[], Any], fn: Callable[[Any, Any, Any], Any]
+) -> Callable[[], MapStatefulP]:
+    return functools.partial(MapStatefulP, key_fn, create, fn, None)
+
+
+def rolling_aggregate(
+    key_fn: Callable[[Any], Any], op: AggregateOperation[Any, Any, Any]
+) -> Callable[[], MapStatefulP]:
+    return functools.partial(MapStatefulP, key_fn, None, None, op)
+
+
+def hash_join(
+    key_fns: list[Callable[[Any], Any]],
+    build_key_fns: list[Callable[[Any], Any]],
+    output_fn: Callable[..., Any],
+    inner: bool,
+) -> Callable[[], HashJoinP]:
+    return functools.partial(HashJoinP, list(key_fns), list(build_key_fns), output_fn, inner)

@@ -1,0 +1,332 @@
+"""The Pipeline API on the embedded engine: results against a plain-Python oracle, what
+the compiler builds, and clear errors for misuse."""
+
+from __future__ import annotations
+
+import collections
+import operator
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream import DagError, JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream.aggregate import AggregateOperation, counting, summing, to_list
+from slipstream.core.dag import RoutingPolicy
+from slipstream.pipeline import PipelineError
+from slipstream.window import (
+    KeyedWindowResult,
+    WindowResult,
+    session_window_def,
+    sliding_window_def,
+    tumbling_window_def,
+)
+
+key0 = operator.itemgetter(0)
+ts1 = operator.itemgetter(1)
+val2 = operator.itemgetter(2)
+
+
+def run(p: ss.Pipeline, *names: str, members: int = 1, **kw: Any) -> list[list[Any]]:
+    engine = ss.local(members=members, **kw)
+    engine.new_job(p, JobConfig(name="pipeline-test")).join(timeout=60)
+    return [engine.get_list(n) for n in names]
+
+
+def events(n: int = 300, keys: int = 5) -> list[tuple[int, int, int]]:
+    """(key, ts, value), in timestamp order, 20 ms apart."""
+    return [(i % keys, 1000 + 20 * i, i % 7) for i in range(n)]
+
+
+# -- results vs a plain-Python oracle -------------------------------------------------------
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_word_count_matches_counter(members: int) -> None:
+    lines = [f"w{i % 13} w{i % 7} x" for i in range(500)]
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.items(lines))
+        .flat_map(str.split)
+        .filter(lambda w: w != "x")
+        .map(str.upper)
+        .group_by(lambda w: w)
+        .aggregate(counting())
+        .write_to(sinks.list_sink("counts"))
+    )
+    (got,) = run(p, "counts", members=members, cooperative_threads=2)
+    expected = collections.Counter(w.upper() for line in lines for w in line.split() if w != "x")
+    assert sorted(got) == sorted(expected.items())
+
+
+def test_unkeyed_aggregate_gives_one_result_even_on_two_members() -> None:
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(1000))).aggregate(summing()).write_to(sinks.list_sink("s"))
+    (got,) = run(p, "s", members=2, cooperative_threads=2)
+    assert got == [sum(range(1000))]
+
+
+def test_aggregate_without_combine_runs_in_one_stage() -> None:
+    op = AggregateOperation(list, lambda acc, x: acc + [x], finish=sorted)
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(50))).group_by(lambda x: x % 3).aggregate(op).write_to(
+        sinks.list_sink("s")
+    )
+    dag = p.to_dag()
+    assert [v.name for v in dag.vertices] == ["source", "aggregate", "sink"]
+    (got,) = run(p, "s")
+    assert sorted(got) == [(k, [x for x in range(50) if x % 3 == k]) for k in range(3)]
+
+
+def test_rolling_aggregate_and_map_stateful_per_key() -> None:
+    items = [(i % 3, i) for i in range(60)]
+
+    def running_max(state: list[int], key: int, item: tuple[int, int]) -> Any:
+        if item[1] <= state[0]:
+            return None  # dropped
+        state[0] = item[1]
+        return (key, item[1])
+
+    p = ss.Pipeline()
+    # one source processor: each key's items arrive in order
+    src = p.read_from(sources.items(items)).set_local_parallelism(1)
+    src.group_by(key0).rolling_aggregate(summing(operator.itemgetter(1))).write_to(
+        sinks.list_sink("rolling")
+    )
+    src.group_by(key0).map_stateful(lambda: [-1], running_max).write_to(sinks.list_sink("max"))
+    rolling, maxes = run(p, "rolling", "max", cooperative_threads=2)
+    expected: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+    totals: dict[int, int] = collections.Counter()
+    for k, v in items:
+        totals[k] += v
+        expected[k].append((k, totals[k]))
+    for k in range(3):  # order per key is kept; keys interleave freely
+        assert [r for r in rolling if r[0] == k] == expected[k]
+    assert sorted(maxes) == sorted(items)  # strictly increasing per key: every item
+
+
+def test_windows_match_an_oracle() -> None:
+    evs = events()
+    p = ss.Pipeline()
+    timed = p.read_from(sources.items(evs)).with_timestamps(ts1, 0)
+    keyed = timed.group_by(key0)
+    keyed.window(tumbling_window_def(500)).aggregate(summing(val2)).write_to(sinks.list_sink("t"))
+    timed.window(sliding_window_def(1000, 500)).aggregate(counting()).write_to(
+        sinks.list_sink("s")
+    )
+    timed.filter(lambda e: e[0] == 0).group_by(key0).window(session_window_def(150)).aggregate(
+        to_list()
+    ).write_to(sinks.list_sink("sess"))
+    tumbling, sliding, sessions = run(p, "t", "s", "sess")
+
+    exp_t: dict[tuple[int, int], int] = collections.Counter()
+    for k, t, v in evs:
+        exp_t[(t - t % 500, k)] += v
+    assert sorted(tumbling) == sorted(
+        KeyedWindowResult(s, s + 500, k, v) for (s, k), v in exp_t.items()
+    )
+    exp_s: dict[int, int] = collections.Counter()
+    for _k, t, _v in evs:
+        end = t - t % 500 + 500
+        exp_s[end] += 1
+        exp_s[end + 500] += 1
+    assert sorted(sliding) == sorted(WindowResult(e - 1000, e, n) for e, n in exp_s.items())
+    # key 0 every 100 ms: gaps of 100 < 150 keep one session
+    zero = [e for e in evs if e[0] == 0]
+    assert sessions == [KeyedWindowResult(zero[0][1], zero[-1][1] + 150, 0, zero)]
+
+
+def test_hash_join_left_outer_and_inner() -> None:
+    users = [(1, "ann"), (2, "bob"), (2, "bea")]
+    orders = [(1, 10), (2, 20), (3, 30)]
+    p = ss.Pipeline()
+    u = p.read_from(sources.items(users))
+    o = p.read_from(sources.items(orders))
+    o.hash_join(u, key0, key0, lambda order, user: (order[1], user and user[1])).write_to(
+        sinks.list_sink("left")
+    )
+    o.hash_join(u, key0, key0, inner=True).write_to(sinks.list_sink("inner"))
+    left, inner = run(p, "left", "inner", members=2, cooperative_threads=2)
+    # two members: each joining processor has the whole build side
+    assert sorted(left) == [(10, "ann"), (20, "bea"), (20, "bob"), (30, None)]
+    assert sorted(inner) == sorted(
+        [((1, 10), (1, "ann")), ((2, 20), (2, "bob")), ((2, 20), (2, "bea"))]
+    )
+
+
+def test_merge_and_peek() -> None:
+    seen: list[int] = []
+    p = ss.Pipeline()
+    a = p.read_from(sources.items(range(0, 10)))
+    b = p.read_from(sources.items(range(10, 20)))
+    a.merge(b).peek(seen.append).map(lambda x: x * 2).write_to(sinks.list_sink("m"))
+    (got,) = run(p, "m")
+    assert sorted(got) == [2 * x for x in range(20)]
+    assert sorted(seen) == list(range(20))
+
+
+def test_map_returning_none_drops_the_item() -> None:
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(10))).map(lambda x: x if x % 2 else None).write_to(
+        sinks.list_sink("odd")
+    )
+    (got,) = run(p, "odd")
+    assert sorted(got) == [1, 3, 5, 7, 9]
+
+
+def test_exactly_once_pipeline_gives_the_same_counts() -> None:
+    lines = [f"a{i % 50} b{i % 3}" for i in range(20_000)]
+    p = ss.Pipeline()
+    p.read_from(sources.items(lines)).flat_map(str.split).group_by(str).aggregate(
+        counting()
+    ).write_to(sinks.list_sink("c"))
+    engine = ss.local()
+    cfg = JobConfig(
+        name="pipeline-eo",
+        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+        snapshot_interval_ms=10,
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg.snapshot_store = d
+        engine.new_job(p, cfg).join(timeout=60)
+    expected = collections.Counter(w for line in lines for w in line.split())
+    assert sorted(engine.get_list("c")) == sorted(expected.items())
+
+
+# -- what the compiler builds ----------------------------------------------------------------
+
+
+def test_compiler_fuses_chains_and_picks_edges() -> None:
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.items(["a b"]))
+        .flat_map(str.split)
+        .set_name("tokenize")
+        .filter(bool)
+        .group_by(lambda w: w)
+        .aggregate(counting())
+        .set_name("count")
+        .write_to(sinks.list_sink("c"))
+    )
+    dag = p.to_dag()
+    names = [v.name for v in dag.vertices]
+    assert names == ["source", "tokenize+filter+count-accumulate", "count-combine", "sink"]
+    e1, e2, e3 = dag.edges
+    assert e1.routing is RoutingPolicy.ISOLATED and not e1.is_distributed
+    assert e2.routing is RoutingPolicy.PARTITIONED and e2.is_distributed
+    assert e3.routing is RoutingPolicy.UNICAST
+    assert dag.vertex("sink").get_local_parallelism() == 1
+    text = str(p)
+    assert "tokenize+filter+count-accumulate" in text
+    assert '"count-combine"' in dag.to_dot()
+
+
+def test_chain_with_fan_out_gets_its_own_vertex() -> None:
+    p = ss.Pipeline()
+    m = p.read_from(sources.items(range(5))).map(lambda x: x + 1).filter(bool)
+    m.write_to(sinks.list_sink("a"))
+    m.map(str).write_to(sinks.list_sink("b"))
+    dag = p.to_dag()
+    assert [v.name for v in dag.vertices] == ["source", "map+filter", "sink", "map-2", "sink-2"]
+    a, b = run(p, "a", "b")
+    assert sorted(a) == [1, 2, 3, 4, 5] and sorted(b) == ["1", "2", "3", "4", "5"]
+
+
+def test_watermarks_are_throttled_by_the_window_frame() -> None:
+    p = ss.Pipeline()
+    t = p.read_from(sources.items([])).with_timestamps(ts1, 100)
+    t.window(sliding_window_def(3000, 1500)).aggregate(counting()).write_to(sinks.noop())
+    t.window(tumbling_window_def(1000)).aggregate(counting()).write_to(sinks.noop())
+    dag = p.to_dag()
+    wm = dag.vertex("with_timestamps")
+    proc = wm.meta_supplier.get([ss.MemberAddress("h", 1)])(ss.MemberAddress("h", 1)).get(1)[0]
+    factory = proc._policy_factory
+    assert (factory.lag, factory.frame) == (100, 500)  # gcd of the slides 1500 and 1000
+
+
+def test_stage_parallelism_and_names() -> None:
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(3))).set_local_parallelism(1).map(str).write_to(
+        sinks.list_sink("x")
+    ).set_local_parallelism(2).set_name("out")
+    dag = p.to_dag()
+    assert dag.vertex("source").get_local_parallelism() == 1
+    assert dag.vertex("map").get_local_parallelism() == 1  # follows its source, isolated
+    assert dag.vertex("out").get_local_parallelism() == 2
+
+
+# -- misuse ------------------------------------------------------------------------------------
+
+
+def test_keyed_operations_need_group_by() -> None:
+    s = ss.Pipeline().read_from(sources.items([1]))
+    with pytest.raises(PipelineError, match="group_by"):
+        s.rolling_aggregate(counting())
+    with pytest.raises(PipelineError, match="group_by"):
+        s.map_stateful(list, lambda st, k, x: x)
+
+
+def test_window_needs_timestamps() -> None:
+    s = ss.Pipeline().read_from(sources.items([1]))
+    with pytest.raises(PipelineError, match="with_timestamps"):
+        s.window(tumbling_window_def(10))
+    with pytest.raises(PipelineError, match="with_timestamps"):
+        s.group_by(str).window(tumbling_window_def(10))
+    # a map after with_timestamps changes the items: the timestamp fn no longer applies
+    with pytest.raises(PipelineError, match="map stage"):
+        s.with_timestamps(int, 0).map(str).window(tumbling_window_def(10))
+    # a filter keeps them
+    s.with_timestamps(int, 0).filter(bool).window(tumbling_window_def(10))
+
+
+def test_sliding_window_needs_combine() -> None:
+    op = AggregateOperation(list, lambda a, x: a + [x])
+    t = ss.Pipeline().read_from(sources.items([1])).with_timestamps(int, 0)
+    with pytest.raises(PipelineError, match="combine"):
+        t.window(sliding_window_def(10, 5)).aggregate(op)
+    with pytest.raises(PipelineError, match="combine"):
+        t.window(session_window_def(10)).aggregate(op)
+
+
+def test_stage_without_sink_is_rejected() -> None:
+    p = ss.Pipeline()
+    s = p.read_from(sources.items([1]))
+    s.map(str).set_name("dangling")
+    s.write_to(sinks.noop())
+    with pytest.raises(PipelineError, match="'dangling'.*write_to"):
+        p.to_dag()
+    with pytest.raises(DagError):  # PipelineError is a DagError: new_job raises it too
+        ss.local().new_job(p)
+    with pytest.raises(PipelineError, match="empty"):
+        ss.Pipeline().to_dag()
+
+
+def test_stages_of_another_pipeline_are_rejected() -> None:
+    a = ss.Pipeline().read_from(sources.items([1]))
+    b = ss.Pipeline().read_from(sources.items([2]))
+    with pytest.raises(PipelineError, match="another pipeline"):
+        a.merge(b)
+    with pytest.raises(PipelineError, match="another pipeline"):
+        a.hash_join(b, int, int)
+
+
+def test_sinks_have_no_output_and_arguments_are_checked() -> None:
+    s = ss.Pipeline().read_from(sources.items([1]))
+    sink = s.write_to(sinks.noop())
+    with pytest.raises(PipelineError, match="sink"):
+        sink.map(str)
+    with pytest.raises(TypeError, match="callable"):
+        s.map(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="AggregateOperation"):
+        s.group_by(str).aggregate(len)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="window definition"):
+        s.with_timestamps(int, 0).window(1000)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="allowed_lag_ms"):
+        s.with_timestamps(int, -1)
+
+
+def test_new_job_rejects_other_objects() -> None:
+    with pytest.raises(TypeError, match="DAG or a Pipeline"):
+        ss.local().new_job("not a dag")  # type: ignore[arg-type]
