@@ -30,10 +30,12 @@ def test_library_modules() -> None:
                  "aggregate_to_sliding_window", "aggregate_to_session_window"]:
         assert callable(getattr(processors, name)), name
     for name in ["items", "list_source", "map_source", "read_files", "stream_files",
-                 "stream_socket", "generator", "spark_dataframe", "spark_stream"]:
+                 "stream_socket", "generator", "spark_dataframe", "spark_stream",
+                 "read_csv", "read_jsonl", "read_parquet"]:
         assert callable(getattr(sources, name)), name
     for name in ["list_sink", "map_sink", "write_files", "write_socket", "logger", "noop",
-                 "write_buffered", "spark_dataframe"]:
+                 "write_buffered", "spark_dataframe", "write_csv", "write_jsonl", "write_parquet",
+                 "stdout"]:
         assert callable(getattr(sinks, name)), name
     for name in ["AggregateOperation", "counting", "summing", "averaging", "min_by", "max_by",
                  "to_list", "all_of"]:

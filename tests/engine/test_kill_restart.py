@@ -29,7 +29,9 @@ SCRIPT = textwrap.dedent(
     src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 4000, max_items=n))
     ident = dag.new_vertex("map", P.map(lambda x: x * 3))
     agg = dag.new_vertex("sum", P.aggregate_by_key(lambda x: x % 10, summing()))
-    items = dag.new_vertex("items-out", sinks.write_files(out + "/items"))
+    # files roll every 100 ms: each spans snapshots (resumed after the kill) and some
+    # are published before it
+    items = dag.new_vertex("items-out", sinks.write_files(out + "/items", roll_interval_ms=100))
     sums = dag.new_vertex("sums-out", sinks.write_files(out + "/sums"))
     dag.edge(Edge.between(src, ident))
     dag.edge(Edge.from_(ident, 0).to(agg).partitioned(lambda x: x % 10).distributed())

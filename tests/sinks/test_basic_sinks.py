@@ -140,7 +140,7 @@ def test_write_files_removes_temp_file_on_failure(tmp_path: Path) -> None:
 
 def test_write_files_two_phase_restore_drops_uncommitted_output(tmp_path: Path) -> None:
     ctx = Context(processing_guarantee=ss.ProcessingGuarantee.EXACTLY_ONCE)
-    proc = sinks.write_files(tmp_path)()
+    proc = sinks.write_files(tmp_path, roll_interval_ms=0)()  # publish at every snapshot
     outbox = Outbox(0, 1)
     proc.init(outbox, ctx)
     proc.process(0, Inbox(["before", "snapshot"]))
@@ -149,7 +149,7 @@ def test_write_files_two_phase_restore_drops_uncommitted_output(tmp_path: Path) 
     proc.process(0, Inbox(["after", "snapshot"]))  # will be replayed after the restore
     proc.close()  # crash; the uncommitted temp file stays behind
     assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
-    restored = sinks.write_files(tmp_path)()
+    restored = sinks.write_files(tmp_path, roll_interval_ms=0)()
     restored.init(Outbox(0, 1), ctx)
     restored.restore_from_snapshot(Inbox([entry]))
     assert restored.finish_snapshot_restore()

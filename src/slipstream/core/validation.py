@@ -12,12 +12,14 @@ callable, ..."`` (:func:`check_fn`, used by the streaming ones).
 from __future__ import annotations
 
 import codecs
+import csv
 import operator
 import os
 from typing import Any
 
 __all__ = [
     "check_callable",
+    "check_csv_dialect",
     "check_encoding",
     "check_fn",
     "check_name",
@@ -82,3 +84,18 @@ def int_value(value: Any) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def check_csv_dialect(dialect: Any, factory: str) -> None:
+    """A CSV dialect: a name ``csv`` knows (``ValueError`` otherwise) or a
+    ``csv.Dialect`` subclass (``TypeError`` for anything else)."""
+    if isinstance(dialect, str):
+        if dialect not in csv.list_dialects():
+            raise ValueError(
+                f"{factory}(): unknown CSV dialect {dialect!r} (known: {csv.list_dialects()})"
+            )
+    elif not (isinstance(dialect, type) and issubclass(dialect, csv.Dialect)):
+        raise TypeError(
+            f"{factory}(): argument 'dialect' must be a dialect name or a csv.Dialect "
+            f"subclass, got {dialect!r}"
+        )

@@ -5,9 +5,10 @@ from slipstream.sinks.basic import (
     logger,
     map_sink,
     noop,
+    stdout,
     write_buffered,
-    write_files,
 )
+from slipstream.sinks.files import write_csv, write_files, write_jsonl, write_parquet
 from slipstream.sinks.socket import write_socket
 from slipstream.spark.io import spark_dataframe_sink as spark_dataframe
 
@@ -15,6 +16,10 @@ __all__ = [
     "list_sink",
     "map_sink",
     "write_files",
+    "write_csv",
+    "write_jsonl",
+    "write_parquet",
+    "stdout",
     "logger",
     "noop",
     "write_buffered",

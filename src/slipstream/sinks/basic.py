@@ -1,5 +1,5 @@
-"""Basic sinks: ``list_sink``, ``map_sink``, ``write_files``, ``logger``, ``noop`` and
-``write_buffered``.
+"""Basic sinks: ``list_sink``, ``map_sink``, ``logger``, ``stdout``, ``noop`` and
+``write_buffered`` (the file sinks live in :mod:`slipstream.sinks.files`).
 
 A sink consumes its whole inbox in each ``process`` call and has no outbound edges.
 Sinks swallow watermarks (``try_process_watermark`` returns ``True`` without emitting).
@@ -10,27 +10,26 @@ next snapshot commits (or when the job completes), so a replay after a restore n
 duplicates anything. Otherwise they write directly: after a restore from an
 at-least-once snapshot replayed items are written again (a list receives duplicates; a
 map is overwritten with the same values). ``write_buffered`` keeps no snapshot state.
-``write_files`` commits its files two-phase at snapshots (see :class:`WriteFilesP`):
-exactly-once under an exactly-once job, at-least-once otherwise.
+``write_files`` and the other file sinks commit their files two-phase at snapshots
+(see :class:`slipstream.sinks.files.WriteFilesP`): exactly-once under an exactly-once
+job, at-least-once otherwise.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-import uuid
+import sys
 from collections.abc import Callable, MutableMapping
-from typing import IO, Any
+from typing import Any
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey
-from slipstream.core.validation import check_callable, check_name, check_path
+from slipstream.core.validation import check_callable, check_name
 
-__all__ = ["list_sink", "map_sink", "write_files", "logger", "noop", "write_buffered"]
+__all__ = ["list_sink", "map_sink", "logger", "stdout", "noop", "write_buffered"]
 
 
 class _SinkP(AbstractProcessor):
@@ -124,166 +123,6 @@ class MapSinkP(_StagingSinkP):
             m[k] = v
 
 
-class WriteFilesP(_SinkP):
-    """Writes ``str(item)`` lines (UTF-8) to part files in ``directory``.
-
-    Lines go to a hidden temporary file in the same directory that is renamed to its
-    final name only when its content is final, so a reader never sees a half-written or
-    uncommitted part file:
-
-    * without snapshots: ``part-<global index:05d>``, renamed when the input is complete;
-    * with snapshots (two-phase): at every snapshot the current temporary file is fsynced
-      and *prepared*; when the snapshot commits it is renamed to
-      ``part-<index:05d>-<sequence:06d>``, so a streaming job's output appears snapshot by
-      snapshot. The snapshot records the prepared files, and a restore commits any that a
-      crash left uncommitted, then deletes temporary files written after the snapshot
-      (they are written again by the replay). Exactly-once under an exactly-once job; under
-      at-least-once, items that passed the barrier before the snapshot are written again.
-      A job may restore with another parallelism.
-    """
-
-    snapshot_tag = "write-files"
-
-    def __init__(self, directory: str) -> None:
-        self._directory = directory
-        self._fh: IO[bytes] | None = None
-        self._temp = ""
-        self._sequence = 0
-        self._two_phase = False
-        self._done = False
-        self._restored: list[tuple[int, list[tuple[str, str]]]] = []
-
-    def is_cooperative(self) -> bool:
-        # file system calls (fsync) can block for an unbounded time
-        return False
-
-    def init_processor(self, context: Context) -> None:
-        try:
-            os.makedirs(self._directory, exist_ok=True)
-        except OSError as e:
-            raise OSError(
-                f"vertex {context.vertex_name!r}: cannot create write_files directory "
-                f"{self._directory!r}: {e}"
-            ) from e
-        self._two_phase = context.snapshotting_enabled
-
-    def _name(self) -> str:
-        i = self.context.global_processor_index
-        return f"part-{i:05d}-{self._sequence:06d}" if self._two_phase else f"part-{i:05d}"
-
-    def _file(self) -> IO[bytes]:
-        fh = self._fh
-        if fh is None:
-            # unique per attempt: a retried or speculative Spark task never writes into
-            # another attempt's file, and the final rename is atomic
-            self._temp = os.path.join(
-                self._directory, f".{self._name()}.{uuid.uuid4().hex[:12]}.tmp"
-            )
-            fh = self._fh = open(self._temp, "wb")  # closed in _seal / close()
-        return fh
-
-    def process(self, ordinal: int, inbox: Inbox) -> None:
-        data = ("\n".join(map(str, inbox)) + "\n").encode("utf-8")
-        self._file().write(data)
-        inbox.clear()
-
-    def _seal(self) -> tuple[str, str] | None:
-        """Close the current temporary file; returns (temp, final) or None if empty."""
-        fh = self._fh
-        if fh is None:
-            return None
-        self._fh = None
-        fh.flush()
-        os.fsync(fh.fileno())  # a committed snapshot must not claim bytes a crash loses
-        fh.close()
-        pair = (self._temp, os.path.join(self._directory, self._name()))
-        self._sequence += 1
-        return pair
-
-    def complete(self) -> bool:
-        pair = self._seal()
-        if self._two_phase:
-            if pair is not None:
-                commit = functools.partial(_commit_files, [pair])
-                if not self.context.stage_on_commit(commit, at_completion=True):
-                    commit()  # no coordinator (e.g. the test harness): final now
-        elif pair is not None:
-            os.replace(*pair)
-        else:  # no input at all: still leave an (empty) part file
-            open(os.path.join(self._directory, self._name()), "wb").close()
-        self._done = True
-        return True
-
-    def save_to_snapshot(self) -> bool:
-        pair = self._seal()
-        prepared = [pair] if pair is not None else []
-        if prepared:
-            commit = functools.partial(_commit_files, prepared)
-            if not self.context.stage_on_commit(commit):
-                commit()  # no coordinator (e.g. the test harness): the snapshot is the commit
-        ctx = self.context
-        return self.outbox.offer_to_snapshot(
-            BroadcastKey((self.snapshot_tag, ctx.global_processor_index)),
-            (self._sequence, [(os.path.basename(t), os.path.basename(f)) for t, f in prepared]),
-        )
-
-    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        name = key.name if type(key) is BroadcastKey else None
-        if not (type(name) is tuple and len(name) == 2 and name[0] == self.snapshot_tag):
-            raise ValueError(
-                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key {key!r} "
-                "for write_files"
-            )
-        sequence, prepared = value
-        self._restored.append((name[1], prepared))
-        if name[1] == self.context.global_processor_index:
-            self._sequence = sequence
-
-    def finish_snapshot_restore(self) -> bool:
-        # Commit what the snapshot prepared (a crash may have come between the snapshot's
-        # commit and the renames), then drop temporary files written after it. Processor
-        # 0 also takes care of indices that no longer exist at this parallelism.
-        ctx = self.context
-        mine = {ctx.global_processor_index}
-        if ctx.global_processor_index == 0:
-            mine |= {i for i, _ in self._restored if i >= ctx.total_parallelism}
-        d = self._directory
-        for index, prepared in self._restored:
-            if index in mine:
-                _commit_files([(os.path.join(d, t), os.path.join(d, f)) for t, f in prepared])
-        for n in os.listdir(d):
-            if n.startswith(".part-") and n.endswith(".tmp"):
-                try:
-                    index = int(n[len(".part-") :].split("-")[0].split(".")[0])
-                except ValueError:
-                    continue
-                if index in mine:
-                    os.remove(os.path.join(d, n))
-        self._restored = []
-        return True
-
-    def close(self) -> None:
-        fh = self._fh
-        if fh is not None:
-            self._fh = None
-            fh.close()
-            if not self._two_phase and not self._done:
-                try:
-                    os.remove(self._temp)
-                except FileNotFoundError:
-                    pass
-
-
-def _commit_files(pairs: list[tuple[str, str]]) -> None:
-    """Rename prepared temporary files to their final names (idempotent)."""
-    for temp, final in pairs:
-        try:
-            os.replace(temp, final)
-        except FileNotFoundError:
-            if not os.path.exists(final):
-                raise
-
-
 class LoggerP(_SinkP):
     """Logs every item at INFO level with the processor's logger (for demos and
     debugging; not meant for volume). Watermarks are logged at DEBUG."""
@@ -302,6 +141,27 @@ class LoggerP(_SinkP):
     def try_process_watermark(self, watermark: Watermark) -> bool:
         self.context.logger.debug("%r", watermark)
         return True
+
+
+class StdoutP(_SinkP):
+    """Prints every item (``to_string(item)``, one line each) to standard output: the
+    sink for demos and quick looks, which, unlike :class:`LoggerP`, needs no logging
+    set-up. Non-cooperative: a slow terminal or a full pipe blocks ``write``. On the
+    Spark engine the lines go to the executors' standard output (the console in
+    ``local[*]``, the executor logs on a cluster)."""
+
+    def __init__(self, to_string: Callable[[Any], str]) -> None:
+        self._to_string = to_string
+
+    def is_cooperative(self) -> bool:
+        return False
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        text = "".join([self._to_string(item) + "\n" for item in inbox])
+        inbox.clear()
+        out = sys.stdout
+        out.write(text)
+        out.flush()
 
 
 class NoopP(_SinkP):
@@ -371,17 +231,16 @@ def map_sink(name: str) -> functools.partial[MapSinkP]:
     return functools.partial(MapSinkP, name)
 
 
-def write_files(directory: str | os.PathLike[str]) -> functools.partial[WriteFilesP]:
-    """Writes ``str(item)`` per line (UTF-8) into ``directory`` (created if missing),
-    one file ``part-<global processor index:05d>`` per processor."""
-    check_path(directory, "write_files")
-    return functools.partial(WriteFilesP, os.fspath(directory))
-
-
 def logger(to_string: Callable[[Any], str] = str) -> functools.partial[LoggerP]:
     """Logs each item (``to_string(item)``) at INFO with the processor's logger."""
     check_callable(to_string, "to_string", "logger")
     return functools.partial(LoggerP, to_string)
+
+
+def stdout(to_string: Callable[[Any], str] = str) -> functools.partial[StdoutP]:
+    """Prints each item (``to_string(item)``) as a line on standard output."""
+    check_callable(to_string, "to_string", "stdout")
+    return functools.partial(StdoutP, to_string)
 
 
 def noop() -> functools.partial[NoopP]:

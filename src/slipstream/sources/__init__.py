@@ -1,6 +1,7 @@
 """Built-in sources. Each factory returns a supplier for ``dag.new_vertex``."""
 
-from slipstream.sources.batch import items, list_source, map_source, read_files
+from slipstream.sources.batch import items, list_source, map_source
+from slipstream.sources.files import read_csv, read_files, read_jsonl, read_parquet
 from slipstream.sources.streaming import generator, stream_files, stream_socket
 from slipstream.spark.io import spark_dataframe_source as spark_dataframe
 from slipstream.spark.io import spark_rdd_source as spark_rdd
@@ -11,6 +12,9 @@ __all__ = [
     "list_source",
     "map_source",
     "read_files",
+    "read_csv",
+    "read_jsonl",
+    "read_parquet",
     "stream_socket",
     "stream_files",
     "generator",

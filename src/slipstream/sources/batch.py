@@ -1,4 +1,5 @@
-"""Batch sources: ``items``, ``list_source``, ``map_source``, ``read_files``.
+"""Batch sources: ``items``, ``list_source``, ``map_source`` (the file sources, which
+share this module's snapshot handling, live in :mod:`slipstream.sources.files`).
 
 A source has no inputs: the engine calls ``complete()`` repeatedly until it returns
 ``True``. Each call emits as much as the outbox takes right now (bounded by its room, so
@@ -19,20 +20,16 @@ at-least-once, items emitted after the snapshot are emitted again after a restor
 
 from __future__ import annotations
 
-import codecs
 import functools
-import os
 from collections.abc import Iterable
-from itertools import islice
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
-from slipstream.core.validation import check_name, check_path
+from slipstream.core.validation import check_name
 
-__all__ = ["items", "list_source", "map_source", "read_files"]
+__all__ = ["items", "list_source", "map_source"]
 
 
 def _emit_room(outbox: Outbox) -> int:
@@ -183,93 +180,6 @@ class NamedMapSourceP(ListSourceP):
         return list(context.get_map(self._name).items())
 
 
-class ReadFilesP(_PositionedSource):
-    """Emits the lines of this processor's share of the matching files, one item per
-    line without the line ending; files in sorted path order, lines in file order.
-
-    Reads lazily: each ``complete()`` call reads at most as many lines as the outbox
-    takes, so a call stays short and memory stays bounded whatever the file size.
-    The snapshot position is ``(file index in this processor's share, lines emitted
-    from that file)``.
-    """
-
-    snapshot_tag = "files-offset"
-
-    def __init__(self, directory: str, glob: str, encoding: str) -> None:
-        self._directory = directory
-        self._glob = glob
-        self._encoding = encoding
-        self._files: list[str] = []
-        self._file_index = 0
-        self._line = 0
-        self._fh: IO[str] | None = None
-
-    def init_processor(self, context: Context) -> None:
-        directory = Path(self._directory)
-        if not directory.is_dir():
-            what = "is not a directory" if directory.exists() else "does not exist"
-            raise FileNotFoundError(
-                f"vertex {context.vertex_name!r}: read_files directory {self._directory!r} {what}"
-            )
-        files = sorted(str(p) for p in directory.glob(self._glob) if p.is_file())
-        self._files = files[context.global_processor_index :: context.total_parallelism]
-
-    def _open(self) -> IO[str]:
-        # newline=None: "\r\n" and "\r" line endings read as "\n", like str.splitlines
-        # of a text file would treat them, without splitlines' exotic separators
-        fh = open(  # closed in _close_file() / close()
-            self._files[self._file_index], encoding=self._encoding, newline=None
-        )
-        skip = self._line
-        if skip:
-            for _ in islice(fh, skip):
-                pass
-        return fh
-
-    def _close_file(self) -> None:
-        fh = self._fh
-        if fh is not None:
-            self._fh = None
-            fh.close()
-
-    def complete(self) -> bool:
-        files = self._files
-        outbox = self.outbox
-        while self._file_index < len(files):
-            room = _emit_room(outbox)
-            if room <= 0:
-                return False
-            fh = self._fh
-            if fh is None:
-                fh = self._fh = self._open()
-            lines = list(islice(fh, room))
-            if lines:
-                text = "".join(lines)
-                chunk = text.split("\n")
-                if text.endswith("\n"):
-                    chunk.pop()  # the empty piece after the last line ending
-                _emit_chunk(outbox, chunk)
-                self._line += len(lines)
-            if len(lines) < room:
-                # end of this file
-                self._close_file()
-                self._file_index += 1
-                self._line = 0
-                continue
-            return False
-        return True
-
-    def _position(self) -> Any:
-        return (self._file_index, self._line)
-
-    def _seek(self, position: Any) -> None:
-        self._close_file()
-        self._file_index, self._line = position
-
-    def close(self) -> None:
-        self._close_file()
-
-
 # -- factories -----------------------------------------------------------------------
 
 
@@ -297,23 +207,3 @@ def map_source(name: str) -> functools.partial[NamedMapSourceP]:
     (``engine.get_map(name)``), split by position across all processors."""
     check_name(name, "map_source")
     return functools.partial(NamedMapSourceP, name)
-
-
-def read_files(
-    directory: str | os.PathLike[str], glob: str = "*", encoding: str = "utf-8"
-) -> functools.partial[ReadFilesP]:
-    """A source emitting the lines (without line endings) of the files in ``directory``
-    whose names match ``glob`` (``pathlib`` glob syntax, relative to ``directory``).
-
-    The sorted file list is split across all processors of all members: global
-    processor ``i`` of ``n`` reads files ``i, i + n, ...``. The directory is checked when
-    the job starts: a missing one fails the job with an error naming it.
-    """
-    check_path(directory, "read_files")
-    if not isinstance(glob, str) or not glob:
-        raise TypeError(f"read_files(): argument 'glob' must be a non-empty str, got {glob!r}")
-    try:
-        codecs.lookup(encoding)
-    except (LookupError, TypeError):
-        raise ValueError(f"read_files(): unknown encoding {encoding!r}") from None
-    return functools.partial(ReadFilesP, os.fspath(directory), glob, encoding)

@@ -1,0 +1,344 @@
+"""File sources: ``read_files`` (lines), ``read_csv``, ``read_jsonl`` and ``read_parquet``.
+
+All four share one processor shape (:class:`FileSourceP`): the directory's data files
+matching ``glob`` are listed when the job starts, sorted by path, and split across all
+processors of all members (global processor ``i`` of ``n`` reads files ``i, i + n, ...``).
+Each ``complete()`` call reads at most as many records as the outbox takes, so a call
+stays short and memory stays bounded whatever the file size. The snapshot position is
+``(file index in this processor's share, records emitted from that file)``; a restore
+reopens the file and skips that many records.
+
+**Which files are data.** Every regular file matching ``glob`` whose name starts with
+neither ``"."`` nor ``"_"``. The file sinks keep their temporary and in-progress files
+under such names (``.part-...tmp``), so a reader pointed at a sink's directory sees
+committed output only, even while the sink is writing.
+
+Text is UTF-8 (``read_files`` takes another ``encoding``). A malformed record fails the
+job with an error naming the file and line (CSV, JSON lines) or the file (Parquet).
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import functools
+import json
+import os
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from slipstream.core.files import is_data_file_name, require_pyarrow
+from slipstream.core.processor import Context
+from slipstream.core.validation import check_csv_dialect, check_path
+from slipstream.sources.batch import _emit_chunk, _emit_room, _PositionedSource
+
+__all__ = [
+    "FileSourceP",
+    "ReadFilesP",
+    "ReadCsvP",
+    "ReadJsonlP",
+    "ReadParquetP",
+    "list_data_files",
+    "read_files",
+    "read_csv",
+    "read_jsonl",
+    "read_parquet",
+]
+
+
+def list_data_files(directory: str, glob: str) -> list[str]:
+    """The sorted paths of the data files in ``directory`` matching ``glob`` (see the
+    module docstring for which files are data)."""
+    return sorted(
+        str(p) for p in Path(directory).glob(glob) if p.is_file() and is_data_file_name(p.name)
+    )
+
+
+class FileSourceP(_PositionedSource):
+    """Reads this processor's share of the data files, record by record.
+
+    Subclasses say how a file becomes records in :meth:`_records`; the default
+    :meth:`_read` takes up to ``room`` of them. The open file (if any) is kept in
+    ``self._fh`` so that :meth:`close` can release it.
+    """
+
+    snapshot_tag = "files-offset"
+    factory = "read_files"
+
+    def __init__(self, directory: str, glob: str) -> None:
+        self._directory = directory
+        self._glob = glob
+        self._files: list[str] = []
+        self._file_index = 0
+        self._record = 0
+        self._fh: Any = None
+        self._it: Iterator[Any] | None = None
+
+    def init_processor(self, context: Context) -> None:
+        directory = Path(self._directory)
+        if not directory.is_dir():
+            what = "is not a directory" if directory.exists() else "does not exist"
+            raise FileNotFoundError(
+                f"vertex {context.vertex_name!r}: {self.factory} directory "
+                f"{self._directory!r} {what}"
+            )
+        files = list_data_files(self._directory, self._glob)
+        self._files = files[context.global_processor_index :: context.total_parallelism]
+
+    # -- per format -------------------------------------------------------------------
+    def _records(self, path: str) -> Iterator[Any]:
+        """The records of the file at ``path``; opens it into ``self._fh``."""
+        raise NotImplementedError
+
+    def _start_file(self) -> None:
+        it = self._records(self._files[self._file_index])
+        skip = self._record
+        if skip:
+            for _ in islice(it, skip):
+                pass
+        self._it = it
+
+    def _read(self, room: int) -> list[Any]:
+        assert self._it is not None
+        return list(islice(self._it, room))
+
+    # -- driving ------------------------------------------------------------------------
+    def _close_file(self) -> None:
+        self._it = None
+        fh = self._fh
+        if fh is not None:
+            self._fh = None
+            fh.close()
+
+    def complete(self) -> bool:
+        files = self._files
+        outbox = self.outbox
+        while self._file_index < len(files):
+            room = _emit_room(outbox)
+            if room <= 0:
+                return False
+            if self._it is None:
+                self._start_file()
+            chunk = self._read(room)
+            if chunk:
+                _emit_chunk(outbox, chunk)
+                self._record += len(chunk)
+            if len(chunk) < room:  # end of this file
+                self._close_file()
+                self._file_index += 1
+                self._record = 0
+                continue
+            return False
+        return True
+
+    def _position(self) -> Any:
+        return (self._file_index, self._record)
+
+    def _seek(self, position: Any) -> None:
+        self._close_file()
+        self._file_index, self._record = position
+
+    def close(self) -> None:
+        self._close_file()
+
+    def _where(self, line: int | None = None) -> str:
+        path = self._files[self._file_index]
+        at = f"{path}:{line}" if line is not None else path
+        return f"{self.factory} (vertex {self.context.vertex_name!r}): {at}"
+
+
+class ReadFilesP(FileSourceP):
+    """Emits the lines of the files, one item per line without its line ending; files
+    in sorted path order, lines in file order. ``"\\r\\n"`` and ``"\\r"`` endings read as
+    ``"\\n"``."""
+
+    def __init__(self, directory: str, glob: str, encoding: str) -> None:
+        super().__init__(directory, glob)
+        self._encoding = encoding
+
+    def _start_file(self) -> None:
+        # newline=None: universal newlines, without str.splitlines' exotic separators
+        fh = self._fh = open(  # closed in _close_file() / close()
+            self._files[self._file_index], encoding=self._encoding, newline=None
+        )
+        if self._record:
+            for _ in islice(fh, self._record):
+                pass
+        self._it = fh
+
+    def _read(self, room: int) -> list[Any]:
+        lines = list(islice(self._fh, room))
+        if not lines:
+            return lines
+        # one join + split instead of stripping every line
+        text = "".join(lines)
+        chunk = text.split("\n")
+        if text.endswith("\n"):
+            chunk.pop()  # the empty piece after the last line ending
+        return chunk
+
+
+class ReadCsvP(FileSourceP):
+    """Emits the rows of CSV files as dicts (``as_dicts``, keyed by the header) or
+    tuples of strings. With ``header``, each file's first row names the columns and is
+    not emitted, and a row with another number of fields fails the job naming the file
+    and line. Blank lines are skipped."""
+
+    snapshot_tag = "csv-offset"
+    factory = "read_csv"
+
+    def __init__(
+        self, directory: str, glob: str, header: bool, as_dicts: bool, dialect: Any
+    ) -> None:
+        super().__init__(directory, glob)
+        self._header = header
+        self._as_dicts = as_dicts
+        self._dialect = dialect
+
+    def _records(self, path: str) -> Iterator[Any]:
+        fh = self._fh = open(path, encoding="utf-8", newline="")  # closed in _close_file
+        reader = csv.reader(fh, self._dialect)
+        names: list[str] | None = None
+        as_dicts = self._as_dicts
+        try:
+            for row in reader:
+                if not row:
+                    continue
+                if self._header and names is None:
+                    names = row
+                    continue
+                if names is not None and len(row) != len(names):
+                    raise ValueError(
+                        f"{self._where(reader.line_num)}: malformed CSV row: {len(row)} "
+                        f"fields where the header has {len(names)} ({row!r})"
+                    )
+                if as_dicts:
+                    yield dict(zip(names, row, strict=True))  # type: ignore[arg-type]
+                else:
+                    yield tuple(row)
+        except csv.Error as e:
+            raise ValueError(f"{self._where(reader.line_num)}: malformed CSV row: {e}") from e
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{self._where(reader.line_num + 1)}: not UTF-8: {e}") from e
+
+
+class ReadJsonlP(FileSourceP):
+    """Emits one item per line of JSON-lines files (``json.loads`` of the line).
+    Blank lines are skipped; a malformed line fails the job naming the file and line."""
+
+    snapshot_tag = "jsonl-offset"
+    factory = "read_jsonl"
+
+    def _records(self, path: str) -> Iterator[Any]:
+        fh = self._fh = open(path, encoding="utf-8", newline=None)  # closed in _close_file
+        loads = json.loads
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, 1):  # noqa: B007 - used after the loop
+                try:
+                    yield loads(line)
+                except json.JSONDecodeError as e:
+                    if not line.strip():
+                        continue
+                    raise ValueError(
+                        f"{self._where(lineno)}: malformed JSON line: {e.msg} "
+                        f"(column {e.colno}): {line.rstrip()[:200]!r}"
+                    ) from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{self._where(lineno + 1)}: not UTF-8: {e}") from e
+
+
+class ReadParquetP(FileSourceP):
+    """Emits the rows of Parquet files as dicts (column name -> value), read one row
+    group batch at a time."""
+
+    snapshot_tag = "parquet-offset"
+    factory = "read_parquet"
+    batch_rows = 1024
+
+    def _records(self, path: str) -> Iterator[Any]:
+        pq = require_pyarrow(self.factory).parquet
+        fh = self._fh = open(path, "rb")  # closed in _close_file
+        try:
+            pf = pq.ParquetFile(fh)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds
+            raise ValueError(f"{self._where()}: not a readable Parquet file: {e}") from e
+        for batch in pf.iter_batches(batch_size=self.batch_rows):
+            yield from batch.to_pylist()
+
+
+# -- factories -----------------------------------------------------------------------
+
+
+def _check_glob(glob: Any, factory: str) -> None:
+    if not isinstance(glob, str) or not glob:
+        raise TypeError(f"{factory}(): argument 'glob' must be a non-empty str, got {glob!r}")
+
+
+def read_files(
+    directory: str | os.PathLike[str], glob: str = "*", encoding: str = "utf-8"
+) -> functools.partial[ReadFilesP]:
+    """A source emitting the lines (without line endings) of the data files in
+    ``directory`` whose names match ``glob`` (``pathlib`` glob syntax, relative to
+    ``directory``; names starting with ``.`` or ``_`` are never read).
+
+    The sorted file list is split across all processors of all members: global
+    processor ``i`` of ``n`` reads files ``i, i + n, ...``. The directory is checked when
+    the job starts: a missing one fails the job with an error naming it.
+    """
+    check_path(directory, "read_files")
+    _check_glob(glob, "read_files")
+    try:
+        codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        raise ValueError(f"read_files(): unknown encoding {encoding!r}") from None
+    return functools.partial(ReadFilesP, os.fspath(directory), glob, encoding)
+
+
+def read_csv(
+    directory: str | os.PathLike[str],
+    glob: str = "*.csv",
+    *,
+    header: bool = True,
+    as_dicts: bool = True,
+    dialect: str | type[csv.Dialect] = "excel",
+) -> functools.partial[ReadCsvP]:
+    """A source emitting the rows of the CSV files in ``directory`` matching ``glob``
+    (UTF-8; files split across processors as :func:`read_files` does).
+
+    ``header``: each file's first row holds the column names (not emitted).
+    ``as_dicts``: rows as ``{column: value}`` dicts (needs ``header``), else tuples.
+    ``dialect``: a name from ``csv.list_dialects()`` or a ``csv.Dialect`` subclass.
+    Values are strings, as in the file; convert them in a following ``P.map``.
+    """
+    check_path(directory, "read_csv")
+    _check_glob(glob, "read_csv")
+    if as_dicts and not header:
+        raise ValueError("read_csv(): as_dicts=True needs header=True (dict keys come from it)")
+    check_csv_dialect(dialect, "read_csv")
+    return functools.partial(
+        ReadCsvP, os.fspath(directory), glob, bool(header), bool(as_dicts), dialect
+    )
+
+
+def read_jsonl(
+    directory: str | os.PathLike[str], glob: str = "*.jsonl"
+) -> functools.partial[ReadJsonlP]:
+    """A source emitting one decoded JSON value per line of the JSON-lines files in
+    ``directory`` matching ``glob`` (UTF-8; blank lines skipped)."""
+    check_path(directory, "read_jsonl")
+    _check_glob(glob, "read_jsonl")
+    return functools.partial(ReadJsonlP, os.fspath(directory), glob)
+
+
+def read_parquet(
+    directory: str | os.PathLike[str], glob: str = "*.parquet"
+) -> functools.partial[ReadParquetP]:
+    """A source emitting the rows of the Parquet files in ``directory`` matching
+    ``glob`` as dicts. Needs pyarrow (``pip install -e '.[parquet]'``)."""
+    check_path(directory, "read_parquet")
+    _check_glob(glob, "read_parquet")
+    require_pyarrow("read_parquet")
+    return functools.partial(ReadParquetP, os.fspath(directory), glob)
