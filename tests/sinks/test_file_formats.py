@@ -275,13 +275,16 @@ def test_write_files_rolls_by_age_and_size_not_per_snapshot(tmp_path: Path) -> N
     snapshot(proc, outbox)
     assert published(tmp_path)["part-00000-000001"] == "x" * 2000 + "\n"
     snapshot(proc, outbox)  # nothing new: no empty file
+    proc.process(0, Inbox(["y"]))  # a new file starts small and young: no roll
+    snapshot(proc, outbox)
+    assert len(published(tmp_path)) == 2
     proc.process(0, Inbox(["last"]))
     assert proc.complete()
     proc.close()
     assert published(tmp_path) == {
         "part-00000-000000": "s0\ns1\ns2\ns3\n",
         "part-00000-000001": "x" * 2000 + "\n",
-        "part-00000-000002": "last\n",
+        "part-00000-000002": "y\nlast\n",
     }
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(published(tmp_path))
 

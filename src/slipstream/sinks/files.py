@@ -177,7 +177,8 @@ class WriteFilesP(_SinkP):
         return fh
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        self._size += self._write_items(self._file(), inbox)
+        fh = self._file()  # first: a new file resets the size
+        self._size += self._write_items(fh, inbox)
         inbox.clear()
 
     def _sync(self, fh: IO[bytes]) -> None:
