@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean venv
+.PHONY: demo test test-fast lint bench clean venv system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,10 +22,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
-test: lint
+# servers the connector tests start (never skipped: installed here when missing)
+system-deps:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		(echo "installing PostgreSQL for the connector tests"; apt-get update -q && apt-get install -y -q postgresql)
+
+test: lint system-deps
 	$(BIN)/python -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP)

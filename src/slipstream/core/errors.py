@@ -44,3 +44,8 @@ class JobCancelledError(SlipstreamError):
 
 class SnapshotError(SlipstreamError):
     """A snapshot could not be written, read or restored."""
+
+
+class SqlError(SlipstreamError):
+    """A query of the SQL source or a statement of the SQL sink failed; the message names
+    the vertex and, for the sink, the failing row."""

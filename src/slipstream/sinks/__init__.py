@@ -10,6 +10,7 @@ from slipstream.sinks.basic import (
 )
 from slipstream.sinks.files import write_csv, write_files, write_jsonl, write_parquet
 from slipstream.sinks.socket import write_socket
+from slipstream.sinks.sql import sql_sink as sql
 from slipstream.spark.io import spark_dataframe_sink as spark_dataframe
 
 __all__ = [
@@ -24,5 +25,6 @@ __all__ = [
     "noop",
     "write_buffered",
     "write_socket",
+    "sql",
     "spark_dataframe",
 ]

@@ -2,6 +2,7 @@
 
 from slipstream.sources.batch import items, list_source, map_source
 from slipstream.sources.files import read_csv, read_files, read_jsonl, read_parquet
+from slipstream.sources.sql import sql_source as sql
 from slipstream.sources.streaming import generator, stream_files, stream_socket
 from slipstream.spark.io import spark_dataframe_source as spark_dataframe
 from slipstream.spark.io import spark_rdd_source as spark_rdd
@@ -18,6 +19,7 @@ __all__ = [
     "stream_socket",
     "stream_files",
     "generator",
+    "sql",
     "spark_dataframe",
     "spark_rdd",
     "spark_stream",
