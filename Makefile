@@ -2,30 +2,48 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# two stamps: the demo needs only the base install (no pyspark: 491 MB of a 628 MB venv);
+# tests need the dev and spark extras too
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test test-fast lint bench clean venv system-deps
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+$(BASE_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "Installing slipstream and what the demo needs (cloudpickle, rich, prometheus-client) into $(VENV) ..."
+	$(BIN)/python -m pip install --progress-bar on --upgrade pip
+	$(BIN)/python -m pip install --progress-bar on -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
+	@echo "Installing the test tools and pyspark (the [dev,spark] extras) ..."
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(BIN)/python examples/wordcount.py --words 200000
 	$(BIN)/python examples/trade_monitor.py --duration 5
+	@echo
+	@echo "Watch a job live: run"
+	@echo "    $(BIN)/slipstream run examples/trade_monitor.py:watch_dag --dashboard 8080"
+	@echo "and open http://127.0.0.1:8080/ in a browser (Ctrl-C stops the job)."
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
-# servers the connector tests start (never skipped: installed here when missing)
+# servers the connector tests start, and the headless Chromium (Debian's package) the
+# dashboard's browser test drives (never skipped: installed here when missing)
 system-deps:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		(echo "installing PostgreSQL for the connector tests"; apt-get update -q && apt-get install -y -q postgresql)
+	@test -x $(CHROMIUM) && test -x /usr/bin/chromedriver || \
+		(echo "installing chromium and chromium-driver for the dashboard's browser test"; \
+		 apt-get update -q && apt-get install -y -q chromium chromium-driver)
 
 test: lint system-deps
 	$(BIN)/python -m pytest -q

@@ -7,6 +7,7 @@ share this base, so ``join`` raises the same errors in the same way on every eng
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from slipstream.core.config import JobStatus
 from slipstream.core.errors import JobCancelledError, JobFailedError
@@ -34,6 +35,17 @@ class JobHandle:
 
     def get_metrics(self) -> dict[str, dict[str, int]]:
         return self.metrics
+
+    def watch(self) -> dict[str, Any]:
+        """What a watcher (the dashboard, ``slipstream run``'s progress table) shows
+        beyond ``metrics``, read without stopping the job. Keys (all optional):
+        ``parallelism`` (vertex -> processors), ``watermarks`` (vertex -> the lowest
+        watermark its processors passed on, or ``None``), ``queue_fill`` (vertex -> the
+        fullest inbound queue's fill, 0..1: back-pressure), ``snapshot`` (the last
+        committed snapshot's ``id``, ``duration_ms``, ``bytes``, ``committed_at``),
+        ``error`` (text of the failure), ``progress`` (vertex -> (done, total) for
+        bounded sources that know their size). Engines fill in what they can."""
+        return {}
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the job to end. Raises ``JobFailedError`` (naming the vertex and

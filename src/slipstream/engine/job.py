@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
 from slipstream.core.errors import JobFailedError, SnapshotError
+from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.job_handle import JobHandle
 from slipstream.engine import gc_tuning
 from slipstream.engine.plan import build_vertex_plans, wire
@@ -255,6 +256,53 @@ class Job(JobHandle):
                 m[k] = m.get(k, 0) + v
         snaps = ex.coordinator.snapshots_committed if ex and ex.coordinator else 0
         out["__job__"] = {"restarts": self.restarts, "snapshots": snaps}
+        return out
+
+    def watch(self) -> dict[str, Any]:
+        """See :meth:`JobHandle.watch`. Reads counters the worker threads own without
+        locks: each value is a recent one (never torn), which is what a watcher needs."""
+        ex = self._execution
+        out: dict[str, Any] = {"parallelism": {}, "watermarks": {}, "queue_fill": {}}
+        if ex is None:
+            return out
+        out["parallelism"] = {n: vp.total_parallelism for n, vp in ex.plans.items()}
+        wms: dict[str, list[int]] = {}
+        fill: dict[str, float] = {}
+        for t in ex.tasklets:
+            wm = t.last_wm_out if t.collectors else t.coalescer.last_emitted
+            lst = wms.setdefault(t.vertex_name, [])
+            if NO_WATERMARK < wm < MAX_TIMESTAMP:
+                lst.append(wm)
+            f = fill.get(t.vertex_name, 0.0)
+            for s in t.streams:
+                for q in s.queues:
+                    f = max(f, min(1.0, q.size() / q.capacity))
+            fill[t.vertex_name] = f
+        # a vertex's watermark is its slowest processor's; one that has none yet holds
+        # the vertex back only once it passes one on, as in Jet's coalescing
+        out["watermarks"] = {n: (min(v) if v else None) for n, v in wms.items()}
+        out["queue_fill"] = fill
+        failure = self._failure
+        if ex.coordinator is not None and ex.coordinator.last_commit is not None:
+            out["snapshot"] = dict(ex.coordinator.last_commit)
+        if failure is not None:
+            out["error"] = (
+                f"vertex {failure.tasklet.vertex_name!r}, processor {failure.tasklet.index}: "
+                f"{type(failure.error).__name__}: {failure.error}"
+            )
+        progress: dict[str, tuple[int, int]] = {}
+        for t in ex.tasklets:
+            p = getattr(t.processor, "progress", None)
+            if callable(p):
+                try:
+                    done_total = p()
+                except Exception:  # noqa: BLE001 - a watcher never breaks the job
+                    continue
+                if done_total is not None:
+                    d0, t0 = progress.get(t.vertex_name, (0, 0))
+                    progress[t.vertex_name] = (d0 + done_total[0], t0 + done_total[1])
+        if progress:
+            out["progress"] = progress
         return out
 
     def export_snapshot(self) -> SnapshotData | None:

@@ -40,6 +40,8 @@ class LocalEngine:
         work_dir: str | None = None,
         outbox_capacity: int = DEFAULT_BUCKET_CAPACITY,
         tune_gc: bool = True,
+        dashboard: int | None = None,
+        dashboard_host: str = "127.0.0.1",
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = default_cooperative_threads()
@@ -59,6 +61,17 @@ class LocalEngine:
         self.services = InMemoryServices()
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
+        # dashboard=PORT serves the live job page (0 picks a free port); see docs/watching.md
+        self.dashboard: Any = None
+        if dashboard is not None:
+            from slipstream.dashboard.server import DashboardServer
+
+            self.dashboard = DashboardServer(lambda: self.jobs, dashboard, dashboard_host)
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The dashboard's address (``None`` without ``dashboard=``)."""
+        return self.dashboard.url if self.dashboard is not None else None
 
     def new_job(
         self, dag: DAG | Any, config: JobConfig | None = None, *, restore_from: Any = None
@@ -88,9 +101,12 @@ class LocalEngine:
         return list(self._jobs)
 
     def shutdown(self) -> None:
-        """Cancel every running job."""
+        """Cancel every running job and stop the dashboard."""
         for j in self._jobs:
             j.cancel()
+        if self.dashboard is not None:
+            self.dashboard.close()
+            self.dashboard = None
 
     def __enter__(self) -> LocalEngine:
         return self

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,9 @@ class SnapshotCoordinator:
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self.snapshots_committed = 0
+        # for watchers (dashboard, CLI): id, duration, size and time of the last commit
+        self.last_commit: dict[str, Any] | None = None
+        self._started_at = 0.0
         self.terminal_committed = False
         self._commit_event = threading.Condition(self._lock)
 
@@ -144,6 +148,7 @@ class SnapshotCoordinator:
         self._reported = set()
         self._entries = {}
         self._requested = SnapshotBarrier(sid, terminal)
+        self._started_at = time.time()
         self._check_commit()
         return sid
 
@@ -175,6 +180,14 @@ class SnapshotCoordinator:
             return
         self.committed_id = req.snapshot_id
         self.snapshots_committed += 1
+        now = time.time()
+        self.last_commit = {
+            "id": req.snapshot_id,
+            "duration_ms": round((now - self._started_at) * 1000.0, 1),
+            "bytes": getattr(self.store, "last_write_bytes", None),
+            "entries": data.entry_count(),
+            "committed_at": now,
+        }
         self._requested = None
         self._entries = {}
         self._run_staged(req.snapshot_id)

@@ -85,6 +85,7 @@ class DirectorySnapshotStore:
             raise SnapshotError(f"snapshot {data.snapshot_id} state cannot be pickled: {e}") from e
         digest = hashlib.sha256(payload).hexdigest().encode()
         atomic_write(self._path(data.snapshot_id), digest + b"\n" + payload)
+        self.last_write_bytes = len(digest) + 1 + len(payload)
         ids = [i for i in self.committed_ids() if i != data.snapshot_id] + [data.snapshot_id]
         ids.sort()
         stale, ids = ids[: -self.keep], ids[-self.keep :]

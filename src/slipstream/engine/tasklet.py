@@ -19,6 +19,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import (
     DONE_ITEM,
     IDLE_MESSAGE,
+    NO_WATERMARK,
     DoneItem,
     IdleMessage,
     SnapshotBarrier,
@@ -150,6 +151,8 @@ class ProcessorTasklet:
         else:
             self.state = self._processing_state()
         self.items_out = 0
+        # the last watermark handed downstream (read by job.vertex_gauges())
+        self.last_wm_out = NO_WATERMARK
         self.cancelled = False
         self.closed = False
         self.progress = False
@@ -443,7 +446,9 @@ class ProcessorTasklet:
         for b, c in zip(outbox.buckets, self.collectors, strict=True):
             if b:
                 if specials:
-                    _hand_over_mixed(b, c)
+                    wm = _hand_over_mixed(b, c)
+                    if wm is not None:
+                        self.last_wm_out = wm
                 else:
                     c.add_chunk(b.copy())
                 b.clear()
@@ -469,9 +474,10 @@ class _Cancelled(Exception):
     """Unwinds a non-cooperative processor blocked on its outbox after cancellation."""
 
 
-def _hand_over_mixed(bucket: list[Any], collector: Collector) -> None:
+def _hand_over_mixed(bucket: list[Any], collector: Collector) -> int | None:
     """Hand a bucket holding special items over as data chunks and specials, in order.
-    The specials are found with C-speed ``list.index`` scans over the item types."""
+    The specials are found with C-speed ``list.index`` scans over the item types.
+    Returns the timestamp of the last watermark in the bucket, if any."""
     types = list(map(type, bucket))
     positions: list[int] = []
     for t in _SPECIAL_TYPES:
@@ -484,13 +490,18 @@ def _hand_over_mixed(bucket: list[Any], collector: Collector) -> None:
             positions.append(i)
     positions.sort()
     prev = 0
+    wm = None
     for i in positions:
         if i > prev:
             collector.add_chunk(bucket[prev:i])
-        collector.add_special(bucket[i])
+        item = bucket[i]
+        collector.add_special(item)
+        if type(item) is Watermark:
+            wm = item.timestamp
         prev = i + 1
     if prev < len(bucket):
         collector.add_chunk(bucket[prev:])
+    return wm
 
 
 _SPECIAL_TYPES = (Watermark, IdleMessage, SnapshotBarrier, DoneItem)

@@ -136,6 +136,10 @@ class ListSourceP(_PositionedSource):
     def _position(self) -> Any:
         return self._pos
 
+    def progress(self) -> tuple[int, int]:
+        """(items emitted, items in this processor's share): for progress bars."""
+        return self._pos, len(self._data)
+
     def _seek(self, position: Any) -> None:
         self._pos = position
 

@@ -75,6 +75,7 @@ class FileSourceP(_PositionedSource):
         self._record = 0
         self._fh: Any = None
         self._it: Iterator[Any] | None = None
+        self._sizes: list[int] = []
 
     def init_processor(self, context: Context) -> None:
         directory = Path(self._directory)
@@ -86,6 +87,7 @@ class FileSourceP(_PositionedSource):
             )
         files = list_data_files(self._directory, self._glob)
         self._files = files[context.global_processor_index :: context.total_parallelism]
+        self._sizes = [os.path.getsize(f) for f in self._files]
 
     # -- per format -------------------------------------------------------------------
     def _records(self, path: str) -> Iterator[Any]:
@@ -139,6 +141,19 @@ class FileSourceP(_PositionedSource):
     def _seek(self, position: Any) -> None:
         self._close_file()
         self._file_index, self._record = position
+
+    def progress(self) -> tuple[int, int]:
+        """(bytes read, bytes in this processor's files), for progress bars and ETAs.
+        The current file's position is its byte stream's, which reads ahead by a buffer."""
+        sizes = self._sizes
+        i = self._file_index
+        done = sum(sizes[:i])
+        if i < len(sizes) and self._fh is not None:
+            try:
+                done += min(sizes[i], int(getattr(self._fh, "buffer", self._fh).tell()))
+            except (OSError, ValueError, AttributeError, TypeError):
+                pass
+        return done, sum(sizes)
 
     def close(self) -> None:
         self._close_file()

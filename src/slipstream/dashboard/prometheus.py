@@ -1,0 +1,88 @@
+"""The ``/metrics`` endpoint: the dashboard's numbers in Prometheus' text format.
+
+A custom collector reads the jobs at scrape time (nothing is pushed from the hot path),
+registered in a private registry so two engines in one process do not collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class JobsCollector(Collector):
+    def __init__(self, describe_all: Callable[[], list[dict[str, Any]]]) -> None:
+        self._describe_all = describe_all
+
+    def collect(self) -> Iterator[Any]:
+        jobs = self._describe_all()
+        labels = ["job", "job_id"]
+        vlabels = [*labels, "vertex"]
+        status = GaugeMetricFamily(
+            "slipstream_job_running", "1 while the job runs, else 0", labels=[*labels, "status"]
+        )
+        restarts = CounterMetricFamily("slipstream_job_restarts", "Restarts of the job", labels=labels)
+        snaps = CounterMetricFamily(
+            "slipstream_snapshots_committed", "Snapshots committed by the job", labels=labels
+        )
+        snap_id = GaugeMetricFamily("slipstream_snapshot_last_id", "Id of the last committed snapshot", labels=labels)
+        snap_dur = GaugeMetricFamily(
+            "slipstream_snapshot_last_duration_seconds", "Duration of the last snapshot", labels=labels
+        )
+        snap_bytes = GaugeMetricFamily("slipstream_snapshot_last_bytes", "Size of the last snapshot", labels=labels)
+        snap_age = GaugeMetricFamily(
+            "slipstream_snapshot_last_age_seconds", "Seconds since the last snapshot committed", labels=labels
+        )
+        items_in = CounterMetricFamily("slipstream_vertex_items_in", "Items received", labels=vlabels)
+        items_out = CounterMetricFamily("slipstream_vertex_items_out", "Items emitted", labels=vlabels)
+        late = CounterMetricFamily(
+            "slipstream_vertex_late_items_dropped", "Late items dropped", labels=vlabels
+        )
+        in_rate = GaugeMetricFamily("slipstream_vertex_items_in_per_second", "Items received per second", labels=vlabels)
+        out_rate = GaugeMetricFamily("slipstream_vertex_items_out_per_second", "Items emitted per second", labels=vlabels)
+        fill = GaugeMetricFamily(
+            "slipstream_vertex_queue_fill_ratio", "Fill of the fullest inbound queue (0..1)", labels=vlabels
+        )
+        wm = GaugeMetricFamily("slipstream_vertex_watermark", "Watermark passed on (event time)", labels=vlabels)
+        lag = GaugeMetricFamily(
+            "slipstream_vertex_watermark_lag_seconds", "Watermark lag behind the wall clock", labels=vlabels
+        )
+        for j in jobs:
+            lv = [j["name"], j["id"]]
+            status.add_metric([*lv, j["status"]], 1.0 if j["status"] == "running" else 0.0)
+            restarts.add_metric(lv, j["restarts"])
+            snaps.add_metric(lv, j["snapshots"])
+            s = j.get("snapshot")
+            if s:
+                snap_id.add_metric(lv, s["id"])
+                snap_dur.add_metric(lv, s["duration_ms"] / 1000.0)
+                if s.get("bytes") is not None:
+                    snap_bytes.add_metric(lv, s["bytes"])
+                snap_age.add_metric(lv, s["age_s"])
+            for v in j["vertices"]:
+                vl = [*lv, v["name"]]
+                items_in.add_metric(vl, v["items_in"])
+                items_out.add_metric(vl, v["items_out"])
+                late.add_metric(vl, v["late_items_dropped"])
+                in_rate.add_metric(vl, v["in_rate"])
+                out_rate.add_metric(vl, v["out_rate"])
+                if v["queue_fill"] is not None:
+                    fill.add_metric(vl, v["queue_fill"])
+                if v["watermark"] is not None:
+                    wm.add_metric(vl, v["watermark"])
+                if v["watermark_lag_ms"] is not None:
+                    lag.add_metric(vl, v["watermark_lag_ms"] / 1000.0)
+        yield from (status, restarts, snaps, snap_id, snap_dur, snap_bytes, snap_age)
+        yield from (items_in, items_out, late, in_rate, out_rate, fill, wm, lag)
+
+
+def metrics_text(describe_all: Callable[[], list[dict[str, Any]]]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobsCollector(describe_all))
+    return generate_latest(registry)

@@ -1,0 +1,155 @@
+"""The dashboard's HTTP server: a small threaded server from the standard library.
+
+It only reads: every request describes the engine's jobs afresh (through one shared
+:class:`~slipstream.dashboard.stats.Sampler`), so the engine never pushes anything and a
+slow browser cannot slow a job down. It binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from slipstream.dashboard.page import job_section, page_html
+from slipstream.dashboard.prometheus import CONTENT_TYPE as PROM_TYPE
+from slipstream.dashboard.prometheus import metrics_text
+from slipstream.dashboard.stats import Sampler
+from slipstream.dashboard.svg import dag_svg
+
+log = logging.getLogger("slipstream.dashboard")
+
+
+class DashboardServer:
+    """Serves ``/`` (the page), ``/api/jobs`` (JSON), ``/metrics`` (Prometheus) and
+    per job ``/api/jobs/ID/dag.svg``. ``jobs`` returns the job handles to show.
+    ``port=0`` picks a free port; :attr:`url` tells which."""
+
+    def __init__(
+        self, jobs: Callable[[], list[Any]], port: int = 0, host: str = "127.0.0.1"
+    ) -> None:
+        self._jobs = jobs
+        self.sampler = Sampler()
+        self._svg: dict[str, str] = {}
+        self._svg_lock = threading.Lock()
+        outer = self
+
+        class Handler(_Handler):
+            server_ref = outer
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.host = host
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="slipstream-dashboard", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    # -- content -------------------------------------------------------------------------
+    def job_list(self) -> list[Any]:
+        try:
+            return list(self._jobs())
+        except Exception:  # noqa: BLE001
+            log.exception("listing jobs failed")
+            return []
+
+    def describe_all(self) -> list[dict[str, Any]]:
+        return [self.sampler.describe(j, _job_id(j)) for j in self.job_list()]
+
+    def find(self, job_id: str) -> Any:
+        for j in self.job_list():
+            if _job_id(j) == job_id:
+                return j
+        return None
+
+    def svg_of(self, job: Any) -> str:
+        jid = _job_id(job)
+        with self._svg_lock:
+            svg = self._svg.get(jid)
+        if svg is None:
+            par: dict[str, int] = {}
+            if hasattr(job, "watch"):
+                try:
+                    par = dict(job.watch().get("parallelism", {}))
+                except Exception:  # noqa: BLE001
+                    par = {}
+            dag = getattr(job, "dag", None)
+            svg = dag_svg(dag, par or None) if dag is not None else "<svg xmlns=\"http://www.w3.org/2000/svg\"/>"
+            if par or dag is None:  # cache only once the plan (parallelism) is known
+                with self._svg_lock:
+                    self._svg[jid] = svg
+        return svg
+
+    def section_of(self, job: Any) -> str:
+        dag = getattr(job, "dag", None)
+        names = [v.name for v in dag.topological_order()] if dag is not None else []
+        return job_section(_job_id(job), job.name, self.svg_of(job), names)
+
+
+def _job_id(job: Any) -> str:
+    return str(getattr(job, "id", None) or id(job))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_ref: DashboardServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("dashboard: " + format, *args)
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        d = self.server_ref
+        path = urlsplit(self.path).path
+        try:
+            if path in ("/", "/index.html"):
+                sections = [d.section_of(j) for j in d.job_list()]
+                self._send(200, "text/html; charset=utf-8", page_html(sections).encode())
+            elif path == "/api/jobs":
+                doc = {"time": time.time(), "jobs": d.describe_all()}
+                self._send(200, "application/json", json.dumps(doc).encode())
+            elif path == "/metrics":
+                self._send(200, PROM_TYPE, metrics_text(d.describe_all))
+            elif path.startswith("/api/jobs/"):
+                jid, _, what = unquote(path[len("/api/jobs/") :]).partition("/")
+                job = d.find(jid)
+                if job is None:
+                    self._send(404, "text/plain", f"no job {jid!r}\n".encode())
+                elif what == "dag.svg":
+                    self._send(200, "image/svg+xml", d.svg_of(job).encode())
+                elif what == "section":
+                    self._send(200, "text/html; charset=utf-8", d.section_of(job).encode())
+                else:
+                    self._send(404, "text/plain", b"not found\n")
+            else:
+                self._send(404, "text/plain", b"not found\n")
+        except BrokenPipeError:
+            pass
+        except Exception as e:  # noqa: BLE001 - report, keep serving
+            log.exception("dashboard request %s failed", path)
+            self._send(500, "text/plain", f"{type(e).__name__}: {e}\n".encode())
+
+    def _send(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        self.wfile.write(body)

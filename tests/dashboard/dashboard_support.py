@@ -1,0 +1,61 @@
+"""A small never-ending streaming DAG for the dashboard and CLI tests: wall-clock event
+times (so watermark lag is meaningful) and every 10th item a minute old, so the window
+vertex drops late items. Test modules import it by its plain name."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from slipstream import DAG, Edge, sinks, sources
+from slipstream import processors as P
+from slipstream.aggregate import counting
+from slipstream.watermark import with_fixed_lag
+from slipstream.window import tumbling_window_def
+
+
+def event(seq: int) -> tuple[int, int]:
+    now = int(time.time() * 1000)
+    return (now - 60_000 if seq % 10 == 9 else now, seq)
+
+
+def streaming_dag(rate: float = 400.0) -> DAG:
+    dag = DAG()
+    src = dag.new_vertex("events", sources.generator(event, rate)).local_parallelism(1)
+    wm = dag.new_vertex(
+        "timestamps", P.insert_watermarks(lambda e: e[0], lambda: with_fixed_lag(50))
+    ).local_parallelism(1)
+    win = dag.new_vertex(
+        "count-per-window",
+        P.aggregate_to_sliding_window(
+            key_fn=lambda e: e[1] % 4,
+            timestamp_fn=lambda e: e[0],
+            window_def=tumbling_window_def(100),
+            agg_op=counting(),
+        ),
+    ).local_parallelism(2)
+    out = dag.new_vertex("sink", sinks.noop()).local_parallelism(1)
+    dag.edge(Edge.between(src, wm))
+    dag.edge(Edge.between(wm, win).partitioned(lambda e: e[1] % 4))
+    dag.edge(Edge.between(win, out))
+    return dag
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something truthy (generous deadline: loaded CI)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last value {last!r}")

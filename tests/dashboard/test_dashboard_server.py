@@ -1,0 +1,127 @@
+"""The dashboard's endpoints on a running job: JSON, Prometheus text, the page, and
+the server's lifecycle (loopback only, stopped by engine.shutdown())."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from dashboard_support import get_json, streaming_dag, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+import slipstream as ss
+from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import processors as P
+
+
+def vertex(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    (job,) = doc["jobs"]
+    return next(v for v in job["vertices"] if v["name"] == name)
+
+
+def test_json_page_and_prometheus_while_a_job_runs(tmp_path: Any) -> None:
+    engine = ss.local(dashboard=0)
+    try:
+        url = engine.dashboard_url
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert engine.dashboard.host == "127.0.0.1"
+        job = engine.new_job(
+            streaming_dag(),
+            JobConfig(
+                name="watched",
+                processing_guarantee=ProcessingGuarantee.AT_LEAST_ONCE,
+                snapshot_interval_ms=200,
+                snapshot_store=str(tmp_path / "snaps"),
+            ),
+        )
+        api = url + "api/jobs"
+        first = wait_for(lambda: vertex(get_json(api), "sink")["items_in"] > 0 and get_json(api))
+        # counters move, rates appear, a watermark with wall-clock lag, late items dropped
+        later = wait_for(
+            lambda: (d := get_json(api))
+            and vertex(d, "sink")["items_in"] > vertex(first, "sink")["items_in"]
+            and vertex(d, "events")["out_rate"] > 0
+            and vertex(d, "count-per-window")["late_items_dropped"] > 0
+            and vertex(d, "timestamps")["watermark_lag_ms"] is not None
+            and d["jobs"][0]["snapshot"] is not None
+            and d,
+            what="moving counters, rates, watermark lag, late items and a snapshot",
+        )
+        j = later["jobs"][0]
+        assert j["name"] == "watched" and j["status"] == "running" and j["engine"] == "local"
+        assert [v["name"] for v in j["vertices"]] == ["events", "timestamps", "count-per-window", "sink"]
+        assert vertex(later, "count-per-window")["parallelism"] == 2
+        win = vertex(later, "count-per-window")
+        assert 0 <= win["queue_fill"] <= 1
+        # the lag is the watermark's distance behind the clock: with_fixed_lag(50) plus
+        # scheduling delay; never negative, and far below the late items' minute
+        assert 0 <= vertex(later, "timestamps")["watermark_lag_ms"] < 60_000
+        snap = j["snapshot"]
+        assert snap["id"] >= 1 and snap["bytes"] > 0 and snap["duration_ms"] >= 0 and snap["age_s"] >= 0
+
+        with urllib.request.urlopen(url + "metrics", timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            text = r.read().decode()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        sample = {
+            s.labels["vertex"]: s.value for s in fams["slipstream_vertex_items_in"].samples
+            if s.name.endswith("_total")
+        }
+        assert sample["sink"] > 0
+        lags = [s for s in fams["slipstream_vertex_watermark_lag_seconds"].samples]
+        assert any(s.labels["vertex"] == "timestamps" for s in lags)
+        assert fams["slipstream_snapshot_last_id"].samples[0].value >= 1
+
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/html")
+            page = r.read().decode()
+        assert "<svg" in page and 'data-vertex="count-per-window"' in page
+        assert "partitioned by lambda" in page  # edge labels carry the routing
+        with urllib.request.urlopen(f"{url}api/jobs/{job.id}/dag.svg", timeout=10) as r:
+            assert r.read().decode().startswith("<svg")
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(url + "api/jobs/999/dag.svg", timeout=10)
+        assert ei.value.code == 404
+        job.cancel()
+        wait_for(lambda: get_json(api)["jobs"][0]["status"] == "cancelled")
+    finally:
+        engine.shutdown()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "api/jobs", timeout=5)
+
+
+class Boom(ss.AbstractProcessor):
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        raise ValueError(f"bad item {item}")
+
+
+def test_failed_job_shows_its_error() -> None:
+    with ss.local(dashboard=0) as engine:
+        dag = DAG()
+        s = dag.new_vertex("src", sources.items([1, 2, 3]))
+        b = dag.new_vertex("explode", Boom)
+        dag.edge(Edge.between(s, b))
+        job = engine.new_job(dag)
+        with pytest.raises(ss.JobFailedError):
+            job.join(30)
+        (j,) = get_json(engine.dashboard_url + "api/jobs")["jobs"]
+        assert j["status"] == "failed"
+        assert "explode" in j["error"] and "ValueError: bad item" in j["error"]
+
+
+def test_batch_source_reports_progress_and_no_dashboard_by_default(tmp_path: Any) -> None:
+    engine = ss.local()
+    assert engine.dashboard_url is None
+    for i in range(3):
+        (tmp_path / f"f{i}.txt").write_text("".join(f"line {n}\n" for n in range(500)))
+    dag = DAG()
+    s = dag.new_vertex("read", sources.read_files(str(tmp_path), "*.txt")).local_parallelism(2)
+    m = dag.new_vertex("upper", P.map(str.upper))
+    o = dag.new_vertex("out", sinks.noop())
+    dag.edge(Edge.between(s, m)).edge(Edge.between(m, o))
+    job = engine.new_job(dag)
+    job.join(30)
+    done, total = job.watch()["progress"]["read"]
+    assert done == total == sum(p.stat().st_size for p in tmp_path.iterdir())
