@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -140,9 +142,74 @@ def test_prepare_environment_respects_existing_values(
 
 def test_prepare_environment_default_dir(clean_env: pytest.MonkeyPatch) -> None:
     conf_dir = prepare_environment()
-    assert "slipstream-spark-conf" in conf_dir
+    root = Path(tempfile.gettempdir()) / f"slipstream-{os.geteuid()}"
+    assert Path(conf_dir).is_relative_to(root)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
     assert prepare_environment() == conf_dir
     assert (Path(conf_dir) / "spark-defaults.conf").is_file()
+
+
+def _planted_root(tmp_path: Path, uid: int, how: str) -> Path:
+    """A ``slipstream-<uid>`` dir holding a planted Spark config that is not private:
+    group/other-writable, someone else's, or a symlink to someone else's dir."""
+    legacy = tmp_path / "slipstream-spark-conf"  # the shared name used before
+    (legacy / "conf").mkdir(parents=True)
+    (legacy / "conf" / "spark-env.sh").write_text("planted\n")
+    legacy.chmod(0o777)
+    root = tmp_path / f"slipstream-{uid}"
+    target = tmp_path / "attacker" if how == "symlink" else root
+    (target / "spark-conf" / "conf").mkdir(parents=True)
+    (target / "spark-conf" / "conf" / "spark-defaults.conf").write_text("planted\n")
+    if how == "symlink":
+        root.symlink_to(target)
+    elif how == "open":
+        root.chmod(0o777)
+    else:
+        root.chmod(0o700)
+    return root
+
+
+@pytest.mark.parametrize("how", ["open", "foreign", "symlink"])
+def test_prepare_environment_never_uses_a_planted_default_dir(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, how: str
+) -> None:
+    clean_env.setattr(tempfile, "tempdir", str(tmp_path))
+    clean_env.setattr(spark_session_mod, "_prepared", {})
+    uid = os.geteuid()
+    if how == "foreign":
+        # the dir belongs to this process's real uid; pretending to be another user
+        # makes it "someone else's" without needing root to chown it
+        uid += 1
+        clean_env.setattr(os, "geteuid", lambda: uid)
+    root = _planted_root(tmp_path, uid, how)
+    conf_dir = Path(prepare_environment())
+    assert not conf_dir.resolve().is_relative_to(root.resolve())
+    assert sorted(p.name for p in conf_dir.iterdir()) == [
+        "log4j2.properties",
+        "spark-defaults.conf",
+    ]
+    # every directory from tmp_path down to the conf dir is this user's alone
+    d = conf_dir
+    while d != tmp_path:
+        st = d.lstat()
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.stat(tmp_path).st_uid, d
+        assert d == conf_dir or not st.st_mode & 0o077, f"{d} is open to others"
+        d = d.parent
+
+
+def test_private_dir_checks(tmp_path: Path) -> None:
+    from slipstream.core.files import UnsafeDirectoryError, private_dir
+
+    made = private_dir(tmp_path / "mine")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    assert private_dir(made) == made  # an existing private dir is fine
+    (tmp_path / "open").mkdir(mode=0o755)
+    (tmp_path / "open").chmod(0o755)
+    with pytest.raises(UnsafeDirectoryError, match="open to other users"):
+        private_dir(tmp_path / "open")
+    (tmp_path / "link").symlink_to(made)
+    with pytest.raises(UnsafeDirectoryError, match="not a directory"):
+        private_dir(tmp_path / "link")
 
 
 @pytest.mark.parametrize(

@@ -435,3 +435,48 @@ def test_word_count_on_a_standalone_cluster() -> None:
     assert report["members"] == report["executors"]
     words = sum(len(line.split()) for line in LINES)
     assert report["metrics"]["split"]["items_out"] == words
+
+
+# ------------------------------------------------------------------ security
+
+
+class _RunsCodeWhenUnpickled:
+    """Unpickling this creates ``path``: proof that the driver ran code from data."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def _forged_marker(sentinel: Path) -> str:
+    """A record's text that looks like the engine's failure marker and carries a pickle
+    whose loading runs code (the format the engine used before the signed channel)."""
+    import base64
+    import pickle
+    import zlib
+
+    blob = base64.urlsafe_b64encode(
+        zlib.compress(pickle.dumps(_RunsCodeWhenUnpickled(str(sentinel))))
+    ).decode("ascii")
+    return f"[slipstream-processor-failure:{blob}]"
+
+
+def test_a_record_forging_the_failure_marker_runs_no_code(engine: Any, tmp_path: Path) -> None:
+    sentinel = tmp_path / "code-ran"
+    dag = DAG()
+    src = dag.new_vertex("src", functools.partial(ListSource, ["1", _forged_marker(sentinel)]))
+    parse = dag.new_vertex("parse", functools.partial(Mapper, int)).local_parallelism(1)
+    out = dag.new_vertex("sink", functools.partial(Collect, "out"))
+    dag.edge(Edge.between(src, parse)).edge(Edge.between(parse, out))
+    job = engine.new_job(dag, ss.JobConfig(name="forged"))
+    # int('<marker>') quotes the record in its message, ahead of the engine's own marker
+    with pytest.raises(ss.JobFailedError) as info:
+        job.join(120)
+    assert not sentinel.exists(), "the driver unpickled a marker forged by a record"
+    err = info.value
+    assert err.vertex == "parse" and err.processor_index == 0
+    assert isinstance(err.__cause__, ValueError)
+    assert "invalid literal for int()" in str(err.__cause__)
+    assert job.status is JobStatus.FAILED

@@ -1,10 +1,12 @@
-"""File helpers: atomic replacement of a file, which names hold data, and the optional
-pyarrow dependency of the Parquet source and sink."""
+"""File helpers: atomic replacement of a file, which names hold data, the optional
+pyarrow dependency of the Parquet source and sink, and private per-user directories."""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -62,3 +64,43 @@ def require_pyarrow(factory: str) -> Any:
             "with `pip install -e '.[parquet]'` in a checkout (or `pip install pyarrow`)"
         ) from e
     return pyarrow
+
+
+class UnsafeDirectoryError(PermissionError):
+    """A directory slipstream would keep private state in is not private: not a real
+    directory, owned by another user, or open to group or others."""
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """Create directory ``path`` with mode 0700, or check that the existing one is
+    private: a real directory (not a symlink), owned by this user, with no access for
+    group or others. Raises :class:`UnsafeDirectoryError` otherwise (it never takes
+    over or deletes someone else's directory). The parent must exist."""
+    p = Path(path)
+    try:
+        os.mkdir(p, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(p)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectoryError(f"{p} is not a directory (a symlink or a file)")
+    if st.st_uid != os.geteuid():
+        raise UnsafeDirectoryError(
+            f"{p} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+        )
+    if st.st_mode & 0o077:
+        raise UnsafeDirectoryError(
+            f"{p} is open to other users (mode {stat.S_IMODE(st.st_mode):o}, expected 700)"
+        )
+    return p
+
+
+def user_temp_dir(*names: str) -> Path:
+    """``<system temp dir>/slipstream-<uid>/<names...>``, every level created by
+    :func:`private_dir` (so checked to be this user's alone). Raises
+    :class:`UnsafeDirectoryError` if another user planted one of them; callers then fall
+    back to :func:`tempfile.mkdtemp`."""
+    path = private_dir(Path(tempfile.gettempdir()) / f"slipstream-{os.geteuid()}")
+    for name in names:
+        path = private_dir(path / name)
+    return path

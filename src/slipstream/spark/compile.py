@@ -216,6 +216,7 @@ def compile_dag(
     services: Any = None,
     persist_level: Any = None,
     epoch: EpochInput | None = None,
+    failure_key: bytes = b"",
 ) -> CompiledDag:
     """Validate ``dag`` and build its RDDs (lazily: nothing runs until the caller
     collects ``result_rdd``). Raises :class:`DagError` for an invalid DAG or a supplier
@@ -224,6 +225,7 @@ def compile_dag(
     With ``epoch``, the DAG is compiled as one micro-batch of a streaming job: the stream
     source reads ``epoch.stream_rdd``, processors restore the previous epoch's state and
     end with a terminal snapshot instead of completing (see :mod:`slipstream.spark.task`).
+    ``failure_key`` signs the tasks' failure markers (:mod:`slipstream.spark.failures`).
     """
     from pyspark import StorageLevel
 
@@ -338,6 +340,7 @@ def compile_dag(
                 else None
             ),
             final_run=epoch is not None and epoch.final,
+            failure_key=failure_key,
         )
 
         if not inbound:

@@ -45,7 +45,13 @@ from slipstream.core.job_handle import JobHandle
 from slipstream.core.services import InMemoryServices
 from slipstream.engine.plan import member_addresses
 from slipstream.spark.compile import CompiledDag, compile_dag
-from slipstream.spark.failures import find_failure
+from slipstream.spark.failures import (
+    environment_problem,
+    find_failure,
+    new_failure_key,
+    summarize_spark_error,
+    thread_died_error,
+)
 from slipstream.spark.io import SparkStreamSource
 
 __all__ = ["SparkEngine", "SparkJob"]
@@ -339,6 +345,7 @@ class SparkJob(JobHandle):
         self._compiled: CompiledDag | None = None
         self._broadcast: Any = None
         self._thread: threading.Thread | None = None
+        self.failure_key = new_failure_key()
         self.submission_time = time.time()
         self.completion_time: float | None = None
 
@@ -392,6 +399,7 @@ class SparkJob(JobHandle):
                 default_parallelism=lp,
                 addresses=member_addresses(members),
                 services=self._broadcast,
+                failure_key=self.failure_key,
             )
         except BaseException:
             self._status = JobStatus.FAILED
@@ -422,7 +430,16 @@ class SparkJob(JobHandle):
         except BaseException as exc:  # noqa: BLE001 - reported through join()
             error = exc
         finally:
-            self._finish(error)
+            try:
+                self._finish(error)
+            except BaseException as exc:  # noqa: BLE001 - join() must return, whatever failed
+                self._thread_died(exc)
+
+    def _thread_died(self, exc: BaseException) -> None:
+        log.error("job %s: the driver thread died", self.name, exc_info=exc)
+        self._error = thread_died_error(self.name, threading.current_thread().name, exc)
+        self._status = JobStatus.FAILED
+        self._terminal.set()
 
     def _check_results(
         self, compiled: CompiledDag, payloads: list[dict[str, Any]]
@@ -465,7 +482,7 @@ class SparkJob(JobHandle):
             self._broadcast = None
 
     def _failure_error(self, error: BaseException) -> JobFailedError:
-        return failure_error(self.name, error)
+        return failure_error(self.name, error, self.failure_key)
 
 
 class _CancelledBeforeStart(Exception):
@@ -489,17 +506,21 @@ def ordered_results(compiled: CompiledDag, payloads: list[dict[str, Any]]) -> li
     return ordered
 
 
-def failure_error(job_name: str, error: BaseException) -> JobFailedError:
-    """Map an exception from a Spark action to :class:`JobFailedError`: a processor's
-    failure (decoded from the Spark error text) names its vertex and index and chains the
-    processor's own exception."""
+def failure_error(job_name: str, error: BaseException, failure_key: bytes) -> JobFailedError:
+    """Map an exception from a Spark action to :class:`JobFailedError`.
+
+    A processor's failure (a marker in the Spark error text signed with the job's
+    ``failure_key``) names its vertex and index and chains the processor's exception,
+    decoded as plain data. Executors that cannot run the job at all (wrong Python, a
+    module they lack) give one line naming the cause and the fix, without the Java
+    trace; any other Spark failure gives its real exception line."""
     if isinstance(error, JobFailedError):
         return error
     try:
         text = str(error)
     except Exception:  # noqa: BLE001 - py4j may fail to render a Java exception
         text = repr(error)
-    info = find_failure(text)
+    info = find_failure(text, failure_key)
     if info is not None:
         err = JobFailedError(
             f"job {job_name!r} failed: {info.describe()}",
@@ -510,9 +531,13 @@ def failure_error(job_name: str, error: BaseException) -> JobFailedError:
         )
         err.__cause__ = info.error
         return err
-    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    problem = environment_problem(text)
+    if problem is not None:
+        err = JobFailedError(f"job {job_name!r} cannot run on Spark: {problem}", cause=error)
+        err.__suppress_context__ = True  # the Java trace says no more than the message
+        return err
     err = JobFailedError(
-        f"job {job_name!r} failed in Spark: {type(error).__name__}: {first[:500]}",
+        f"job {job_name!r} failed in Spark: {summarize_spark_error(text)}",
         cause=error,
     )
     err.__cause__ = error

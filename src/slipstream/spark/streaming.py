@@ -75,6 +75,7 @@ from slipstream.engine.plan import VertexPlan, member_addresses
 from slipstream.engine.snapshot import custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
+from slipstream.spark.failures import new_failure_key, thread_died_error
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ class _EpochJob(JobHandle):
             os.path.join(self.checkpoint_location, "slipstream-state")
         )
         self.job_group = f"slipstream-stream-{self.id}-{uuid.uuid4().hex[:12]}"
+        self.failure_key = new_failure_key()
         self._status = JobStatus.NOT_RUNNING
         self._lock = threading.Lock()
         self._terminal = threading.Event()
@@ -212,10 +214,18 @@ class _EpochJob(JobHandle):
         os.makedirs(self.checkpoint_location, exist_ok=True)
         self._services = self.engine._services_broadcast()
 
+    def _thread_died(self, exc: BaseException) -> None:
+        """A driver-side thread of the job failed unexpectedly: fail the job, so
+        ``join()`` returns."""
+        log.error("job %s: the driver thread died", self.name, exc_info=exc)
+        self._error = thread_died_error(self.name, threading.current_thread().name, exc)
+        self._status = JobStatus.FAILED
+        self._terminal.set()
+
     def _failure(self, error: BaseException) -> JobFailedError:
         from slipstream.spark.engine import failure_error
 
-        return failure_error(self.name, error)
+        return failure_error(self.name, error, self.failure_key)
 
     def _load_state(self, snapshot_id: int) -> dict[str, Any] | None:
         """The state to restore before the epoch that commits ``snapshot_id``: the
@@ -278,6 +288,7 @@ class _EpochJob(JobHandle):
                 addresses=member_addresses(self._members),
                 services=self._services,
                 epoch=EpochInput(stream_rdd, state_bc, epoch_ms=epoch_ms, final=final),
+                failure_key=self.failure_key,
             )
             records = compiled.result_rdd.collect()
         finally:
@@ -396,6 +407,12 @@ class SparkStreamingJob(_EpochJob):
         ).start()
 
     def _watch(self) -> None:
+        try:
+            self._await_query()
+        except BaseException as exc:  # noqa: BLE001 - join() must return, whatever failed
+            self._thread_died(exc)
+
+    def _await_query(self) -> None:
         error: BaseException | None = None
         try:
             self.query.awaitTermination()
@@ -525,7 +542,10 @@ class SparkMicroBatchJob(_EpochJob):
         except BaseException as exc:  # noqa: BLE001 - reported through join()
             error = exc
         finally:
-            self._finish(error)
+            try:
+                self._finish(error)
+            except BaseException as exc:  # noqa: BLE001 - join() must return, whatever failed
+                self._thread_died(exc)
 
     def _finish(self, error: BaseException | None) -> None:
         self.completion_time = time.time()

@@ -206,6 +206,8 @@ class VertexTask:
     source_epoch_ms: float | None = None
     #: the last run of a micro-batch job: restore ``epoch_state``, then complete normally
     final_run: bool = False
+    #: the job's key for signing failure markers (:mod:`slipstream.spark.failures`)
+    failure_key: bytes = b""
 
     def __call__(self, index: int, records: Iterator[Any]) -> Iterator[Record]:
         return self._run(index, records)
@@ -250,7 +252,7 @@ class VertexTask:
             except ProcessorFailure:
                 raise  # an upstream processor failed (PySpark pipelined it into this task)
             except Exception as exc:
-                raise encode_failure(self.vertex, index, exc) from exc
+                raise encode_failure(self.vertex, index, exc, self.failure_key) from exc
             yield from passed_on
 
         supplier: ProcessorSupplier | None = None
@@ -323,7 +325,7 @@ class VertexTask:
             raise
         except Exception as exc:
             error = exc
-            raise encode_failure(self.vertex, index, exc) from exc
+            raise encode_failure(self.vertex, index, exc, self.failure_key) from exc
         finally:
             if error is not None:
                 try:
@@ -338,7 +340,7 @@ class VertexTask:
                     supplier.close(error)
                 except Exception as exc:  # noqa: BLE001
                     if error is None:
-                        raise encode_failure(self.vertex, index, exc) from exc
+                        raise encode_failure(self.vertex, index, exc, self.failure_key) from exc
 
         assert tasklet is not None
         metrics = {
