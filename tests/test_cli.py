@@ -1,10 +1,17 @@
-"""The command line runs a DAG named as module:function and prints its Graphviz form."""
+"""The command line: targets as module:function or file.py:function with arguments,
+progress output on and off a terminal, --resume, --dashboard, and dot --svg."""
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 MODULE = textwrap.dedent(
@@ -12,25 +19,49 @@ MODULE = textwrap.dedent(
     from slipstream import DAG, Edge
     from slipstream import processors as P, sinks, sources
 
-    def build():
+    def build(n: int = 1000, scale: int = 1, label: str = "x", *, square: bool = True):
         dag = DAG()
-        s = dag.new_vertex("numbers", sources.items(range(1000)))
-        m = dag.new_vertex("square", P.map(lambda x: x * x))
+        s = dag.new_vertex("numbers", sources.items(range(n)))
+        m = dag.new_vertex("square", P.map(lambda x: (x * x if square else x) * scale))
         out = dag.new_vertex("out", sinks.write_files("out"))
+        dag.edge(Edge.between(s, m).partitioned(lambda x: x % 3)).edge(Edge.between(m, out))
+        return dag
+
+    def slow(rate: float = 400.0, n: int = 800):
+        dag = DAG()
+        s = dag.new_vertex("gen", sources.generator(lambda i: i, rate, max_items=n)).local_parallelism(1)
+        out = dag.new_vertex("out", sinks.write_files("out")).local_parallelism(1)
+        dag.edge(Edge.between(s, out))
+        return dag
+
+    def files(directory: str = "data"):
+        dag = DAG()
+        s = dag.new_vertex("read", sources.read_files(directory, "*.txt")).local_parallelism(1)
+        m = dag.new_vertex("slow", P.map(lambda line: __import__("time").sleep(0.0005) or line))
+        out = dag.new_vertex("out", sinks.noop())
         dag.edge(Edge.between(s, m)).edge(Edge.between(m, out))
         return dag
     """
 )
 
 
-def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     (tmp_path / "mydag.py").write_text(MODULE)
     return subprocess.run(
-        [sys.executable, "-m", "slipstream.cli", *args],
+        [sys.executable, "-m", "slipstream", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
+    )
+
+
+def output(tmp_path: Path) -> list[int]:
+    return sorted(
+        int(x)
+        for p in (tmp_path / "out").iterdir()
+        if not p.name.startswith((".", "_"))
+        for x in p.read_text().split()
     )
 
 
@@ -38,13 +69,35 @@ def test_run_module_function(tmp_path: Path) -> None:
     r = run(tmp_path, "run", "mydag:build")
     assert r.returncode == 0, r.stderr
     assert "completed" in r.stderr
-    lines = [int(x) for p in (tmp_path / "out").iterdir() for x in p.read_text().split()]
-    assert sorted(lines) == [x * x for x in range(1000)]
+    assert output(tmp_path) == [x * x for x in range(1000)]
 
 
-def test_dot(tmp_path: Path) -> None:
-    r = run(tmp_path, "dot", "mydag:build")
-    assert r.returncode == 0 and '"numbers" -> "square"' in r.stdout
+def test_version_and_module_entry_point(tmp_path: Path) -> None:
+    r = run(tmp_path, "--version")
+    assert r.returncode == 0 and r.stdout.startswith("slipstream 0.")
+    r2 = subprocess.run(
+        [sys.executable, "-m", "slipstream.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert r2.stdout == r.stdout
+
+
+def test_file_target_with_arguments_after_dashes_and_arg(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "pipeline.py").write_text(MODULE)
+    r = run(tmp_path, "run", "jobs/pipeline.py:build", "--arg", "square=false", "--", "20", "--scale", "3")
+    assert r.returncode == 0, r.stderr
+    assert output(tmp_path) == [3 * x for x in range(20)]
+
+
+def test_arguments_that_do_not_match_are_a_clear_error(tmp_path: Path) -> None:
+    r = run(tmp_path, "run", "mydag:build", "--", "--nope", "1")
+    assert r.returncode == 2
+    assert "do not match" in r.stderr and "nope" in r.stderr
+    assert "build(n: int = 1000, scale: int = 1" in r.stderr  # shows the signature
+    r = run(tmp_path, "run", "mydag:build", "--", "n=many")
+    assert r.returncode == 2 and "argument 'n': expected int, got 'many'" in r.stderr
+    r = run(tmp_path, "run", "mydag:build", "--arg", "oops")
+    assert r.returncode == 2 and "KEY=VALUE" in r.stderr
 
 
 def test_bad_spec_is_a_clear_error(tmp_path: Path) -> None:
@@ -52,3 +105,115 @@ def test_bad_spec_is_a_clear_error(tmp_path: Path) -> None:
     assert r.returncode != 0 and "MODULE:FUNCTION" in r.stderr
     r = run(tmp_path, "run", "nosuchmodule:build")
     assert r.returncode != 0 and "cannot import module 'nosuchmodule'" in r.stderr
+    r = run(tmp_path, "run", "nosuch/file.py:build")
+    assert r.returncode != 0 and "no such file" in r.stderr
+
+
+def test_local_file_named_like_a_standard_module_does_not_shadow_it(tmp_path: Path) -> None:
+    (tmp_path / "statistics.py").write_text("raise SystemExit('the local statistics.py ran')\n")
+    (tmp_path / "stats_dag.py").write_text(
+        MODULE + "\nimport statistics\n\ndef stat_build():\n    statistics.mean([1, 2])\n    return build(10)\n"
+    )
+    r = run(tmp_path, "run", "stats_dag:stat_build")
+    assert r.returncode == 0, r.stderr
+    assert output(tmp_path) == [x * x for x in range(10)]
+
+
+def test_plain_progress_lines_without_a_terminal(tmp_path: Path) -> None:
+    r = run(tmp_path, "run", "mydag:slow", "--interval", "0.2", "--", "--rate", "300", "--n", "600")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("[")]
+    assert len(heads) >= 2 and lines[heads[0]].startswith("[running") and "slow" in lines[heads[0]]
+    # the last block: one aligned line per vertex, final totals
+    gen, out = lines[heads[-1] + 1], lines[heads[-1] + 2]
+    assert gen.split() == ["gen", "out", "600", "0/s"] or gen.split()[:3] == ["gen", "out", "600"]
+    assert out.split()[:3] == ["out", "in", "600"]
+    assert "\x1b[" not in r.stderr  # no terminal control codes in logs
+
+
+def test_progress_bar_with_eta_for_files(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    for i in range(2):
+        (tmp_path / "data" / f"{i}.txt").write_text("".join(f"line {n}\n" for n in range(1500)))
+    r = run(tmp_path, "run", "mydag:files", "--interval", "0.2")
+    assert r.returncode == 0, r.stderr
+    reads = [ln for ln in r.stderr.splitlines() if ln.startswith("  read")]
+    assert "% ETA" in reads[0] and reads[-1].endswith("100% ETA 0:00")
+
+
+def test_table_refreshes_in_place_on_a_terminal(tmp_path: Path) -> None:
+    (tmp_path / "mydag.py").write_text(MODULE)
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="120", LINES="40", TERM="xterm")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slipstream", "run", "mydag:slow", "--interval", "0.2", "--", "--n", "600"],
+        cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+    )
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    assert proc.wait(60) == 0, out.decode(errors="replace")
+    os.close(master)
+    text = out.decode(errors="replace")
+    assert "vertex" in text and "out/s" in text and "wm lag" in text
+    assert "\x1b[2K" in text or "\x1b[1A" in text or "\x1b[A" in text  # redrawn in place
+    assert "completed" in text
+
+
+def test_resume_continues_from_the_committed_snapshot(tmp_path: Path) -> None:
+    (tmp_path / "mydag.py").write_text(MODULE)
+    store = tmp_path / "snaps"
+    args = [sys.executable, "-m", "slipstream", "run", "mydag:slow", "--snapshot-store", str(store),
+            "--snapshot-interval-ms", "200", "--quiet", "--resume", "--", "--rate", "400", "--n", "1200"]
+    first = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (store / "MANIFEST.json").exists():
+        assert time.monotonic() < deadline and first.poll() is None, "no snapshot committed"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGINT)
+    _, err1 = first.communicate(timeout=60)
+    assert first.returncode == 130, err1
+    assert "starting from the beginning" in err1
+    second = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "resuming from snapshot" in second.stderr
+    # exactly-once file sink: each item once across the interrupted and the resumed run
+    assert output(tmp_path) == list(range(1200))
+
+
+def test_resume_needs_a_store(tmp_path: Path) -> None:
+    r = run(tmp_path, "run", "mydag:build", "--resume")
+    assert r.returncode == 2 and "--snapshot-store" in r.stderr
+
+
+def test_dashboard_flag_prints_the_address(tmp_path: Path) -> None:
+    r = run(tmp_path, "run", "mydag:build", "--dashboard", "0", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "dashboard: http://127.0.0.1:" in r.stderr
+
+
+def test_dot(tmp_path: Path) -> None:
+    r = run(tmp_path, "dot", "mydag:build")
+    assert r.returncode == 0 and '"numbers" -> "square"' in r.stdout
+
+
+def test_dot_svg_draws_the_picture(tmp_path: Path) -> None:
+    r = run(tmp_path, "dot", "mydag.py:build", "--svg", "dag.svg")
+    assert r.returncode == 0, r.stderr
+    root = ET.parse(tmp_path / "dag.svg").getroot()
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert {"numbers", "square", "out"} <= set(texts)
+    assert "partitioned by lambda" in texts and "unicast" in texts

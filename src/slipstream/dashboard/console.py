@@ -1,0 +1,168 @@
+"""Live progress in a terminal (`slipstream run`): a table per vertex that a person reads.
+
+On a terminal the table refreshes in place (``rich``), with a progress bar and ETA for
+bounded sources that know their size (files, lists); otherwise a plain line is printed
+every ``interval`` seconds, so logs stay readable. The numbers come from the same
+:class:`~slipstream.dashboard.stats.Sampler` as the dashboard's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from slipstream.dashboard.stats import Sampler
+
+
+def fmt_count(x: float) -> str:
+    """``999``, ``12.8k``, ``3.4M``: three significant digits are what a person reads."""
+    a = abs(x)
+    if a >= 1e9:
+        return f"{x / 1e9:.1f}G"
+    if a >= 1e6:
+        return f"{x / 1e6:.1f}M"
+    if a >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}" if a >= 10 or float(x).is_integer() else f"{x:.1f}"
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms:.0f}ms" if abs(ms) < 1000 else f"{ms / 1000:.1f}s"
+
+
+def fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class _Eta:
+    """ETA of a bounded source from the rate of its progress since the first reading."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, vertex: str, done: int, total: int, now: float) -> float | None:
+        t0, d0 = self._first.setdefault(vertex, (now, done))
+        if done >= total:
+            return 0.0
+        if now - t0 < 0.5 or done <= d0:
+            return None
+        return (total - done) / ((done - d0) / (now - t0))
+
+
+class Progress:
+    """Call :meth:`update` periodically and :meth:`close` at the end."""
+
+    def __init__(self, job: Any, stream: TextIO | None = None, interval: float | None = None) -> None:
+        self.job = job
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = interval if interval is not None else (0.5 if self.tty else 5.0)
+        self.sampler = Sampler(min_interval=0.0)
+        self._eta = _Eta()
+        self._last_print = 0.0
+        self._live: Any = None
+        if self.tty:
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console(file=self.stream)
+            self._live = Live(console=console, auto_refresh=False, transient=False)
+            self._live.start()
+
+    def update(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last_print < self.interval:
+            return
+        self._last_print = now
+        doc = self.sampler.describe(self.job)
+        if self._live is not None:
+            self._live.update(self.table(doc), refresh=True)
+        else:
+            print(self.line(doc), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        self.update(final=True)
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    # -- rendering -----------------------------------------------------------------------
+    def line(self, doc: dict[str, Any]) -> str:
+        """A plain block for logs: a header line, then one aligned line per vertex::
+
+            [running 12s] trades, snapshot #3 (2s ago)
+              trades      out 12.8k  3.0k/s
+              windows     in 12.8k  3.0k/s  out 80  20/s  wm lag 1.2s  late 3
+        """
+        head = f"[{doc['status']} {doc['elapsed_s'] or 0:.0f}s] {doc['name']}"
+        if doc.get("snapshot"):
+            s = doc["snapshot"]
+            head += f", snapshot #{s['id']} ({s['age_s']:.0f}s ago)"
+        if doc.get("error"):
+            head += f", error: {doc['error']}"
+        width = max((len(v["name"]) for v in doc["vertices"]), default=0)
+        lines = [head]
+        for v in doc["vertices"]:
+            p = f"  {v['name']:<{width}}"
+            if v["items_in"] or v["in_rate"]:
+                p += f"  in {fmt_count(v['items_in']):>6} {fmt_count(v['in_rate']):>6}/s"
+            if v["items_out"] or v["out_rate"]:
+                p += f"  out {fmt_count(v['items_out']):>6} {fmt_count(v['out_rate']):>6}/s"
+            if v["watermark_lag_ms"] is not None:
+                p += f"  wm lag {fmt_ms(v['watermark_lag_ms'])}"
+            if v["late_items_dropped"]:
+                p += f"  late {fmt_count(v['late_items_dropped'])}"
+            if v["queue_fill"]:
+                p += f"  queue {v['queue_fill'] * 100:.0f}%"
+            if "progress" in v:
+                done, total = v["progress"]["done"], v["progress"]["total"]
+                eta = self._eta(v["name"], done, total, time.monotonic())
+                pct = 100.0 * done / total if total else 100.0
+                p += f"  {pct:.0f}% ETA {fmt_eta(eta)}"
+            lines.append(p.rstrip())
+        return "\n".join(lines)
+
+    def table(self, doc: dict[str, Any]) -> Any:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        title = f"{doc['name']}: {doc['status']}, {doc['elapsed_s'] or 0:.0f} s"
+        if doc.get("snapshot"):
+            s = doc["snapshot"]
+            title += f", snapshot #{s['id']} {s['age_s']:.0f} s ago"
+        t = Table(title=title, title_justify="left", box=None, pad_edge=False)
+        for col in ("vertex", "procs", "in/s", "out/s", "total out", "wm lag", "queue", "late"):
+            t.add_column(col, justify="left" if col == "vertex" else "right")
+        bars = []
+        for v in doc["vertices"]:
+            fill = v["queue_fill"]
+            t.add_row(
+                v["name"],
+                str(v["parallelism"] or "-"),
+                fmt_count(v["in_rate"]),
+                fmt_count(v["out_rate"]),
+                fmt_count(v["items_out"]),
+                fmt_ms(v["watermark_lag_ms"]),
+                "-" if fill is None else f"{fill * 100:.0f}%",
+                fmt_count(v["late_items_dropped"]),
+            )
+            if "progress" in v:
+                done, total = v["progress"]["done"], v["progress"]["total"]
+                eta = self._eta(v["name"], done, total, time.monotonic())
+                bar = Table.grid(padding=(0, 1))
+                pct = 100.0 * done / total if total else 100.0
+                bar.add_row(
+                    v["name"],
+                    ProgressBar(total=max(total, 1), completed=min(done, total), width=40),
+                    f"{pct:3.0f}%",
+                    f"ETA {fmt_eta(eta)}",
+                )
+                bars.append(bar)
+        return Group(t, *bars)
