@@ -358,6 +358,17 @@ class SparkJob(JobHandle):
         assert self._error is not None
         return self._error
 
+    def watch(self) -> dict[str, Any]:
+        """See :meth:`JobHandle.watch`: a batch job on Spark reports its parallelism and
+        error; its counters arrive when it completes."""
+        out: dict[str, Any] = {}
+        compiled = self._compiled
+        if compiled is not None:
+            out["parallelism"] = dict(compiled.total_parallelism)
+        if self._error is not None:
+            out["error"] = str(self._error)
+        return out
+
     def cancel(self) -> None:
         """Cancel the job's Spark job group; ``join()`` then raises ``JobCancelledError``."""
         with self._lock:

@@ -148,6 +148,9 @@ class _EpochJob(JobHandle):
         self.epochs_committed = 0
         self.epochs_skipped = 0
         self.last_epoch_id: int | None = None
+        # for watchers (JobHandle.watch): the last committed epoch and its watermarks
+        self._last_epoch: dict[str, Any] | None = None
+        self._epoch_watermarks: dict[str, int | None] = {}
         self.submission_time = time.time()
         self.completion_time: float | None = None
         self._plans: dict[str, VertexPlan] = {}
@@ -170,6 +173,20 @@ class _EpochJob(JobHandle):
     def _join_error(self) -> JobFailedError:
         assert self._error is not None
         return self._error
+
+    def watch(self) -> dict[str, Any]:
+        """Per epoch (see :meth:`JobHandle.watch`): the last committed epoch as the
+        snapshot, each vertex's watermark at its end. Queue fill has no meaning here."""
+        with self._lock:
+            out: dict[str, Any] = {
+                "parallelism": {n: p.total_parallelism for n, p in self._plans.items()},
+                "watermarks": dict(self._epoch_watermarks),
+            }
+            if self._last_epoch is not None:
+                out["snapshot"] = dict(self._last_epoch)
+        if self._error is not None:
+            out["error"] = str(self._error)
+        return out
 
     def cancel(self) -> None:
         """Stop the job (the epoch in progress is abandoned and run again by the next
@@ -265,6 +282,7 @@ class _EpochJob(JobHandle):
         engine = self.engine
         sc = engine.spark_context
         snapshot_id = epoch_id + 1  # snapshot ids start at 1
+        started_at = time.time()
         if snapshot_id in self.store.committed_ids():
             log.info("job %s: epoch %d already committed; skipping its replay", self.name, epoch_id)
             self.epochs_skipped += 1
@@ -313,6 +331,7 @@ class _EpochJob(JobHandle):
             vs.entries[r["index"]] = [e for blob in r["snapshot"] for e in cloudpickle.loads(blob)]
             snapshot.watermarks[(r["vertex"], r["index"])] = r["watermarks"]
         self.store.write(snapshot)  # the commit point of the epoch
+        committed_at = time.time()
         engine._merge_results(results)
         with self._lock:
             for r in results:
@@ -321,6 +340,14 @@ class _EpochJob(JobHandle):
                     m[k] = m.get(k, 0) + v
             self.epochs_committed += 1
             self.last_epoch_id = epoch_id
+            self._last_epoch = {
+                "id": snapshot_id,
+                "epoch": epoch_id,
+                "duration_ms": round((committed_at - started_at) * 1000.0, 1),
+                "bytes": getattr(self.store, "last_write_bytes", None),
+                "committed_at": committed_at,
+            }
+            self._epoch_watermarks = _vertex_watermarks(results)
         return results
 
 
@@ -560,6 +587,19 @@ class SparkMicroBatchJob(_EpochJob):
             self._error = self._failure(error)
             self._status = JobStatus.FAILED
         self._terminal.set()
+
+
+def _vertex_watermarks(results: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Each vertex's watermark at the end of an epoch: its slowest processor's."""
+    from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
+
+    per: dict[str, list[int]] = {}
+    for r in results:
+        lst = per.setdefault(r["vertex"], [])
+        wm = (r.get("watermarks") or {}).get("tasklet", {}).get("last_emitted")
+        if isinstance(wm, int) and NO_WATERMARK < wm < MAX_TIMESTAMP:
+            lst.append(wm)
+    return {v: (min(w) if w else None) for v, w in per.items()}
 
 
 def _quietly(fn: Any) -> None:
