@@ -21,6 +21,8 @@ from slipstream.core.errors import (
     JobFailedError,
     SlipstreamError,
     SnapshotError,
+    SnapshotStoreDamagedError,
+    SnapshotStoreInUseError,
 )
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
@@ -83,6 +85,8 @@ __all__ = [
     "JobCancelledError",
     "SlipstreamError",
     "SnapshotError",
+    "SnapshotStoreDamagedError",
+    "SnapshotStoreInUseError",
     "MemberAddress",
     "ProcessorMetaSupplier",
     "ProcessorSupplier",

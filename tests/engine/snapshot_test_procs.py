@@ -3,11 +3,15 @@ sum and a mapper that can be told to fail."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import slipstream as ss
+from slipstream import DAG, Edge, sinks
 from slipstream.core.snapshot_keys import BroadcastKey
 
 FAIL_BUDGET: list[int] = [0]
@@ -26,11 +30,17 @@ class PacedSource(ss.AbstractProcessor):
     """Emits ``range(n)``'s share of this processor at ``rate`` items/s (per processor),
     saving its offset so a restored job continues where the snapshot was taken."""
 
-    def __init__(self, n: int, rate: float = 50_000.0, batch: int = 16) -> None:
+    def __init__(
+        self, n: int, rate: float = 50_000.0, batch: int = 16, min_snapshots: int = 0
+    ) -> None:
         self.n = n
         self.rate = rate
         self.batch = batch
         self.offset = 0
+        # do not complete before taking part in this many snapshots: a test that needs
+        # snapshots waits for them instead of hoping the job runs long enough
+        self.min_snapshots = min_snapshots
+        self.saved = 0
 
     def init_processor(self, context: ss.Context) -> None:
         self.mine = list(range(context.global_processor_index, self.n, context.total_parallelism))
@@ -44,12 +54,15 @@ class PacedSource(ss.AbstractProcessor):
             if not self.try_emit(self.mine[self.offset]):
                 return False
             self.offset += 1
-        return self.offset >= len(self.mine)
+        return self.offset >= len(self.mine) and self.saved >= self.min_snapshots
 
     def save_to_snapshot(self) -> bool:
-        return self.try_emit_to_snapshot(
+        if not self.try_emit_to_snapshot(
             BroadcastKey(("offset", self.context.global_processor_index)), self.offset
-        )
+        ):
+            return False
+        self.saved += 1
+        return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         if key.name == ("offset", self.context.global_processor_index):
@@ -98,3 +111,39 @@ class FailingMap(ss.AbstractProcessor):
         if self.seen == self.fail_after and take_failure():
             raise RuntimeError(f"injected failure after {self.seen} items")
         return True
+
+
+def running_sum_dag(
+    n: int, fail_after: int = -1, rate: float = 40_000.0, sum_lp: int = 2, min_snapshots: int = 0
+) -> DAG:
+    """PacedSource(range(n)) -> RunningSum (keyed by x % 10) -> list_sink("out")."""
+    dag = DAG()
+    src = dag.new_vertex(
+        "src", functools.partial(PacedSource, n, rate, min_snapshots=min_snapshots)
+    ).local_parallelism(2)
+    rs = dag.new_vertex("sum", functools.partial(RunningSum, 10, fail_after)).local_parallelism(
+        sum_lp
+    )
+    sink = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
+    dag.edge(Edge.between(src, rs).partitioned(lambda x: x % 10).distributed())
+    dag.edge(Edge.between(rs, sink))
+    return dag
+
+
+def expected_running_sums(n: int) -> Counter:
+    sums: dict[int, int] = {}
+    out: Counter = Counter()
+    for x in range(n):
+        k = x % 10
+        sums[k] = sums.get(k, 0) + x
+        out[(k, sums[k])] += 1
+    return out
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds (generous deadline: machines are loaded)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)

@@ -9,6 +9,8 @@ from slipstream.core.errors import (
     JobFailedError,
     SlipstreamError,
     SnapshotError,
+    SnapshotStoreDamagedError,
+    SnapshotStoreInUseError,
 )
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, SnapshotBarrier, Watermark
@@ -34,6 +36,8 @@ __all__ = [
     "JobFailedError",
     "SlipstreamError",
     "SnapshotError",
+    "SnapshotStoreDamagedError",
+    "SnapshotStoreInUseError",
     "Inbox",
     "Outbox",
     "Processor",

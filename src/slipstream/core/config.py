@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -43,8 +43,18 @@ class JobConfig:
     """Settings of one job.
 
     ``snapshot_store`` is a directory path (or a store object) for snapshots; ``None``
-    means a directory under the engine's work dir. ``max_restarts`` bounds automatic
-    restarts after a processor failure when ``auto_restart`` is on.
+    means a directory under the engine's work dir (``snapshots/<name>`` for a named job).
+    A store belongs to one submission of a job: ``resume=True`` continues from the
+    store's newest committed snapshot if there is one (and starts fresh otherwise);
+    without it a store holding another submission's unfinished snapshots is refused.
+    ``snapshot_key`` signs the snapshot files (default: ``$SLIPSTREAM_SNAPSHOT_KEY``, else
+    a random key per store kept in a private key directory).
+
+    ``max_restarts`` bounds automatic restarts after a processor failure when
+    ``auto_restart`` is on; the n-th restart in a row waits ``restart_delay_ms * 2**(n-1)``
+    (at most ``restart_delay_max_ms``; a committed snapshot resets the count). After
+    ``max_snapshot_failures`` consecutive snapshots that could not be written the job
+    fails (until then sources pause, so held-back output stays bounded).
     """
 
     name: str | None = None
@@ -53,6 +63,11 @@ class JobConfig:
     auto_restart: bool = True
     snapshot_store: Any = None
     max_restarts: int = 3
+    resume: bool = False
+    snapshot_key: bytes | str | None = field(default=None, repr=False)
+    max_snapshot_failures: int = 3
+    restart_delay_ms: float = 100.0
+    restart_delay_max_ms: float = 10_000.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):
@@ -63,3 +78,10 @@ class JobConfig:
             raise ValueError(f"snapshot_interval_ms must be > 0, got {self.snapshot_interval_ms}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.max_snapshot_failures < 1:
+            raise ValueError(f"max_snapshot_failures must be >= 1, got {self.max_snapshot_failures}")
+        if self.restart_delay_ms < 0 or self.restart_delay_max_ms < self.restart_delay_ms:
+            raise ValueError(
+                "need 0 <= restart_delay_ms <= restart_delay_max_ms, got "
+                f"{self.restart_delay_ms} and {self.restart_delay_max_ms}"
+            )

@@ -49,3 +49,14 @@ class SnapshotError(SlipstreamError):
 class SqlError(SlipstreamError):
     """A query of the SQL source or a statement of the SQL sink failed; the message names
     the vertex and, for the sink, the failing row."""
+
+
+class SnapshotStoreDamagedError(SnapshotError):
+    """The snapshot store cannot prove what was committed (a committed snapshot is
+    missing, corrupt or fails its signature check). Restoring an older snapshot would
+    republish output, so the engine stops instead; the message says how to proceed."""
+
+
+class SnapshotStoreInUseError(SnapshotError):
+    """A snapshot store holds another execution's snapshots and the job did not ask to
+    resume from them (``JobConfig(resume=True)`` or ``restore_from=``)."""

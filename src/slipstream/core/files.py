@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new content,
-    never a mix; ``durable`` also fsyncs the file and its directory."""
+def atomic_write(
+    path: str, data: bytes | Sequence[bytes | memoryview], durable: bool = True
+) -> None:
+    """Replace ``path`` with ``data`` (bytes, or chunks written in order) so that readers
+    see the old or the new content, never a mix; ``durable`` also fsyncs the file and its
+    directory. The temporary file is ``.tmp-*`` in the same directory."""
     d = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            if isinstance(data, bytes):
+                fh.write(data)
+            else:
+                for chunk in data:
+                    fh.write(chunk)
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -2,9 +2,14 @@
 
 A job runs as a sequence of *executions* (one plan, its tasklets and threads). With a
 processing guarantee, an execution that fails is followed by a new one restored from
-the last committed snapshot (``auto_restart``, up to ``max_restarts``); ``suspend()``
-takes a terminal snapshot and ends the execution, ``resume()`` starts a new one from it,
-``restart()`` does both.
+the last committed snapshot (``auto_restart``, up to ``max_restarts``, with exponential
+back-off); ``suspend()`` takes a terminal snapshot and ends the execution, ``resume()``
+starts a new one from it, ``restart()`` does both.
+
+The snapshot store belongs to one submission of the job (``Job.execution_id``, a
+random id written into every snapshot file and the manifest): a new submission never
+restores or prunes another one's snapshots unless it asked to resume
+(``JobConfig(resume=True)`` or ``restore_from=``).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
-from slipstream.core.errors import JobFailedError, SnapshotError
+from slipstream.core.errors import JobFailedError, SnapshotError, SnapshotStoreInUseError
 from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.job_handle import JobHandle
 from slipstream.engine import gc_tuning
@@ -51,7 +57,7 @@ class _Execution:
         specs = wire(job.dag, self.plans, config.processing_guarantee)
         self.coordinator: SnapshotCoordinator | None = None
         if job.store is not None:
-            first = (restore.snapshot_id + 1) if restore is not None else job.next_snapshot_id
+            first = job.next_snapshot_id
             self.coordinator = SnapshotCoordinator(
                 job.name,
                 job.store,
@@ -118,7 +124,24 @@ class _Execution:
             self.pool.stop()
 
     def _on_snapshot_error(self, error: BaseException) -> None:
-        log.error("job %s: snapshot failed: %s", self.job.name, error)
+        coordinator = self.coordinator
+        assert coordinator is not None and self.job.store is not None
+        n, limit = coordinator.consecutive_failures, self.job.config.max_snapshot_failures
+        log.error(
+            "job %s: snapshot failed (%d in a row, the job fails at %d; sources pause until "
+            "a snapshot commits): %s",
+            self.job.name,
+            n,
+            limit,
+            error,
+        )
+        if n >= limit:
+            e = SnapshotError(
+                f"{n} consecutive snapshots could not be written to the snapshot store "
+                f"{self.job.store.directory}: {type(error).__name__}: {error}"
+            )
+            e.__cause__ = error
+            self._on_failure(TaskletFailure(None, e, restartable=False))
 
     def _on_failure(self, failure: TaskletFailure) -> None:
         if self.failure is None:
@@ -184,14 +207,21 @@ class Job(JobHandle):
         self._resume_after_suspend = False
         self._execution: _Execution | None = None
         self.restarts = 0
+        self._restart_streak = 0  # restarts since the last committed snapshot
         self.next_snapshot_id = 1
         self.last_snapshot: SnapshotData | None = None
+        self._committed_here = False
         self.submission_time = time.time()
         self.completion_time: float | None = None
+        #: unique id of this submission: the snapshot store belongs to it
+        self.execution_id = uuid.uuid4().hex
         self.store: DirectorySnapshotStore | None = None
+        self._restore_from = _load_snapshot(restore_from, config.snapshot_key)
         if config.processing_guarantee is not ProcessingGuarantee.NONE:
-            self.store = _make_store(config.snapshot_store, engine.work_dir, self.name, self.id)
-        self._restore_from = _load_snapshot(restore_from)
+            self.store = _make_store(
+                config, engine.work_dir, self.name, f"{self.name}-{self.execution_id[:12]}"
+            )
+            self._restore_from = self._claim_store(self.store, self._restore_from)
 
     # -- public API --------------------------------------------------------------------
     def cancel(self) -> None:
@@ -243,9 +273,25 @@ class Job(JobHandle):
         self.resume()
 
     @property
+    def snapshot_error(self) -> str | None:
+        """Why the last snapshot could not be written, while snapshots keep failing
+        (``None`` when the last one committed). Sources are paused meanwhile."""
+        ex = self._execution
+        c = ex.coordinator if ex else None
+        if c is None or not c.consecutive_failures or c.last_error is None:
+            return None
+        return (
+            f"{c.consecutive_failures} snapshot(s) in a row could not be written "
+            f"(the job fails at {self.config.max_snapshot_failures}): "
+            f"{type(c.last_error).__name__}: {c.last_error}"
+        )
+
+    @property
     def metrics(self) -> dict[str, dict[str, int]]:
         """Per vertex: ``items_in``, ``items_out`` and the processors' own counters (of
-        the current execution), plus job-level ``snapshots`` and ``restarts``."""
+        the current execution), plus job-level ``snapshots``, ``restarts``,
+        ``snapshot_failures`` (consecutive; sources pause while it is not 0) and
+        ``snapshot_failures_total``."""
         out: dict[str, dict[str, int]] = {}
         ex = self._execution
         for t in ex.tasklets if ex else []:
@@ -254,8 +300,13 @@ class Job(JobHandle):
             m["items_out"] += sum(c.items_out for c in t.collectors)
             for k, v in t.context.metrics.items():
                 m[k] = m.get(k, 0) + v
-        snaps = ex.coordinator.snapshots_committed if ex and ex.coordinator else 0
-        out["__job__"] = {"restarts": self.restarts, "snapshots": snaps}
+        c = ex.coordinator if ex else None
+        out["__job__"] = {
+            "restarts": self.restarts,
+            "snapshots": c.snapshots_committed if c else 0,
+            "snapshot_failures": c.consecutive_failures if c else 0,
+            "snapshot_failures_total": c.failed_snapshots if c else 0,
+        }
         return out
 
     def watch(self) -> dict[str, Any]:
@@ -286,10 +337,11 @@ class Job(JobHandle):
         if ex.coordinator is not None and ex.coordinator.last_commit is not None:
             out["snapshot"] = dict(ex.coordinator.last_commit)
         if failure is not None:
-            out["error"] = (
-                f"vertex {failure.tasklet.vertex_name!r}, processor {failure.tasklet.index}: "
-                f"{type(failure.error).__name__}: {failure.error}"
-            )
+            ft = failure.tasklet
+            where = f"vertex {ft.vertex_name!r}, processor {ft.index}: " if ft else ""
+            out["error"] = f"{where}{type(failure.error).__name__}: {failure.error}"
+        elif self.snapshot_error is not None:
+            out["error"] = self.snapshot_error
         progress: dict[str, tuple[int, int]] = {}
         for t in ex.tasklets:
             p = getattr(t.processor, "progress", None)
@@ -317,10 +369,48 @@ class Job(JobHandle):
         with self._lock:
             self._start_execution(self._restore_from)
 
+    def _claim_store(
+        self, store: DirectorySnapshotStore, restore: SnapshotData | None
+    ) -> SnapshotData | None:
+        """Make ``store`` this submission's, returning what to restore from. Another
+        submission's unfinished snapshots are used only when asked (``resume``,
+        ``restore_from``); a finished submission's are removed on a fresh start."""
+        owner = store.owner()
+        if restore is None and self.config.resume and owner is not None and not owner.completed:
+            restore = store.latest()  # raises if the store cannot prove what it committed
+            log.info(
+                "job %s: resuming from snapshot %d of execution %s in %s",
+                self.name,
+                restore.snapshot_id if restore else 0,
+                owner.execution,
+                store.directory,
+            )
+        if owner is not None and restore is None:
+            if not owner.completed:
+                raise SnapshotStoreInUseError(
+                    f"snapshot store {store.directory} holds snapshots of an unfinished "
+                    f"earlier submission (job {owner.job!r}, execution {owner.execution}). "
+                    f"Pass JobConfig(resume=True) (or restore_from=) to continue from them, "
+                    f"or start fresh with another snapshot_store (or after removing "
+                    f"{store.directory})."
+                )
+            log.info(
+                "job %s: snapshot store %s held a completed submission's snapshots; "
+                "starting fresh",
+                self.name,
+                store.directory,
+            )
+            store.clear()
+        store.bind(self.name, self.execution_id)
+        if restore is not None or owner is None:
+            store.clean_up()
+        self.next_snapshot_id = max(store.file_ids(), default=0) + 1
+        return restore
+
     def _start_execution(self, restore: SnapshotData | None) -> None:
         self._status = JobStatus.STARTING if not self.restarts else JobStatus.RESTARTING
         if restore is not None:
-            self.next_snapshot_id = restore.snapshot_id + 1
+            self.next_snapshot_id = max(self.next_snapshot_id, restore.snapshot_id + 1)
         self._suspend_requested = False
         ex = _Execution(self, restore)
         self._execution = ex
@@ -330,11 +420,39 @@ class Job(JobHandle):
     def _on_commit(self, data: SnapshotData) -> None:
         self.next_snapshot_id = data.snapshot_id + 1
         self.last_snapshot = data
+        self._committed_here = True
+        self._restart_streak = 0
 
     def _latest_snapshot(self) -> SnapshotData | None:
+        """What a restart restores: the newest snapshot this submission committed, else
+        the one it started from."""
         if self.store is None:
             return None
+        if not self._committed_here:
+            return self._restore_from
         return self.store.latest()
+
+    def _restart_delay(self) -> float:
+        """Seconds before the next restart: doubles with each restart in a row."""
+        c = self.config
+        streak = self._restart_streak
+        self._restart_streak += 1
+        return min(c.restart_delay_max_ms, c.restart_delay_ms * 2.0 ** min(streak, 60)) / 1000.0
+
+    def _restart_after_delay(self, ex: _Execution) -> None:
+        with self._lock:
+            if ex is not self._execution or self._status.is_terminal:
+                return
+            if self._cancel_requested:
+                self._end(JobStatus.CANCELLED)
+                return
+            try:
+                self._start_execution(self._latest_snapshot())
+            except BaseException as e:  # noqa: BLE001
+                log.exception("job %s could not restart", self.name)
+                assert ex.failure is not None
+                self._failure = TaskletFailure(ex.failure.tasklet, e)
+                self._end(JobStatus.FAILED)
 
     def _execution_ended(self, ex: _Execution) -> None:
         with self._lock:
@@ -348,26 +466,29 @@ class Job(JobHandle):
             if ex.failure is not None:
                 if (
                     self.store is not None
+                    and ex.failure.restartable
                     and self.config.auto_restart
                     and self.restarts < self.config.max_restarts
                 ):
                     self.restarts += 1
+                    delay = self._restart_delay()
+                    t = ex.failure.tasklet
                     log.warning(
-                        "job %s: %s#%d failed (%s: %s); restart %d of %d from the last snapshot",
+                        "job %s: %s failed (%s: %s); restart %d of %d from the last snapshot "
+                        "in %.3f s",
                         self.name,
-                        ex.failure.tasklet.vertex_name,
-                        ex.failure.tasklet.index,
+                        f"{t.vertex_name}#{t.index}" if t else "the job",
                         type(ex.failure.error).__name__,
                         ex.failure.error,
                         self.restarts,
                         self.config.max_restarts,
+                        delay,
                     )
-                    try:
-                        self._start_execution(self._latest_snapshot())
-                        return
-                    except BaseException as e:  # noqa: BLE001
-                        log.exception("job %s could not restart", self.name)
-                        ex.failure = TaskletFailure(ex.failure.tasklet, e)
+                    self._status = JobStatus.RESTARTING
+                    timer = threading.Timer(delay, self._restart_after_delay, args=(ex,))
+                    timer.daemon = True
+                    timer.start()
+                    return
                 self._failure = ex.failure
                 self._end(JobStatus.FAILED)
                 return
@@ -383,6 +504,11 @@ class Job(JobHandle):
             self._end(JobStatus.COMPLETED)
 
     def _end(self, status: JobStatus) -> None:
+        if status is JobStatus.COMPLETED and self.store is not None and self._committed_here:
+            try:
+                self.store.mark_completed()  # a later resume=True starts fresh
+            except (OSError, SnapshotError) as e:
+                log.warning("job %s: could not mark its snapshot store completed: %s", self.name, e)
         self.completion_time = time.time()
         self._status = status
         self._terminal.set()
@@ -393,11 +519,11 @@ class Job(JobHandle):
         assert f is not None
         t = f.tasklet
         restarts = f" after {self.restarts} restart(s)" if self.restarts else ""
+        where = f"vertex {t.vertex_name!r}, processor {t.index}: " if t is not None else ""
         err = JobFailedError(
-            f"job {self.name!r} failed{restarts}: vertex {t.vertex_name!r}, processor "
-            f"{t.index}: {type(f.error).__name__}: {f.error}",
-            vertex=t.vertex_name,
-            processor_index=t.index,
+            f"job {self.name!r} failed{restarts}: {where}{type(f.error).__name__}: {f.error}",
+            vertex=t.vertex_name if t is not None else None,
+            processor_index=t.index if t is not None else None,
             cause=f.error,
             remote_traceback=f.traceback,
         )
@@ -405,21 +531,28 @@ class Job(JobHandle):
         return err
 
 
-def _make_store(spec: Any, work_dir: str, name: str, job_id: int) -> DirectorySnapshotStore:
+def _make_store(
+    config: JobConfig, work_dir: str, name: str, unique_name: str
+) -> DirectorySnapshotStore:
+    """The job's store. The default directory is ``<work_dir>/snapshots/<name>`` for a
+    named job (so that ``resume=True`` finds it again) and a directory of its own for an
+    unnamed one (its generated name is not stable across processes)."""
+    spec = config.snapshot_store
     if isinstance(spec, DirectorySnapshotStore):
         return spec
     if spec is None:
-        return DirectorySnapshotStore(os.path.join(work_dir, "snapshots", f"{name}-{job_id}"))
+        leaf = name if config.name else unique_name
+        spec = os.path.join(work_dir, "snapshots", leaf)
     if isinstance(spec, str | os.PathLike):
-        return DirectorySnapshotStore(spec)
+        return DirectorySnapshotStore(spec, key=config.snapshot_key)
     raise TypeError(f"snapshot_store must be a directory path or a DirectorySnapshotStore, got {spec!r}")
 
 
-def _load_snapshot(spec: Any) -> SnapshotData | None:
+def _load_snapshot(spec: Any, key: bytes | str | None) -> SnapshotData | None:
     """``restore_from``: a SnapshotData, a store, or a store directory."""
     if spec is None or isinstance(spec, SnapshotData):
         return spec
-    store = spec if isinstance(spec, DirectorySnapshotStore) else DirectorySnapshotStore(spec)
+    store = spec if isinstance(spec, DirectorySnapshotStore) else DirectorySnapshotStore(spec, key=key)
     data = store.latest()
     if data is None:
         raise SnapshotError(f"no committed snapshot found in {store.directory}")

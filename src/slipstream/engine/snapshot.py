@@ -69,6 +69,11 @@ class SnapshotCoordinator:
         self.last_commit: dict[str, Any] | None = None
         self._started_at = 0.0
         self.terminal_committed = False
+        # store write failures: consecutive ones hold the sources (back-pressure) until a
+        # snapshot commits again; the job fails after too many (see _Execution)
+        self.consecutive_failures = 0
+        self.failed_snapshots = 0
+        self.last_error: BaseException | None = None
         self._commit_event = threading.Condition(self._lock)
 
     # -- wiring --------------------------------------------------------------------------
@@ -82,7 +87,11 @@ class SnapshotCoordinator:
         self._timer.start()
 
     def stop(self) -> None:
+        """No snapshot starts after this returns, and one being committed has ended
+        (the job's end must not race with a store write)."""
         self._stop.set()
+        with self._lock:
+            pass
 
     def _run_timer(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -91,6 +100,12 @@ class SnapshotCoordinator:
     # -- the tasklet side (SnapshotSink protocol) ------------------------------------------
     def requested_snapshot(self) -> SnapshotBarrier | None:
         return self._requested
+
+    @property
+    def hold_sources(self) -> bool:
+        """Sources stop emitting while the last snapshot failed: output staged for
+        commit cannot be published, so it must not keep growing."""
+        return self.consecutive_failures > 0
 
     def add_entries(self, tasklet: ProcessorTasklet, snapshot_id: int, entries: list[Any]) -> None:
         # serialise now (as Jet does): the processor may mutate its state after saving
@@ -135,6 +150,8 @@ class SnapshotCoordinator:
     def request(self, terminal: bool = False) -> int | None:
         """Start the next snapshot unless one is in progress; returns its id."""
         with self._lock:
+            if self._stop.is_set():
+                return None
             if self._requested is not None:
                 if terminal and not self._requested.is_terminal:
                     # upgrade: the next snapshot after this one will be terminal
@@ -175,6 +192,9 @@ class SnapshotCoordinator:
         except BaseException as e:  # noqa: BLE001
             log.error("snapshot %d of %s could not be written: %s", req.snapshot_id, self.job_name, e)
             self._requested = None
+            self.consecutive_failures += 1
+            self.failed_snapshots += 1
+            self.last_error = e
             if self._on_error is not None:
                 self._on_error(e)
             return
@@ -188,6 +208,7 @@ class SnapshotCoordinator:
             "entries": data.entry_count(),
             "committed_at": now,
         }
+        self.consecutive_failures = 0
         self._requested = None
         self._entries = {}
         self._run_staged(req.snapshot_id)

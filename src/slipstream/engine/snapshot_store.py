@@ -1,30 +1,55 @@
 """Durable snapshot storage: a directory that a later process can read.
 
-Each committed snapshot is one file ``snapshot-<id>.bin``: a header line with the SHA-256
-of the payload, then the cloudpickled payload. It is written to a temporary name, fsynced
-and renamed, then ``MANIFEST.json`` (also temp + fsync + rename) names the committed ids.
-A crash at any point leaves either the old or the new manifest, never a half file under a
-committed name. On read a snapshot whose checksum does not match is skipped with a warning
-and the previous committed one is used. The newest ``keep`` snapshots are kept.
+Each committed snapshot is one file ``snapshot-<id:010d>.bin``::
+
+    SLIPSTREAM-SNAPSHOT 2\\n
+    <HMAC-SHA256 hex of header + "\\n" + payload>\\n
+    <header: JSON {snapshot_id, job, execution, size, created}>\\n
+    <payload: the pickled SnapshotData>
+
+It is written to a temporary name (``.tmp-*``), fsynced and renamed; then ``MANIFEST.json``
+(also signed, temp + fsync + rename) names the committed ids and the execution that owns
+the store. If the manifest cannot be written the new snapshot file is removed again, so a
+snapshot counts as committed only once both are in place.
+
+Reading verifies the signature *before* unpickling (see
+:mod:`~slipstream.engine.snapshot_signing`). The manifest is not a single point of
+failure: every snapshot file carries its id, job and execution, so a deleted or damaged
+manifest is rebuilt from the files. What the store never does is fall back silently: if
+the newest committed snapshot is missing, corrupt or unsigned, :meth:`latest` raises
+:class:`~slipstream.core.errors.SnapshotStoreDamagedError`, because an older snapshot
+would republish output the newest one already published. The message lists the intact
+older snapshots; restoring one explicitly (``restore_from=store.read(id)``) accepts those
+duplicates.
+
+:meth:`encode` and :meth:`write_encoded` split a commit in two, so that pickling can
+happen wherever the caller likes (a store thread) and only the signed write goes through
+the store.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
+import pickle
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
-from slipstream.core.errors import SnapshotError
+from slipstream.core.errors import SnapshotError, SnapshotStoreDamagedError
 from slipstream.core.files import atomic_write
+from slipstream.engine.snapshot_signing import resolve_key, sign, verify
 
 log = logging.getLogger("slipstream.snapshot")
 
 MANIFEST = "MANIFEST.json"
+MAGIC = b"SLIPSTREAM-SNAPSHOT 2\n"
+FORMAT = 2
+_PREFIX, _SUFFIX = "snapshot-", ".bin"
 
 
 @dataclass
@@ -48,82 +73,338 @@ class SnapshotData:
         return sum(len(es) for v in self.vertices.values() for es in v.entries.values())
 
 
-class DirectorySnapshotStore:
-    """Snapshots of one job in ``directory``."""
+@dataclass(frozen=True)
+class StoreOwner:
+    """Who wrote a store's snapshots: the job's name and its execution's unique id;
+    ``completed`` once that execution finished normally (nothing is left to resume)."""
 
-    def __init__(self, directory: str | os.PathLike[str], keep: int = 3) -> None:
+    job: str
+    execution: str
+    completed: bool = False
+
+
+class DirectorySnapshotStore:
+    """Snapshots of one job execution in ``directory`` (the newest ``keep`` are kept).
+
+    ``key`` signs and verifies the files (``bytes``/``str``); ``None`` means the
+    ``SLIPSTREAM_SNAPSHOT_KEY`` environment variable or the store's own random key.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        keep: int = 3,
+        key: bytes | str | None = None,
+    ) -> None:
         self.directory = os.fspath(directory)
         self.keep = max(2, keep)
+        self._explicit_key = key
+        self._key: bytes | None = None
+        self.key_origin = ""
+        self.job_name: str | None = None
+        self.execution_id = ""
+        self._warned_rebuild = False
+        self.last_write_bytes: int | None = None  # size of the last committed file
 
     def __repr__(self) -> str:
         return f"DirectorySnapshotStore({self.directory!r})"
 
-    def _path(self, snapshot_id: int) -> str:
-        return os.path.join(self.directory, f"snapshot-{snapshot_id:010d}.bin")
+    # -- keys and paths --------------------------------------------------------------------
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key, self.key_origin = resolve_key(self.directory, self._explicit_key)
+        return self._key
 
-    def committed_ids(self) -> list[int]:
+    def _path(self, snapshot_id: int) -> str:
+        return os.path.join(self.directory, f"{_PREFIX}{snapshot_id:010d}{_SUFFIX}")
+
+    def file_ids(self) -> list[int]:
+        """Ids of the snapshot files present (committed or not), sorted."""
         try:
-            with open(os.path.join(self.directory, MANIFEST), encoding="utf-8") as fh:
-                ids = json.load(fh)["committed"]
-            return sorted(int(i) for i in ids)
+            names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("snapshot manifest in %s is corrupt (%s); scanning files", self.directory, e)
-            return sorted(
-                int(n[len("snapshot-") : -len(".bin")])
-                for n in os.listdir(self.directory)
-                if n.startswith("snapshot-") and n.endswith(".bin")
+        ids = []
+        for n in names:
+            if n.startswith(_PREFIX) and n.endswith(_SUFFIX):
+                try:
+                    ids.append(int(n[len(_PREFIX) : -len(_SUFFIX)]))
+                except ValueError:
+                    continue
+        return sorted(ids)
+
+    # -- the manifest ------------------------------------------------------------------------
+    def _manifest_body(self, manifest: dict[str, Any]) -> bytes:
+        body = {k: v for k, v in manifest.items() if k != "mac"}
+        return json.dumps(body, sort_keys=True).encode("utf-8")
+
+    def _read_manifest(self) -> dict[str, Any] | None:
+        """The verified manifest; ``None`` if absent. A damaged one is logged and
+        treated as absent (the files are the truth)."""
+        path = os.path.join(self.directory, MANIFEST)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return None
+        try:
+            manifest = json.loads(raw)
+            ok = isinstance(manifest, dict) and verify(
+                self.key, str(manifest.get("mac", "")), self._manifest_body(manifest)
             )
+            if ok:
+                manifest["committed"] = sorted(int(i) for i in manifest["committed"])
+                return manifest
+            reason = "its signature does not match"
+        except (ValueError, KeyError, TypeError) as e:
+            reason = f"it cannot be parsed ({e})"
+        log.warning(
+            "snapshot manifest %s is damaged: %s; rebuilding it from the snapshot files",
+            path,
+            reason,
+        )
+        return None
+
+    def _write_manifest(self, ids: Sequence[int], completed: bool = False) -> None:
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "job": self.job_name or "",
+            "execution": self.execution_id,
+            "committed": list(ids),
+            "latest": ids[-1] if ids else None,
+            "completed": completed,
+        }
+        manifest["mac"] = sign(self.key, self._manifest_body(manifest))
+        atomic_write(os.path.join(self.directory, MANIFEST), json.dumps(manifest).encode("utf-8"))
+
+    def committed_ids(self) -> list[int]:
+        """The committed snapshot ids, oldest first. Without a usable manifest they are
+        rebuilt from the snapshot files (each file is only ever renamed into place
+        complete, and carries its own id)."""
+        manifest = self._read_manifest()
+        if manifest is not None:
+            return list(manifest["committed"])
+        ids = self.file_ids()
+        if ids and not self._warned_rebuild:
+            self._warned_rebuild = True
+            log.warning(
+                "snapshot store %s has no usable %s; rebuilt it from %d snapshot file(s): %s",
+                self.directory,
+                MANIFEST,
+                len(ids),
+                ids,
+            )
+        return ids[-self.keep :]
+
+    def owner(self) -> StoreOwner | None:
+        """Who wrote the committed snapshots (``None`` for an empty store)."""
+        manifest = self._read_manifest()
+        if manifest is not None:
+            if not manifest["committed"]:
+                return None
+            return StoreOwner(
+                str(manifest.get("job", "")),
+                str(manifest.get("execution", "")),
+                bool(manifest.get("completed", False)),
+            )
+        for i in reversed(self.file_ids()):
+            try:
+                header = self.read_header(i)
+            except SnapshotError:
+                continue
+            return StoreOwner(str(header.get("job", "")), str(header.get("execution", "")))
+        if self.file_ids():
+            return StoreOwner("?", "?")  # files nobody can vouch for: not ours either
+        return None
+
+    # -- writing ------------------------------------------------------------------------------
+    def bind(self, job_name: str, execution_id: str) -> None:
+        """Record the execution that writes the following snapshots."""
+        self.job_name = job_name
+        self.execution_id = execution_id
+
+    def ensure_directory(self) -> None:
+        """Create the store directory (``0700``); refuse one owned by another user."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        st = os.stat(self.directory)
+        if st.st_uid != os.getuid():
+            raise SnapshotError(
+                f"snapshot store {self.directory} is owned by uid {st.st_uid}, not by this "
+                f"user (uid {os.getuid()})"
+            )
+
+    @staticmethod
+    def encode(data: SnapshotData) -> bytes:
+        """The payload of ``data`` (a pickle), for :meth:`write_encoded`."""
+        try:
+            return cloudpickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001
+            raise SnapshotError(f"snapshot {data.snapshot_id} state cannot be pickled: {e}") from e
 
     def write(self, data: SnapshotData) -> None:
         """Commit ``data`` durably."""
-        os.makedirs(self.directory, exist_ok=True)
-        try:
-            payload = cloudpickle.dumps(data)
-        except Exception as e:  # noqa: BLE001
-            raise SnapshotError(f"snapshot {data.snapshot_id} state cannot be pickled: {e}") from e
-        digest = hashlib.sha256(payload).hexdigest().encode()
-        atomic_write(self._path(data.snapshot_id), digest + b"\n" + payload)
-        self.last_write_bytes = len(digest) + 1 + len(payload)
-        ids = [i for i in self.committed_ids() if i != data.snapshot_id] + [data.snapshot_id]
-        ids.sort()
-        stale, ids = ids[: -self.keep], ids[-self.keep :]
-        manifest = {"committed": ids, "latest": ids[-1], "job": data.job_name}
-        atomic_write(
-            os.path.join(self.directory, MANIFEST), json.dumps(manifest).encode("utf-8")
-        )
-        for i in stale:
-            try:
-                os.unlink(self._path(i))
-            except OSError:
-                pass
+        if self.job_name is None:
+            self.job_name = data.job_name
+        self.write_encoded(data.snapshot_id, self.encode(data))
 
-    def read(self, snapshot_id: int) -> SnapshotData:
-        """Read one snapshot; :class:`SnapshotError` if missing or corrupt."""
+    def write_encoded(self, snapshot_id: int, payload: bytes) -> None:
+        """Commit an encoded snapshot (:meth:`encode`): signed file, then manifest; the
+        oldest snapshots beyond ``keep`` are removed. Raises ``OSError`` (disk full,
+        read-only, ...) with nothing committed."""
+        self.ensure_directory()
+        header = json.dumps(
+            {
+                "snapshot_id": snapshot_id,
+                "job": self.job_name or "",
+                "execution": self.execution_id,
+                "size": len(payload),
+                "created": time.time(),
+            },
+            sort_keys=True,
+        ).encode("utf-8")
+        mac = sign(self.key, header, b"\n", payload).encode("ascii")
+        path = self._path(snapshot_id)
+        previous = self.committed_ids()
+        atomic_write(path, [MAGIC, mac, b"\n", header, b"\n", payload])
+        self.last_write_bytes = len(MAGIC) + len(mac) + len(header) + 2 + len(payload)
+        try:
+            ids = sorted(set(previous) | {snapshot_id})
+            stale, ids = ids[: -self.keep], ids[-self.keep :]
+            self._write_manifest(ids)
+        except BaseException:
+            _unlink(path)  # not committed: the manifest does not name it
+            raise
+        for i in stale:
+            _unlink(self._path(i))
+
+    def mark_completed(self) -> None:
+        """The owning execution finished normally: a later ``resume`` starts fresh."""
+        ids = self.committed_ids()
+        if ids:
+            self._write_manifest(ids, completed=True)
+
+    def clean_up(self) -> list[str]:
+        """Remove leftover temporary files and snapshot files the manifest does not name
+        (pruned or never committed). Only with a verified manifest: without one every
+        file may be needed to rebuild it. Returns the names removed."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        manifest = self._read_manifest()
+        keep = set(manifest["committed"]) if manifest is not None else None
+        removed = []
+        for n in names:
+            if n.startswith(".tmp-"):
+                removed.append(n)
+            elif keep is not None and n.startswith(_PREFIX) and n.endswith(_SUFFIX):
+                try:
+                    if int(n[len(_PREFIX) : -len(_SUFFIX)]) not in keep:
+                        removed.append(n)
+                except ValueError:
+                    continue
+        for n in removed:
+            _unlink(os.path.join(self.directory, n))
+        if removed:
+            log.info("snapshot store %s: removed leftover files %s", self.directory, removed)
+        return removed
+
+    def clear(self) -> None:
+        """Remove every snapshot file and the manifest (a fresh start in this store)."""
+        for i in self.file_ids():
+            _unlink(self._path(i))
+        _unlink(os.path.join(self.directory, MANIFEST))
+        self.clean_up()
+
+    # -- reading ------------------------------------------------------------------------------
+    def _read_verified(self, snapshot_id: int) -> tuple[dict[str, Any], memoryview]:
         path = self._path(snapshot_id)
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
         except OSError as e:
             raise SnapshotError(f"snapshot {snapshot_id} cannot be read from {path}: {e}") from e
-        header, sep, payload = raw.partition(b"\n")
-        if not sep or hashlib.sha256(payload).hexdigest().encode() != header:
-            raise SnapshotError(f"snapshot {snapshot_id} in {path} is corrupt (checksum mismatch)")
+        if not raw.startswith(MAGIC):
+            first = raw.split(b"\n", 1)[0]
+            what = (
+                "an unsigned snapshot of an older slipstream version"
+                if len(first) == 64
+                else "not a slipstream snapshot file"
+            )
+            raise SnapshotError(f"snapshot {snapshot_id} in {path} is {what}; it is not loaded")
+        view = memoryview(raw)[len(MAGIC) :]
+        nl1 = raw.find(b"\n", len(MAGIC))
+        nl2 = raw.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
+        if nl2 < 0:
+            raise SnapshotError(f"snapshot {snapshot_id} in {path} is truncated")
+        mac = bytes(view[: nl1 - len(MAGIC)]).decode("ascii", "replace")
+        header = raw[nl1 + 1 : nl2]
+        payload = memoryview(raw)[nl2 + 1 :]
+        if not verify(self.key, mac, header, b"\n", payload):
+            raise SnapshotError(
+                f"snapshot {snapshot_id} in {path} fails its signature check (corrupt, "
+                f"truncated, tampered with, or signed with another key; this store's key "
+                f"is the {self.key_origin})"
+            )
+        info = json.loads(header)
+        if info.get("snapshot_id") != snapshot_id or info.get("size") != len(payload):
+            raise SnapshotError(f"snapshot {snapshot_id} in {path} has an inconsistent header")
+        return info, payload
+
+    def read_header(self, snapshot_id: int) -> dict[str, Any]:
+        """The verified header of one snapshot file (id, job, execution, size, created)."""
+        return self._read_verified(snapshot_id)[0]
+
+    def read(self, snapshot_id: int) -> SnapshotData:
+        """Read one snapshot; :class:`SnapshotError` if missing, corrupt or unsigned.
+        Nothing is unpickled before the signature is verified."""
+        _info, payload = self._read_verified(snapshot_id)
         try:
-            data = cloudpickle.loads(payload)
+            data = pickle.loads(payload)
         except Exception as e:  # noqa: BLE001
-            raise SnapshotError(f"snapshot {snapshot_id} in {path} cannot be loaded: {e}") from e
+            raise SnapshotError(
+                f"snapshot {snapshot_id} in {self._path(snapshot_id)} cannot be loaded: {e}"
+            ) from e
         if not isinstance(data, SnapshotData):
-            raise SnapshotError(f"{path} does not hold a slipstream snapshot")
+            raise SnapshotError(f"{self._path(snapshot_id)} does not hold a slipstream snapshot")
         return data
 
     def latest(self) -> SnapshotData | None:
-        """The newest committed snapshot that reads back intact (older ones are tried
-        when a newer one is corrupt), or ``None``."""
-        for i in reversed(self.committed_ids()):
-            try:
-                return self.read(i)
-            except SnapshotError as e:
-                log.warning("%s; falling back to the previous snapshot", e)
-        return None
+        """The newest committed snapshot, or ``None`` for an empty store. Raises
+        :class:`SnapshotStoreDamagedError` if it cannot be read: falling back to an older
+        one would republish what it published."""
+        ids = self.committed_ids()
+        if not ids:
+            return None
+        try:
+            return self.read(ids[-1])
+        except SnapshotError as e:
+            intact = []
+            for i in reversed(ids[:-1]):
+                try:
+                    self.read_header(i)
+                    intact.append(i)
+                except SnapshotError:
+                    continue
+            older = (
+                f"Intact older snapshots: {intact}. To restore one and accept that output "
+                f"published after it is published again, pass restore_from="
+                f"DirectorySnapshotStore({self.directory!r}).read({intact[0]})"
+                if intact
+                else "No older snapshot is intact either"
+            )
+            raise SnapshotStoreDamagedError(
+                f"snapshot store {self.directory} is damaged: its newest committed snapshot "
+                f"cannot be used: {e}. Restoring an older snapshot would publish output "
+                f"again that snapshot {ids[-1]} already published, so nothing is restored. "
+                f"{older}; or start from scratch with another snapshot_store (or after "
+                f"removing {self.directory})."
+            ) from e
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -83,6 +83,10 @@ class SnapshotSink(Protocol):
     def tasklet_completed(self, tasklet: ProcessorTasklet) -> None:
         """A processor completed (it takes part in no further snapshot)."""
 
+    @property
+    def hold_sources(self) -> bool:
+        """``True`` while snapshots cannot be committed: ``complete()`` is not called."""
+
 
 class ProcessorTasklet:
     """Drives one processor. ``call()`` does a small step and returns ``NO_PROGRESS``,
@@ -389,6 +393,8 @@ class ProcessorTasklet:
                 self.pending_barrier = requested
                 self.state = SAVE_SNAPSHOT
                 self._save_snapshot()
+                return
+            if sink.hold_sources:
                 return
         if self.processor.complete():
             self.progress = True

@@ -20,9 +20,16 @@ MAX_IDLE_S = 0.001
 
 
 class TaskletFailure:
-    def __init__(self, tasklet: ProcessorTasklet, error: BaseException) -> None:
+    """Why an execution failed: a processor's exception (``tasklet`` set) or a
+    job-level error such as an unwritable snapshot store (``tasklet`` is ``None``;
+    ``restartable`` is ``False`` when a restart cannot help)."""
+
+    def __init__(
+        self, tasklet: ProcessorTasklet | None, error: BaseException, restartable: bool = True
+    ) -> None:
         self.tasklet = tasklet
         self.error = error
+        self.restartable = restartable
         self.traceback = "".join(traceback.format_exception(error))
 
 

@@ -537,6 +537,7 @@ class EpochSnapshotSink:
     ``offerToSnapshot`` serializes immediately."""
 
     committed_id = 0
+    hold_sources = False  # an epoch's state goes to the driver, not to a store
 
     def __init__(self, source: StreamRowSourceP | EpochSourceGate | None) -> None:
         self.source = source
