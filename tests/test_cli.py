@@ -217,3 +217,23 @@ def test_dot_svg_draws_the_picture(tmp_path: Path) -> None:
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert {"numbers", "square", "out"} <= set(texts)
     assert "partitioned by lambda" in texts and "unicast" in texts
+
+
+def test_run_a_function_returning_a_pipeline(tmp_path: Path) -> None:
+    (tmp_path / "mypipe.py").write_text(
+        textwrap.dedent(
+            """
+            import slipstream as ss
+            from slipstream import sinks, sources
+
+            def build():
+                p = ss.Pipeline()
+                p.read_from(sources.items(range(10))).map(lambda x: x + 1).write_to(
+                    sinks.write_files("out"))
+                return p
+            """
+        )
+    )
+    r = run(tmp_path, "run", "mypipe:build")
+    assert r.returncode == 0, r.stderr
+    assert output(tmp_path) == list(range(1, 11))

@@ -223,7 +223,9 @@ class _Compiler:
         producers = [v for v, _ in inputs]
         if lp is None:
             lp = stage.local_parallelism
-            if lp == -1:
+            if lp == -1 and (key_fn is None or any(fn is not None for _, fn in inputs)):
+                # follows its producer through an isolated edge (a partitioned edge
+                # reshuffles anyway, so the vertex keeps the engine's default)
                 lp = self.inherited_lp(producers)
         transforms: dict[int, ChainFn] = {}
         for o, (_v, fn) in enumerate(inputs):  # a new vertex: its ordinals start at 0

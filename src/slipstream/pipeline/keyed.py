@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from slipstream.aggregate import AggregateOperation
+from slipstream.aggregate import AggregateOperation, identity
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey
@@ -46,7 +46,17 @@ class MapStatefulP(AbstractProcessor):
         self._pending: Any = _NOTHING  # the head item's result, refused by the outbox
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        offer = self.outbox.offer
+        outbox = self.outbox
+        if (
+            self._op is not None
+            and self._op.additive is not None
+            and self._pending is _NOTHING
+            and len(outbox.buckets) == 1
+            and outbox.is_cooperative_outbox()
+        ):
+            self._rolling_additive(inbox)
+            return
+        offer = outbox.offer
         if self._pending is not _NOTHING:
             if not offer(self._pending):
                 return
@@ -75,6 +85,36 @@ class MapStatefulP(AbstractProcessor):
                 self._pending = result
                 return
             inbox.popleft()
+
+    def _rolling_additive(self, inbox: Inbox) -> None:
+        """Rolling sum/count of an additive op (``create()`` is 0, ``accumulate`` adds):
+        added inline, results appended straight to the single bucket, at most as many
+        as it has room for."""
+        op = self._op
+        assert op is not None
+        bucket = self.outbox.buckets[0]
+        n = min(self.outbox.capacity - len(bucket), len(inbox))
+        if n <= 0:
+            return
+        states = self.states
+        get = states.get
+        key_fn = self._key_fn
+        add = op.additive
+        finish = op.finish
+        pop = inbox.popleft
+        append = bucket.append
+        if callable(add) and finish is identity:
+            for _ in range(n):
+                item = pop()
+                k = key_fn(item)
+                acc = states[k] = get(k, 0) + add(item)
+                append((k, acc))
+            return
+        for _ in range(n):
+            item = pop()
+            k = key_fn(item)
+            acc = states[k] = get(k, 0) + (add(item) if callable(add) else add)
+            append((k, finish(acc)))
 
     def save_to_snapshot(self) -> bool:
         return self.save_state(lambda: self.states.items())
