@@ -84,6 +84,7 @@ def oracle(steps: list[tuple[str, Callable[[int], Any]]], items: list[int]) -> l
     return out
 
 
+@settings(deadline=None)
 @given(chain_st, items_st)
 def test_chain_fn_equals_the_stages_one_by_one(steps: Any, items: list[int]) -> None:
     assert ChainFn(steps)(items) == oracle(steps, items)
