@@ -91,6 +91,7 @@ from slipstream.core.items import Watermark
 from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY, Outbox
 from slipstream.core.processor import Context, Processor
 from slipstream.core.services import InMemoryServices
+from slipstream.core.snapshot_keys import expand_entries
 from slipstream.core.suppliers import (
     FactorySupplier,
     MemberAddress,
@@ -966,7 +967,7 @@ class _Run:
         self.processor = None  # type: ignore[assignment]
         old.close()
         self._new_processor()
-        inbox = Inbox(entries)
+        inbox = Inbox(expand_entries(entries))
         while inbox:
             p = self.processor
             before = len(inbox)

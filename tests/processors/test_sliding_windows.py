@@ -46,7 +46,7 @@ from slipstream import processors as P
 from slipstream.aggregate import AggregateOperation, counting, summing
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
-from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey, expand_entries
 from slipstream.testing import verify_processor
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import (
@@ -472,7 +472,8 @@ def test_snapshot_holds_frames_by_key_and_the_cursor() -> None:
     p, outbox = new_processor(single_stage(wd, sum_with_deduct()), capacity=100)
     p.process(0, Inbox([(1, "a", 1), (3, "b", 2), (4, "a", 3)]))
     p.try_process_watermark(WM(2))
-    entries = saved_entries(p, outbox)
+    # frames are handed over as one KeyedStateBatch each; restore sees one entry per key
+    entries = expand_entries(saved_entries(p, outbox))
     # frame 2 stays: window 4 still needs it
     assert sorted(entries, key=repr) == sorted(
         [

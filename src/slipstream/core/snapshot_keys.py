@@ -5,10 +5,14 @@ to the processor that owns ``partition(key)``, so a job can restore with a diffe
 parallelism. :class:`KeyedStateKey` routes by its ``key`` but carries extra detail (e.g.
 a window frame). :class:`BroadcastKey` entries reach every processor of the vertex (for
 state such as a watermark that every processor needs; restore takes e.g. the minimum).
+:class:`KeyedStateBatch` hands over many keyed entries in one piece (a mapping): saving
+a large state then costs one dict copy instead of an entry per key; on restore it is
+split into the ``KeyedStateKey`` entries it stands for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 
@@ -23,6 +27,31 @@ class KeyedStateKey(NamedTuple):
 
     key: Any
     detail: Any = None
+
+
+class KeyedStateBatch(NamedTuple):
+    """Key of an entry whose value is a mapping ``key -> value`` that stands for one entry
+    ``(KeyedStateKey(key, detail), value)`` per item. The mapping is handed over: the
+    processor must not change it after offering it (offer a copy, e.g. ``dict(d)``)."""
+
+    detail: Any = None
+
+
+def expand_entries(entries: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """``entries`` with every :class:`KeyedStateBatch` entry replaced by the
+    ``KeyedStateKey`` entries it stands for (what a processor receives on restore)."""
+    out: list[tuple[Any, Any]] = []
+    new = tuple.__new__
+    for entry in entries:
+        k = entry[0]
+        if type(k) is KeyedStateBatch:
+            detail = k.detail
+            out.extend(
+                [(new(KeyedStateKey, (key, detail)), v) for key, v in entry[1].items()]
+            )
+        else:
+            out.append(entry)
+    return out
 
 
 def routing_key(snapshot_key: Any) -> Any:

@@ -26,6 +26,9 @@ __all__ = [
     "check_path",
     "check_port",
     "int_value",
+    "check_invalid_timestamps",
+    "only_int_timestamps",
+    "valid_timestamps",
 ]
 
 
@@ -99,3 +102,53 @@ def check_csv_dialect(dialect: Any, factory: str) -> None:
             f"{factory}(): argument 'dialect' must be a dialect name or a csv.Dialect "
             f"subclass, got {dialect!r}"
         )
+
+
+INVALID_TIMESTAMPS = ("fail", "late")
+"""What a windowing processor does with an item whose timestamp is not an integer
+(``NaN``, ``inf``, ``1.5``, ``"5"``, ``None``): ``"fail"`` the job with an error naming
+the vertex and the item (the default), or count it as ``"late"`` and drop it."""
+
+
+def check_invalid_timestamps(value: Any, where: str) -> str:
+    """The ``invalid_timestamps`` argument of ``where``: one of :data:`INVALID_TIMESTAMPS`."""
+    if value not in INVALID_TIMESTAMPS:
+        raise ValueError(
+            f"{where}: invalid_timestamps must be 'fail' or 'late', got {value!r}"
+        )
+    return str(value)
+
+
+def only_int_timestamps(timestamps: list[Any]) -> bool:
+    """Whether every timestamp is a plain ``int`` (one type scan at C speed)."""
+    types = set(map(type, timestamps))
+    return not types or types == _INT_ONLY
+
+
+_INT_ONLY = {int}
+
+
+def valid_timestamps(
+    items: list[Any], timestamps: list[Any], where: str, invalid: str
+) -> tuple[list[Any], list[int], int]:
+    """The slow path for a batch whose timestamps are not all plain ints: integer-like
+    ones (numpy integers) become ints; any other one fails with an error naming ``where``
+    and the item, or (``invalid == "late"``) its item is left out and counted. Returns
+    the kept items, their timestamps and the number left out."""
+    kept: list[Any] = []
+    stamps: list[int] = []
+    dropped = 0
+    for item, ts in zip(items, timestamps, strict=True):
+        v = int_value(ts)
+        if v is None:
+            if invalid == "late":
+                dropped += 1
+                continue
+            raise ValueError(
+                f"{where}: item {item!r} has timestamp {ts!r}; timestamps must be integers "
+                "(e.g. milliseconds), not NaN, infinite, fractional or of another type "
+                "(invalid_timestamps='late' counts such items as late instead)"
+            )
+        kept.append(item)
+        stamps.append(v)
+    return kept, stamps, dropped

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("slipstream.job")
 _ids = itertools.count(1)
 
+STORE_DRAIN_TIMEOUT_S = 60.0
+"""How long the end of an execution waits for the snapshot being written to commit."""
+
 
 class _Execution:
     """One run of the job's plan."""
@@ -66,6 +69,7 @@ class _Execution:
                 {n: vp.total_parallelism for n, vp in self.plans.items()},
                 on_commit=job._on_commit,
                 on_error=self._on_snapshot_error,
+                on_state_error=self._on_state_error,
             )
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
@@ -143,6 +147,10 @@ class _Execution:
             e.__cause__ = error
             self._on_failure(TaskletFailure(None, e, restartable=False))
 
+    def _on_state_error(self, tasklet: ProcessorTasklet, error: BaseException) -> None:
+        """A processor saved state that cannot be encoded: it fails like the processor."""
+        self._on_failure(TaskletFailure(tasklet, error))
+
     def _on_failure(self, failure: TaskletFailure) -> None:
         if self.failure is None:
             self.failure = failure
@@ -156,7 +164,8 @@ class _Execution:
             self._gc_tuned = False
             gc_tuning.job_ended()
         if self.coordinator is not None:
-            self.coordinator.stop()
+            # a snapshot every processor saved still commits (its write is under way)
+            self.coordinator.stop(timeout=STORE_DRAIN_TIMEOUT_S)
             if self.failure is None and not self.cancelled and not self.coordinator.terminal_committed:
                 self.coordinator.job_completed()
             else:
@@ -289,9 +298,13 @@ class Job(JobHandle):
     @property
     def metrics(self) -> dict[str, dict[str, int]]:
         """Per vertex: ``items_in``, ``items_out`` and the processors' own counters (of
-        the current execution), plus job-level ``snapshots``, ``restarts``,
-        ``snapshot_failures`` (consecutive; sources pause while it is not 0) and
-        ``snapshot_failures_total``."""
+        the current execution), plus job-level ``__job__``: ``restarts``, ``snapshots``,
+        ``snapshot_failures`` (consecutive; sources pause while it is not 0),
+        ``snapshot_failures_total`` and, once a snapshot committed, the figures of the
+        last one, ``snapshot_duration_us`` (request to commit), ``snapshot_bytes``,
+        ``snapshot_entries``, ``snapshot_pause_us`` (the longest time a processor spent
+        saving it), with ``snapshot_duration_us_max``/``_mean``,
+        ``snapshot_bytes_mean`` and ``snapshot_pause_us_max``."""
         out: dict[str, dict[str, int]] = {}
         ex = self._execution
         for t in ex.tasklets if ex else []:
@@ -301,12 +314,15 @@ class Job(JobHandle):
             for k, v in t.context.metrics.items():
                 m[k] = m.get(k, 0) + v
         c = ex.coordinator if ex else None
-        out["__job__"] = {
+        job = {
             "restarts": self.restarts,
-            "snapshots": c.snapshots_committed if c else 0,
+            "snapshots": 0,
             "snapshot_failures": c.consecutive_failures if c else 0,
             "snapshot_failures_total": c.failed_snapshots if c else 0,
         }
+        if c is not None:
+            job.update(c.stats.as_metrics())
+        out["__job__"] = job
         return out
 
     def watch(self) -> dict[str, Any]:

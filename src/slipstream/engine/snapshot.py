@@ -8,25 +8,36 @@ tasklet is recorded as *completed*: on restore it only sends end-of-stream, whic
 right because downstream aligned on its end-of-stream instead of a barrier and so
 consumed all of its output before saving). Commit = the store write, then the actions
 sinks staged for that snapshot (two-phase sinks publish on commit).
+
+Cost at large state: a tasklet hands its saved entries over as they are (no copy of
+immutable values, no serialisation on the cooperative thread); the complete snapshot is
+encoded (C pickler) and written on the coordinator's store thread while the job goes on,
+which also runs the commit. One snapshot is in flight at a time: the next one is
+requested only after the previous one committed or failed.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import pickle
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
 from slipstream.core.dag import DAG, RoutingPolicy
 from slipstream.core.errors import SnapshotError
 from slipstream.core.items import SnapshotBarrier
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner, partition_table
-from slipstream.core.snapshot_keys import is_broadcast, routing_key
-from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
+from slipstream.core.snapshot_keys import KeyedStateBatch, expand_entries, is_broadcast, routing_key
+from slipstream.engine.snapshot_store import (
+    DirectorySnapshotStore,
+    SnapshotData,
+    VertexState,
+    pickle_state,
+)
 
 if TYPE_CHECKING:
     from slipstream.engine.plan import VertexPlan
@@ -45,6 +56,7 @@ class SnapshotCoordinator:
         vertex_parallelism: dict[str, int],
         on_commit: Callable[[SnapshotData], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        on_state_error: Callable[[ProcessorTasklet, BaseException], None] | None = None,
     ) -> None:
         self.job_name = job_name
         self.store = store
@@ -54,20 +66,26 @@ class SnapshotCoordinator:
         self.vertex_parallelism = vertex_parallelism
         self._on_commit = on_commit
         self._on_error = on_error
+        self._on_state_error = on_state_error
         self._lock = threading.Lock()
         self._tasklets: list[ProcessorTasklet] = []
         self._completed: set[int] = set()  # id() of tasklets that finished
         self._requested: SnapshotBarrier | None = None
+        self._requested_at = 0.0
         self._reported: set[int] = set()
         self._entries: dict[tuple[str, int], list[Any]] = {}
         self._staged: list[tuple[int, Callable[[], None]]] = []
         self._staged_at_completion: dict[tuple[str, int], list[Callable[[], None]]] = {}
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
-        self.snapshots_committed = 0
+        # the store thread: encodes and writes a complete snapshot, then commits it
+        self._to_write: SnapshotData | None = None
+        self._writer: threading.Thread | None = None
+        self._writer_closing = False
+        self._pause_s = 0.0
+        self.stats = SnapshotStats()
         # for watchers (dashboard, CLI): id, duration, size and time of the last commit
         self.last_commit: dict[str, Any] | None = None
-        self._started_at = 0.0
         self.terminal_committed = False
         # store write failures: consecutive ones hold the sources (back-pressure) until a
         # snapshot commits again; the job fails after too many (see _Execution)
@@ -75,6 +93,10 @@ class SnapshotCoordinator:
         self.failed_snapshots = 0
         self.last_error: BaseException | None = None
         self._commit_event = threading.Condition(self._lock)
+
+    @property
+    def snapshots_committed(self) -> int:
+        return self.stats.count
 
     # -- wiring --------------------------------------------------------------------------
     def attach(self, tasklets: list[ProcessorTasklet]) -> None:
@@ -86,12 +108,14 @@ class SnapshotCoordinator:
         )
         self._timer.start()
 
-    def stop(self) -> None:
-        """No snapshot starts after this returns, and one being committed has ended
-        (the job's end must not race with a store write)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop requesting snapshots and let the store thread finish the snapshot it is
+        writing (it commits: every processor saved it), at most ``timeout`` seconds."""
         self._stop.set()
         with self._lock:
-            pass
+            self._writer_closing = True
+            self._commit_event.notify_all()
+            self._commit_event.wait_for(lambda: self._to_write is None, timeout)
 
     def _run_timer(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -108,15 +132,21 @@ class SnapshotCoordinator:
         return self.consecutive_failures > 0
 
     def add_entries(self, tasklet: ProcessorTasklet, snapshot_id: int, entries: list[Any]) -> None:
-        # serialise now (as Jet does): the processor may mutate its state after saving
+        """Take over ``entries`` (the tasklet hands its snapshot bucket over, it keeps no
+        reference). They are encoded later, on the store thread; values the processor
+        could still change are copied now (see :func:`detached`)."""
         try:
-            entries = pickle.loads(cloudpickle.dumps(entries))
+            entries = detached(entries)
         except Exception as e:  # noqa: BLE001
             raise SnapshotError(
                 f"{tasklet.vertex_name}#{tasklet.index}: snapshot state cannot be pickled: {e}"
             ) from e
         with self._lock:
-            self._entries.setdefault((tasklet.vertex_name, tasklet.index), []).extend(entries)
+            lst = self._entries.get((tasklet.vertex_name, tasklet.index))
+            if lst is None:
+                self._entries[(tasklet.vertex_name, tasklet.index)] = entries
+            else:
+                lst.extend(entries)
 
     def processor_done(self, tasklet: ProcessorTasklet, barrier: SnapshotBarrier) -> None:
         with self._lock:
@@ -126,6 +156,9 @@ class SnapshotCoordinator:
                     f"{barrier.snapshot_id} that was not requested"
                 )
             self._reported.add(id(tasklet))
+            pause = getattr(tasklet, "last_save_seconds", 0.0)
+            if pause > self._pause_s:
+                self._pause_s = pause
             self._check_commit()
 
     def tasklet_completed(self, tasklet: ProcessorTasklet) -> None:
@@ -164,16 +197,19 @@ class SnapshotCoordinator:
         self.next_id += 1
         self._reported = set()
         self._entries = {}
+        self._pause_s = 0.0
+        self._requested_at = time.perf_counter()
         self._requested = SnapshotBarrier(sid, terminal)
-        self._started_at = time.time()
         self._check_commit()
         return sid
 
     _terminal_pending = False
 
     def _check_commit(self) -> None:
+        """Hand the snapshot to the store thread once every processor saved it (or had
+        finished). Called with the lock held."""
         req = self._requested
-        if req is None:
+        if req is None or self._to_write is not None:
             return
         for t in self._tasklets:
             if id(t) not in self._reported and id(t) not in self._completed:
@@ -187,30 +223,90 @@ class SnapshotCoordinator:
                 vs.entries[t.index] = self._entries.get((t.vertex_name, t.index), [])
             else:
                 vs.completed.add(t.index)
-        try:
-            self.store.write(data)
-        except BaseException as e:  # noqa: BLE001
-            log.error("snapshot %d of %s could not be written: %s", req.snapshot_id, self.job_name, e)
+        self._entries = {}
+        self._to_write = data
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._run_writer, name=f"slipstream-{self.job_name}-store", daemon=True
+            )
+            self._writer.start()
+        self._commit_event.notify_all()
+
+    def _run_writer(self) -> None:
+        """The store thread: encoding and writing happen here, off the cooperative
+        threads, while the job goes on; then the commit (staged actions) runs here."""
+        while True:
+            with self._lock:
+                self._commit_event.wait_for(
+                    lambda: self._to_write is not None or self._writer_closing
+                )
+                data = self._to_write
+                if data is None:
+                    self._writer = None
+                    return
+            try:
+                self.store.write(data)
+            except BaseException as e:  # noqa: BLE001
+                self._write_failed(data, e)
+                continue
+            with self._lock:
+                self._committed(data, getattr(self.store, "last_write_bytes", None))
+
+    def _write_failed(self, data: SnapshotData, error: BaseException) -> None:
+        culprit = self._unpicklable_state(data) if isinstance(error, SnapshotError) else None
+        with self._lock:
             self._requested = None
+            self._to_write = None
             self.consecutive_failures += 1
             self.failed_snapshots += 1
-            self.last_error = e
-            if self._on_error is not None:
-                self._on_error(e)
-            return
-        self.committed_id = req.snapshot_id
-        self.snapshots_committed += 1
+            self.last_error = error
+            self._commit_event.notify_all()
+        if culprit is not None:
+            tasklet, e = culprit
+            err = SnapshotError(
+                f"{tasklet.vertex_name}#{tasklet.index}: snapshot state cannot be pickled: {e}"
+            )
+            err.__cause__ = e
+            if self._on_state_error is not None:
+                self._on_state_error(tasklet, err)
+                return
+        log.error(
+            "snapshot %d of %s could not be written: %s", data.snapshot_id, self.job_name, error
+        )
+        if self._on_error is not None:
+            self._on_error(error)
+
+    def _unpicklable_state(self, data: SnapshotData) -> tuple[ProcessorTasklet, Exception] | None:
+        """The processor whose saved state cannot be encoded (to name it in the error)."""
+        for t in self._tasklets:
+            vs = data.vertices.get(t.vertex_name)
+            entries = vs.entries.get(t.index) if vs is not None else None
+            if entries:
+                try:
+                    pickle_state(entries)
+                except Exception as e:  # noqa: BLE001
+                    return t, e
+        return None
+
+    def _committed(self, data: SnapshotData, size: int | None) -> None:
+        """Snapshot ``data`` is durable: publish what was staged for it. Lock held."""
+        req = self._requested
+        assert req is not None and req.snapshot_id == data.snapshot_id
+        duration = time.perf_counter() - self._requested_at
+        entries = data.entry_count()
+        self.stats.record(duration, size or 0, entries, self._pause_s)
         now = time.time()
         self.last_commit = {
             "id": req.snapshot_id,
-            "duration_ms": round((now - self._started_at) * 1000.0, 1),
-            "bytes": getattr(self.store, "last_write_bytes", None),
-            "entries": data.entry_count(),
+            "duration_ms": round(duration * 1000.0, 1),
+            "bytes": size,
+            "entries": entries,
             "committed_at": now,
         }
         self.consecutive_failures = 0
+        self.committed_id = req.snapshot_id
         self._requested = None
-        self._entries = {}
+        self._to_write = None
         self._run_staged(req.snapshot_id)
         for name, vs in data.vertices.items():
             for index in vs.completed:
@@ -253,6 +349,93 @@ class SnapshotCoordinator:
             return self._commit_event.wait_for(lambda: self.committed_id >= snapshot_id, timeout)
 
 
+class SnapshotStats:
+    """Figures of the committed snapshots of one execution (``job.metrics``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: dict[str, int] = {}
+        self.duration_us_total = 0
+        self.duration_us_max = 0
+        self.bytes_total = 0
+        self.pause_us_max = 0
+
+    def record(self, duration_s: float, size: int, entries: int, pause_s: float) -> None:
+        duration_us = int(duration_s * 1e6)
+        pause_us = int(pause_s * 1e6)
+        self.count += 1
+        self.duration_us_total += duration_us
+        self.duration_us_max = max(self.duration_us_max, duration_us)
+        self.bytes_total += size
+        self.pause_us_max = max(self.pause_us_max, pause_us)
+        self.last = {
+            "snapshot_duration_us": duration_us,
+            "snapshot_bytes": size,
+            "snapshot_entries": entries,
+            "snapshot_pause_us": pause_us,
+        }
+
+    def as_metrics(self) -> dict[str, int]:
+        """``snapshots`` and, once one committed, the last snapshot's duration (request
+        to commit), size in bytes, entries and longest processor pause (barrier aligned
+        to barrier forwarded), with the maxima and means over the execution."""
+        out = {"snapshots": self.count}
+        if self.count:
+            out.update(self.last)
+            out["snapshot_duration_us_max"] = self.duration_us_max
+            out["snapshot_duration_us_mean"] = self.duration_us_total // self.count
+            out["snapshot_bytes_mean"] = self.bytes_total // self.count
+            out["snapshot_pause_us_max"] = self.pause_us_max
+        return out
+
+
+_SCALARS = frozenset((int, float, complex, str, bytes, bool, type(None)))
+_second = operator.itemgetter(1)
+
+
+def _frozen(values: list[Any], depth: int = 0) -> bool:
+    """Whether ``values`` are immutable: scalars, tuples of such (three levels deep), and
+    the values of handed-over :class:`KeyedStateBatch` mappings. Type scans at C speed."""
+    types = set(map(type, values))
+    if types <= _SCALARS:
+        return True
+    if depth >= 3:
+        return False
+    for t in types - _SCALARS:
+        if not (t is tuple or (issubclass(t, tuple) and getattr(t, "__slots__", None) == ())):
+            return False
+        nested = [v for v in values if type(v) is t]
+        if not _frozen(list(itertools.chain.from_iterable(nested)), depth + 1):
+            return False
+    return True
+
+
+def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """``entries`` in a form the processor can no longer change: kept as they are when
+    every value is immutable (the usual case, checked at C speed), else copied with a
+    pickle round trip. Keys are hashable and taken as immutable; a
+    :class:`KeyedStateBatch` mapping is handed over by the processor (it does not change
+    it), so only its values are checked."""
+    values = list(map(_second, entries))
+    if KeyedStateBatch in set(map(type, map(operator.itemgetter(0), entries))):
+        plain = []
+        for e in entries:
+            if type(e[0]) is KeyedStateBatch:
+                if not _frozen(list(e[1].values())):
+                    return _copied(entries)
+            else:
+                plain.append(e[1])
+        values = plain
+    if _frozen(values):
+        return entries
+    return _copied(entries)
+
+
+def _copied(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    copy: list[tuple[Any, Any]] = pickle.loads(pickle_state(entries))
+    return copy
+
+
 def restore_plan(
     data: SnapshotData, plans: dict[str, VertexPlan], partitioners: dict[str, Any]
 ) -> tuple[dict[tuple[str, int], list[Any]], set[tuple[str, int]]]:
@@ -289,7 +472,7 @@ def restore_plan(
         partitioner = partitioners.get(name) or default_partitioner
         everyone = [routed[(name, g)] for g in range(total)]
         for entries in vs.entries.values():
-            for entry in entries:
+            for entry in expand_entries(entries):
                 k = entry[0]
                 if is_broadcast(k):
                     for lst in everyone:

@@ -73,6 +73,16 @@ class SnapshotData:
         return sum(len(es) for v in self.vertices.values() for es in v.entries.values())
 
 
+def pickle_state(obj: Any) -> bytes:
+    """Pickle snapshot state: the C pickler (several times faster on large state), or
+    cloudpickle when the state holds what only cloudpickle encodes (lambdas, classes
+    defined in ``__main__``)."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - PicklingError, TypeError, AttributeError
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
 @dataclass(frozen=True)
 class StoreOwner:
     """Who wrote a store's snapshots: the job's name and its execution's unique id;
@@ -238,7 +248,7 @@ class DirectorySnapshotStore:
     def encode(data: SnapshotData) -> bytes:
         """The payload of ``data`` (a pickle), for :meth:`write_encoded`."""
         try:
-            return cloudpickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+            return pickle_state(data)
         except Exception as e:  # noqa: BLE001
             raise SnapshotError(f"snapshot {data.snapshot_id} state cannot be pickled: {e}") from e
 

@@ -139,6 +139,9 @@ class ProcessorTasklet:
         self.barrier_at = [False] * len(streams)
         self.barrier_count = 0
         self.pending_barrier: SnapshotBarrier | None = None
+        # the barrier pause: from the first save_to_snapshot call to the barrier going out
+        self._save_started: float | None = None
+        self.last_save_seconds = 0.0
         self._aligning: SnapshotBarrier | None = None
         # barriers of this execution continue after the snapshot it was restored from
         self.last_snapshot_id = getattr(snapshot_sink, "committed_id", 0)
@@ -360,6 +363,8 @@ class ProcessorTasklet:
 
     def _save_snapshot(self) -> None:
         self.context.current_snapshot_id = self.pending_barrier.snapshot_id  # type: ignore[union-attr]
+        if self._save_started is None:
+            self._save_started = time.perf_counter()
         if self.processor.save_to_snapshot():
             self.progress = True
             self.state = EMIT_BARRIER
@@ -369,6 +374,9 @@ class ProcessorTasklet:
         assert barrier is not None
         # the state was flushed to the snapshot sink by _flush(); now mark the point
         self._emit_special(barrier)
+        started = self._save_started
+        self._save_started = None
+        self.last_save_seconds = 0.0 if started is None else time.perf_counter() - started
         if self.snapshot_sink is not None:
             self.snapshot_sink.processor_done(self, barrier)
         self.last_snapshot_id = barrier.snapshot_id
@@ -442,9 +450,10 @@ class ProcessorTasklet:
         sb = outbox.snapshot_bucket
         if sb:
             barrier = self.pending_barrier
+            # hand the bucket over (no copy): the snapshot sink owns these entries now
+            outbox.snapshot_bucket = []
             if self.snapshot_sink is not None and barrier is not None:
-                self.snapshot_sink.add_entries(self, barrier.snapshot_id, sb.copy())
-            sb.clear()
+                self.snapshot_sink.add_entries(self, barrier.snapshot_id, sb)
             self.progress = True
         specials = outbox.specials
         outbox.specials = False

@@ -49,8 +49,14 @@ from slipstream.aggregate import AggregateOperation
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
-from slipstream.core.validation import check_fn, int_value
-from slipstream.processors.windows import LATE_METRIC, WindowingP, check_agg_op
+from slipstream.core.validation import (
+    check_fn,
+    check_invalid_timestamps,
+    int_value,
+    only_int_timestamps,
+    valid_timestamps,
+)
+from slipstream.processors.windows import LATE_METRIC, WindowingP, _failing_item, check_agg_op
 from slipstream.window import KeyedWindowResult
 
 __all__ = ["CURRENT_WATERMARK_KEY", "SessionWindowP", "aggregate_to_session_window"]
@@ -85,8 +91,9 @@ class SessionWindowP(WindowingP):
         key_fn: Callable[[Any], Any],
         timestamp_fn: Callable[[Any], int],
         agg_op: AggregateOperation[Any, Any, Any],
+        invalid_timestamps: str = "fail",
     ) -> None:
-        super().__init__()
+        super().__init__(invalid_timestamps)
         self._timeout = session_timeout
         self._key_fn = key_fn
         self._timestamp_fn = timestamp_fn
@@ -111,9 +118,17 @@ class SessionWindowP(WindowingP):
         wm = self._wm
         late = 0
         item: Any = None
+        items: Any = inbox
         try:
-            for item in inbox:
-                t = ts_fn(item)
+            stamps = list(map(ts_fn, inbox))
+        except Exception as err:  # noqa: BLE001
+            raise self._bad_item(_failing_item(inbox, ts_fn), err) from err
+        if not only_int_timestamps(stamps):
+            items, stamps, late = valid_timestamps(
+                list(inbox), stamps, self._where(), self._invalid_timestamps
+            )
+        try:
+            for item, t in zip(items, stamps, strict=True):
                 if t < wm:
                     late += 1
                     continue
@@ -226,12 +241,15 @@ def aggregate_to_session_window(
     key_fn: Callable[[Any], Any],
     timestamp_fn: Callable[[Any], int],
     agg_op: AggregateOperation[Any, Any, Any],
+    invalid_timestamps: str = "fail",
 ) -> Callable[[], SessionWindowP]:
     """Session window aggregation by key (``P.aggregate_to_session_window``).
 
     ``session_timeout`` (a positive int, in timestamp units) is the gap that closes a
     session. ``agg_op`` needs ``combine``, to merge two sessions that an out-of-order
     event bridges. Put it behind a distributed edge partitioned by the same key.
+    ``invalid_timestamps`` as in ``aggregate_to_sliding_window``: an item whose timestamp
+    is not an integer fails the job naming it, or with ``"late"`` is dropped and counted.
     """
     name = "aggregate_to_session_window"
     timeout = int_value(session_timeout)
@@ -247,4 +265,7 @@ def aggregate_to_session_window(
         needs_combine=True,
         why="to merge two sessions that an out-of-order event bridges",
     )
-    return functools.partial(SessionWindowP, timeout, key_fn, timestamp_fn, agg_op)
+    invalid = check_invalid_timestamps(invalid_timestamps, name)
+    return functools.partial(
+        SessionWindowP, timeout, key_fn, timestamp_fn, agg_op, invalid_timestamps=invalid
+    )

@@ -10,6 +10,11 @@ During a lull (empty inbox) the engine calls ``try_process()``; time-based polic
 (``limiting_lag_and_delay`` and friends) then move the watermark forward without events,
 which is what lets the last windows of a paused stream be emitted.
 
+An item whose timestamp is not an integer (NaN, infinite, fractional, a string) is passed
+on without being reported to the policy: it must not move the watermark (an infinite one
+would end every window), and the windowing processors downstream reject it with an error
+naming it, or count it as late (their ``invalid_timestamps``).
+
 Optionally (``idle_timeout_ms``) a processor that saw no item for that long declares its
 substream *idle* by emitting :data:`IDLE` once: downstream coalescers then leave it out of
 the minimum, so one silent partition does not hold back every window (A.6). The next item
@@ -133,7 +138,11 @@ class InsertWatermarksP(AbstractProcessor):
         last = self._last_emitted
         item: Any = None
         try:
-            if 0 < len(inbox) < room and max(map(ts_fn, inbox)) < threshold:
+            try:
+                movable = max(map(ts_fn, inbox)) >= threshold if inbox else True
+            except TypeError:  # a timestamp that is no number: the per-item loop sees it
+                movable = True
+            if 0 < len(inbox) < room and not movable:
                 # the whole inbox fits and no event in it can move the watermark (the
                 # usual case with a throttled policy): move it at C speed
                 bucket.extend(inbox)
@@ -141,8 +150,10 @@ class InsertWatermarksP(AbstractProcessor):
                 return
             while inbox and room >= 2:  # an item may bring a watermark along
                 item = inbox[0]
-                ts = ts_fn(item)
-                if ts >= threshold:
+                ts: Any = ts_fn(item)
+                if type(ts) is not int:
+                    ts = _reportable(ts)
+                if ts is not None and ts >= threshold:
                     wm = report(ts)
                     threshold = threshold_fn()
                     if wm > last:
@@ -171,7 +182,10 @@ class InsertWatermarksP(AbstractProcessor):
                 if reported:
                     reported = False
                 else:
-                    wm = report(ts_fn(item))
+                    ts: Any = ts_fn(item)
+                    if type(ts) is not int:
+                        ts = _reportable(ts)
+                    wm = last if ts is None else report(ts)
                     if wm > last:
                         self._last_emitted = last = wm
                         if not offer(Watermark(wm)):
@@ -245,6 +259,13 @@ class InsertWatermarksP(AbstractProcessor):
 
     def __repr__(self) -> str:
         return f"InsertWatermarksP(last_emitted={self._last_emitted}, idle={self._idle})"
+
+
+def _reportable(ts: Any) -> int | None:
+    """An integer-like timestamp as an int; ``None`` for any other (NaN, infinite,
+    fractional, not a number): such an item never moves the watermark, and the windowing
+    processor downstream fails on it or counts it as late."""
+    return int_value(ts)
 
 
 def _report_everything() -> int:
