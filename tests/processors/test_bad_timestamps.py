@@ -36,10 +36,14 @@ def wm_policy() -> Any:
     return with_fixed_lag(5)
 
 
-def job_dag(events: list[Any], agg: str, invalid: str = "fail", session: bool = False) -> DAG:
+def job_dag(
+    events: list[Any], agg: str, invalid: str = "fail", session: bool = False, wm_invalid: str = "late"
+) -> DAG:
     dag = DAG()
     src = dag.new_vertex("src", sources.items(events)).local_parallelism(1)
-    wms = dag.new_vertex("wm", P.insert_watermarks(ts_of, wm_policy)).local_parallelism(1)
+    wms = dag.new_vertex(
+        "wm", P.insert_watermarks(ts_of, wm_policy, invalid_timestamps=wm_invalid)
+    ).local_parallelism(1)
     if session:
         sup = P.aggregate_to_session_window(
             session_timeout=15, key_fn=key_of, timestamp_fn=ts_of, agg_op=OPS[agg](),
@@ -75,12 +79,13 @@ def good_events(n: int) -> list[tuple[str, Any, int]]:
 def test_a_bad_timestamp_fails_the_job_naming_vertex_and_item(bad: Any, session: bool) -> None:
     events: list[Any] = good_events(200)
     events.insert(120, ("culprit", bad, 1))
-    engine = ss.local()
-    job = engine.new_job(job_dag(events, "counting", session=session))
-    with pytest.raises(ss.JobFailedError, match="culprit") as info:
-        job.join(60)
-    assert info.value.vertex == "window"
-    assert "'window'" in str(info.value) and "timestamp" in str(info.value)
+    for wm_invalid, vertex in (("fail", "wm"), ("late", "window")):
+        engine = ss.local()
+        job = engine.new_job(job_dag(events, "counting", session=session, wm_invalid=wm_invalid))
+        with pytest.raises(ss.JobFailedError, match="culprit") as info:
+            job.join(60)
+        assert info.value.vertex == vertex
+        assert f"'{vertex}'" in str(info.value) and "timestamp" in str(info.value)
 
 
 @settings(max_examples=15, deadline=None)
@@ -137,7 +142,7 @@ def test_integer_like_timestamps_are_accepted() -> None:
 
 
 def test_insert_watermarks_never_moves_the_watermark_on_a_bad_timestamp() -> None:
-    p = P.insert_watermarks(ts_of, lambda: with_fixed_lag(0))()
+    p = P.insert_watermarks(ts_of, lambda: with_fixed_lag(0), invalid_timestamps="late")()
     outbox = Outbox(1, 100)
     p.init(outbox, Context(vertex_name="wm"))
     items = [("a", 5, 0), ("a", math.inf, 0), ("a", "x", 0), ("a", math.nan, 0), ("a", 6, 0)]

@@ -10,10 +10,11 @@ During a lull (empty inbox) the engine calls ``try_process()``; time-based polic
 (``limiting_lag_and_delay`` and friends) then move the watermark forward without events,
 which is what lets the last windows of a paused stream be emitted.
 
-An item whose timestamp is not an integer (NaN, infinite, fractional, a string) is passed
-on without being reported to the policy: it must not move the watermark (an infinite one
-would end every window), and the windowing processors downstream reject it with an error
-naming it, or count it as late (their ``invalid_timestamps``).
+An item whose timestamp is not an integer (NaN, infinite, fractional, a string) fails the
+job with an error naming the vertex and the item; with ``invalid_timestamps="late"`` it is
+passed on without being reported to the policy (it must not move the watermark: an
+infinite one would end every window) and the windowing processor downstream, given the
+same option, drops it and counts it as late.
 
 Optionally (``idle_timeout_ms``) a processor that saw no item for that long declares its
 substream *idle* by emitting :data:`IDLE` once: downstream coalescers then leave it out of
@@ -32,7 +33,12 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
-from slipstream.core.validation import check_fn, int_value
+from slipstream.core.validation import (
+    check_fn,
+    check_invalid_timestamps,
+    int_value,
+    only_int_timestamps,
+)
 
 __all__ = ["IDLE", "InsertWatermarksP", "insert_watermarks"]
 
@@ -78,7 +84,9 @@ class InsertWatermarksP(AbstractProcessor):
         policy_factory: Callable[[], Any],
         idle_timeout_ms: int | None = None,
         clock: Clock | None = None,
+        invalid_timestamps: str = "fail",
     ) -> None:
+        self._invalid_timestamps = invalid_timestamps
         self._timestamp_fn = timestamp_fn
         self._policy_factory = policy_factory
         self._idle_timeout = idle_timeout_ms
@@ -138,21 +146,20 @@ class InsertWatermarksP(AbstractProcessor):
         last = self._last_emitted
         item: Any = None
         try:
-            try:
-                movable = max(map(ts_fn, inbox)) >= threshold if inbox else True
-            except TypeError:  # a timestamp that is no number: the per-item loop sees it
-                movable = True
-            if 0 < len(inbox) < room and not movable:
-                # the whole inbox fits and no event in it can move the watermark (the
-                # usual case with a throttled policy): move it at C speed
-                bucket.extend(inbox)
-                inbox.clear()
-                return
+            n = len(inbox)
+            if 0 < n < room:
+                stamps = list(map(ts_fn, inbox))
+                if only_int_timestamps(stamps) and max(stamps) < threshold:
+                    # the whole inbox fits and no event in it can move the watermark (the
+                    # usual case with a throttled policy): move it at C speed
+                    bucket.extend(inbox)
+                    inbox.clear()
+                    return
             while inbox and room >= 2:  # an item may bring a watermark along
                 item = inbox[0]
                 ts: Any = ts_fn(item)
                 if type(ts) is not int:
-                    ts = _reportable(ts)
+                    ts = self._integer_timestamp(item, ts)
                 if ts is not None and ts >= threshold:
                     wm = report(ts)
                     threshold = threshold_fn()
@@ -184,7 +191,7 @@ class InsertWatermarksP(AbstractProcessor):
                 else:
                     ts: Any = ts_fn(item)
                     if type(ts) is not int:
-                        ts = _reportable(ts)
+                        ts = self._integer_timestamp(item, ts)
                     wm = last if ts is None else report(ts)
                     if wm > last:
                         self._last_emitted = last = wm
@@ -200,11 +207,21 @@ class InsertWatermarksP(AbstractProcessor):
             raise self._bad_timestamp(inbox[0], e) from e
         self._head_reported = reported
 
+    def _integer_timestamp(self, item: Any, ts: Any) -> int | None:
+        """An integer-like timestamp as an int. Any other (NaN, infinite, fractional, not
+        a number) fails, or with ``invalid_timestamps="late"`` gives ``None``: the item
+        goes on without moving the watermark (the windows downstream count it)."""
+        v = int_value(ts)
+        if v is None and self._invalid_timestamps == "fail":
+            raise self._bad_timestamp(item, TypeError("not an integer"))
+        return v
+
     def _bad_timestamp(self, item: Any, e: TypeError) -> TypeError:
         return TypeError(
             f"insert_watermarks (vertex {self.context.vertex_name!r}): cannot take the "
             f"timestamp of item {item!r}: timestamp_fn gave "
-            f"{_safe_ts(self._timestamp_fn, item)}, expected an int ({e})"
+            f"{_safe_ts(self._timestamp_fn, item)}, expected an int ({e}); "
+            "invalid_timestamps='late' passes such items on to be counted as late"
         )
 
     def _offer_pending(self) -> bool:
@@ -261,13 +278,6 @@ class InsertWatermarksP(AbstractProcessor):
         return f"InsertWatermarksP(last_emitted={self._last_emitted}, idle={self._idle})"
 
 
-def _reportable(ts: Any) -> int | None:
-    """An integer-like timestamp as an int; ``None`` for any other (NaN, infinite,
-    fractional, not a number): such an item never moves the watermark, and the windowing
-    processor downstream fails on it or counts it as late."""
-    return int_value(ts)
-
-
 def _report_everything() -> int:
     return NO_WATERMARK
 
@@ -285,6 +295,7 @@ def insert_watermarks(
     *,
     idle_timeout_ms: int | None = None,
     clock: Clock | None = None,
+    invalid_timestamps: str = "fail",
 ) -> Callable[[], InsertWatermarksP]:
     """A supplier of processors that insert watermarks (``P.insert_watermarks``).
 
@@ -293,6 +304,9 @@ def insert_watermarks(
     ``lambda: with_fixed_lag(100)`` — each processor needs its own policy instance.
     ``idle_timeout_ms``: when set, a processor that received no item for that long (by
     ``clock``, milliseconds, default monotonic) emits :data:`IDLE` once.
+    ``invalid_timestamps``: ``"fail"`` (an item whose timestamp is not an integer fails
+    the job, naming it) or ``"late"`` (it goes on without moving the watermark; give the
+    windowing processor the same option to drop and count it).
     """
     check_fn(timestamp_fn, "timestamp_fn", "insert_watermarks")
     if not callable(policy_factory):
@@ -320,4 +334,12 @@ def insert_watermarks(
             )
     if clock is not None and not callable(clock):
         raise TypeError(f"insert_watermarks: clock must be callable or None, got {clock!r}")
-    return functools.partial(InsertWatermarksP, timestamp_fn, policy_factory, idle_timeout_ms, clock)
+    invalid = check_invalid_timestamps(invalid_timestamps, "insert_watermarks")
+    return functools.partial(
+        InsertWatermarksP,
+        timestamp_fn,
+        policy_factory,
+        idle_timeout_ms,
+        clock,
+        invalid_timestamps=invalid,
+    )
