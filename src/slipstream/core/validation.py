@@ -144,7 +144,7 @@ def valid_timestamps(
             if invalid == "late":
                 dropped += 1
                 continue
-            raise ValueError(
+            raise TypeError(
                 f"{where}: item {item!r} has timestamp {ts!r}; timestamps must be integers "
                 "(e.g. milliseconds), not NaN, infinite, fractional or of another type "
                 "(invalid_timestamps='late' counts such items as late instead)"
