@@ -1,25 +1,22 @@
 """Fixtures shared by every test directory: real servers for the connector tests.
 
-Snapshot signing keys go to a private temporary key directory for the session
-(inherited by subprocesses), not into the user's home."""
+Snapshot signing keys go to a private key directory under the checkout's
+``.slipstream`` (inherited by subprocesses), not into the user's home. It persists
+like the default snapshot stores under ``.slipstream/snapshots`` that some tests use,
+so a later test session can still verify (and take over) those stores."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from servers import PostgresServer, postgres_server
 
-_KEY_DIR = tempfile.mkdtemp(prefix="slipstream-test-keys-")
-os.environ["SLIPSTREAM_KEY_DIR"] = os.path.join(_KEY_DIR, "keys")
-
-
-def pytest_unconfigure(config: object) -> None:
-    shutil.rmtree(_KEY_DIR, ignore_errors=True)
+os.environ["SLIPSTREAM_KEY_DIR"] = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".slipstream", "test-keys"
+)
 
 
 @pytest.fixture(scope="session")

@@ -379,3 +379,11 @@ def test_cancel_during_back_off_ends_the_job(tmp_path: Any) -> None:
     with pytest.raises(ss.JobCancelledError):
         job.join(30)
     assert len(STARTS) == 1
+
+
+def test_store_that_cannot_be_verified_is_not_taken_over(tmp_path: Any) -> None:
+    store_dir = str(tmp_path / "store")
+    DirectorySnapshotStore(store_dir, key=b"a" * 16).write(SnapshotData(1, "svc"))
+    with pytest.raises(ss.SnapshotStoreInUseError, match="cannot be verified"):
+        ss.local().new_job(stp.running_sum_dag(10), config(store_dir, snapshot_key=b"b" * 16))
+    assert os.path.exists(os.path.join(store_dir, "snapshot-0000000001.bin"))  # untouched

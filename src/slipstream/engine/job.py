@@ -402,6 +402,14 @@ class Job(JobHandle):
                 store.directory,
             )
         if owner is not None and restore is None:
+            if owner.execution == "?":
+                raise SnapshotStoreInUseError(
+                    f"snapshot store {store.directory} holds snapshot files that cannot be "
+                    f"verified with its key ({store.key_origin}): written by an older "
+                    f"slipstream, with another key, or damaged. Remove {store.directory} (or "
+                    f"choose another snapshot_store) to start fresh, or pass the key that "
+                    f"wrote them as JobConfig(snapshot_key=...) to resume."
+                )
             if not owner.completed:
                 raise SnapshotStoreInUseError(
                     f"snapshot store {store.directory} holds snapshots of an unfinished "
