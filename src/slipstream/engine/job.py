@@ -115,6 +115,8 @@ class _Execution:
             self._on_failure,
             self._on_workers_done,
             name=self.job.name,
+            slow_call_s=self.job.engine.slow_call_ms / 1000.0,
+            stop_grace_s=self.job.engine.stop_grace_ms / 1000.0,
         )
         if self.coordinator is not None:
             self.coordinator.start_timer()
@@ -183,7 +185,11 @@ class _Execution:
         self.job._execution_ended(self)
 
     def _close_all(self) -> None:
+        # a processor still stuck in a call the pool gave up on is not closed under it
+        abandoned = {id(t) for t in self.pool.abandoned} if self.pool is not None else set()
         for t in self.tasklets:
+            if id(t) in abandoned:
+                continue
             try:
                 t.close()
             except Exception:  # noqa: BLE001 - close errors are only logged

@@ -28,6 +28,10 @@ class LocalEngine:
     ``cooperative_threads`` (default: :func:`default_cooperative_threads`) is also the
     default local parallelism of vertices.
 
+    ``slow_call_ms``: a cooperative processor call running longer is logged as a warning
+    naming the vertex and processor. ``stop_grace_ms``: after ``cancel()`` (or a failure)
+    a processor stuck in a call is waited for this long, then the job ends without it.
+
     ``members`` > 1 simulates a cluster in one process: every vertex gets
     ``local_parallelism`` processors per member, member-local edges stay within a member
     and distributed edges cross members, so distribution semantics can be tested here.
@@ -42,6 +46,8 @@ class LocalEngine:
         tune_gc: bool = True,
         dashboard: int | None = None,
         dashboard_host: str = "127.0.0.1",
+        slow_call_ms: float = 1000.0,
+        stop_grace_ms: float = 5000.0,
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = default_cooperative_threads()
@@ -55,6 +61,16 @@ class LocalEngine:
         self.outbox_capacity = outbox_capacity
         # see slipstream.engine.gc_tuning: fewer, cheaper collections while jobs run
         self.tune_gc = tune_gc
+        if not slow_call_ms > 0 or not stop_grace_ms >= 0:
+            raise ValueError(
+                f"slow_call_ms must be > 0 and stop_grace_ms >= 0, got {slow_call_ms!r} and "
+                f"{stop_grace_ms!r}"
+            )
+        # a cooperative call longer than this is logged as a warning naming the processor
+        self.slow_call_ms = slow_call_ms
+        # cancel()/a failure waits this long for a processor stuck in a call, then ends
+        # the job without it (see slipstream.engine.workers)
+        self.stop_grace_ms = stop_grace_ms
         self.cooperative_threads = cooperative_threads
         self.member_count = members
         self.work_dir = work_dir or os.path.join(os.getcwd(), ".slipstream")

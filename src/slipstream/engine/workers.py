@@ -4,10 +4,21 @@ non-cooperative tasklet gets a thread of its own.
 Idle strategy: a pass over a worker's tasklets in which none made progress is followed
 by a pause that doubles from ~20 µs up to 1 ms; any progress resets it. The pause always
 sleeps (never spins) so an idle worker releases the GIL to busy ones.
+
+A watchdog thread per pool notes which tasklet each worker is calling since when. A
+cooperative call that runs longer than ``slow_call_s`` gets a warning naming the vertex,
+the processor and the callback (a cooperative processor that blocks stalls every tasklet
+of its worker). Python cannot interrupt a thread, so a call that never returns cannot be
+stopped; but once the pool is stopped (cancel, failure) and ``stop_grace_s`` passed with
+workers still stuck in a call, the pool gives up on them: it reports itself finished,
+with the stuck tasklets in ``abandoned`` (they are not closed: their call still runs), so
+``cancel()`` ends the job and ``join()`` returns in bounded time. A stuck worker that
+returns later just exits.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
@@ -17,6 +28,27 @@ from slipstream.engine.tasklet import DONE, MADE_PROGRESS, ProcessorTasklet, _Ca
 
 MIN_IDLE_S = 0.00002
 MAX_IDLE_S = 0.001
+#: A cooperative call longer than this is reported (``ss.local(slow_call_ms=...)``).
+SLOW_CALL_S = 1.0
+#: How long a stopped pool waits for workers stuck in a call before it gives up on them
+#: (``ss.local(stop_grace_ms=...)``).
+STOP_GRACE_S = 5.0
+#: How often the watchdog looks.
+WATCHDOG_PERIOD_S = 0.05
+
+log = logging.getLogger("slipstream.workers")
+
+_CALLBACKS = {
+    "RESTORE": "restore_from_snapshot",
+    "FINISH_RESTORE": "finish_snapshot_restore",
+    "PROCESS_WATERMARK": "try_process_watermark",
+    "NULLARY_PROCESS": "try_process",
+    "PROCESS_INBOX": "process",
+    "COMPLETE_EDGE": "complete_edge",
+    "SAVE_SNAPSHOT": "save_to_snapshot",
+    "COMPLETE": "complete",
+    "CLOSE": "close",
+}
 
 
 class TaskletFailure:
@@ -43,10 +75,18 @@ class WorkerPool:
         on_failure: Callable[[TaskletFailure], None],
         on_finished: Callable[[], None],
         name: str = "job",
+        slow_call_s: float = SLOW_CALL_S,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self.stopping = False
+        self.name = name
         self._on_failure = on_failure
         self._on_finished = on_finished
+        self.slow_call_s = slow_call_s
+        self.stop_grace_s = stop_grace_s
+        self._stopped_at = 0.0
+        self._finished = False
+        self.abandoned: list[ProcessorTasklet] = []
         coop = [t for t in tasklets if t.cooperative]
         noncoop = [t for t in tasklets if not t.cooperative]
         n = max(1, min(cooperative_threads, len(coop))) if coop else 0
@@ -56,10 +96,17 @@ class WorkerPool:
         groups.extend([t] for t in noncoop)
         self._threads = [
             threading.Thread(
-                target=self._run, args=(g,), name=f"slipstream-{name}-worker-{i}", daemon=True
+                target=self._run, args=(g, i), name=f"slipstream-{name}-worker-{i}", daemon=True
             )
             for i, g in enumerate(groups)
         ]
+        # per worker: the tasklet it is calling (None between calls) and since when
+        self._calling: list[ProcessorTasklet | None] = [None] * len(groups)
+        self._since = [0.0] * len(groups)
+        self._warned = [0.0] * len(groups)  # the call start already warned about
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"slipstream-{name}-watchdog", daemon=True
+        )
         self._live = len(self._threads)
         self._lock = threading.Lock()
 
@@ -69,8 +116,11 @@ class WorkerPool:
             return
         for t in self._threads:
             t.start()
+        self._watchdog.start()
 
     def stop(self) -> None:
+        if not self.stopping:
+            self._stopped_at = time.monotonic()
         self.stopping = True
 
     def join(self, timeout: float | None = None) -> None:
@@ -80,7 +130,10 @@ class WorkerPool:
                 continue
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
-    def _run(self, tasklets: list[ProcessorTasklet]) -> None:
+    def _run(self, tasklets: list[ProcessorTasklet], slot: int) -> None:
+        calling = self._calling
+        since = self._since
+        now = time.monotonic
         try:
             idle = 0
             live = list(tasklets)
@@ -88,13 +141,18 @@ class WorkerPool:
             while live and not self.stopping:
                 progress = False
                 for t in live:
+                    since[slot] = now()
+                    calling[slot] = t
                     try:
                         r = t.call()
                     except _Cancelled:
                         return
                     except BaseException as e:  # noqa: BLE001 - reported to the job
-                        self._on_failure(TaskletFailure(t, e))
+                        if not self._finished:
+                            self._on_failure(TaskletFailure(t, e))
                         return
+                    finally:
+                        calling[slot] = None
                     if r == MADE_PROGRESS:
                         progress = True
                     elif r == DONE:
@@ -109,6 +167,59 @@ class WorkerPool:
         finally:
             with self._lock:
                 self._live -= 1
-                last = self._live == 0
+                last = self._live == 0 and not self._finished
+                if last:
+                    self._finished = True
             if last:
                 self._on_finished()
+
+    # -- the watchdog ----------------------------------------------------------------
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCHDOG_PERIOD_S)
+            with self._lock:
+                if self._finished:
+                    return
+            now = time.monotonic()
+            for slot, t in enumerate(list(self._calling)):
+                started = self._since[slot]
+                if t is None or not t.cooperative or self._warned[slot] == started:
+                    continue
+                if now - started > self.slow_call_s:
+                    self._warned[slot] = started
+                    log.warning(
+                        "job %s: vertex %r, processor %d (%s): a cooperative call to %s() has "
+                        "been running for %.1f s; cooperative processors must return within "
+                        "about a millisecond (make it non-cooperative, is_cooperative() -> "
+                        "False, to give it a thread of its own)",
+                        self.name,
+                        t.vertex_name,
+                        t.index,
+                        type(t.processor).__name__,
+                        _CALLBACKS.get(t.state_name, t.state_name.lower()),
+                        now - started,
+                    )
+            if self.stopping and now - self._stopped_at > self.stop_grace_s:
+                self._abandon()
+                return
+
+    def _abandon(self) -> None:
+        """Stopped, and workers are still stuck in a call: finish without them."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            stuck = [t for t in self._calling if t is not None]
+            self.abandoned = stuck
+        for t in stuck:
+            log.error(
+                "job %s: vertex %r, processor %d (%s) did not return from its call within "
+                "%.1f s of the job stopping; the job ends without it (its thread is left "
+                "running and the processor is not closed)",
+                self.name,
+                t.vertex_name,
+                t.index,
+                type(t.processor).__name__,
+                self.stop_grace_s,
+            )
+        self._on_finished()

@@ -1,0 +1,104 @@
+"""A cooperative processor that blocks: a warning names it, and ``cancel()`` still ends
+the job (``join()`` returns) although Python cannot interrupt the stuck call."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream import DAG, Edge, JobStatus, sinks, sources
+from slipstream import processors as P
+
+EVENTS: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+
+def events(name: str) -> tuple[threading.Event, threading.Event]:
+    """(entered, release) of the test ``name`` (suppliers must be picklable: no events)."""
+    return EVENTS.setdefault(name, (threading.Event(), threading.Event()))
+
+
+class Blocker(ss.AbstractProcessor):
+    """Blocks in ``process()`` on its first item until the test releases it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.entered, self.release = events(self.name)
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        self.entered.set()
+        self.release.wait()
+        return self.try_emit(item)
+
+
+
+def blocking_dag(name: str) -> DAG:
+    dag = DAG()
+    src = dag.new_vertex("src", sources.items(range(100))).local_parallelism(1)
+    stuck = dag.new_vertex("stuck", functools.partial(Blocker, name)).local_parallelism(1)
+    sink = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
+    dag.edge(Edge.between(src, stuck)).edge(Edge.between(stuck, sink))
+    return dag
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_a_blocking_cooperative_call_is_reported_and_cancel_still_ends_the_job(caplog: Any) -> None:
+    entered, release = events("cancel")
+    engine = ss.local(slow_call_ms=50, stop_grace_ms=200)
+    try:
+        with caplog.at_level(logging.WARNING, logger="slipstream"):
+            job = engine.new_job(blocking_dag("cancel"))
+            assert entered.wait(60)
+            wait_for(lambda: "cooperative call to process()" in caplog.text, "the warning")
+            warning = next(r.getMessage() for r in caplog.records if "cooperative call" in r.getMessage())
+            assert "vertex 'stuck', processor 0 (Blocker)" in warning
+            job.cancel()
+            with pytest.raises(ss.JobCancelledError):
+                job.join(60)
+        assert job.status is JobStatus.CANCELLED
+        assert "did not return" in caplog.text and "'stuck'" in caplog.text
+    finally:
+        release.set()  # let the stuck thread go
+
+
+def boom_once_stuck(x: int) -> int:
+    if events("failure")[0].is_set():
+        raise ValueError("boom")
+    return x
+
+
+def test_a_failure_elsewhere_also_ends_a_job_with_a_stuck_processor() -> None:
+    entered, release = events("failure")
+
+    dag = DAG()
+    src = dag.new_vertex("src", sources.items(range(100))).local_parallelism(1)
+    stuck = dag.new_vertex("stuck", functools.partial(Blocker, "failure")).local_parallelism(1)
+    sink = dag.new_vertex("sink", sinks.noop()).local_parallelism(1)
+    src2 = dag.new_vertex("src2", sources.generator(lambda i: i, 1000.0)).local_parallelism(1)
+    fail = dag.new_vertex("fail", P.map(boom_once_stuck)).local_parallelism(1)
+    sink2 = dag.new_vertex("sink2", sinks.noop()).local_parallelism(1)
+    dag.edge(Edge.between(src, stuck)).edge(Edge.between(stuck, sink))
+    dag.edge(Edge.between(src2, fail)).edge(Edge.between(fail, sink2))
+    # two cooperative threads: the failing chain keeps running while one worker is stuck
+    engine = ss.local(cooperative_threads=2, slow_call_ms=50, stop_grace_ms=200)
+    try:
+        job = engine.new_job(dag)
+        with pytest.raises(ss.JobFailedError, match="boom"):
+            job.join(60)
+        assert job.status is JobStatus.FAILED
+    finally:
+        release.set()
