@@ -19,6 +19,9 @@ frame (Jet 4.x always throttles by frame).
     single-stage items -> insert_watermarks -> aggregate_to_sliding_window -> list sink
     two-stage    items -> insert_watermarks -> accumulate_by_frame (local partitioned)
                  -> combine_to_sliding_window (distributed partitioned) -> list sink
+    pipeline     the same job with the Pipeline API: read_from(items)
+                 .with_timestamps(ts, 100).group_by(key).window(wd)
+                 .aggregate(summing(value)).write_to(list sink)
 Every variant's window results are checked equal (a digest of the sorted results).
 
 (c) end-to-end latency: a generator source at a fixed rate (default 100,000 events/s for
@@ -280,19 +283,32 @@ def window_dag(
     return dag
 
 
+def window_pipeline(source: Any, wd: SlidingWindowDef, sink: Any, lag: int = LAG_MS) -> Any:
+    """The windowed sum with the Pipeline API (the compiler picks the stages)."""
+    p = ss.Pipeline()
+    p.read_from(source).with_timestamps(ts_of, lag).group_by(key_of).window(wd).aggregate(
+        summing(value_of)
+    ).write_to(sink)
+    return p
+
+
 def engine_windows(
     source: Any,
     wd: SlidingWindowDef,
-    two_stage: bool,
+    two_stage: bool | str,
     threads: int | None,
     config: JobConfig | None = None,
     work_dir: str | None = None,
 ) -> tuple[list[Result], dict[str, Any]]:
+    """``two_stage``: True / False for the hand-wired DAGs, ``"pipeline"`` for the
+    pipeline."""
     engine = ss.local(cooperative_threads=threads, work_dir=work_dir)
-    job = engine.new_job(
-        window_dag(source, wd, two_stage, sinks.list_sink("windows")),
-        config or JobConfig(name="bench-windowing"),
-    )
+    sink = sinks.list_sink("windows")
+    if two_stage == "pipeline":
+        job_def: Any = window_pipeline(source, wd, sink)
+    else:
+        job_def = window_dag(source, wd, bool(two_stage), sink)
+    job = engine.new_job(job_def, config or JobConfig(name="bench-windowing"))
     job.join()
     return engine.get_list("windows"), job.metrics
 
@@ -460,9 +476,8 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
             if impl == "plain":
                 results = plain_windows(events, wd, LAG_MS)
             else:
-                results, metrics = engine_windows(
-                    sources.items(events), wd, impl == "two-stage", a.threads
-                )
+                mode: bool | str = "pipeline" if impl == "pipeline" else impl == "two-stage"
+                results, metrics = engine_windows(sources.items(events), wd, mode, a.threads)
                 extra["late"] = sum(m.get("late_items_dropped", 0) for m in metrics.values())
             seconds = time.perf_counter() - t0
             n_events = len(events)
@@ -546,7 +561,7 @@ def main() -> None:
         if part in skip:
             continue
         rows = []
-        for impl in ("plain", "single-stage", "two-stage"):
+        for impl in ("plain", "single-stage", "two-stage", "pipeline"):
             name = f"{kind}-{impl}"
             print(f"running {name} ...", flush=True)
             rows.append(run_variant(__file__, name, common))

@@ -133,3 +133,30 @@ def test_pipeline_of_random_chains_end_to_end(first: Any, second: Any, items: li
         expected[x % 7] += 1
     assert sorted(engine.get_list("agg")) == sorted(expected.items())
     assert sorted(engine.get_list("all")) == sorted(oracle(second, items))
+
+
+def test_pipe_of_watermarks_and_window_under_the_harness() -> None:
+    """PipeP(insert_watermarks -> window): watermarks reach the window in order, the
+    windows they close come out before them, state of both survives every restore."""
+    from slipstream.core.items import Watermark
+    from slipstream.pipeline.compiler import LagPolicy
+    from slipstream.pipeline.fused import pipe
+    from slipstream.window import KeyedWindowResult as R
+    from slipstream.window import tumbling_window_def
+
+    supplier = pipe(
+        P.insert_watermarks(lambda x: x, LagPolicy(0, 10)),
+        P.aggregate_to_sliding_window(
+            key_fn=lambda x: x % 2,
+            timestamp_fn=lambda x: x,
+            window_def=tumbling_window_def(10),
+            agg_op=counting(),
+        ),
+    )
+    expected: list[Any] = []
+    for start in (0, 10, 20):
+        if start:
+            expected += [R(start - 10, start, 0, 5), R(start - 10, start, 1, 5)]
+        expected.append(Watermark(start))
+    expected += [R(20, 30, 0, 5), R(20, 30, 1, 5)]
+    verify_processor(supplier).input(range(30)).expect_output(expected)

@@ -34,7 +34,7 @@ from typing import Any
 from slipstream import processors as P
 from slipstream.core.dag import DAG, Edge, Vertex
 from slipstream.pipeline import keyed
-from slipstream.pipeline.fused import STATELESS_KINDS, ChainFn, fused_chain, input_fused
+from slipstream.pipeline.fused import STATELESS_KINDS, ChainFn, fused_chain, input_fused, pipe
 from slipstream.pipeline.stages import Pipeline, PipelineError, Stage
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import SessionWindowDef, SlidingWindowDef, tumbling_window_def
@@ -84,6 +84,8 @@ class _Compiler:
         self.out: dict[int, Vertex] = {}  # id(stage) -> the vertex emitting its items
         self.chain_of: dict[int, list[Stage]] = {}
         self.fused_into: dict[int, Stage] = {}  # id(chain head) -> consumer stage
+        # id(with_timestamps stage) -> the two-stage window whose stage 1 runs it inline
+        self.piped_into: dict[int, Stage] = {}
         self._in_ordinal: dict[str, int] = {}
         self._out_ordinal: dict[str, int] = {}
 
@@ -130,6 +132,11 @@ class _Compiler:
                     self.chain_of[id(s)] = chain
                     continue
             self.chain_of[id(s)] = [s]
+        for s in self.stages:
+            if s.kind == "timestamps" and len(s.downstream) == 1:
+                w = s.downstream[0]
+                if w.kind == "window" and two_stage_window(w) and w.local_parallelism == -1:
+                    self.piped_into[id(s)] = w
         for chain in {id(c[0]): c for c in self.chain_of.values()}.values():
             tail = chain[-1]
             if len(tail.downstream) != 1 or chain[0].local_parallelism != -1:
@@ -283,6 +290,18 @@ class _Compiler:
             self.out[id(c)] = v
 
     def _build_timestamps(self, s: Stage) -> None:
+        if id(s) in self.piped_into:
+            return  # runs inside stage 1 of its window
+        (u,) = s.upstream
+        inputs = self._inputs(u, s)
+        name = self._chain_name(u, s) + self.names[id(s)]
+        self.out[id(s)] = self.local_inputs(s, inputs, name, self._watermarks(s))
+
+    def _watermarks(self, s: Stage) -> Any:
+        """The watermark inserter of ``with_timestamps`` stage ``s``: a fixed lag, throttled
+        by the frame that every window downstream of it shares (the GCD of their slides),
+        unless a session window (or a shifted frame) follows, which needs every
+        watermark."""
         frames: list[int] = []
         session = False
         for w in self.stages:
@@ -293,11 +312,7 @@ class _Compiler:
                 else:
                     frames.append(wd.frame_size)
         frame = math.gcd(*frames) if frames and not session else None
-        (u,) = s.upstream
-        inputs = self._inputs(u, s)
-        supplier = P.insert_watermarks(s.params["ts_fn"], LagPolicy(s.params["lag"], frame))
-        name = self._chain_name(u, s) + self.names[id(s)]
-        self.out[id(s)] = self.local_inputs(s, inputs, name, supplier)
+        return P.insert_watermarks(s.params["ts_fn"], LagPolicy(s.params["lag"], frame))
 
     def _build_aggregate(self, s: Stage) -> None:
         key_fn, op = s.params["key_fn"], s.params["op"]
@@ -345,13 +360,27 @@ class _Compiler:
             )
             self.out[id(s)] = self.keyed_inputs(s, name, supplier, key_fn)
             return
-        s1 = self.local_inputs(
-            s,
-            self._inputs(u, s),
-            self._chain_name(u, s) + f"{name}-accumulate",
-            P.accumulate_by_frame(key_fn=key_fn, timestamp_fn=ts_fn, window_def=wd, agg_op=op),
-            key_fn=key_fn,
+        stage1 = P.accumulate_by_frame(
+            key_fn=key_fn, timestamp_fn=ts_fn, window_def=wd, agg_op=op
         )
+        if self.piped_into.get(id(u)) is s:
+            # watermarks inserted inside stage 1: no hop between them, and the edge in is
+            # isolated, so each inserter keeps its producer's substream in order
+            (before,) = u.upstream
+            s1 = self.local_inputs(
+                s,
+                self._inputs(before, u),
+                self._chain_name(before, u) + f"{self.names[id(u)]}+{name}-accumulate",
+                pipe(self._watermarks(u), stage1),
+            )
+        else:
+            s1 = self.local_inputs(
+                s,
+                self._inputs(u, s),
+                self._chain_name(u, s) + f"{name}-accumulate",
+                stage1,
+                key_fn=key_fn,
+            )
         s2 = self.vertex(
             f"{name}-combine",
             P.combine_to_sliding_window(window_def=wd, agg_op=op),

@@ -17,22 +17,28 @@ A chain runs either
 Both keep the upstream inbox untouched until every result of its items was handed on:
 the engine takes a snapshot (or forwards a watermark) only once the inbox is empty, so
 no result is ever lost in between, and each user function runs exactly once per item.
+
+:class:`PipeP` goes one step further and runs two processors back to back in one
+processor, the first one's output (items and watermarks) being the second one's input:
+the compiler uses it for a watermark inserter followed by stage 1 of a window.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import Watermark
+from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor
+from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
-__all__ = ["ChainFn", "FusedChainP", "InputFusedP", "STATELESS_KINDS"]
+__all__ = ["ChainFn", "FusedChainP", "InputFusedP", "PipeP", "STATELESS_KINDS"]
 
 STATELESS_KINDS = ("map", "filter", "flat_map", "peek", "project")
 """Step kinds: ``project`` is an internal ``map`` that keeps ``None`` results."""
@@ -213,6 +219,226 @@ class InputFusedP(Processor):
 
     def __repr__(self) -> str:
         return f"InputFusedP({self.inner!r}, {self._transforms!r})"
+
+
+class FirstKey(NamedTuple):
+    """A snapshot key of :class:`PipeP`'s first processor, wrapped so that a restore can
+    tell it from the second one's (and still routes it like the original key)."""
+
+    key: Any
+
+
+def _wrap_first(key: Any) -> Any:
+    if is_broadcast(key):
+        return BroadcastKey(FirstKey(key))
+    return KeyedStateKey(routing_key(key), FirstKey(key))
+
+
+def _unwrap_first(key: Any) -> Any:
+    """The first processor's original key, or ``None`` if ``key`` is the second's."""
+    t = type(key)
+    if t is BroadcastKey and type(key.name) is FirstKey:
+        return key.name.key
+    if t is KeyedStateKey and type(key.detail) is FirstKey:
+        return key.detail.key
+    return None
+
+
+class PipeP(Processor):
+    """``first``'s output is ``second``'s input (ordinal 0), in one processor.
+
+    ``first`` writes into a private one-bucket outbox; whatever it emitted is handed to
+    ``second`` (items through ``process``, watermarks through ``try_process_watermark``,
+    in order) before ``first`` gets more input, and before any other callback goes on:
+    each callback returns ``False`` (call again) while something is still in between.
+    So the engine never takes a snapshot or completes with items between the two.
+
+    Snapshots hold both processors' state; the first one's keys are wrapped
+    (:class:`FirstKey`, routed as the original key) so a restore gives each its own.
+    Both processors must be cooperative.
+    """
+
+    def __init__(
+        self, first_supplier: Callable[[], Processor], second_supplier: Callable[[], Processor]
+    ) -> None:
+        self.first = first_supplier()
+        self.second = second_supplier()
+        self._mid: Outbox | None = None
+        self._queue: deque[Any] = deque()  # first's output segments: item lists, specials
+        self._inbox = Inbox()  # second's input
+        self._first_done = False
+        self._edge_done = False
+        self._first_restored = False
+        self._first_saved = False
+        self._wm_to_first = False
+        self._snapshot_rest: list[tuple[Any, Any]] = []
+
+    def init(self, outbox: Outbox, context: Context) -> None:
+        super().init(outbox, context)
+        self._mid = Outbox(1, outbox.capacity)
+        self.first.init(self._mid, context)
+        self.second.init(outbox, context)
+
+    def is_cooperative(self) -> bool:
+        return True
+
+    # -- handing first's output to second -------------------------------------------------
+    def _drain(self) -> bool:
+        """Hand everything ``first`` emitted to ``second``; ``True`` when nothing is left
+        in between."""
+        mid = self._mid
+        assert mid is not None
+        bucket = mid.buckets[0]
+        queue = self._queue
+        inbox = self._inbox
+        second = self.second
+        while True:
+            if inbox:
+                second.process(0, inbox)
+                if inbox:
+                    return False
+            if queue:
+                head = queue[0]
+                if type(head) is list:
+                    inbox.extend(head)
+                elif type(head) is Watermark:
+                    if not second.try_process_watermark(head):
+                        return False
+                elif not self.outbox.offer(head):  # an idle mark goes straight on
+                    return False
+                queue.popleft()
+                continue
+            if not bucket:
+                return True
+            if mid.specials:
+                mid.specials = False
+                start = 0
+                for i, t in enumerate(map(type, bucket)):
+                    if t is Watermark or t is IdleMessage:
+                        if i > start:
+                            queue.append(bucket[start:i])
+                        queue.append(bucket[i])
+                        start = i + 1
+                if start < len(bucket):
+                    queue.append(bucket[start:])
+            else:
+                inbox.extend(bucket)
+            bucket.clear()
+
+    # -- callbacks -------------------------------------------------------------------------
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._drain():
+            return
+        self.first.process(ordinal, inbox)
+        self._drain()
+
+    def try_process(self) -> bool:
+        if not self._drain():
+            return False
+        done = self.first.try_process()
+        if not self._drain():
+            return False
+        return self.second.try_process() and done
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if not self._drain():
+            return False
+        if not self._wm_to_first:
+            if not self.first.try_process_watermark(watermark):
+                self._drain()
+                return False
+            self._wm_to_first = True
+        if not self._drain():
+            return False
+        self._wm_to_first = False
+        return True
+
+    def complete_edge(self, ordinal: int) -> bool:
+        if not self._drain():
+            return False
+        done = self.first.complete_edge(ordinal)
+        return self._drain() and done
+
+    def complete(self) -> bool:
+        if not self._drain():
+            return False
+        if not self._first_done:
+            done = self.first.complete()
+            if not self._drain() or not done:
+                return False
+            self._first_done = True
+        if not self._edge_done:
+            if not self.second.complete_edge(0):
+                return False
+            self._edge_done = True
+        return self.second.complete()
+
+    def save_to_snapshot(self) -> bool:
+        if not self._drain() or not self._flush_snapshot():
+            return False
+        if not self._first_saved:
+            mid = self._mid
+            assert mid is not None
+            done = self.first.save_to_snapshot()
+            self._snapshot_rest.extend((_wrap_first(k), v) for k, v in mid.snapshot_bucket)
+            mid.snapshot_bucket.clear()
+            if not self._flush_snapshot() or not self._drain() or not done:
+                return False
+            self._first_saved = True
+        if not self.second.save_to_snapshot():
+            return False
+        self._first_saved = False
+        return True
+
+    def _flush_snapshot(self) -> bool:
+        rest = self._snapshot_rest
+        offer = self.outbox.offer_to_snapshot
+        while rest:
+            k, v = rest[0]
+            if not offer(k, v):
+                return False
+            rest.pop(0)
+        return True
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        mine, theirs = Inbox(), Inbox()
+        for k, v in inbox:
+            original = _unwrap_first(k)
+            if original is None:
+                theirs.append((k, v))
+            else:
+                mine.append((original, v))
+        inbox.clear()
+        self.first.restore_from_snapshot(mine)
+        self.second.restore_from_snapshot(theirs)
+        if mine or theirs:
+            raise RuntimeError(
+                f"vertex {self.context.vertex_name!r}: a fused processor left snapshot "
+                "entries unrestored"
+            )
+
+    def finish_snapshot_restore(self) -> bool:
+        if not self._first_restored:
+            if not self.first.finish_snapshot_restore():
+                return False
+            self._first_restored = True
+        return self.second.finish_snapshot_restore()
+
+    def close(self) -> None:
+        try:
+            self.first.close()
+        finally:
+            self.second.close()
+
+    def __repr__(self) -> str:
+        return f"PipeP({self.first!r} -> {self.second!r})"
+
+
+def pipe(
+    first_supplier: Callable[[], Processor], second_supplier: Callable[[], Processor]
+) -> Callable[[], PipeP]:
+    """Supplier of :class:`PipeP` processors: ``first`` feeding ``second``."""
+    return functools.partial(PipeP, first_supplier, second_supplier)
 
 
 def fused_chain(fn: ChainFn) -> Callable[[], FusedChainP]:

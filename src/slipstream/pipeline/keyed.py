@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, identity
@@ -104,11 +105,16 @@ class MapStatefulP(AbstractProcessor):
         pop = inbox.popleft
         append = bucket.append
         if callable(add) and finish is identity:
-            for _ in range(n):
-                item = pop()
-                k = key_fn(item)
-                acc = states[k] = get(k, 0) + add(item)
+            # keys and addends by C-level map over the chunk, then one tight loop
+            chunk = inbox if n == len(inbox) else list(islice(inbox, n))
+            for k, v in zip(map(key_fn, chunk), map(add, chunk)):  # noqa: B905
+                acc = states[k] = get(k, 0) + v
                 append((k, acc))
+            if chunk is inbox:
+                inbox.clear()
+            else:
+                for _ in range(n):
+                    pop()
             return
         for _ in range(n):
             item = pop()
