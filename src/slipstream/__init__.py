@@ -11,7 +11,8 @@ engine (``ss.local()``) or on Apache Spark (``ss.spark(session)``)::
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex
@@ -56,11 +57,27 @@ def local(cooperative_threads: int | None = None, members: int = 1, **kwargs: An
     return LocalEngine(cooperative_threads=cooperative_threads, members=members, **kwargs)
 
 
-def spark(spark_session: Any = None, **kwargs: Any) -> Any:
-    """The Spark engine (needs ``pip install 'slipstream[spark]'`` and Java)."""
+if TYPE_CHECKING:
+    from slipstream.spark.engine import SparkEngine
+
+
+def spark_engine(spark_session: Any = None, **kwargs: Any) -> SparkEngine:
+    """The Spark engine (needs ``pip install 'slipstream[spark]'`` and Java); also
+    ``ss.spark(...)``. See :class:`slipstream.spark.engine.SparkEngine` for the
+    arguments."""
     from slipstream.spark.engine import SparkEngine
 
     return SparkEngine(spark_session, **kwargs)
+
+
+# The package slipstream.spark (the engine's modules) and the factory ss.spark are two
+# things with one name. Importing a package binds it as an attribute of its parent the
+# first time only, so the (pyspark-free) package is imported here first and the name is
+# then bound to the factory for good: ss.spark(...) is always the plain function, and
+# `from slipstream.spark.engine import SparkEngine` / `from slipstream.spark import io`
+# reach the package through the import system as usual.
+importlib.import_module("slipstream.spark")
+spark = spark_engine
 
 
 __all__ = [
@@ -95,4 +112,5 @@ __all__ = [
     "entry_value",
     "local",
     "spark",
+    "spark_engine",
 ]

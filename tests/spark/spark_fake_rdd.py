@@ -31,6 +31,23 @@ class FakeRDD:
     def mapPartitions(self, fn: Callable[[Iterator[Any]], Iterable[Any]]) -> FakeRDD:  # noqa: N802
         return self.mapPartitionsWithIndex(lambda _i, it: fn(it))
 
+    def map(self, fn: Callable[[Any], Any]) -> FakeRDD:
+        return FakeRDD(self.context, [[fn(x) for x in p] for p in self.partitions])
+
+    def repartitionAndSortWithinPartitions(  # noqa: N802
+        self,
+        numPartitions: int,  # noqa: N803
+        partitionFunc: Callable[[Any], int],  # noqa: N803
+        ascending: bool = True,
+        keyfunc: Callable[[Any], Any] = lambda k: k,
+    ) -> FakeRDD:
+        """As Spark's: shuffled, then each partition sorted by key (stable here, which
+        Spark does not promise, so keys that matter must be unique)."""
+        out = self.partitionBy(numPartitions, partitionFunc)
+        for p in out.partitions:
+            p.sort(key=lambda kv: keyfunc(kv[0]), reverse=not ascending)
+        return out
+
     def filter(self, fn: Callable[[Any], bool]) -> FakeRDD:
         return FakeRDD(self.context, [[x for x in p if fn(x)] for p in self.partitions])
 

@@ -56,13 +56,14 @@ def engine(spark_session: Any) -> Any:
 
 def test_engine_shape_from_local_session(spark_session: Any) -> None:
     engine = ss.spark(spark_session)
-    assert engine.member_count == 1  # local mode: the driver is the only executor
-    assert engine.default_local_parallelism == spark_session.sparkContext.defaultParallelism == 2
-    two = ss.spark(spark_session, members=2)
-    assert (two.member_count, two.default_local_parallelism) == (2, 1)
+    # one member per task slot, one processor each: member-local edges stay narrow
+    assert spark_session.sparkContext.defaultParallelism == 2
+    assert (engine.member_count, engine.default_local_parallelism) == (2, 1)
+    one = ss.spark(spark_session, members=1)
+    assert (one.member_count, one.default_local_parallelism) == (1, 2)
     three = ss.spark(spark_session, local_parallelism=3)
-    assert three.default_local_parallelism == 3
-    assert "members=1" in repr(engine)
+    assert (three.member_count, three.default_local_parallelism) == (1, 3)
+    assert "members=2" in repr(engine)
 
 
 def test_engine_without_a_session_reuses_the_running_one(spark_session: Any) -> None:
@@ -88,12 +89,15 @@ def test_engine_argument_errors(spark_session: Any) -> None:
 
 
 def test_ss_spark_stays_callable_after_submodule_imports() -> None:
-    """Importing slipstream.spark.* rebinds ``slipstream.spark`` to the package; the
-    package is callable, so ``ss.spark(...)`` still makes an engine."""
+    """``ss.spark`` is the plain factory function (``ss.spark_engine``), whatever of
+    the package slipstream.spark is imported, in whatever order."""
     code = (
-        "import sys\n"
-        "import slipstream as ss\n"
+        "import sys, types\n"
         "import slipstream.spark.engine, slipstream.spark.io, slipstream.spark.compile\n"
+        "import slipstream as ss\n"
+        "from slipstream.spark import compile, task\n"
+        "assert ss.spark is ss.spark_engine and isinstance(ss.spark, types.FunctionType)\n"
+        "assert isinstance(sys.modules['slipstream.spark'], types.ModuleType)\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from spark.spark_fake_rdd import FakeSession\n"
         "engine = ss.spark(FakeSession(), members=2)\n"
@@ -112,7 +116,8 @@ def test_ss_spark_stays_callable_after_submodule_imports() -> None:
 # ------------------------------------------------------------------ batch jobs
 
 
-def test_word_count_matches_oracle_and_reports_metrics(engine: Any) -> None:
+def test_word_count_matches_oracle_and_reports_metrics(spark_session: Any) -> None:
+    engine = ss.spark(spark_session, members=1)  # one member: accumulate sees every word once
     job = engine.new_job(word_count_dag(LINES), ss.JobConfig(name="wc"))
     job.join(120)
     assert job.status is JobStatus.COMPLETED
@@ -177,9 +182,10 @@ def test_non_cooperative_processor(engine: Any) -> None:
     assert sorted(engine.get_list("out")) == [x * 10 for x in range(5000)]
 
 
-def test_vertex_with_two_consumers_runs_once(engine: Any) -> None:
+def test_vertex_with_two_consumers_runs_once(spark_session: Any) -> None:
     """A vertex feeding two vertices is persisted, so its processors run once (their
     results are not duplicated and metrics count each processor once)."""
+    engine = ss.spark(spark_session, members=1)  # two processors per member
     dag = DAG()
     src = dag.new_vertex("src", functools.partial(ListSource, list(range(300))))
     a = dag.new_vertex("a", functools.partial(Collect, "a"))
@@ -399,6 +405,7 @@ STANDALONE_SCRIPT = textwrap.dedent(
         print(json.dumps({
             "counts": sorted(engine.get_list("counts")),
             "members": engine.member_count,
+            "slots": session.sparkContext.defaultParallelism,
             "executors": executors,
             "status": job.status.value,
             "metrics": job.metrics,
@@ -432,7 +439,7 @@ def test_word_count_on_a_standalone_cluster() -> None:
     assert report["status"] == "completed"
     assert [tuple(x) for x in report["counts"]] == word_count_oracle(LINES)
     assert report["executors"] >= 1
-    assert report["members"] == report["executors"]
+    assert report["members"] == report["slots"]  # one member per task slot
     words = sum(len(line.split()) for line in LINES)
     assert report["metrics"]["split"]["items_out"] == words
 
@@ -463,7 +470,10 @@ def _forged_marker(sentinel: Path) -> str:
     return f"[slipstream-processor-failure:{blob}]"
 
 
-def test_a_record_forging_the_failure_marker_runs_no_code(engine: Any, tmp_path: Path) -> None:
+def test_a_record_forging_the_failure_marker_runs_no_code(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    engine = ss.spark(spark_session, members=1)  # one 'parse' processor: index 0
     sentinel = tmp_path / "code-ran"
     dag = DAG()
     src = dag.new_vertex("src", functools.partial(ListSource, ["1", _forged_marker(sentinel)]))

@@ -338,3 +338,173 @@ def test_query_stopped_and_restarted_from_checkpoint(spark_session: Any, tmp_pat
     everything = _batch_windows([e for _i, b in data for e in b])
     assert uninterrupted - everything == Counter()
     assert len(uninterrupted) >= len(everything) - 2 * 4  # all but the open windows
+
+
+# ------------------------------------------------------------------ limits (issue 8, 4)
+
+
+def test_list_sink_output_on_the_driver_is_bounded(tmp_path: Path) -> None:
+    from slipstream.spark.io import spark_stream_source
+    from slipstream.spark.streaming import SparkStreamingJob
+
+    data = batches(5, 6)
+    runs = {}
+    for limit in (None, 7):
+        engine = ss.spark(FakeSession())
+        dag = window_dag(spark_stream_source(_FakeStreamingDF()))
+        job = SparkStreamingJob(
+            engine, dag, ss.JobConfig(), str(tmp_path / str(limit)), None, limit
+        )
+        job._prepare()
+        sizes = []
+        for epoch_id, events in enumerate(data):
+            _run_epoch(engine, job, events, epoch_id)
+            sizes.append(len(engine.get_list("windows")))
+        runs[limit] = (list(engine.get_list("windows")), sizes)
+    everything, sizes = runs[None]
+    assert len(everything) > 7 and sizes[-1] == len(everything)
+    kept, sizes = runs[7]
+    assert max(sizes) <= 7
+    assert kept == everything[-7:]  # the newest items, in order
+
+
+def _two_sources_dag(a: Any, b: Any) -> DAG:
+    dag = DAG()
+    sa = dag.new_vertex("a", a)
+    sb = dag.new_vertex("b", b)
+    out = dag.new_vertex("sink", functools.partial(Collect, "both")).local_parallelism(1)
+    dag.edge(Edge.between(sa, out).distributed().all_to_one())
+    dag.edge(Edge.from_(sb).to(out, 1).distributed().all_to_one())
+    return dag
+
+
+def _label_a(row: Any) -> tuple[str, Any]:
+    return ("a", row.n)
+
+
+def _label_b(row: Any) -> tuple[str, Any]:
+    return ("b", row.word)
+
+
+@pytest.mark.timeout(300)
+def test_several_stream_sources_in_one_query(spark_session: Any, tmp_path: Path) -> None:
+    from slipstream.spark.io import spark_stream_source
+
+    da, db = tmp_path / "a", tmp_path / "b"
+    da.mkdir()
+    db.mkdir()
+    # different schemas: each source's rows reach its own vertex as its own Rows
+    a = spark_session.readStream.schema("n long").json(str(da))
+    b = spark_session.readStream.schema("word string, extra double").json(str(db))
+    engine = ss.spark(spark_session)
+    job = engine.new_job(
+        _two_sources_dag(spark_stream_source(a, _label_a), spark_stream_source(b, _label_b)),
+        ss.JobConfig(name="two-sources"),
+        checkpoint_location=str(tmp_path / "ck"),
+    )
+    try:
+        for i in range(2):
+            for d, rows in (
+                (da, [{"n": 10 * i + k} for k in range(3)]),
+                (db, [{"word": f"w{i}{k}", "extra": 0.5} for k in range(2)]),
+            ):
+                tmp = tmp_path / f".tmp-{d.name}-{i}"
+                tmp.write_text("\n".join(json.dumps(r) for r in rows))
+                os.rename(tmp, d / f"part-{i}.json")
+            job.process_all_available(120)
+    finally:
+        job.cancel()
+        with pytest.raises(ss.JobCancelledError):
+            job.join(60)
+    got = sorted(engine.get_list("both"))
+    want = sorted(
+        [("a", 10 * i + k) for i in range(2) for k in range(3)]
+        + [("b", f"w{i}{k}") for i in range(2) for k in range(2)]
+    )
+    assert got == want
+
+
+def _as_row(e: tuple[int, str]) -> tuple[str, int]:
+    return (e[1], e[0])
+
+
+def _writer_job(engine: Any, checkpoint: Path, **writer: Any) -> Any:
+    from slipstream.spark.io import spark_dataframe_sink, spark_stream_source
+    from slipstream.spark.streaming import SparkStreamingJob
+
+    dag = DAG()
+    src = dag.new_vertex("source", spark_stream_source(_FakeStreamingDF(), tuple))
+    out = dag.new_vertex(
+        "out", spark_dataframe_sink("rows", "key string, ts long", _as_row, **writer)
+    )
+    dag.edge(Edge.between(src, out))
+    job = SparkStreamingJob(engine, dag, ss.JobConfig(name="writer"), str(checkpoint), None)
+    job._prepare()
+    return job
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fmt", ["parquet", "json", "table"])
+def test_dataframe_sink_writes_each_epoch_once_even_when_replayed(
+    spark_session: Any, tmp_path: Path, fmt: str
+) -> None:
+    data = batches(6, 3, size=20)
+    if fmt == "table":
+        table = f"slipstream_epochs_{os.getpid()}"
+        spark_session.sql(
+            f"CREATE TABLE {table} (key STRING, ts BIGINT, slipstream_epoch INT) USING parquet "
+            f"PARTITIONED BY (slipstream_epoch) LOCATION '{tmp_path / 'table'}'"
+        )
+        writer: dict[str, Any] = {"table": table}
+
+        def read() -> Any:
+            return spark_session.table(table)
+    else:
+        writer = {"format": fmt, "path": str(tmp_path / "out")}
+
+        def read() -> Any:
+            return spark_session.read.format(fmt).load(str(tmp_path / "out"))
+
+    def batch(events: list[tuple[int, str]]) -> Any:
+        return spark_session.createDataFrame(events, "ts long, key string")
+
+    try:
+        engine = ss.spark(spark_session)
+        job1 = _writer_job(engine, tmp_path / "ck", **writer)
+
+        def crash(epoch_id: int) -> None:
+            if epoch_id == 1:
+                raise RuntimeError("driver lost")
+
+        job1._before_commit = crash
+        job1._epoch(batch(data[0]), 0)
+        with pytest.raises(ss.JobFailedError, match="driver lost"):
+            job1._epoch(batch(data[1]), 1)  # written, not committed
+        # a new driver: Spark replays epoch 1, then goes on
+        job2 = _writer_job(ss.spark(spark_session), tmp_path / "ck", **writer)
+        job2._epoch(batch(data[1]), 1)
+        job2._epoch(batch(data[2]), 2)
+        rows = read().collect()
+        got = Counter((r.key, r.ts, r.slipstream_epoch) for r in rows)
+        want = Counter((k, t, i) for i, b in enumerate(data) for t, k in b)
+        assert got == want  # every epoch exactly once
+    finally:
+        if fmt == "table":
+            spark_session.sql(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_dataframe_sink_written_by_a_batch_job(spark_session: Any, tmp_path: Path) -> None:
+    from slipstream.spark.io import spark_dataframe_sink
+
+    from .spark_engine_procs import ListSource
+
+    dag = DAG()
+    src = dag.new_vertex("src", functools.partial(ListSource, [(i, str(i)) for i in range(50)]))
+    out = dag.new_vertex(
+        "out",
+        spark_dataframe_sink("rows", "n long, s string", format="json", path=str(tmp_path / "j")),
+    )
+    dag.edge(Edge.between(src, out))
+    ss.spark(spark_session).new_job(dag).join(120)
+    rows = spark_session.read.json(str(tmp_path / "j")).collect()
+    assert sorted((r.n, r.s) for r in rows) == [(i, str(i)) for i in range(50)]

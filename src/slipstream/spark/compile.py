@@ -14,9 +14,11 @@ its input:
   consumer take an item, so keeping it on the producer's index is a valid choice);
 * any other vertex: the records of all its inbound edges (each producer already routed
   them with the embedded engine's collectors, so a record names its target processor)
-  are unioned and shuffled with ``partitionBy(n, identity)``. Priority between edges is
-  the tasklet's job, exactly as on the embedded engine: the whole input is present, so
-  the high-priority edge is drained completely first.
+  are unioned and shuffled to their target by an *ordered* shuffle
+  (:mod:`slipstream.spark.shuffle`): Spark sorts each partition on the JVM (spilling
+  to disk as needed) so that higher-priority edges come first and each producer's
+  records keep their order, and the task streams them into its tasklet. Priority
+  between edges stays the tasklet's job, exactly as on the embedded engine.
 
 Each task also yields one result record (metrics, the lists/maps it wrote). Results
 travel downstream along each vertex's ordinal-0 outbound edge and are collected from the
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,14 +47,10 @@ from slipstream.core.suppliers import (
     SupplierContext,
 )
 from slipstream.engine.plan import VertexPlan, edge_targets, effective_parallelism
+from slipstream.spark.feed import RESULT_TAG, ROWS_TAG
 from slipstream.spark.io import SparkDataFrameSink, SparkRowSource, SparkStreamSource
-from slipstream.spark.task import (
-    RESULT_TAG,
-    ROWS_TAG,
-    InboundSpec,
-    OutboundSpec,
-    VertexTask,
-)
+from slipstream.spark.shuffle import ordered_shuffle
+from slipstream.spark.task import InboundSpec, OutboundSpec, RunMode, VertexTask
 
 __all__ = ["CompiledDag", "EpochInput", "compile_dag", "is_narrow", "plan_vertices", "validate"]
 
@@ -66,10 +64,6 @@ def _stub_vertex(vertex: Vertex, lp: int) -> Vertex:
     stub = Vertex(vertex.name, _StubMetaSupplier())
     stub.local_parallelism(lp)
     return stub
-
-
-def _identity(key: int) -> int:
-    return key
 
 
 def _is_result(record: tuple[int, tuple[Any, ...]]) -> bool:
@@ -109,6 +103,8 @@ class CompiledDag:
     persisted: list[Any] = field(default_factory=list)
     #: DataFrame sink name -> (rows RDD, schema, the persisted vertex RDD behind it)
     dataframes: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict)
+    #: DataFrame sinks that write their rows (a path or a table), by name
+    writers: dict[str, SparkDataFrameSink] = field(default_factory=dict)
     meta_suppliers: list[tuple[str, ProcessorMetaSupplier]] = field(default_factory=list)
 
 
@@ -165,30 +161,34 @@ def _member_suppliers(
 
 @dataclass
 class EpochInput:
-    """What makes a compilation one epoch of a streaming job: the epoch's rows for the
-    stream source vertex and the state carried from the previous epoch (a broadcast of
+    """What makes a compilation one epoch of a streaming job: the epoch's rows for each
+    stream source vertex (``streams``: vertex name -> RDD) and the state carried from
+    the previous epoch (a broadcast of
     ``{"restore": {(vertex, index): entries} | None, "watermarks": {...}}``).
 
-    Without ``stream_rdd`` the epoch belongs to a driver-driven micro-batch job whose
+    Without ``streams`` the epoch belongs to a driver-driven micro-batch job whose
     sources are slipstream processors: each source processor runs for up to
     ``epoch_ms`` (:class:`~slipstream.spark.task.EpochSourceGate`). ``final`` makes it
     that job's last run: processors restore the state, then complete as in a batch job
     (windows flush) and take no snapshot."""
 
-    stream_rdd: Any
+    streams: Mapping[str, Any] | None
     state: Any = None
     epoch_ms: float | None = None
     final: bool = False
 
     @property
-    def driver_driven(self) -> bool:
-        return self.stream_rdd is None
+    def mode(self) -> RunMode:
+        if self.streams is not None:
+            return RunMode.STREAM_EPOCH
+        return RunMode.FINAL if self.final else RunMode.MICRO_EPOCH
 
 
 def validate(dag: DAG, default_parallelism: int) -> None:
     """``dag.validate`` with the pickle check, minus the priority-diamond warning: a
-    diamond can deadlock the embedded engine's bounded queues, but here every stage has
-    its whole input before it starts, so it cannot."""
+    diamond can deadlock the embedded engine's bounded queues, but here every shuffle
+    has all of its producers' output before its consumers start and a task's own
+    queues are unbounded, so it cannot."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*different priorities", category=DagWarning)
         dag.validate(default_parallelism=default_parallelism, check_pickle=True)
@@ -202,6 +202,176 @@ def plan_vertices(dag: DAG, member_count: int, default_parallelism: int) -> dict
         lp = effective_parallelism(v, default_parallelism)
         plans[v.name] = VertexPlan(_stub_vertex(v, lp), lp, member_count)
     return plans
+
+
+def _check_vertex(v: Vertex, has_inbound: bool, mode: RunMode) -> None:
+    """Which sources and sinks a run mode allows (a DagError otherwise)."""
+    meta = v.meta_supplier
+    stream_source = isinstance(meta, SparkStreamSource)
+    row_source = isinstance(meta, SparkRowSource) and not stream_source
+    if (row_source or stream_source) and has_inbound:
+        raise DagError(f"vertex {v.name!r}: a Spark DataFrame/RDD source cannot have inbound edges")
+    if mode is RunMode.BATCH:
+        if stream_source:
+            raise DagError(
+                f"vertex {v.name!r}: a Spark streaming source needs a streaming job "
+                "(SparkEngine.new_job starts one when the DAG has a spark_stream_source)"
+            )
+        return
+    if mode is not RunMode.STREAM_EPOCH:
+        if stream_source or row_source:
+            raise DagError(
+                f"vertex {v.name!r}: a micro-batch job (new_job(..., streaming=True)) "
+                "reads slipstream's own replayable sources only, not a Spark "
+                "DataFrame/RDD or stream source (a DAG with a spark_stream_source runs "
+                "as a Structured Streaming query)"
+            )
+    elif not has_inbound and not stream_source:
+        raise DagError(
+            f"vertex {v.name!r}: in a streaming job on Spark every source must be a "
+            "spark_stream_source (other sources would run again in every micro-batch)"
+        )
+    if isinstance(meta, SparkDataFrameSink) and not meta.writes:
+        raise DagError(
+            f"vertex {v.name!r}: in a streaming job a spark_dataframe_sink must write its "
+            "rows each epoch (give it path= or table=); get_dataframe is for batch jobs"
+        )
+
+
+class _Compiler:
+    """One compilation: the DAG's plans and edge ids, and the RDDs built so far."""
+
+    def __init__(
+        self,
+        sc: Any,
+        dag: DAG,
+        config: JobConfig,
+        job_name: str,
+        member_count: int,
+        default_parallelism: int,
+        addresses: Sequence[MemberAddress],
+        services: Any,
+        epoch: EpochInput | None,
+        failure_key: bytes,
+    ) -> None:
+        self.sc = sc
+        self.failure_key = failure_key
+        self.dag = dag
+        self.config = config
+        self.job_name = job_name
+        self.member_count = member_count
+        self.addresses = addresses
+        self.services = services
+        self.epoch = epoch
+        self.mode = epoch.mode if epoch is not None else RunMode.BATCH
+        self.edge_ids = {id(e): i for i, e in enumerate(dag.edges)}
+        self.plans = plan_vertices(dag, member_count, default_parallelism)
+        self.stubs = {name: p.vertex for name, p in self.plans.items()}
+        self.rdds: dict[str, Any] = {}
+
+    def in_specs(self, v: Vertex, inbound: list[Edge]) -> list[InboundSpec]:
+        """For each inbound edge, which producers feed each of ``v``'s processors."""
+        plan = self.plans[v.name]
+        specs = []
+        for e in inbound:
+            src = self.plans[e.source.name]
+            producers: list[list[int]] = [[] for _ in range(plan.total_parallelism)]
+            narrow = is_narrow(e, src, plan, len(inbound))
+            for p in range(src.total_parallelism):
+                for c in [p] if narrow else edge_targets(e, src, plan, p):
+                    producers[c].append(p)
+            specs.append(
+                InboundSpec(
+                    self.edge_ids[id(e)],
+                    e.dest_ordinal,
+                    e.get_priority(),
+                    _edge_label(e),
+                    producers,
+                )
+            )
+        return specs
+
+    def out_specs(self, v: Vertex) -> list[OutboundSpec]:
+        """Routing-only copies of ``v``'s outbound edges (stub vertices, no suppliers)."""
+        plan = self.plans[v.name]
+        specs = []
+        for e in self.dag.outbound_edges(v):
+            dst = self.plans[e.dest.name]  # type: ignore[union-attr]
+            routing_edge = copy.copy(e)
+            routing_edge.source = self.stubs[e.source.name]
+            routing_edge.dest = self.stubs[dst.vertex.name]
+            in_degree = len(self.dag.inbound_edges(dst.vertex.name))
+            specs.append(
+                OutboundSpec(
+                    self.edge_ids[id(e)],
+                    e.source_ordinal,
+                    routing_edge,
+                    plan,
+                    dst,
+                    is_narrow(e, plan, dst, in_degree),
+                )
+            )
+        return specs
+
+    def task(self, v: Vertex, inbound: list[Edge]) -> VertexTask:
+        plan = self.plans[v.name]
+        meta = v.meta_supplier
+        row_source = isinstance(meta, SparkRowSource)
+        suppliers = None
+        if not row_source:
+            sctx = SupplierContext(
+                v.name,
+                self.job_name,
+                plan.local_parallelism,
+                plan.total_parallelism,
+                self.member_count,
+            )
+            suppliers = _member_suppliers(v, meta, sctx, self.addresses)
+        epoch = self.epoch
+        return VertexTask(
+            vertex=v.name,
+            job_name=self.job_name,
+            local_parallelism=plan.local_parallelism,
+            member_count=self.member_count,
+            guarantee=self.config.processing_guarantee,
+            suppliers=suppliers,
+            inbound=self.in_specs(v, inbound),
+            outbound=self.out_specs(v),
+            mode=self.mode,
+            row_source=row_source,
+            row_map_fn=meta.map_fn if isinstance(meta, SparkRowSource) else None,
+            dataframe_sink=meta.name if isinstance(meta, SparkDataFrameSink) else None,
+            services=self.services,
+            epoch_state=epoch.state if epoch is not None else None,
+            epoch_ms=epoch.epoch_ms
+            if epoch is not None and self.mode is RunMode.MICRO_EPOCH
+            else None,
+            failure_key=self.failure_key,
+        )
+
+    def input_rdd(self, v: Vertex, inbound: list[Edge]) -> Any:
+        """The RDD whose partition ``i`` feeds processor ``i`` of ``v`` (module doc)."""
+        n = self.plans[v.name].total_parallelism
+        meta = v.meta_supplier
+        if not inbound:
+            if isinstance(meta, SparkStreamSource):
+                assert self.epoch is not None
+                assert self.epoch.streams is not None
+                return _with_partitions(self.epoch.streams[v.name], n)
+            if isinstance(meta, SparkRowSource):
+                return _with_partitions(meta.spark_rdd(), n)
+            return self.sc.parallelize(range(n), n)
+        first = inbound[0]
+        if is_narrow(first, self.plans[first.source.name], self.plans[v.name], len(inbound)):
+            return _input_from(first.source.name, v.name, self.dag, self.rdds, self.edge_ids)
+        parts = [
+            _input_from(name, v.name, self.dag, self.rdds, self.edge_ids)
+            for name in dict.fromkeys(e.source.name for e in inbound)
+        ]
+        union = parts[0] if len(parts) == 1 else self.sc.union(parts)
+        priorities = sorted({e.get_priority() for e in inbound})
+        ranks = {self.edge_ids[id(e)]: priorities.index(e.get_priority()) for e in inbound}
+        return ordered_shuffle(union, n, ranks)
 
 
 def compile_dag(
@@ -223,7 +393,7 @@ def compile_dag(
     that does not pickle.
 
     With ``epoch``, the DAG is compiled as one micro-batch of a streaming job: the stream
-    source reads ``epoch.stream_rdd``, processors restore the previous epoch's state and
+    sources read ``epoch.streams``, processors restore the previous epoch's state and
     end with a terminal snapshot instead of completing (see :mod:`slipstream.spark.task`).
     ``failure_key`` signs the tasks' failure markers (:mod:`slipstream.spark.failures`).
     """
@@ -231,147 +401,46 @@ def compile_dag(
 
     level = persist_level if persist_level is not None else StorageLevel.MEMORY_AND_DISK
     validate(dag, default_parallelism)
+    c = _Compiler(
+        sc,
+        dag,
+        config,
+        job_name,
+        member_count,
+        default_parallelism,
+        addresses,
+        services,
+        epoch,
+        failure_key,
+    )
     order = dag.topological_order()
-    edges = dag.edges
-    edge_ids = {id(e): i for i, e in enumerate(edges)}
-    plans = plan_vertices(dag, member_count, default_parallelism)
-    stubs = {name: p.vertex for name, p in plans.items()}
-
     compiled = CompiledDag(
         order=[v.name for v in order],
-        total_parallelism={name: p.total_parallelism for name, p in plans.items()},
+        total_parallelism={name: p.total_parallelism for name, p in c.plans.items()},
         result_rdd=None,
     )
-    rdds: dict[str, Any] = {}
-    consumers: dict[str, set[str]] = {
-        v.name: {e.dest.name for e in dag.outbound_edges(v)}  # type: ignore[union-attr]
-        for v in order
-    }
-
+    consumers = {v.name: {e.dest.name for e in dag.outbound_edges(v)} for v in order}  # type: ignore[union-attr]
     for v in order:
-        plan = plans[v.name]
-        n = plan.total_parallelism
-        meta = v.meta_supplier
         inbound = dag.inbound_edges(v)
-        outbound = dag.outbound_edges(v)
-        sctx = SupplierContext(v.name, job_name, plan.local_parallelism, n, member_count)
-
-        row_source = isinstance(meta, SparkRowSource)
-        if row_source and inbound:
-            raise DagError(
-                f"vertex {v.name!r}: a Spark DataFrame/RDD source cannot have inbound edges"
-            )
-        stream_source = isinstance(meta, SparkStreamSource)
-        if stream_source and epoch is None:
-            raise DagError(
-                f"vertex {v.name!r}: a Spark streaming source needs a streaming job "
-                "(SparkEngine.new_job starts one when the DAG has a spark_stream_source)"
-            )
-        if epoch is not None and epoch.driver_driven:
-            if stream_source or row_source:
-                raise DagError(
-                    f"vertex {v.name!r}: a micro-batch job (new_job(..., streaming=True)) "
-                    "reads slipstream's own replayable sources only, not a Spark "
-                    "DataFrame/RDD or stream source (a DAG with a spark_stream_source runs "
-                    "as a Structured Streaming query)"
-                )
-        elif epoch is not None and not inbound and not stream_source:
-            raise DagError(
-                f"vertex {v.name!r}: in a streaming job on Spark every source must be a "
-                "spark_stream_source (other sources would run again in every micro-batch)"
-            )
-        if epoch is not None and isinstance(meta, SparkDataFrameSink):
-            raise DagError(
-                f"vertex {v.name!r}: spark_dataframe_sink is for batch jobs; a streaming "
-                "job's sink results go to lists/maps (or files) per micro-batch"
-            )
-        suppliers = None if row_source else _member_suppliers(v, meta, sctx, addresses)
-        compiled.meta_suppliers.append((v.name, meta))
-
-        in_specs = []
-        for e in inbound:
-            src = plans[e.source.name]
-            producers: list[list[int]] = [[] for _ in range(n)]
-            narrow = is_narrow(e, src, plan, len(inbound))
-            for p in range(src.total_parallelism):
-                for c in [p] if narrow else edge_targets(e, src, plan, p):
-                    producers[c].append(p)
-            in_specs.append(
-                InboundSpec(
-                    edge_ids[id(e)], e.dest_ordinal, e.get_priority(), _edge_label(e), producers
-                )
-            )
-        out_specs = []
-        for e in outbound:
-            dst = plans[e.dest.name]  # type: ignore[union-attr]
-            routing_edge = copy.copy(e)
-            routing_edge.source = stubs[e.source.name]
-            routing_edge.dest = stubs[dst.vertex.name]
-            out_specs.append(
-                OutboundSpec(
-                    edge_ids[id(e)],
-                    e.source_ordinal,
-                    routing_edge,
-                    plan,
-                    dst,
-                    is_narrow(e, plan, dst, len(dag.inbound_edges(dst.vertex.name))),
-                )
-            )
-
-        df_sink = meta.name if isinstance(meta, SparkDataFrameSink) else None
-        task = VertexTask(
-            vertex=v.name,
-            job_name=job_name,
-            local_parallelism=plan.local_parallelism,
-            member_count=member_count,
-            guarantee=config.processing_guarantee,
-            suppliers=suppliers,
-            inbound=in_specs,
-            outbound=out_specs,
-            row_source=row_source,
-            row_map_fn=meta.map_fn if isinstance(meta, SparkRowSource) else None,
-            dataframe_sink=df_sink,
-            services=services,
-            epoch_mode=epoch is not None and not epoch.final,
-            epoch_state=epoch.state if epoch is not None else None,
-            source_epoch_ms=(
-                epoch.epoch_ms
-                if epoch is not None and epoch.driver_driven and not epoch.final
-                else None
-            ),
-            final_run=epoch is not None and epoch.final,
-            failure_key=failure_key,
-        )
-
-        if not inbound:
-            if stream_source:
-                assert epoch is not None and not epoch.driver_driven
-                base = _with_partitions(epoch.stream_rdd, n)
-            elif isinstance(meta, SparkRowSource):
-                base = _with_partitions(meta.spark_rdd(), n)
-            else:
-                base = sc.parallelize(range(n), n)
-        elif is_narrow(inbound[0], plans[inbound[0].source.name], plan, len(inbound)):
-            base = _input_from(inbound[0].source.name, v.name, dag, rdds, edge_ids)
-        else:
-            parts = [
-                _input_from(name, v.name, dag, rdds, edge_ids)
-                for name in dict.fromkeys(e.source.name for e in inbound)
-            ]
-            union = parts[0] if len(parts) == 1 else sc.union(parts)
-            base = union.partitionBy(n, _identity)
-        rdd = base.mapPartitionsWithIndex(task)
+        _check_vertex(v, bool(inbound), c.mode)
+        task = c.task(v, inbound)
+        compiled.meta_suppliers.append((v.name, v.meta_supplier))
+        rdd = c.input_rdd(v, inbound).mapPartitionsWithIndex(task)
         rdd.setName(f"slipstream vertex {v.name!r}")
+        df_sink = task.dataframe_sink
         if len(consumers[v.name]) > 1 or df_sink is not None:
             rdd = rdd.persist(level)
             compiled.persisted.append(rdd)
-        rdds[v.name] = rdd
+        c.rdds[v.name] = rdd
         if df_sink is not None:
+            meta = v.meta_supplier
             assert isinstance(meta, SparkDataFrameSink)
             rows = rdd.filter(_is_rows).flatMap(_rows_of)
             compiled.dataframes[df_sink] = (rows, meta.schema, rdd)
+            if meta.writes:
+                compiled.writers[df_sink] = meta
 
-    terminal = [rdds[v.name] for v in order if not consumers[v.name]]
+    terminal = [c.rdds[v.name] for v in order if not consumers[v.name]]
     results = terminal[0] if len(terminal) == 1 else sc.union(terminal)
     compiled.result_rdd = results.filter(_is_result)
     return compiled

@@ -6,15 +6,16 @@ processor driven by the embedded engine's ``ProcessorTasklet`` inside its Spark 
 and runs it from a driver thread under its own Spark job group, so ``join(timeout)`` and
 ``cancel()`` behave as on the embedded engine.
 
-Members: a Spark "member" is a logical group of ``local_parallelism`` processors; it
-equals the number of executors (1 in ``local[N]`` mode) unless ``members=`` says
-otherwise. Spark decides where each task runs, so a member is not pinned to one
-executor; meta-suppliers see one :class:`~slipstream.core.suppliers.MemberAddress` per
-member (the same addresses the embedded engine uses). Default local parallelism is
-Spark's default parallelism divided by the member count (at least 1). Member-local edges
-between vertices of one processor per member never shuffle, so
-``ss.spark(session, members=<task slots>, local_parallelism=1)`` is often the fastest
-shape (bench/spark_wordcount.py).
+Members: a Spark "member" is a logical group of ``local_parallelism`` processors. Spark
+decides where each task runs, so a member is not pinned to an executor; meta-suppliers
+see one :class:`~slipstream.core.suppliers.MemberAddress` per member (the same addresses
+the embedded engine uses). By default there is one member per task slot (Spark's
+default parallelism) with local parallelism 1: every member-local edge between vertices
+of default parallelism is then narrow (no shuffle; producer and consumer run pipelined
+in one Python worker), which made word count about 2x faster than one member with local
+parallelism 2 (bench/spark_wordcount.py, docs/performance.md). ``members=`` and
+``local_parallelism=`` override this; given only one of them, the other is the task
+slots divided by it (at least 1).
 
 A DAG with a ``spark_stream_source`` runs as a Structured Streaming query instead, one
 epoch per micro-batch, with processor state carried between epochs
@@ -30,34 +31,32 @@ given their input. A processor exception that survives the retries fails the job
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
-import time
-import uuid
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
-from slipstream.core.config import JobConfig, JobStatus
+from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, as_dag
-from slipstream.core.errors import JobFailedError
-from slipstream.core.job_handle import JobHandle
 from slipstream.core.services import InMemoryServices
-from slipstream.engine.plan import member_addresses
-from slipstream.spark.compile import CompiledDag, compile_dag
-from slipstream.spark.failures import (
-    environment_problem,
-    find_failure,
-    new_failure_key,
-    summarize_spark_error,
-    thread_died_error,
-)
 from slipstream.spark.io import SparkStreamSource
+from slipstream.spark.jobs import (
+    SparkJob,
+    SparkJobBase,
+    failure_error,
+    ordered_results,
+    unpersist,
+)
+from slipstream.spark.streaming import (
+    DEFAULT_EPOCH_MS,
+    DEFAULT_MAX_LIST_ITEMS,
+    SparkMicroBatchJob,
+    SparkStreamingJob,
+)
 
-__all__ = ["SparkEngine", "SparkJob"]
+__all__ = ["SparkEngine", "SparkJob", "failure_error", "ordered_results"]
 
 log = logging.getLogger("slipstream.spark")
-_ids = itertools.count(1)
 
 
 def _active_context_exists() -> bool:
@@ -66,14 +65,6 @@ def _active_context_exists() -> bool:
     except ImportError:
         return False
     return SparkContext._active_spark_context is not None
-
-
-def _executor_count(sc: Any) -> int:
-    """Executors registered with the driver (0 in local mode, where the driver runs tasks)."""
-    try:
-        return int(sc._jsc.sc().getExecutorIds().size())
-    except Exception:  # noqa: BLE001 - a private API; fall back to "unknown"
-        return 0
 
 
 class SparkEngine:
@@ -131,26 +122,28 @@ class SparkEngine:
         self.services = InMemoryServices()
         self._merge_lock = threading.Lock()
         self._dataframes: dict[str, tuple[Any, Any, Any]] = {}
-        self._jobs: list[Any] = []
+        self._jobs: list[SparkJobBase] = []
         self._lock = threading.Lock()
 
     # -- cluster shape -----------------------------------------------------------------
     @property
+    def task_slots(self) -> int:
+        """Spark's default parallelism: the tasks the cluster runs at once."""
+        return max(1, int(self.spark_context.defaultParallelism))
+
+    @property
     def member_count(self) -> int:
-        """``members=`` if given, else the number of executors (1 in local mode)."""
+        """``members=`` if given, else the task slots divided by ``local_parallelism=``
+        (one member per slot when that is not given either)."""
         if self._members is not None:
             return self._members
-        sc = self.spark_context
-        if str(sc.master).startswith("local") and not str(sc.master).startswith("local-cluster"):
-            return 1
-        return max(1, _executor_count(sc))
+        return max(1, self.task_slots // (self._local_parallelism or 1))
 
     @property
     def default_local_parallelism(self) -> int:
-        """Processors per member for vertices without an explicit local parallelism."""
-        if self._local_parallelism is not None:
-            return self._local_parallelism
-        return max(1, int(self.spark_context.defaultParallelism) // self.member_count)
+        """Processors per member for vertices without an explicit local parallelism:
+        ``local_parallelism=`` if given, else the task slots divided by the members."""
+        return self.shape()[1]
 
     # -- jobs --------------------------------------------------------------------------
     def new_job(
@@ -162,6 +155,7 @@ class SparkEngine:
         trigger: Mapping[str, Any] | None = None,
         streaming: bool = False,
         epoch_ms: float | None = None,
+        max_list_items: int | None = DEFAULT_MAX_LIST_ITEMS,
     ) -> Any:
         """Validate and compile ``dag``, then start it; returns the running job.
 
@@ -180,23 +174,25 @@ class SparkEngine:
         (same default as above), and once every source has completed the DAG completes
         as a batch job would. Without it such a DAG runs as a batch job.
 
+        In both kinds of streaming job a list sink keeps only its newest
+        ``max_list_items`` items on the driver (``None``: all), so a long-running query
+        does not grow the driver's memory; a map sink holds one entry per key. For
+        output that must all be kept, use ``spark_dataframe_sink(name, path=...)``,
+        which writes each epoch through a Spark writer, exactly once per epoch.
+
         Raises :class:`slipstream.DagError` here, before anything runs, for an invalid
         DAG or a supplier that cannot be pickled."""
         dag = as_dag(dag)  # a Pipeline is compiled here
         config = config or JobConfig()
-        job: Any
+        job: SparkJobBase
         if any(isinstance(v.meta_supplier, SparkStreamSource) for v in dag.vertices):
-            from slipstream.spark.streaming import SparkStreamingJob
-
             if epoch_ms is not None:
                 raise ValueError(
                     "epoch_ms applies to micro-batch jobs (streaming=True over slipstream's "
                     "own sources); a spark_stream_source's micro-batches follow trigger"
                 )
-            job = SparkStreamingJob(self, dag, config, checkpoint_location, trigger)
+            job = SparkStreamingJob(self, dag, config, checkpoint_location, trigger, max_list_items)
         elif streaming:
-            from slipstream.spark.streaming import DEFAULT_EPOCH_MS, SparkMicroBatchJob
-
             if trigger is not None:
                 raise ValueError(
                     "trigger applies to DAGs with a spark_stream_source only; a micro-batch "
@@ -208,6 +204,7 @@ class SparkEngine:
                 config,
                 checkpoint_location,
                 DEFAULT_EPOCH_MS if epoch_ms is None else epoch_ms,
+                max_list_items,
             )
         else:
             if checkpoint_location is not None or trigger is not None or epoch_ms is not None:
@@ -222,15 +219,15 @@ class SparkEngine:
         return job
 
     @property
-    def jobs(self) -> list[Any]:
+    def jobs(self) -> list[SparkJobBase]:
         return list(self._jobs)
 
-    def _shape(self) -> tuple[int, int]:
+    def shape(self) -> tuple[int, int]:
         """``(member count, default local parallelism)``, read once per job."""
         members = self.member_count
         if self._local_parallelism is not None:
             return members, self._local_parallelism
-        return members, max(1, int(self.spark_context.defaultParallelism) // members)
+        return members, max(1, self.task_slots // members)
 
     # -- results -----------------------------------------------------------------------
     def get_list(self, name: str) -> list[Any]:
@@ -257,15 +254,24 @@ class SparkEngine:
             )
         return self.session.createDataFrame(rows, schema)
 
-    def _set_dataframes(self, frames: Mapping[str, tuple[Any, Any, Any]]) -> None:
+    def set_dataframes(self, frames: Mapping[str, tuple[Any, Any, Any]]) -> None:
         with self._merge_lock:
             for name, entry in frames.items():
                 old = self._dataframes.get(name)
                 self._dataframes[name] = entry
                 if old is not None and old[2] is not entry[2]:
-                    _unpersist(old[2])
+                    unpersist(old[2])
 
-    def _services_broadcast(self) -> Any:
+    def trim_lists(self, names: Iterable[str], limit: int) -> None:
+        """Keep only the newest ``limit`` items of the named lists (a streaming job's
+        bound on sink output held by the driver)."""
+        with self._merge_lock:
+            for name in names:
+                lst = self.services.lists.get(name)
+                if lst is not None and len(lst) > limit:
+                    del lst[: len(lst) - limit]
+
+    def services_broadcast(self) -> Any:
         """The driver's lists and maps for executors, or ``None`` if there are none."""
         with self.services._lock:
             lists = {k: list(v) for k, v in self.services.lists.items() if v}
@@ -274,7 +280,7 @@ class SparkEngine:
             return None
         return self.spark_context.broadcast((lists, maps))
 
-    def _merge_results(self, results: list[dict[str, Any]]) -> None:
+    def merge_results(self, results: list[dict[str, Any]]) -> None:
         with self._merge_lock:
             for r in results:
                 for name, items in r["lists"].items():
@@ -295,7 +301,7 @@ class SparkEngine:
             job._terminal.wait(30)
         with self._merge_lock:
             for _rows, _schema, rdd in self._dataframes.values():
-                _unpersist(rdd)
+                unpersist(rdd)
             self._dataframes.clear()
         stop = self._owns_session if stop_session is None else stop_session
         if stop:
@@ -312,256 +318,3 @@ class SparkEngine:
             f"SparkEngine(master={self.spark_context.master!r}, members={self.member_count}, "
             f"local_parallelism={self.default_local_parallelism})"
         )
-
-
-def _unpersist(rdd: Any) -> None:
-    try:
-        rdd.unpersist(blocking=False)
-    except Exception:  # noqa: BLE001 - the context may be gone
-        log.debug("unpersist failed", exc_info=True)
-
-
-class SparkJob(JobHandle):
-    """A job on the Spark engine: ``join``, ``cancel``, ``status``, ``metrics``, ``id``.
-
-    ``metrics`` (per vertex: ``items_in``, ``items_out`` and the processors' own
-    counters) is filled when the job completes; Spark reports nothing per processor
-    while tasks run.
-    """
-
-    def __init__(self, engine: SparkEngine, dag: DAG, config: JobConfig) -> None:
-        self.id = next(_ids)
-        self.engine = engine
-        self.dag = dag
-        self.config = config
-        self.name = config.name or f"job-{self.id}"
-        self.job_group = f"slipstream-{self.id}-{uuid.uuid4().hex[:12]}"
-        self._status = JobStatus.NOT_RUNNING
-        self._lock = threading.Lock()
-        self._terminal = threading.Event()
-        self._cancel_requested = False
-        self._error: JobFailedError | None = None
-        self._metrics: dict[str, dict[str, int]] = {}
-        self._compiled: CompiledDag | None = None
-        self._broadcast: Any = None
-        self._thread: threading.Thread | None = None
-        self.failure_key = new_failure_key()
-        self.submission_time = time.time()
-        self.completion_time: float | None = None
-
-    # -- public API --------------------------------------------------------------------
-    @property
-    def metrics(self) -> dict[str, dict[str, int]]:
-        return {k: dict(v) for k, v in self._metrics.items()}
-
-    def _join_error(self) -> JobFailedError:
-        assert self._error is not None
-        return self._error
-
-    def watch(self) -> dict[str, Any]:
-        """See :meth:`JobHandle.watch`: a batch job on Spark reports its parallelism and
-        error; its counters arrive when it completes."""
-        out: dict[str, Any] = {}
-        compiled = self._compiled
-        if compiled is not None:
-            out["parallelism"] = dict(compiled.total_parallelism)
-        if self._error is not None:
-            out["error"] = str(self._error)
-        return out
-
-    def cancel(self) -> None:
-        """Cancel the job's Spark job group; ``join()`` then raises ``JobCancelledError``."""
-        with self._lock:
-            if self._status.is_terminal or self._cancel_requested:
-                return
-            self._cancel_requested = True
-        try:
-            self.engine.spark_context.cancelJobGroup(self.job_group)
-        except Exception:  # noqa: BLE001 - the context may already be stopped
-            log.debug("cancelJobGroup failed", exc_info=True)
-
-    def suspend(self) -> None:
-        raise NotImplementedError("suspend() is not supported for batch jobs on the Spark engine")
-
-    def resume(self) -> None:
-        raise NotImplementedError("resume() is not supported for batch jobs on the Spark engine")
-
-    def restart(self) -> None:
-        raise NotImplementedError("restart() is not supported for batch jobs on the Spark engine")
-
-    def __repr__(self) -> str:
-        return f"SparkJob(id={self.id}, name={self.name!r}, status={self._status.value})"
-
-    # -- execution ---------------------------------------------------------------------
-    def _start(self) -> None:
-        from pyspark import InheritableThread
-
-        engine = self.engine
-        self._status = JobStatus.STARTING
-        members, lp = engine._shape()
-        self._broadcast = engine._services_broadcast()
-        try:
-            self._compiled = compile_dag(
-                engine.spark_context,
-                self.dag,
-                self.config,
-                job_name=self.name,
-                member_count=members,
-                default_parallelism=lp,
-                addresses=member_addresses(members),
-                services=self._broadcast,
-                failure_key=self.failure_key,
-            )
-        except BaseException:
-            self._status = JobStatus.FAILED
-            self._release()
-            self._terminal.set()
-            raise
-        self._thread = InheritableThread(target=self._run, name=f"slipstream-spark-{self.name}")
-        self._thread.daemon = True
-        self._thread.start()
-
-    def _run(self) -> None:
-        compiled = self._compiled
-        assert compiled is not None
-        sc = self.engine.spark_context
-        error: BaseException | None = None
-        try:
-            sc.setJobGroup(self.job_group, f"slipstream job {self.name!r}", interruptOnCancel=True)
-            with self._lock:
-                if self._cancel_requested:
-                    raise _CancelledBeforeStart()
-                self._status = JobStatus.RUNNING
-            records = compiled.result_rdd.collect()
-            self._status = JobStatus.COMPLETING
-            results = self._check_results(compiled, [payload for _t, (_tag, payload) in records])
-            self.engine._merge_results(results)
-            self._metrics = _sum_metrics(results, compiled.order)
-            self.engine._set_dataframes(compiled.dataframes)
-        except BaseException as exc:  # noqa: BLE001 - reported through join()
-            error = exc
-        finally:
-            try:
-                self._finish(error)
-            except BaseException as exc:  # noqa: BLE001 - join() must return, whatever failed
-                self._thread_died(exc)
-
-    def _thread_died(self, exc: BaseException) -> None:
-        log.error("job %s: the driver thread died", self.name, exc_info=exc)
-        self._error = thread_died_error(self.name, threading.current_thread().name, exc)
-        self._status = JobStatus.FAILED
-        self._terminal.set()
-
-    def _check_results(
-        self, compiled: CompiledDag, payloads: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        return ordered_results(compiled, payloads)
-
-    def _finish(self, error: BaseException | None) -> None:
-        compiled = self._compiled
-        if compiled is not None:
-            for name, meta in compiled.meta_suppliers:
-                try:
-                    meta.close(error)
-                except Exception:  # noqa: BLE001 - close errors are only logged
-                    log.exception("closing the meta-supplier of %s failed", name)
-        keep = set()
-        if error is None and compiled is not None:
-            keep = {id(entry[2]) for entry in compiled.dataframes.values()}
-        self._release(keep)
-        self.completion_time = time.time()
-        if error is None:
-            self._status = JobStatus.COMPLETED
-        elif self._cancel_requested:
-            self._status = JobStatus.CANCELLED
-        else:
-            self._error = self._failure_error(error)
-            self._status = JobStatus.FAILED
-        self._terminal.set()
-
-    def _release(self, keep: set[int] | None = None) -> None:
-        compiled = self._compiled
-        if compiled is not None:
-            for rdd in compiled.persisted:
-                if keep is None or id(rdd) not in keep:
-                    _unpersist(rdd)
-        if self._broadcast is not None:
-            try:
-                self._broadcast.unpersist()
-            except Exception:  # noqa: BLE001
-                log.debug("broadcast unpersist failed", exc_info=True)
-            self._broadcast = None
-
-    def _failure_error(self, error: BaseException) -> JobFailedError:
-        return failure_error(self.name, error, self.failure_key)
-
-
-class _CancelledBeforeStart(Exception):
-    pass
-
-
-def ordered_results(compiled: CompiledDag, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result per processor, in topological then index order (a missing one is an
-    engine bug: every task yields exactly one)."""
-    by_key = {(p["vertex"], p["index"]): p for p in payloads}
-    ordered: list[dict[str, Any]] = []
-    for name in compiled.order:
-        n = compiled.total_parallelism[name]
-        missing = [i for i in range(n) if (name, i) not in by_key]
-        if missing:
-            raise RuntimeError(
-                f"vertex {name!r}: no result from processors {missing[:10]}; this is a "
-                "bug in the Spark engine"
-            )
-        ordered.extend(by_key[(name, i)] for i in range(n))
-    return ordered
-
-
-def failure_error(job_name: str, error: BaseException, failure_key: bytes) -> JobFailedError:
-    """Map an exception from a Spark action to :class:`JobFailedError`.
-
-    A processor's failure (a marker in the Spark error text signed with the job's
-    ``failure_key``) names its vertex and index and chains the processor's exception,
-    decoded as plain data. Executors that cannot run the job at all (wrong Python, a
-    module they lack) give one line naming the cause and the fix, without the Java
-    trace; any other Spark failure gives its real exception line."""
-    if isinstance(error, JobFailedError):
-        return error
-    try:
-        text = str(error)
-    except Exception:  # noqa: BLE001 - py4j may fail to render a Java exception
-        text = repr(error)
-    info = find_failure(text, failure_key)
-    if info is not None:
-        err = JobFailedError(
-            f"job {job_name!r} failed: {info.describe()}",
-            vertex=info.vertex,
-            processor_index=info.processor_index,
-            cause=info.error,
-            remote_traceback=info.traceback,
-        )
-        err.__cause__ = info.error
-        return err
-    problem = environment_problem(text)
-    if problem is not None:
-        err = JobFailedError(f"job {job_name!r} cannot run on Spark: {problem}", cause=error)
-        err.__suppress_context__ = True  # the Java trace says no more than the message
-        return err
-    err = JobFailedError(
-        f"job {job_name!r} failed in Spark: {summarize_spark_error(text)}",
-        cause=error,
-    )
-    err.__cause__ = error
-    return err
-
-
-def _sum_metrics(results: list[dict[str, Any]], order: list[str]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {name: {"items_in": 0, "items_out": 0} for name in order}
-    for r in results:
-        m = out[r["vertex"]]
-        for k, v in r["metrics"].items():
-            m[k] = m.get(k, 0) + v
-    # as on the embedded engine; a batch job on Spark never restarts or snapshots
-    # (Spark retries failed tasks itself)
-    out["__job__"] = {"restarts": 0, "snapshots": 0}
-    return out

@@ -10,7 +10,11 @@
 * :func:`spark_dataframe_sink`: a sink keeping its items as a DataFrame. On the Spark
   engine the rows stay on the executors (a persisted RDD) and
   ``engine.get_dataframe(name)`` wraps them with ``createDataFrame``; on the embedded
-  engine the items land in the named list (``engine.get_list(name)``).
+  engine the items land in the named list (``engine.get_list(name)``). Given a ``path``
+  or a ``table`` it also writes them through any Spark writer format
+  (:func:`write_rows`): once at the end of a batch job, once per epoch of a streaming
+  job (each epoch into its own ``slipstream_epoch=<id>`` partition, overwritten if the
+  epoch is replayed, so no epoch is ever written twice).
 
 A DataFrame or RDD holds a handle on the JVM and cannot be pickled; the source's
 meta-supplier drops it when pickled (the DAG's pickle check still passes) and only the
@@ -22,7 +26,7 @@ Nothing here imports pyspark at module import time.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from slipstream.core.inbox import Inbox
@@ -43,7 +47,12 @@ __all__ = [
     "spark_stream_source",
     "spark_rdd_source",
     "spark_dataframe_sink",
+    "EPOCH_COLUMN",
+    "write_rows",
 ]
+
+#: The partition column a streaming job's writing DataFrame sink adds: the epoch id.
+EPOCH_COLUMN = "slipstream_epoch"
 
 
 def _whole_partition(rows: Iterator[Any]) -> Iterator[Any]:
@@ -209,16 +218,42 @@ class _CollectRowsP(AbstractProcessor):
 
 
 class SparkDataFrameSink(ProcessorMetaSupplier):
-    """Meta-supplier of a sink whose items become ``engine.get_dataframe(name)``."""
+    """Meta-supplier of a sink whose items become ``engine.get_dataframe(name)`` (and,
+    with a ``path`` or ``table``, are written with ``DataFrameWriter``)."""
 
-    def __init__(self, name: str, schema: Any, to_row: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        schema: Any,
+        to_row: Callable[[Any], Any] | None,
+        *,
+        format: str | None = None,  # noqa: A002 - Spark's own name
+        path: str | None = None,
+        table: str | None = None,
+        mode: str = "append",
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a DataFrame sink needs a non-empty name, got {name!r}")
         if to_row is not None and not callable(to_row):
             raise TypeError(f"to_row must be callable, got {type(to_row).__name__}")
+        if path is not None and table is not None:
+            raise ValueError("a DataFrame sink writes to a path or to a table, not both")
+        if format is not None and path is None and table is None:
+            raise ValueError("format= needs path= or table= to write to")
         self.name = name
         self.schema = schema
         self.to_row = to_row
+        self.format = format
+        self.path = path
+        self.table = table
+        self.mode = mode
+        self.options = {str(k): str(v) for k, v in (options or {}).items()}
+
+    @property
+    def writes(self) -> bool:
+        """Whether the sink writes its rows somewhere (a path or a table)."""
+        return self.path is not None or self.table is not None
 
     def get(
         self, addresses: Sequence[MemberAddress]
@@ -231,11 +266,74 @@ class SparkDataFrameSink(ProcessorMetaSupplier):
 
 
 def spark_dataframe_sink(
-    name: str, schema: Any = None, to_row: Callable[[Any], Any] | None = None
+    name: str,
+    schema: Any = None,
+    to_row: Callable[[Any], Any] | None = None,
+    *,
+    format: str | None = None,  # noqa: A002 - Spark's own name
+    path: str | None = None,
+    table: str | None = None,
+    mode: str = "append",
+    options: Mapping[str, Any] | None = None,
 ) -> SparkDataFrameSink:
     """A sink whose items become a DataFrame: ``engine.get_dataframe(name)`` on the Spark
     engine (``schema`` as for ``SparkSession.createDataFrame``: a DDL string, a
     ``StructType`` or column names; ``None`` infers it from the rows). ``to_row``
     converts each item first (items must be tuples, dicts or Rows for Spark). On the
-    embedded engine the (converted) items go to ``engine.get_list(name)``."""
-    return SparkDataFrameSink(name, schema, to_row)
+    embedded engine the (converted) items go to ``engine.get_list(name)``.
+
+    With ``path`` (or ``table``) the Spark engine also writes the rows with
+    ``DataFrameWriter`` in ``format`` (``"parquet"``, ``"json"``, ``"csv"``, ...;
+    Spark's default source if ``None``) with ``options``: a batch job once when it
+    completes (``mode`` as for ``DataFrameWriter.mode``), a streaming job once per
+    epoch, into the partition ``slipstream_epoch=<epoch id>`` (dynamic partition
+    overwrite, so a replayed epoch replaces its own output instead of adding to it:
+    exactly once per epoch)."""
+    return SparkDataFrameSink(
+        name, schema, to_row, format=format, path=path, table=table, mode=mode, options=options
+    )
+
+
+def write_rows(session: Any, rows: Any, sink: SparkDataFrameSink, epoch_id: int | None) -> None:
+    """Write a writing DataFrame sink's rows (an RDD) as its spec says (see
+    :func:`spark_dataframe_sink`); ``epoch_id`` for one epoch of a streaming job."""
+    if sink.schema is None and rows.isEmpty():
+        return  # nothing to write, and Spark could not infer a schema
+    df = session.createDataFrame(rows, sink.schema)
+    if epoch_id is None:
+        writer = df.write.mode(sink.mode)
+    else:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        df = df.withColumn(EPOCH_COLUMN, F.lit(epoch_id))
+        writer = df.write.option("partitionOverwriteMode", "dynamic")
+    if sink.format is not None:
+        writer = writer.format(sink.format)
+    writer = writer.options(**sink.options)
+    if sink.path is not None:
+        if epoch_id is not None:
+            writer = writer.partitionBy(EPOCH_COLUMN).mode("overwrite")
+        writer.save(sink.path)
+        return
+    assert sink.table is not None
+    if epoch_id is not None and session.catalog.tableExists(sink.table):
+        # a dynamic partition overwrite replaces only this epoch's partition
+        _overwrite_partition(session, df, sink.table)
+    elif epoch_id is not None:
+        writer.partitionBy(EPOCH_COLUMN).mode("append").saveAsTable(sink.table)
+    else:
+        writer.saveAsTable(sink.table)
+
+
+def _overwrite_partition(session: Any, df: Any, table: str) -> None:
+    key = "spark.sql.sources.partitionOverwriteMode"
+    before = session.conf.get(key, None)
+    session.conf.set(key, "dynamic")
+    try:
+        columns = session.table(table).columns
+        df.select(*columns).write.insertInto(table, overwrite=True)
+    finally:
+        if before is None:
+            session.conf.unset(key)
+        else:
+            session.conf.set(key, before)

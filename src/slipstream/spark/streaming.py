@@ -47,47 +47,52 @@ Micro-batch limits: every source is a slipstream processor; a source task that S
 recomputes after it finished (lost shuffle output) may emit a different amount than its
 first attempt (a retried *failed* task is safe); one job per checkpoint location.
 
-Structured Streaming limits: one ``spark_stream_source`` and no other source vertex (a
-batch source would run again in every epoch); no ``spark_dataframe_sink``; parallelism is
-fixed when the job starts (keyed state follows a change of parallelism, watermark state
-does not).
+Structured Streaming: any number of ``spark_stream_source`` vertices (one query over
+the union of their DataFrames, see :meth:`SparkStreamingJob._streaming_df`) and no other
+source vertex (a batch source would run again in every epoch); a
+``spark_dataframe_sink`` must write (``path=``/``table=``), once per epoch into its own
+partition, before the commit; list sinks keep the newest ``max_list_items`` items on
+the driver. Parallelism is fixed when the job starts (keyed state follows a change of
+parallelism, watermark state does not).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
 from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
-from slipstream.core.errors import DagError, JobFailedError
-from slipstream.core.job_handle import JobHandle
+from slipstream.core.errors import DagError
 from slipstream.engine.plan import VertexPlan, member_addresses
 from slipstream.engine.snapshot import custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
-from slipstream.spark.failures import new_failure_key, thread_died_error
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
+from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
 
-if TYPE_CHECKING:
-    from slipstream.spark.engine import SparkEngine
-
-__all__ = ["DEFAULT_EPOCH_MS", "EpochSnapshot", "SparkMicroBatchJob", "SparkStreamingJob"]
+__all__ = [
+    "DEFAULT_EPOCH_MS",
+    "DEFAULT_MAX_LIST_ITEMS",
+    "EpochSnapshot",
+    "SparkMicroBatchJob",
+    "SparkStreamingJob",
+]
 
 log = logging.getLogger("slipstream.spark.streaming")
-_ids = itertools.count(1)
 
 #: How long a source processor of a micro-batch job emits in one epoch, by default.
 DEFAULT_EPOCH_MS = 1000.0
+#: How many of the newest items a streaming job keeps per list sink on the driver, by
+#: default (a long-running query must not grow the driver's memory without bound).
+DEFAULT_MAX_LIST_ITEMS = 1_000_000
 
 
 @dataclass
@@ -105,27 +110,35 @@ def default_checkpoint_location(job_name: str) -> str:
     return os.path.join(os.getcwd(), ".slipstream", "spark-streaming", job_name)
 
 
-class _EpochJob(JobHandle):
+class _EpochJob(SparkJobBase):
     """What both kinds of streaming job on Spark share: the job API, and
     :meth:`_run_one_epoch`, THE epoch (restore, run the DAG in epoch mode, commit,
     deliver). ``metrics`` sums the per-processor counters over the epochs run by this
     job; ``epochs_committed`` and ``epochs_skipped`` (replays of already committed
-    epochs) count epochs."""
+    epochs) count epochs. ``cancel()`` stops the job (the epoch in progress is
+    abandoned and run again by the next job started from the same checkpoint)."""
 
     _kind = "stream-job"
+    _no_suspend = (
+        "is not supported on Spark: cancel() the job and start it again with the same "
+        "checkpoint_location"
+    )
 
     def __init__(
         self,
-        engine: SparkEngine,
+        engine: JobHost,
         dag: DAG,
         config: JobConfig,
         checkpoint_location: str | None,
+        max_list_items: int | None = None,
     ) -> None:
-        self.id = next(_ids)
-        self.engine = engine
-        self.dag = dag
-        self.config = config
-        self.name = config.name or f"{self._kind}-{self.id}"
+        super().__init__(engine, dag, config)
+        if max_list_items is not None and (
+            not isinstance(max_list_items, int) or max_list_items < 0
+        ):
+            raise ValueError(f"max_list_items must be an int >= 0 or None, got {max_list_items!r}")
+        #: the newest items a list sink keeps on the driver (None: all of them)
+        self.max_list_items = max_list_items
         if checkpoint_location is None:
             store = config.snapshot_store
             checkpoint_location = (
@@ -137,22 +150,12 @@ class _EpochJob(JobHandle):
         self.store = DirectorySnapshotStore(
             os.path.join(self.checkpoint_location, "slipstream-state")
         )
-        self.job_group = f"slipstream-stream-{self.id}-{uuid.uuid4().hex[:12]}"
-        self.failure_key = new_failure_key()
-        self._status = JobStatus.NOT_RUNNING
-        self._lock = threading.Lock()
-        self._terminal = threading.Event()
-        self._cancel_requested = False
-        self._error: JobFailedError | None = None
-        self._metrics: dict[str, dict[str, int]] = {}
         self.epochs_committed = 0
         self.epochs_skipped = 0
         self.last_epoch_id: int | None = None
         # for watchers (JobHandle.watch): the last committed epoch and its watermarks
         self._last_epoch: dict[str, Any] | None = None
         self._epoch_watermarks: dict[str, int | None] = {}
-        self.submission_time = time.time()
-        self.completion_time: float | None = None
         self._plans: dict[str, VertexPlan] = {}
         self._members = 1
         self._lp = 1
@@ -170,10 +173,6 @@ class _EpochJob(JobHandle):
         out["__job__"] = {"restarts": 0, "snapshots": self.epochs_committed}
         return out
 
-    def _join_error(self) -> JobFailedError:
-        assert self._error is not None
-        return self._error
-
     def watch(self) -> dict[str, Any]:
         """Per epoch (see :meth:`JobHandle.watch`): the last committed epoch as the
         snapshot, each vertex's watermark at its end. Queue fill has no meaning here."""
@@ -188,34 +187,6 @@ class _EpochJob(JobHandle):
             out["error"] = str(self._error)
         return out
 
-    def cancel(self) -> None:
-        """Stop the job (the epoch in progress is abandoned and run again by the next
-        job started from the same checkpoint)."""
-        with self._lock:
-            if self._status.is_terminal or self._cancel_requested:
-                return
-            self._cancel_requested = True
-        try:
-            self.engine.spark_context.cancelJobGroup(self.job_group)
-        except Exception:  # noqa: BLE001
-            log.debug("cancelJobGroup failed", exc_info=True)
-        self._stop()
-
-    def _stop(self) -> None:
-        """Whatever else stops the job after ``cancel()``."""
-
-    def suspend(self) -> None:
-        raise NotImplementedError(
-            "suspend() is not supported on Spark: cancel() the job and start it again "
-            "with the same checkpoint_location"
-        )
-
-    def resume(self) -> None:
-        raise NotImplementedError("resume() is not supported on Spark (see suspend())")
-
-    def restart(self) -> None:
-        raise NotImplementedError("restart() is not supported on Spark (see suspend())")
-
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(id={self.id}, name={self.name!r}, "
@@ -225,24 +196,11 @@ class _EpochJob(JobHandle):
     # -- execution ---------------------------------------------------------------------
     def _prepare(self) -> None:
         """Fix the job's shape and validate the DAG (before any epoch runs)."""
-        self._members, self._lp = self.engine._shape()
+        self._members, self._lp = self.engine.shape()
         validate(self.dag, self._lp)
         self._plans = plan_vertices(self.dag, self._members, self._lp)
         os.makedirs(self.checkpoint_location, exist_ok=True)
-        self._services = self.engine._services_broadcast()
-
-    def _thread_died(self, exc: BaseException) -> None:
-        """A driver-side thread of the job failed unexpectedly: fail the job, so
-        ``join()`` returns."""
-        log.error("job %s: the driver thread died", self.name, exc_info=exc)
-        self._error = thread_died_error(self.name, threading.current_thread().name, exc)
-        self._status = JobStatus.FAILED
-        self._terminal.set()
-
-    def _failure(self, error: BaseException) -> JobFailedError:
-        from slipstream.spark.engine import failure_error
-
-        return failure_error(self.name, error, self.failure_key)
+        self._services = self.engine.services_broadcast()
 
     def _load_state(self, snapshot_id: int) -> dict[str, Any] | None:
         """The state to restore before the epoch that commits ``snapshot_id``: the
@@ -267,7 +225,7 @@ class _EpochJob(JobHandle):
     def _run_one_epoch(
         self,
         epoch_id: int,
-        stream_rdd: Any = None,
+        streams: Mapping[str, Any] | None = None,
         *,
         epoch_ms: float | None = None,
         final: bool = False,
@@ -275,7 +233,7 @@ class _EpochJob(JobHandle):
         """Run epoch ``epoch_id`` (module doc, steps 1-4) and return the processors'
         results, or ``None`` if snapshot ``epoch_id + 1`` is already committed (a replay).
 
-        ``stream_rdd`` is the micro-batch of a ``spark_stream_source``; without it the
+        ``streams`` are the micro-batch's rows per ``spark_stream_source`` vertex; without them the
         sources are slipstream processors running for ``epoch_ms``. ``final`` runs the
         last epoch of such a job: processors restore and then complete (windows flush);
         the commit only records that the job finished."""
@@ -305,17 +263,17 @@ class _EpochJob(JobHandle):
                 default_parallelism=self._lp,
                 addresses=member_addresses(self._members),
                 services=self._services,
-                epoch=EpochInput(stream_rdd, state_bc, epoch_ms=epoch_ms, final=final),
+                epoch=EpochInput(streams, state_bc, epoch_ms=epoch_ms, final=final),
                 failure_key=self.failure_key,
             )
             records = compiled.result_rdd.collect()
+            # before the commit: a replay of this epoch overwrites what it wrote
+            write_all(engine.session, compiled, epoch_id)
         finally:
             for rdd in compiled.persisted if compiled is not None else []:
-                _quietly(rdd.unpersist)
+                quietly(rdd.unpersist)
             if state_bc is not None:
-                _quietly(state_bc.unpersist)
-
-        from slipstream.spark.engine import ordered_results
+                quietly(state_bc.unpersist)
 
         results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
         if self._before_commit is not None:
@@ -332,7 +290,9 @@ class _EpochJob(JobHandle):
             snapshot.watermarks[(r["vertex"], r["index"])] = r["watermarks"]
         self.store.write(snapshot)  # the commit point of the epoch
         committed_at = time.time()
-        engine._merge_results(results)
+        engine.merge_results(results)
+        if self.max_list_items is not None:
+            engine.trim_lists({name for r in results for name in r["lists"]}, self.max_list_items)
         with self._lock:
             for r in results:
                 m = self._metrics.setdefault(r["vertex"], {"items_in": 0, "items_out": 0})
@@ -361,23 +321,22 @@ class SparkStreamingJob(_EpochJob):
 
     def __init__(
         self,
-        engine: SparkEngine,
+        engine: JobHost,
         dag: DAG,
         config: JobConfig,
         checkpoint_location: str | None,
         trigger: Mapping[str, Any] | None,
+        max_list_items: int | None = DEFAULT_MAX_LIST_ITEMS,
     ) -> None:
-        super().__init__(engine, dag, config, checkpoint_location)
-        sources = [v for v in dag.vertices if isinstance(v.meta_supplier, SparkStreamSource)]
-        if len(sources) != 1:
-            names = [v.name for v in sources]
-            raise DagError(
-                f"a streaming job on Spark needs exactly one spark_stream_source vertex, "
-                f"got {names} (union the streaming DataFrames before the DAG)"
-            )
-        meta = sources[0].meta_supplier
-        assert isinstance(meta, SparkStreamSource)
-        self.source = meta
+        super().__init__(engine, dag, config, checkpoint_location, max_list_items)
+        self.sources: dict[str, SparkStreamSource] = {
+            v.name: v.meta_supplier
+            for v in dag.vertices
+            if isinstance(v.meta_supplier, SparkStreamSource)
+        }
+        if not self.sources:
+            raise DagError("a streaming job on Spark needs a spark_stream_source vertex")
+        self.source = next(iter(self.sources.values()))
         self.trigger = dict(trigger) if trigger else None
         self.query: Any = None
 
@@ -417,7 +376,8 @@ class SparkStreamingJob(_EpochJob):
         try:
             self._prepare()
             writer = (
-                self.source.streaming_df.writeStream.foreachBatch(self._epoch)
+                self._streaming_df()
+                .writeStream.foreachBatch(self._epoch)
                 .queryName(f"slipstream-{self.name}")
                 .option("checkpointLocation", os.path.join(self.checkpoint_location, "spark"))
             )
@@ -447,7 +407,7 @@ class SparkStreamingJob(_EpochJob):
             error = exc
         self.completion_time = time.time()
         if self._services is not None:
-            _quietly(self._services.unpersist)
+            quietly(self._services.unpersist)
         if self._error is not None:
             self._status = JobStatus.FAILED
         elif self._cancel_requested:
@@ -471,8 +431,64 @@ class SparkStreamingJob(_EpochJob):
                 self._error = error
             raise error from error.__cause__
 
+    def _streaming_df(self) -> Any:
+        """The query's input: the one source's DataFrame, or all sources' rows in one
+        union, each row tagged with its source (``_slipstream_source``) and carried as
+        a struct column of its own (``_slipstream_rows_<i>``), so the sources' schemas
+        need not match."""
+        frames = [meta.streaming_df for meta in self.sources.values()]
+        if len(frames) == 1:
+            return frames[0]
+        from pyspark.sql import functions as F  # noqa: N812
+
+        union = None
+        for i, df in enumerate(frames):
+            fields = [F.col(f"`{c}`") for c in df.columns]
+            tagged = df.select(
+                F.lit(i).alias(_SOURCE_COLUMN), F.struct(*fields).alias(f"{_ROWS_COLUMN}{i}")
+            )
+            union = tagged if union is None else union.unionByName(tagged, allowMissingColumns=True)
+        return union
+
     def _run_epoch(self, batch_df: Any, epoch_id: int) -> None:
-        self._run_one_epoch(epoch_id, batch_df.rdd)
+        names = list(self.sources)
+        if len(names) == 1:
+            self._run_one_epoch(epoch_id, {names[0]: batch_df.rdd})
+            return
+        from pyspark.sql import functions as F  # noqa: N812
+
+        batch_df.persist()  # each source's share is read from the one micro-batch
+        try:
+            streams = {
+                name: batch_df.where(F.col(_SOURCE_COLUMN) == i)
+                .select(f"{_ROWS_COLUMN}{i}")
+                .rdd.map(_first_field)
+                for i, name in enumerate(names)
+            }
+            self._run_one_epoch(epoch_id, streams)
+        finally:
+            quietly(batch_df.unpersist)
+
+
+def _vertex_watermarks(results: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Each vertex's watermark at the end of an epoch: its slowest processor's."""
+    from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
+
+    per: dict[str, list[int]] = {}
+    for r in results:
+        lst = per.setdefault(r["vertex"], [])
+        wm = (r.get("watermarks") or {}).get("tasklet", {}).get("last_emitted")
+        if isinstance(wm, int) and NO_WATERMARK < wm < MAX_TIMESTAMP:
+            lst.append(wm)
+    return {v: (min(w) if w else None) for v, w in per.items()}
+
+
+_SOURCE_COLUMN = "_slipstream_source"
+_ROWS_COLUMN = "_slipstream_rows_"
+
+
+def _first_field(row: Any) -> Any:
+    return row[0]
 
 
 class SparkMicroBatchJob(_EpochJob):
@@ -494,11 +510,12 @@ class SparkMicroBatchJob(_EpochJob):
 
     def __init__(
         self,
-        engine: SparkEngine,
+        engine: JobHost,
         dag: DAG,
         config: JobConfig,
         checkpoint_location: str | None,
         epoch_ms: float = DEFAULT_EPOCH_MS,
+        max_list_items: int | None = DEFAULT_MAX_LIST_ITEMS,
     ) -> None:
         if (
             isinstance(epoch_ms, bool)
@@ -506,7 +523,7 @@ class SparkMicroBatchJob(_EpochJob):
             or not (epoch_ms > 0 and epoch_ms != float("inf"))
         ):
             raise ValueError(f"epoch_ms must be a finite number > 0, got {epoch_ms!r}")
-        super().__init__(engine, dag, config, checkpoint_location)
+        super().__init__(engine, dag, config, checkpoint_location, max_list_items)
         self.epoch_ms = float(epoch_ms)
         sources = [v for v in dag.vertices if not dag.inbound_edges(v)]
         spark = [
@@ -577,7 +594,7 @@ class SparkMicroBatchJob(_EpochJob):
     def _finish(self, error: BaseException | None) -> None:
         self.completion_time = time.time()
         if self._services is not None:
-            _quietly(self._services.unpersist)
+            quietly(self._services.unpersist)
         if self._finished:
             self._status = JobStatus.COMPLETED
         elif self._cancel_requested:
@@ -587,23 +604,3 @@ class SparkMicroBatchJob(_EpochJob):
             self._error = self._failure(error)
             self._status = JobStatus.FAILED
         self._terminal.set()
-
-
-def _vertex_watermarks(results: list[dict[str, Any]]) -> dict[str, int | None]:
-    """Each vertex's watermark at the end of an epoch: its slowest processor's."""
-    from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
-
-    per: dict[str, list[int]] = {}
-    for r in results:
-        lst = per.setdefault(r["vertex"], [])
-        wm = (r.get("watermarks") or {}).get("tasklet", {}).get("last_emitted")
-        if isinstance(wm, int) and NO_WATERMARK < wm < MAX_TIMESTAMP:
-            lst.append(wm)
-    return {v: (min(w) if w else None) for v, w in per.items()}
-
-
-def _quietly(fn: Any) -> None:
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - cleanup only
-        log.debug("cleanup failed", exc_info=True)

@@ -4,52 +4,56 @@ A compiled vertex becomes an RDD with one partition per processor (partition ind
 global processor index). Its task function, :class:`VertexTask`, is called by
 ``mapPartitionsWithIndex`` on the executor and
 
-1. rebuilds the processor's inbound queues from the partition's records: one
-   ``SpscQueue`` per (edge, producer), filled completely, in the producer's order;
-2. builds the processor from the member's shipped supplier (``supplier.get(lp)``, taking
+1. builds the processor from the member's shipped supplier (``supplier.get(lp)``, taking
    the one at this local index and closing the others);
-3. wraps it in :class:`slipstream.engine.tasklet.ProcessorTasklet` with
-   ``InboundEdgeStream``\\ s over those queues and collectors from
-   :func:`slipstream.engine.plan.make_collector` (so routing is the embedded engine's),
-   and calls ``tasklet.call()`` until it reports ``DONE`` (all input is present, so no
-   threads and no waiting are needed);
+2. wraps it in :class:`slipstream.engine.tasklet.ProcessorTasklet` with the inbound
+   queues of a :class:`~slipstream.spark.feed.InputFeed` (one ``SpscQueue`` per (edge,
+   producer)) and collectors from :func:`slipstream.engine.plan.make_collector` (so
+   routing is the embedded engine's);
+3. calls ``tasklet.call()`` until it reports ``DONE``, moving the partition's next
+   record into its queue whenever the tasklet has consumed the last one: the input
+   arrives already ordered (Spark sorts a shuffled edge, :mod:`slipstream.spark.shuffle`),
+   so the task holds the current record, not its partition;
 4. turns what the collectors pushed into the output queues into records for the next
-   stage, and finally yields one result record with the task's metrics and the lists
-   and maps the processor wrote.
+   stage as it goes, and finally yields one result record with the task's metrics and
+   the lists and maps the processor wrote.
+
+How the job runs (batch, an epoch of a streaming job, ...) is one :class:`RunMode`,
+chosen on the driver.
 
 Records are ``(target_global_index, payload)``. Data payloads are
 ``(edge_id, producer_index, seq, entry)`` where ``entry`` is a chunk (a ``list`` of
 items) or one special item (``Watermark``, ``IDLE_MESSAGE``, ``DONE_ITEM``); chunks are
 merged up to :data:`MAX_RECORD_ITEMS` so shuffles move few, big records. ``seq``
-restores the producer's order on the consumer side. Result payloads are
+numbers the records of one (edge, producer, target) queue. Result payloads are
 ``(RESULT_TAG, dict)``; DataFrame-sink rows are ``(ROWS_TAG, list)``.
 """
 
 from __future__ import annotations
 
 import copy
+import enum
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any, cast
 
 import cloudpickle
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.dag import Edge
-from slipstream.core.items import DONE_ITEM, SnapshotBarrier, Watermark
+from slipstream.core.items import SnapshotBarrier, Watermark
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.services import InMemoryServices
 from slipstream.core.suppliers import FactorySupplier, ProcessorSupplier, SupplierContext
 from slipstream.engine.coalescer import WatermarkCoalescer
 from slipstream.engine.collectors import Collector, RoundRobinCollector
-from slipstream.engine.inbound import InboundEdgeStream
 from slipstream.engine.plan import VertexPlan, edge_targets, make_collector
 from slipstream.engine.queues import UNBOUNDED, SpscQueue
 from slipstream.engine.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
 from slipstream.spark.failures import ProcessorFailure, encode_failure
+from slipstream.spark.feed import RESULT_TAG, ROWS_TAG, InputFeed
 
 __all__ = [
     "RESULT_TAG",
@@ -57,6 +61,7 @@ __all__ = [
     "MAX_RECORD_ITEMS",
     "InboundSpec",
     "OutboundSpec",
+    "RunMode",
     "VertexTask",
     "TaskServices",
     "RowSourceP",
@@ -67,9 +72,6 @@ __all__ = [
     "capture_watermarks",
     "restore_watermarks",
 ]
-
-RESULT_TAG = -1
-ROWS_TAG = -2
 
 #: Consecutive chunks of one queue are merged into records of up to this many items.
 MAX_RECORD_ITEMS = 16384
@@ -183,6 +185,34 @@ class RowSourceP(AbstractProcessor):
         return self.emit_from(self._it)
 
 
+class RunMode(enum.Enum):
+    """How a compiled DAG runs, chosen once on the driver for the whole job.
+
+    * ``BATCH``: a batch job; processors complete and take no snapshot;
+    * ``STREAM_EPOCH``: one micro-batch of a Structured Streaming query; the stream
+      source emits the epoch's rows, then every processor saves its state with the
+      terminal epoch barrier instead of completing;
+    * ``MICRO_EPOCH``: one epoch of a driver-driven micro-batch job; each slipstream
+      source runs for up to ``epoch_ms`` (:class:`EpochSourceGate`), then as above;
+    * ``FINAL``: the last run of a micro-batch job: restore, then complete as a batch.
+    """
+
+    BATCH = "batch"
+    STREAM_EPOCH = "stream-epoch"
+    MICRO_EPOCH = "micro-epoch"
+    FINAL = "final"
+
+    @property
+    def epoch(self) -> bool:
+        """The run ends with the terminal epoch snapshot (state saved, no completion)."""
+        return self is RunMode.STREAM_EPOCH or self is RunMode.MICRO_EPOCH
+
+    @property
+    def restores(self) -> bool:
+        """Processors first restore the state committed by the previous epoch."""
+        return self is not RunMode.BATCH
+
+
 @dataclass
 class VertexTask:
     """The ``mapPartitionsWithIndex`` function of one vertex (pickled to executors)."""
@@ -195,17 +225,18 @@ class VertexTask:
     suppliers: list[ProcessorSupplier] | None
     inbound: list[InboundSpec] = field(default_factory=list)
     outbound: list[OutboundSpec] = field(default_factory=list)
+    mode: RunMode = RunMode.BATCH
+    #: a Spark DataFrame/RDD/stream source: its processor emits the partition's rows,
+    #: each converted by ``row_map_fn`` if given (``suppliers`` is then ``None``)
     row_source: bool = False
     row_map_fn: Callable[[Any], Any] | None = None
     dataframe_sink: str | None = None
     services: Any = None
-    epoch_mode: bool = False
+    #: the state to restore (``mode.restores``): a broadcast of ``{"restore": ...,
+    #: "watermarks": ...}`` (see :class:`slipstream.spark.compile.EpochInput`)
     epoch_state: Any = None
-    #: epoch mode of a driver-driven micro-batch job: a source processor (no inbound
-    #: edge) calls ``complete()`` for at most this long, then takes the epoch barrier
-    source_epoch_ms: float | None = None
-    #: the last run of a micro-batch job: restore ``epoch_state``, then complete normally
-    final_run: bool = False
+    #: ``MICRO_EPOCH``: how long a source processor (no inbound edge) runs per epoch
+    epoch_ms: float | None = None
     #: the job's key for signing failure markers (:mod:`slipstream.spark.failures`)
     failure_key: bytes = b""
 
@@ -214,13 +245,59 @@ class VertexTask:
 
     # ------------------------------------------------------------------ the run
     def _run(self, index: int, records: Iterator[Any]) -> Iterator[Record]:
-        lp = self.local_parallelism
-        member, local = divmod(index, lp)
+        """Build the processor and its tasklet, drive it while streaming the input in
+        (:class:`~slipstream.spark.feed.InputFeed`) and the output out, then yield the
+        task's result record."""
+        member, local = divmod(index, self.local_parallelism)
         services = TaskServices(self.services)
-        epoch = self.epoch_mode
         # an epoch of a streaming job snapshots every processor's state at its end
-        guarantee = ProcessingGuarantee.EXACTLY_ONCE if epoch else self.guarantee
-        context = Context(
+        guarantee = ProcessingGuarantee.EXACTLY_ONCE if self.mode.epoch else self.guarantee
+        context = self._context(index, member, local, guarantee, services)
+        feed: InputFeed | None = None
+        supplier: ProcessorSupplier | None = None
+        processor: Processor | None = None
+        tasklet: ProcessorTasklet | None = None
+        error: BaseException | None = None
+        run = _RunState()
+        try:
+            if self.inbound:
+                feed = InputFeed(
+                    self.inbound,
+                    index,
+                    records,
+                    exactly_once=self.guarantee is ProcessingGuarantee.EXACTLY_ONCE,
+                    epoch=self.mode.epoch,
+                )
+            supplier, processor = self._processor(member, local, records, run)
+            outputs, collectors = self._outbound(index)
+            tasklet = self._tasklet(index, processor, context, feed, collectors, guarantee, run)
+            yield from _drive(tasklet, feed, outputs, index, run.sent_wm)
+        except GeneratorExit:
+            error = RuntimeError("the Spark task was stopped")
+            raise
+        except ProcessorFailure as exc:
+            error = exc  # an upstream processor failed (PySpark pipelined it into this task)
+            raise
+        except Exception as exc:
+            error = exc
+            raise encode_failure(self.vertex, index, exc, self.failure_key) from exc
+        finally:
+            _close(tasklet, processor, supplier, error, self.vertex, index, self.failure_key)
+
+        assert tasklet is not None
+        yield from self._result_records(index, tasklet, context, services, run)
+
+    # ------------------------------------------------------------------ steps
+    def _context(
+        self,
+        index: int,
+        member: int,
+        local: int,
+        guarantee: ProcessingGuarantee,
+        services: TaskServices,
+    ) -> Context:
+        lp = self.local_parallelism
+        return Context(
             vertex_name=self.vertex,
             global_processor_index=index,
             local_processor_index=local,
@@ -233,116 +310,72 @@ class VertexTask:
             services=services,
         )
 
-        streams: list[InboundEdgeStream] = []
-        if self.inbound:
-            buffers: dict[tuple[int, int], list[tuple[int, Any]]] = {}
-            passed_on: list[Record] = []
-            try:
-                for target, payload in records:
-                    tag = payload[0]
-                    if tag >= 0:
-                        key = (tag, payload[1])
-                        buf = buffers.get(key)
-                        if buf is None:
-                            buf = buffers[key] = []
-                        buf.append((payload[2], payload[3]))
-                    elif tag == RESULT_TAG:
-                        passed_on.append((target, payload))  # an upstream task's result
-                streams = self._inbound_streams(index, buffers)
-            except ProcessorFailure:
-                raise  # an upstream processor failed (PySpark pipelined it into this task)
-            except Exception as exc:
-                raise encode_failure(self.vertex, index, exc, self.failure_key) from exc
-            yield from passed_on
+    def _processor(
+        self, member: int, local: int, records: Iterator[Any], run: _RunState
+    ) -> tuple[ProcessorSupplier | None, Processor]:
+        """The processor (a row source's reads the partition's rows), gated for a
+        micro-batch epoch if it is a source; ``run.epoch_source`` is what ends an
+        epoch (see :class:`EpochSnapshotSink`)."""
+        if self.row_source:
+            if self.mode.epoch:
+                rows = StreamRowSourceP(records, self.row_map_fn)
+                run.epoch_source = rows
+                return None, rows
+            return None, RowSourceP(records, self.row_map_fn)
+        supplier, processor = self._make_processor(member, local)
+        if self.mode is RunMode.MICRO_EPOCH and not self.inbound:
+            assert self.epoch_ms is not None
+            gate = EpochSourceGate(processor, self.epoch_ms)
+            run.epoch_source = run.gate = gate
+            processor = cast(Processor, gate)
+        return supplier, processor
 
-        supplier: ProcessorSupplier | None = None
-        processor: Processor | None = None
-        tasklet: ProcessorTasklet | None = None
-        error: BaseException | None = None
-        epoch_sink: EpochSnapshotSink | None = None
-        gate: EpochSourceGate | None = None
-        try:
-            if self.row_source:
-                processor = (StreamRowSourceP if epoch else RowSourceP)(records, self.row_map_fn)
-            else:
-                supplier, processor = self._make_processor(member, local)
-                if epoch and self.source_epoch_ms is not None and not self.inbound:
-                    gate = EpochSourceGate(processor, self.source_epoch_ms)
-                    processor = cast(Processor, gate)
-            outputs, collectors = self._outbound(index)
-            restore: list[Any] | None = None
-            saved_wm: Any = None
-            # epoch mode: the last watermark sent per outbound edge, across epochs
-            sent_wm: dict[int, int] | None = None
-            if epoch or self.final_run:
-                if epoch:
-                    epoch_sink = EpochSnapshotSink(
-                        gate
-                        if gate is not None
-                        else processor
-                        if isinstance(processor, StreamRowSourceP)
-                        else None
-                    )
-                state = _value(self.epoch_state) or {}
-                if state.get("restore") is not None:
-                    restore = list(state["restore"].get((self.vertex, index), []))
-                saved_wm = (state.get("watermarks") or {}).get((self.vertex, index))
-                sent_wm = dict(saved_wm["sent"]) if saved_wm is not None else {}
-            tasklet = ProcessorTasklet(
-                processor,
-                context,
-                streams,
-                collectors,
-                guarantee=guarantee,
-                snapshot_sink=epoch_sink,
-                restore_entries=restore,
-            )
-            if saved_wm is not None:
-                restore_watermarks(tasklet, saved_wm)
-            tasklet.init()
-            seq = itertools.count()
-            calls = 0
-            idle = 0
-            call = tasklet.call
-            while True:
-                r = call()
-                if r == DONE:
-                    break
-                if r == NO_PROGRESS:
-                    # All input is present and the output is unbounded, so only a processor
-                    # waiting for time (or a never-ending source) gets here: back off.
-                    idle += 1
-                    if idle > 64:
-                        time.sleep(min(0.001, 0.00002 * (1 << min(idle - 64, 6))))
-                else:
-                    idle = 0
-                calls += 1
-                if calls % _DRAIN_CHECK_EVERY == 0 and _pending(outputs) >= _DRAIN_THRESHOLD:
-                    yield from _drain(outputs, index, seq, sent_wm)
-            yield from _drain(outputs, index, seq, sent_wm)
-        except GeneratorExit:
-            error = RuntimeError("the Spark task was stopped")
-            raise
-        except Exception as exc:
-            error = exc
-            raise encode_failure(self.vertex, index, exc, self.failure_key) from exc
-        finally:
-            if error is not None:
-                try:
-                    if tasklet is not None:
-                        tasklet.close()
-                    elif processor is not None:
-                        processor.close()
-                except Exception:  # noqa: BLE001 - close errors must not hide the failure
-                    pass
-            if supplier is not None:
-                try:
-                    supplier.close(error)
-                except Exception as exc:  # noqa: BLE001
-                    if error is None:
-                        raise encode_failure(self.vertex, index, exc, self.failure_key) from exc
+    def _tasklet(
+        self,
+        index: int,
+        processor: Processor,
+        context: Context,
+        feed: InputFeed | None,
+        collectors: list[Collector],
+        guarantee: ProcessingGuarantee,
+        run: _RunState,
+    ) -> ProcessorTasklet:
+        """The shared tasklet over the feed's streams, restored from the previous
+        epoch's state when the mode says so."""
+        restore: list[Any] | None = None
+        saved_wm: Any = None
+        if self.mode.restores:
+            if self.mode.epoch:
+                run.epoch_sink = EpochSnapshotSink(run.epoch_source)
+            state = _value(self.epoch_state) or {}
+            if state.get("restore") is not None:
+                restore = list(state["restore"].get((self.vertex, index), []))
+            saved_wm = (state.get("watermarks") or {}).get((self.vertex, index))
+            run.sent_wm = dict(saved_wm["sent"]) if saved_wm is not None else {}
+        tasklet = ProcessorTasklet(
+            processor,
+            context,
+            feed.streams if feed is not None else [],
+            collectors,
+            guarantee=guarantee,
+            snapshot_sink=run.epoch_sink,
+            restore_entries=restore,
+        )
+        if saved_wm is not None:
+            restore_watermarks(tasklet, saved_wm)
+        tasklet.init()
+        return tasklet
 
-        assert tasklet is not None
+    def _result_records(
+        self,
+        index: int,
+        tasklet: ProcessorTasklet,
+        context: Context,
+        services: TaskServices,
+        run: _RunState,
+    ) -> Iterator[Record]:
+        """The DataFrame sink's rows (if any), then the one result record of the task:
+        metrics, the lists/maps it changed, and an epoch's snapshot."""
         metrics = {
             "items_in": tasklet.items_in,
             "items_out": sum(c.items_out for c in tasklet.collectors),
@@ -362,64 +395,14 @@ class VertexTask:
             "lists": lists,
             "maps": maps,
         }
-        if epoch_sink is not None:
-            result["snapshot"] = epoch_sink.blobs
-            result["watermarks"] = {**capture_watermarks(tasklet), "sent": sent_wm}
-        if gate is not None:
-            result["source_done"] = gate.done
+        if run.epoch_sink is not None:
+            result["snapshot"] = run.epoch_sink.blobs
+            result["watermarks"] = {**capture_watermarks(tasklet), "sent": run.sent_wm}
+        if run.gate is not None:
+            result["source_done"] = run.gate.done
         yield (0, (RESULT_TAG, result))
 
     # ------------------------------------------------------------------ helpers
-    def _inbound_streams(
-        self, index: int, buffers: dict[tuple[int, int], list[tuple[int, Any]]]
-    ) -> list[InboundEdgeStream]:
-        exactly_once = self.guarantee is ProcessingGuarantee.EXACTLY_ONCE
-        streams = []
-        by_seq = itemgetter(0)
-        for spec in self.inbound:
-            if not spec.producers[index]:
-                # nothing feeds this processor on this edge (e.g. all-to-one): like the
-                # embedded engine's plan, it gets no stream for the edge at all
-                continue
-            queues = []
-            for producer in spec.producers[index]:
-                q = SpscQueue(UNBOUNDED, f"{spec.label}, producer {producer}")
-                buf = buffers.pop((spec.edge_id, producer), None)
-                if buf:
-                    buf.sort(key=by_seq)  # linear when already in order (the usual case)
-                if not buf or not (
-                    buf[-1][1] is DONE_ITEM
-                    or (self.epoch_mode and type(buf[-1][1]) is SnapshotBarrier)
-                ):
-                    raise RuntimeError(
-                        f"{spec.label}: the input from producer {producer} to processor "
-                        f"{index} is incomplete (no end-of-stream mark); this is a bug "
-                        "in the Spark engine"
-                    )
-                entries = q.entries
-                size = 0
-                for _seq, entry in buf:
-                    entries.append(entry)
-                    size += len(entry) if type(entry) is list else 1
-                q.put_count = size
-                queues.append(q)
-            streams.append(
-                InboundEdgeStream(
-                    spec.ordinal,
-                    spec.priority,
-                    queues,
-                    exactly_once=exactly_once,
-                    label=spec.label,
-                )
-            )
-        if buffers:
-            unknown = sorted(buffers)
-            raise RuntimeError(
-                f"processor {index} received records of unexpected (edge, producer) pairs "
-                f"{unknown[:5]}; this is a bug in the Spark engine"
-            )
-        return streams
-
     def _make_processor(self, member: int, local: int) -> tuple[ProcessorSupplier, Processor]:
         assert self.suppliers is not None
         supplier = self.suppliers[member]
@@ -468,6 +451,89 @@ class VertexTask:
             outputs.append((spec.edge_id, targets, queues))
             collectors.append(collector)
         return outputs, collectors
+
+
+@dataclass
+class _RunState:
+    """What one task's steps share beyond the tasklet (epoch bookkeeping)."""
+
+    #: what decides when an epoch ends (a stream row source or a gated source)
+    epoch_source: StreamRowSourceP | EpochSourceGate | None = None
+    gate: EpochSourceGate | None = None
+    epoch_sink: EpochSnapshotSink | None = None
+    #: epoch modes: the last watermark sent per outbound edge, across epochs
+    sent_wm: dict[int, int] | None = None
+
+
+def _drive(
+    tasklet: ProcessorTasklet,
+    feed: InputFeed | None,
+    outputs: list[tuple[int, list[int], list[SpscQueue]]],
+    index: int,
+    sent_wm: dict[int, int] | None,
+) -> Iterator[Record]:
+    """Call the tasklet until it is done, feeding it the next input record whenever it
+    has consumed the last one (or cannot progress without more) and turning its output
+    into records whenever enough has accumulated. No threads and no waiting: the input
+    is an iterator and the output queues are unbounded."""
+    seqs: dict[tuple[int, int], int] = {}
+    calls = 0
+    idle = 0
+    call = tasklet.call
+    while True:
+        if feed is not None and feed.starved():
+            passed = feed.pull()
+            if passed is not None:
+                yield passed  # an upstream task's result travels on
+        r = call()
+        if r == DONE:
+            break
+        if r == NO_PROGRESS:
+            if feed is not None and not feed.exhausted:
+                passed = feed.pull()
+                if passed is not None:
+                    yield passed
+                continue
+            # All input is in and the output is unbounded, so only a processor waiting
+            # for time (or a never-ending source) gets here: back off.
+            idle += 1
+            if idle > 64:
+                time.sleep(min(0.001, 0.00002 * (1 << min(idle - 64, 6))))
+        else:
+            idle = 0
+        calls += 1
+        if calls % _DRAIN_CHECK_EVERY == 0 and _pending(outputs) >= _DRAIN_THRESHOLD:
+            yield from _drain(outputs, index, seqs, sent_wm)
+    yield from _drain(outputs, index, seqs, sent_wm)
+    if feed is not None:
+        yield from feed.rest()
+
+
+def _close(
+    tasklet: ProcessorTasklet | None,
+    processor: Processor | None,
+    supplier: ProcessorSupplier | None,
+    error: BaseException | None,
+    vertex: str,
+    index: int,
+    failure_key: bytes,
+) -> None:
+    """Close the processor on failure (the tasklet closed it on success) and the
+    supplier always; a supplier's close error fails an otherwise good task."""
+    if error is not None:
+        try:
+            if tasklet is not None:
+                tasklet.close()
+            elif processor is not None:
+                processor.close()
+        except Exception:  # noqa: BLE001 - close errors must not hide the failure
+            pass
+    if supplier is not None:
+        try:
+            supplier.close(error)
+        except Exception as exc:  # noqa: BLE001
+            if error is None:
+                raise encode_failure(vertex, index, exc, failure_key) from exc
 
 
 class StreamRowSourceP(AbstractProcessor):
@@ -610,7 +676,7 @@ def _pending(outputs: list[tuple[int, list[int], list[SpscQueue]]]) -> int:
 def _drain(
     outputs: list[tuple[int, list[int], list[SpscQueue]]],
     index: int,
-    seq: Iterator[int],
+    seqs: dict[tuple[int, int], int],
     sent_wm: dict[int, int] | None = None,
 ) -> Iterator[Record]:
     """Turn everything in the output queues into records, merging consecutive chunks.
@@ -627,6 +693,9 @@ def _drain(
             entries = q.entries
             if not entries:
                 continue
+            # the record sequence of this (edge, target) queue: a consumer restores the
+            # order from it (it is part of the shuffle's sort key)
+            seq = itertools.count(seqs.get((edge_id, target), 0))
             floor = start  # every queue of the edge gets the same specials, in order
             parts: list[list[Any]] = []
             size = 0
@@ -657,6 +726,7 @@ def _drain(
                 yield (target, (edge_id, index, next(seq), entry))
             if parts:
                 yield (target, (edge_id, index, next(seq), _merge(parts)))
+            seqs[(edge_id, target)] = next(seq)
             q.take_count += taken
         if sent_wm is not None and top is not None:
             sent_wm[edge_id] = top

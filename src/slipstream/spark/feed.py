@@ -1,0 +1,130 @@
+"""Streaming a Spark task's input into its tasklet, one record at a time.
+
+A task's partition iterator yields ``(target, payload)`` records, already in the order
+the task consumes them: a shuffled input is sorted by Spark
+(:mod:`slipstream.spark.shuffle`), a narrow input is the producer's own output in its
+order. :class:`InputFeed` owns the tasklet's inbound queues (one per edge and producer,
+as on the embedded engine) and moves the next record into its queue only when the
+tasklet needs more input, so the task holds the current record or two, never its
+whole partition. The tasklet (:class:`~slipstream.engine.tasklet.ProcessorTasklet`)
+does everything else exactly as on the embedded engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from slipstream.core.items import DONE_ITEM, SnapshotBarrier
+from slipstream.engine.inbound import InboundEdgeStream
+from slipstream.engine.queues import UNBOUNDED, SpscQueue
+
+__all__ = ["InputFeed", "RESULT_TAG", "ROWS_TAG"]
+
+RESULT_TAG = -1
+ROWS_TAG = -2
+
+Record = tuple[int, tuple[Any, ...]]
+
+
+class InputFeed:
+    """The inbound side of one task: its queues, their streams, and the record stream.
+
+    ``specs`` are the vertex's :class:`~slipstream.spark.task.InboundSpec`\\ s;
+    ``epoch`` accepts the terminal snapshot barrier as the end of a queue (an epoch of
+    a streaming job ends with it instead of end-of-stream)."""
+
+    def __init__(
+        self,
+        specs: Sequence[Any],
+        index: int,
+        records: Iterable[Record],
+        *,
+        exactly_once: bool,
+        epoch: bool,
+    ) -> None:
+        self.index = index
+        self.epoch = epoch
+        self._records = iter(records)
+        self.exhausted = False
+        self.queues: dict[tuple[int, int], SpscQueue] = {}
+        self._labels: dict[tuple[int, int], str] = {}
+        self._last_seq: dict[tuple[int, int], int] = {}
+        self._ended: set[tuple[int, int]] = set()
+        self._last: SpscQueue | None = None
+        self.streams: list[InboundEdgeStream] = []
+        for spec in specs:
+            producers = spec.producers[index]
+            if not producers:
+                # nothing feeds this processor on this edge (e.g. all-to-one): like the
+                # embedded engine's plan, it gets no stream for the edge at all
+                continue
+            queues = []
+            for producer in producers:
+                q = SpscQueue(UNBOUNDED, f"{spec.label}, producer {producer}")
+                self.queues[(spec.edge_id, producer)] = q
+                self._labels[(spec.edge_id, producer)] = spec.label
+                queues.append(q)
+            self.streams.append(
+                InboundEdgeStream(
+                    spec.ordinal, spec.priority, queues, exactly_once=exactly_once, label=spec.label
+                )
+            )
+
+    def starved(self) -> bool:
+        """Whether the tasklet has consumed the last record fed (more is needed)."""
+        last = self._last
+        return not self.exhausted and (last is None or not last.entries)
+
+    def pull(self) -> Record | None:
+        """Move the next record into its queue. Returns a record the task must pass on
+        unchanged (an upstream task's result), else ``None``."""
+        try:
+            record = next(self._records)
+        except StopIteration:
+            self.exhausted = True
+            self._check_complete()
+            return None
+        payload = record[1]
+        tag = payload[0]
+        if tag < 0:
+            return record if tag == RESULT_TAG else None
+        key = (tag, payload[1])
+        q = self.queues.get(key)
+        if q is None or key in self._ended:
+            what = "unexpected" if q is None else "after the end of its queue"
+            raise RuntimeError(
+                f"processor {self.index} received a record of (edge, producer) {key} "
+                f"{what}; this is a bug in the Spark engine"
+            )
+        seq = payload[2]
+        if seq <= self._last_seq.get(key, -1):
+            raise RuntimeError(
+                f"{self._labels[key]}: records from producer {key[1]} to processor "
+                f"{self.index} arrived out of order; this is a bug in the Spark engine"
+            )
+        self._last_seq[key] = seq
+        entry = payload[3]
+        q.entries.append(entry)
+        q.put_count += len(entry) if type(entry) is list else 1
+        if entry is DONE_ITEM or (self.epoch and type(entry) is SnapshotBarrier):
+            self._ended.add(key)
+        self._last = q
+        return None
+
+    def rest(self) -> Iterator[Record]:
+        """After the tasklet is done: the remaining records to pass on (there must be no
+        more data)."""
+        while not self.exhausted:
+            passed = self.pull()
+            if passed is not None:
+                yield passed
+
+    def _check_complete(self) -> None:
+        for key in self.queues:
+            if key not in self._ended:
+                raise RuntimeError(
+                    f"{self._labels[key]}: the input from producer {key[1]} to processor "
+                    f"{self.index} is incomplete (no end-of-stream mark); this is a bug "
+                    "in the Spark engine"
+                )
