@@ -53,7 +53,8 @@ def _dag() -> DAG:
 
 
 def test_micro_batch_job_on_the_dashboard(spark_session: Any, tmp_path: Path) -> None:
-    engine = ss.spark(spark_session)
+    # one member: the DAG windows behind a member-local partitioned edge (single stage)
+    engine = ss.spark(spark_session, members=1)
     server = DashboardServer(lambda: engine.jobs, 0)
     try:
         job = engine.new_job(
