@@ -246,11 +246,11 @@ def _guarantee(a: argparse.Namespace) -> ProcessingGuarantee:
     return ProcessingGuarantee[g.upper().replace("-", "_")]
 
 
-def _resume_from(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> Any:
-    """``--resume``: the snapshot store's directory when it holds a committed snapshot
-    (the job then continues from it), else ``None`` (a fresh start, said out loud)."""
+def _check_resume(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> None:
+    """``--resume`` (``JobConfig(resume=True)``): say whether the job continues from the
+    store's last committed snapshot or starts from the beginning."""
     if not a.resume:
-        return None
+        return
     if not a.snapshot_store:
         raise CliError("--resume needs --snapshot-store DIR (the store the job wrote before)")
     if guarantee is ProcessingGuarantee.NONE:
@@ -258,19 +258,18 @@ def _resume_from(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> Any:
     from slipstream.engine.snapshot_store import DirectorySnapshotStore
 
     store = DirectorySnapshotStore(a.snapshot_store)
-    ids = store.committed_ids()
-    if not ids:
-        print(f"no committed snapshot in {a.snapshot_store}: starting from the beginning", file=sys.stderr)
-        return None
-    print(f"resuming from snapshot {ids[-1]} in {a.snapshot_store}", file=sys.stderr)
-    return a.snapshot_store
+    owner = store.owner()
+    if owner is None or owner.completed:
+        print(f"no snapshot to resume in {a.snapshot_store}: starting from the beginning", file=sys.stderr)
+    else:
+        print(f"resuming from snapshot {store.committed_ids()[-1]} in {a.snapshot_store}", file=sys.stderr)
 
 
 def cmd_run(a: argparse.Namespace) -> int:
     dag, module = build_dag(a)
     guarantee = _guarantee(a)
-    restore = _resume_from(a, guarantee)
-    if a.engine == "spark" and (restore is not None or a.resume):
+    _check_resume(a, guarantee)
+    if a.engine == "spark" and a.resume:
         raise CliError("--resume is supported on the local engine (Spark resumes from its checkpoint)")
     engine, server = _engine(a, module)
     url = server.url if server is not None else getattr(engine, "dashboard_url", None)
@@ -281,6 +280,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         processing_guarantee=guarantee,
         snapshot_interval_ms=a.snapshot_interval_ms,
         snapshot_store=a.snapshot_store,
+        resume=a.resume,
     )
     start = time.monotonic()
     from slipstream.dashboard.console import Progress
@@ -290,7 +290,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set()) if in_main else None
     progress: Progress | None = None
     try:
-        job = engine.new_job(dag, config, restore_from=restore) if restore else engine.new_job(dag, config)
+        job = engine.new_job(dag, config)
         progress = None if a.quiet else Progress(job, interval=a.interval)
         while not stop.is_set():
             try:

@@ -33,6 +33,7 @@ def run_job(dag: DAG, guarantee: ProcessingGuarantee, tmp: str, interval: int = 
         snapshot_interval_ms=interval,
         snapshot_store=tmp,
         max_restarts=kw.pop("max_restarts", 20),
+        restart_delay_ms=1,  # back-off is tested in test_snapshot_store.py; keep this lean
     )
     job = engine.new_job(dag, cfg, **kw)
     return engine, job
