@@ -35,7 +35,7 @@ class Sampler:
     def describe(self, job: Any, job_key: Any = None) -> dict[str, Any]:
         """A JSON-ready description of ``job`` (see docs/watching.md for the fields)."""
         now = self._clock()
-        metrics = _safe(lambda: job.metrics, {})
+        metrics = _read_metrics(job)
         watch = _safe(job.watch, {}) if hasattr(job, "watch") else {}
         status = job.status.value if hasattr(job.status, "value") else str(job.status)
         key = job_key if job_key is not None else id(job)
@@ -44,7 +44,8 @@ class Sampler:
             for v, m in metrics.items()
             if not v.startswith("__")
         }
-        rates = self._rates(key, now, totals, terminal=_is_terminal(job))
+        # an unreadable moment (no totals) must not turn the next reading into a spike
+        rates = self._rates(key, now, totals, terminal=_is_terminal(job)) if totals else {}
         wms = watch.get("watermarks", {})
         fills = watch.get("queue_fill", {})
         par = watch.get("parallelism", {})
@@ -135,6 +136,19 @@ def _is_terminal(job: Any) -> bool:
 def _engine_kind(job: Any) -> str:
     mod = type(job).__module__
     return "spark" if ".spark" in mod else "local"
+
+
+def _read_metrics(job: Any) -> dict[str, Any]:
+    """``job.metrics``, retried: it sums counters the job's threads are updating, and a
+    processor adding its first counter of a kind mid-read makes the read fail."""
+    for _ in range(5):
+        try:
+            return dict(job.metrics)
+        except RuntimeError:
+            continue
+        except Exception:  # noqa: BLE001
+            break
+    return {}
 
 
 def _safe(fn: Any, default: Any) -> Any:
