@@ -237,3 +237,11 @@ def test_run_a_function_returning_a_pipeline(tmp_path: Path) -> None:
     r = run(tmp_path, "run", "mypipe:build")
     assert r.returncode == 0, r.stderr
     assert output(tmp_path) == list(range(1, 11))
+
+
+def test_the_demo_dag_make_demo_points_to_loads(tmp_path: Path) -> None:
+    # `make demo` tells the user to run examples/trade_monitor.py:watch_dag with --dashboard
+    example = Path(__file__).resolve().parent.parent / "examples" / "trade_monitor.py"
+    r = run(tmp_path, "dot", f"{example}:watch_dag", "--svg", "-", "--", "--rate", "100")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("<svg") and 'data-vertex="trades"' in r.stdout
