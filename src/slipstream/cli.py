@@ -221,8 +221,15 @@ def _engine(a: argparse.Namespace, module: ModuleType) -> tuple[Any, Any]:
         import slipstream
 
         if module.__name__ not in ("__main__",) and not module.__name__.startswith("slipstream"):
-            # executors cannot import the target's module: ship its code by value
+            # executors cannot import the target's module: ship its code by value, with
+            # both picklers (Spark serialises closures with its own copy of cloudpickle)
             cloudpickle.register_pickle_by_value(module)
+            try:
+                from pyspark import cloudpickle as spark_cloudpickle
+            except ImportError:
+                pass  # slipstream.spark() below says what to install
+            else:
+                spark_cloudpickle.register_pickle_by_value(module)
         engine = slipstream.spark(master=a.master) if a.master else slipstream.spark()
         server = None
         if a.dashboard is not None:
