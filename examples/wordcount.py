@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"counting words in {directory} on the {a.engine} engine ...")
     t0 = time.perf_counter()
     job_definition = build_dag(directory) if a.core else build_pipeline(directory)
+    if not a.core:
+        # what the compiler built (the tokenizer runs inside the first aggregation stage)
+        print("pipeline compiled to: " + " -> ".join(v.name for v in job_definition.to_dag()))
     job = engine.new_job(job_definition, JobConfig(name="wordcount"))
     job.join()
     seconds = time.perf_counter() - t0

@@ -1,11 +1,14 @@
 """slipstream: a Python dataflow engine for batch and stream processing.
 
-Build a :class:`DAG` of vertices (processors) and edges, then run it on the embedded
-engine (``ss.local()``) or on Apache Spark (``ss.spark(session)``)::
+Chain operators on a :class:`Pipeline` (or wire a :class:`DAG` of vertices and edges
+yourself), then run it on the embedded engine (``ss.local()``) or on Apache Spark
+(``ss.spark(session)``)::
 
     import slipstream as ss
+    p = ss.Pipeline()
+    p.read_from(source).flat_map(str.split).group_by(str).aggregate(counting()).write_to(sink)
     engine = ss.local()
-    job = engine.new_job(dag, ss.JobConfig(name="wordcount"))
+    job = engine.new_job(p, ss.JobConfig(name="wordcount"))
     job.join()
 """
 
