@@ -31,7 +31,12 @@ class PacedSource(ss.AbstractProcessor):
     saving its offset so a restored job continues where the snapshot was taken."""
 
     def __init__(
-        self, n: int, rate: float = 50_000.0, batch: int = 16, min_snapshots: int = 0
+        self,
+        n: int,
+        rate: float = 50_000.0,
+        batch: int = 16,
+        min_snapshots: int = 0,
+        wm_lag: int | None = None,
     ) -> None:
         self.n = n
         self.rate = rate
@@ -41,6 +46,9 @@ class PacedSource(ss.AbstractProcessor):
         # snapshots waits for them instead of hoping the job runs long enough
         self.min_snapshots = min_snapshots
         self.saved = 0
+        # with wm_lag: Watermark(item - wm_lag) after every item (items are timestamps)
+        self.wm_lag = wm_lag
+        self.wm_pending = False
 
     def init_processor(self, context: ss.Context) -> None:
         self.mine = list(range(context.global_processor_index, self.n, context.total_parallelism))
@@ -50,10 +58,17 @@ class PacedSource(ss.AbstractProcessor):
     def complete(self) -> bool:
         due = self.start_offset + int((time.monotonic() - self.start) * self.rate) + 1
         stop = min(len(self.mine), due, self.offset + self.batch)
-        while self.offset < stop:
+        while self.offset < stop or self.wm_pending:
+            if self.wm_pending:
+                wm = ss.Watermark(self.mine[self.offset - 1] - self.wm_lag)  # type: ignore[operator]
+                if not self.try_emit(wm):
+                    return False
+                self.wm_pending = False
+                continue
             if not self.try_emit(self.mine[self.offset]):
                 return False
             self.offset += 1
+            self.wm_pending = self.wm_lag is not None
         return self.offset >= len(self.mine) and self.saved >= self.min_snapshots
 
     def save_to_snapshot(self) -> bool:

@@ -619,3 +619,89 @@ def test_engine_counts_late_events() -> None:
     )
     assert results == sorted(r for r in expected if not isinstance(r, Watermark))
     assert metrics["window"]["late_items_dropped"] == dropped
+
+
+# -- restoring under another window definition (Jet's SlidingWindowP_changeWindowSizeTest) ----
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _const_key(x: Any) -> str:
+    return "key"
+
+
+@pytest.mark.parametrize("deduct", [True, False])
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        # shrink a sliding window: frames older than the cursor's first window go
+        (sliding_window_def(3, 1), sliding_window_def(2, 1), [(3, 3), (4, 5), (5, 3)]),
+        # extend a sliding window
+        (sliding_window_def(2, 1), sliding_window_def(3, 1), [(3, 3), (4, 6), (5, 5), (6, 3)]),
+        # a size-3 grid after size 2: frame 4 lands in frame 6
+        (tumbling_window_def(2), tumbling_window_def(3), [(6, 5)]),
+        (tumbling_window_def(3), tumbling_window_def(2), [(4, 3), (6, 3)]),
+        # several old frames fall into one new frame: combined, none lost
+        (tumbling_window_def(1), tumbling_window_def(4), [(4, 5)]),
+        # slide 1 to slide 3
+        (sliding_window_def(3, 1), tumbling_window_def(3), [(3, 3), (6, 3)]),
+    ],
+)
+def test_restore_under_another_window_definition_realigns_frames(
+    before: SlidingWindowDef, after: SlidingWindowDef, expected: list[tuple[int, int]], deduct: bool
+) -> None:
+    """Jet's SlidingWindowP_changeWindowSizeTest: items 0..3 (timestamp = value), then
+    watermark 2, a snapshot, a restore into a processor with another window definition,
+    and completion. Restored frames move to the frame of the new grid they end in
+    (combined when several land in one), the cursor moves to the new grid, and every
+    frame is emitted and evicted: no result off the new grid, no frame lost or leaked."""
+    op = summing() if deduct else AggregateOperation(int, operator.add, operator.add)
+
+    def supplier(wd: SlidingWindowDef) -> Any:
+        return P.aggregate_to_sliding_window(
+            key_fn=_const_key, timestamp_fn=_identity, window_def=wd, agg_op=op
+        )
+
+    p, outbox = new_processor(supplier(before), capacity=1024)
+    p.process(0, Inbox([0, 1, 2, 3]))
+    assert p.try_process_watermark(WM(2))
+    entries = saved_entries(p, outbox)
+    p, outbox = new_processor(supplier(after), capacity=1024)
+    p.restore_from_snapshot(Inbox(entries))
+    assert p.finish_snapshot_restore()
+    assert p.complete()
+    ws = after.window_size
+    assert outbox.buckets[0] == [R(end - ws, end, "key", v) for end, v in expected]
+    assert not p._frames, "restored frames leaked"
+    assert not p._running, "running window leaked"
+
+
+@pytest.mark.parametrize("kind", ["sliding", "stage1", "session"])
+def test_exactly_once_restore_with_disagreeing_cursors_fails_naming_the_vertex(kind: str) -> None:
+    """Under exactly-once every processor of a vertex saw the same watermarks before the
+    barrier, so their saved cursors agree; entries that disagree mean a broken snapshot
+    (Jet asserts). Under at-least-once the minimum is taken."""
+    from slipstream.core.outbox import Outbox
+    from slipstream.core.processor import Context
+
+    wd = sliding_window_def(4, 2)
+    if kind == "session":
+        supplier = P.aggregate_to_session_window(
+            session_timeout=5, key_fn=key_of, timestamp_fn=ts_of, agg_op=summing()
+        )
+        key = BroadcastKey("session_window.current_watermark")
+    else:
+        supplier = (single_stage if kind == "sliding" else stage1)(wd, summing())
+        key = BroadcastKey("window.next_win_to_emit")
+    for guarantee in ss.ProcessingGuarantee:
+        p = supplier()
+        p.init(Outbox(1, 10), Context(vertex_name="win", processing_guarantee=guarantee))
+        inbox = Inbox([(key, 4), (key, 4), (key, 6)])
+        if guarantee is ss.ProcessingGuarantee.EXACTLY_ONCE:
+            with pytest.raises(ss.SnapshotError, match=r"vertex 'win'.*different .* \(4 and 6\)"):
+                p.restore_from_snapshot(inbox)
+        else:
+            p.restore_from_snapshot(inbox)
+            assert p.finish_snapshot_restore()

@@ -284,9 +284,11 @@ class ProcessorTasklet:
                 return
         if self.completed_edges:
             self.state = COMPLETE_EDGE
-        elif self.pending_barrier is not None:
+        elif self.pending_barrier is not None and self.pending_wm is NO_NEW_WM:
+            # a watermark released in the same drain as the barrier came before it:
+            # process it first (PROCESS_WATERMARK comes back here, and the fill waits)
             self.state = SAVE_SNAPSHOT
-        elif self.live_streams == 0:
+        elif self.live_streams == 0 and self.pending_wm is NO_NEW_WM:
             self.state = COMPLETE
         else:
             self.state = PROCESS_WATERMARK

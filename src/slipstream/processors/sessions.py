@@ -84,6 +84,7 @@ class SessionWindowP(WindowingP):
 
     _vertex_kind = "aggregate_to_session_window"
     _cursor_key = CURRENT_WATERMARK_KEY
+    _cursor_name = "current watermark"
 
     def __init__(
         self,

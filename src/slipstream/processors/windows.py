@@ -52,6 +52,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, identity
+from slipstream.core.config import ProcessingGuarantee
+from slipstream.core.errors import SnapshotError
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.processor import AbstractProcessor
@@ -111,6 +113,7 @@ class WindowingP(AbstractProcessor):
     _vertex_kind = ""
     """The factory's name: errors name it and the vertex."""
     _cursor_key: BroadcastKey
+    _cursor_name = "emission cursor"
 
     def __init__(self, invalid_timestamps: str = "fail") -> None:
         self._invalid_timestamps = invalid_timestamps
@@ -180,7 +183,20 @@ class WindowingP(AbstractProcessor):
             for k, v in value.items():
                 self._restore_keyed(KeyedStateKey(k, key.detail), v)
         elif key == self._cursor_key:
-            if self._restored_cursor is None or value < self._restored_cursor:
+            cursor = self._restored_cursor
+            if (
+                cursor is not None
+                and value != cursor
+                and self.context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+            ):
+                # Every processor of the vertex saw the same watermarks before the
+                # aligned barrier, so their cursors must agree (Jet asserts it); under
+                # at-least-once they may differ and the minimum is taken.
+                raise SnapshotError(
+                    f"{self._where()}: exactly-once snapshot is inconsistent: processors "
+                    f"saved different {self._cursor_name} values ({cursor} and {value})"
+                )
+            if cursor is None or value < cursor:
                 self._restored_cursor = value
         else:
             raise ValueError(f"{self._where()}: unexpected snapshot entry {key!r}")
@@ -252,6 +268,8 @@ class SlidingWindowP(WindowingP):
         self._counts: dict[Any, int] = {}
         self._running_end: int | None = None
         self._flush_it: Iterator[Any] | None = None
+        # during a restore: (frame, key) pairs that received a frame saved off the grid
+        self._realigned: set[tuple[int, Any]] = set()
 
     # -- items -----------------------------------------------------------------------
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -479,18 +497,46 @@ class SlidingWindowP(WindowingP):
         yield NEXT_WIN_TO_EMIT_KEY, self._next_win
 
     def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
-        d = self._frames.setdefault(key.detail, {})
-        if key.key in d:
+        saved = key.detail
+        # the frame of the current grid that the saved frame ends in: the same frame
+        # unless the job was restored with another slide or offset (Jet 4.x realigns too)
+        f = self._wd.higher_frame_ts(saved - 1)
+        d = self._frames.setdefault(f, {})
+        k = key.key
+        if f != saved:
+            if not self._realigned:
+                self.context.logger.warning(
+                    "%s: restored frames do not match the window definition %s (saved "
+                    "under another slide or offset); they are moved to the frames they "
+                    "end in, so windows overlapping them mix old and new boundaries",
+                    self._where(),
+                    self._wd,
+                )
+            self._realigned.add((f, k))
+        elif k in d and (f, k) not in self._realigned:
             raise ValueError(
-                f"{self._where()}: duplicate snapshot entry for key {key.key!r} in frame "
-                f"{key.detail!r}"
+                f"{self._where()}: duplicate snapshot entry for key {k!r} in frame {saved!r}"
             )
-        d[key.key] = value
+        acc = d.get(k, _MISSING)
+        if acc is _MISSING:
+            d[k] = value
+            return
+        combine = self._op.combine
+        if combine is None:
+            raise ValueError(
+                f"{self._where()}: several restored frames fall into frame {f} of {self._wd}; "
+                "merging them needs agg_op.combine, which is None"
+            )
+        d[k] = combine(acc, value)
 
     def finish_snapshot_restore(self) -> bool:
+        self._realigned.clear()
         restored = self._take_restored_cursor()
         if restored is not None:
-            self._next_win = restored
+            # on the current grid (the same value unless the window definition changed)
+            self._next_win = (
+                restored if restored == NO_WATERMARK else self._wd.higher_frame_ts(restored - 1)
+            )
         frames = self._frames
         if self._next_win != NO_WATERMARK:
             # frames whose every window was emitted already (possible when processors
