@@ -4,6 +4,7 @@ embedded engine), including idle marks, cancellation and snapshot/restore."""
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import threading
 import time
@@ -428,7 +429,7 @@ def test_stream_files_with_long_lines_and_a_shrinking_file(tmp_path: Any) -> Non
     assert drain(p, outbox) == ["new"]
 
 
-def test_stream_files_splits_files_over_processors_by_name_hash(tmp_path: Any) -> None:
+def test_stream_files_splits_files_over_processors_by_identity_hash(tmp_path: Any) -> None:
     names = [f"file{i}.txt" for i in range(20)]
     expected = []
     for n in names:
@@ -439,7 +440,9 @@ def test_stream_files_splits_files_over_processors_by_name_hash(tmp_path: Any) -
     for i in range(2):
         p, outbox = files_processor(tmp_path, index=i, parallelism=2)
         out = drain(p, outbox)
-        assert all(stable_hash(line.split(":")[0]) % 2 == i for line in out)
+        for line in out:
+            st = os.stat(tmp_path / line.split(":")[0])
+            assert stable_hash((st.st_dev, st.st_ino)) % 2 == i
         outs += out
     assert sorted(outs) == sorted(expected)
 

@@ -14,7 +14,6 @@ first new item makes them active again.
 
 from __future__ import annotations
 
-import codecs
 import fnmatch
 import functools
 import math
@@ -36,6 +35,15 @@ from slipstream.core.suppliers import (
     SameSupplierMetaSupplier,
 )
 from slipstream.core.validation import check_encoding, check_fn, check_port
+from slipstream.sources.lines import (
+    BAD_LINES_METRIC,
+    DEFAULT_MAX_LINE_BYTES,
+    LineAssembler,
+    LineTooLongError,
+    SkippedLine,
+    check_line_options,
+    decode_line,
+)
 
 __all__ = [
     "stream_socket",
@@ -53,6 +61,15 @@ SOCKET_READ_TIMEOUT_S = 0.05
 GENERATOR_MAX_PER_CALL = 1024
 #: Bytes ``stream_files`` reads from one file in one call.
 FILE_READ_CHUNK = 32 * 1024
+
+
+def _check_line_encoding(where: str, encoding: str) -> None:
+    check_encoding(encoding, where)
+    if "\n".encode(encoding) != b"\n":
+        raise ValueError(
+            f"{where}: encoding {encoding!r} does not write a line break as the byte "
+            "0x0A; use an ASCII-compatible encoding such as utf-8"
+        )
 
 
 def _check_idle_timeout(where: str, idle_timeout_ms: float | None) -> None:
@@ -117,6 +134,8 @@ class StreamSocketP(_IdleMarkingSource):
         encoding: str = "utf-8",
         idle_timeout_ms: float | None = 1000,
         connect_timeout_s: float = 10.0,
+        max_line_length: int | None = DEFAULT_MAX_LINE_BYTES,
+        bad_lines: str = "fail",
     ) -> None:
         super().__init__(idle_timeout_ms)
         self.host = host
@@ -126,7 +145,9 @@ class StreamSocketP(_IdleMarkingSource):
         self._sock: socket.socket | None = None
         self._reader = False
         self._lines: Iterator[str] | None = None
-        self._partial = ""
+        self._skip = bad_lines == "skip"
+        self._assembler = LineAssembler(max_line_length, self._skip)
+        self._line_no = 0
         self._eof = False
 
     def is_cooperative(self) -> bool:
@@ -143,7 +164,6 @@ class StreamSocketP(_IdleMarkingSource):
             SOCKET_READ_TIMEOUT_S,
             f"stream_socket (vertex {context.vertex_name!r})",
         )
-        self._decoder = codecs.getincrementaldecoder(self.encoding)()
         self._mark_active()
 
     def complete(self) -> bool:
@@ -168,20 +188,33 @@ class StreamSocketP(_IdleMarkingSource):
             raise ConnectionError(
                 f"stream_socket: reading from {self.host}:{self.port} failed: {e}"
             ) from e
-        if data:
-            parts = (self._partial + self._decoder.decode(data)).split("\n")
-            self._partial = parts.pop()
-        else:
-            self._eof = True
-            tail = self._partial + self._decoder.decode(b"", True)
-            self._partial = ""
-            parts = [tail] if tail else []
+        where = f"stream_socket {self.host}:{self.port}"
+        try:
+            if data:
+                raw = self._assembler.feed(data)
+            else:
+                self._eof = True
+                last = self._assembler.finish()
+                raw = [] if last is None else [last]
+        except LineTooLongError as e:
+            raise ValueError(
+                f"{where}, line {self._line_no + e.complete_before + 1}: {e} (max_line_length; bad_lines='skip' "
+                "skips and counts such lines)"
+            ) from e
         self._mark_active()
+        parts = []
+        skipped = 0
+        for r in raw:
+            self._line_no += 1
+            line = decode_line(r, self.encoding, where, self._line_no, self._skip)
+            if line is None:
+                skipped += 1
+            else:
+                parts.append(line)
+        if skipped:
+            self.context.increment_metric(BAD_LINES_METRIC, skipped)
         if not parts:
             return self._eof
-        for i, line in enumerate(parts):
-            if line.endswith("\r"):
-                parts[i] = line[:-1]
         it = iter(parts)
         if not self.emit_from(it):
             self._lines = it
@@ -202,6 +235,8 @@ def stream_socket(
     *,
     idle_timeout_ms: float | None = 1000,
     connect_timeout_s: float = 10.0,
+    max_line_length: int | None = DEFAULT_MAX_LINE_BYTES,
+    bad_lines: str = "fail",
 ) -> ProcessorMetaSupplier:
     """A source that connects to the TCP server at ``host:port`` and emits every line it
     receives, decoded with ``encoding``, as a ``str`` without the line break.
@@ -210,13 +245,26 @@ def stream_socket(
     index 0) does the reading, so the vertex defaults to local parallelism 1; any other
     processors finish at once. After ``idle_timeout_ms`` without data the source marks
     itself idle (``None``: never). A refused connection fails the job with a
-    ``ConnectionError`` naming ``host:port``. See :class:`StreamSocketP`.
+    ``ConnectionError`` naming ``host:port``. Lines are split in linear time; a line
+    longer than ``max_line_length`` bytes (``None``: no limit) or not decodable fails
+    the job with an error naming ``host:port`` and the line number, or with
+    ``bad_lines="skip"`` is skipped and counted in the ``bad_lines_skipped`` metric. The
+    encoding must write a line break as the byte ``0x0A`` (UTF-8, Latin-1, ASCII...).
+    See :class:`StreamSocketP`.
     """
     check_port(port, "stream_socket")
-    check_encoding(encoding, "stream_socket")
+    _check_line_encoding("stream_socket", encoding)
     _check_idle_timeout("stream_socket", idle_timeout_ms)
+    check_line_options("stream_socket", max_line_length, bad_lines)
     factory = functools.partial(
-        StreamSocketP, host, port, encoding, idle_timeout_ms, connect_timeout_s
+        StreamSocketP,
+        host,
+        port,
+        encoding,
+        idle_timeout_ms,
+        connect_timeout_s,
+        max_line_length,
+        bad_lines,
     )
     return SameSupplierMetaSupplier(FactorySupplier(factory), preferred_local_parallelism=1)
 
@@ -226,6 +274,40 @@ def stream_socket(
 # ---------------------------------------------------------------------------------------
 
 _FILES_KEY = "stream_files"
+#: Bytes kept of a file's start and of the bytes before its committed offset: they tell a
+#: file rewritten in place (copytruncate, then new lines) and a copy of a file read before.
+_FINGERPRINT = 256
+
+
+class _TrackedFile:
+    """What ``stream_files`` knows of one file, found again by its identity
+    ``(st_dev, st_ino)`` whatever its name."""
+
+    __slots__ = ("identity", "name", "offset", "line", "read_pos", "assembler", "head", "tail")
+
+    def __init__(self, identity: tuple[int, int], name: str, assembler: LineAssembler) -> None:
+        self.identity = identity
+        self.name = name
+        self.offset = 0  # committed: the byte after the last emitted line
+        self.line = 0  # lines up to ``offset`` (the number of the last emitted line)
+        self.read_pos = 0  # bytes handed to the assembler (>= offset)
+        self.assembler = assembler
+        self.head = b""  # the file's first bytes
+        self.tail = b""  # the bytes just before ``offset`` (empty: unknown)
+
+    def restart(self) -> None:
+        self.offset = self.line = self.read_pos = 0
+        self.assembler = LineAssembler(self.assembler.max_line_bytes, self.assembler.skip_long)
+        self.head = self.tail = b""
+
+    def continue_from(self, other: _TrackedFile) -> None:
+        self.offset = self.read_pos = other.offset
+        self.line = other.line
+        self.head = other.head
+        self.tail = other.tail
+
+    def state(self) -> tuple[str, int, int, bytes, bytes]:
+        return (self.name, self.offset, self.line, self.head, self.tail)
 
 
 class StreamFilesP(_IdleMarkingSource):
@@ -233,24 +315,39 @@ class StreamFilesP(_IdleMarkingSource):
 
     Files present at the start are read from the beginning, new files as they appear,
     and bytes appended to a file are emitted as lines once their line break arrived: a
-    partial last line is held back (it is simply not consumed yet). Each processor owns
-    the files whose name satisfies ``stable_hash(name) % total_parallelism ==
-    global_processor_index``, so every line is read by exactly one processor.
+    partial last line is held back. Files are tracked by **identity** (``st_dev``,
+    ``st_ino``), not by name, and each processor owns the files whose identity satisfies
+    ``stable_hash(identity) % total_parallelism == global_processor_index``, so every
+    line is read by exactly one processor.
+
+    Log rotation: a file *renamed* away (and a new file created under its name) is the
+    same file under another name: it is read on from where it was, to its end (its new
+    name need not match ``glob``; it is followed while it stays in the directory), and
+    the new file is read from its start. A file *truncated* (copytruncate) or rewritten
+    in place is noticed by its size or by the bytes before the read position no longer
+    being those read, and read again from its start: no fragment of a line is emitted.
+    A *copy* of a file already read (the copy of copytruncate, when its name matches
+    ``glob``) is recognised by its first bytes and the bytes before the position reached
+    in the original, and read on from that position, not again from its start: lines are
+    not emitted twice (with parallelism > 1 only when the copy and the original belong to
+    the same processor).
 
     Cooperative: the directory is listed at most every ``poll_interval_ms`` from
     ``complete()``, and one call reads at most :data:`FILE_READ_CHUNK` bytes of one file
-    and emits at most what the outbox takes. Local file reads are treated as
-    non-blocking. Files are opened only for the duration of one read.
+    and emits at most what the outbox takes. Lines are assembled in linear time (a line
+    longer than a chunk is kept in pieces across calls), so a huge line never blocks the
+    engine; a line longer than ``max_line_length`` bytes or not decodable fails the job
+    with an error naming the file and the line number, or (``bad_lines="skip"``) is
+    skipped and counted in the ``bad_lines_skipped`` metric. Local file reads are treated
+    as non-blocking. Files are opened only for the duration of one read.
 
-    The files must be append-only text in an encoding in which ``"\\n"`` is the byte
-    ``0x0A`` (UTF-8, Latin-1, ASCII...). A file that shrinks is taken as replaced and read
-    again from its start; a deleted file is forgotten.
+    The files must be text in an encoding in which ``"\\n"`` is the byte ``0x0A`` (UTF-8,
+    Latin-1, ASCII...). A deleted file is forgotten.
 
-    Snapshots: each owned file's offset (the byte just past the last emitted line) is
-    saved under ``BroadcastKey(("stream_files", file_name))``. Broadcast keys reach every
-    processor on restore, and each keeps only the files it owns under the *new*
-    parallelism, which is why the file-to-processor rule (hash of the name) need not match
-    the engine's key partitioning. Lines emitted after the last snapshot are read again
+    Snapshots: each owned file's state (name, committed offset, line number and the
+    fingerprint bytes) is saved under ``BroadcastKey(("stream_files", identity))``.
+    Broadcast keys reach every processor on restore, and each keeps the files it owns
+    under the *new* parallelism. Lines emitted after the last snapshot are read again
     after a restore: exactly-once under an exactly-once job, at-least-once otherwise.
     """
 
@@ -261,20 +358,26 @@ class StreamFilesP(_IdleMarkingSource):
         encoding: str = "utf-8",
         poll_interval_ms: float = 100,
         idle_timeout_ms: float | None = 1000,
+        max_line_length: int | None = DEFAULT_MAX_LINE_BYTES,
+        bad_lines: str = "fail",
     ) -> None:
         super().__init__(idle_timeout_ms)
         self.directory = directory
         self.glob = glob
         self.encoding = encoding
         self.poll_interval_s = poll_interval_ms / 1000.0
-        # committed offset per owned file name: the byte after the last emitted line
-        self._offsets: dict[str, int] = {}
-        # the file size at which the file had no further complete line (skip re-reading)
-        self._checked: dict[str, int] = {}
-        self._work: deque[str] = deque()
-        self._batch: list[bytes] = []
+        self.max_line_length = max_line_length
+        self._skip = bad_lines == "skip"
+        self._files: dict[tuple[int, int], _TrackedFile] = {}
+        # files read before that were truncated or restored but not seen yet: what a copy
+        # of them would start with (copytruncate)
+        self._gone: list[_TrackedFile] = []
+        # restored from a snapshot of the name-keyed format: name -> offset
+        self._legacy: dict[str, int] = {}
+        self._work: deque[tuple[int, int]] = deque()
+        self._batch: list[Any] = []
         self._batch_i = 0
-        self._batch_name = ""
+        self._batch_file: _TrackedFile | None = None
         self._next_poll = 0.0
         self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
 
@@ -288,8 +391,11 @@ class StreamFilesP(_IdleMarkingSource):
         self._parallelism = context.total_parallelism
         self._mark_active()
 
-    def _owns(self, name: str) -> bool:
-        return stable_hash(name) % self._parallelism == self._index
+    def _owns(self, identity: tuple[int, int]) -> bool:
+        return stable_hash(identity) % self._parallelism == self._index
+
+    def _new_file(self, identity: tuple[int, int], name: str) -> _TrackedFile:
+        return _TrackedFile(identity, name, LineAssembler(self.max_line_length, self._skip))
 
     # -- emitting ----------------------------------------------------------------------
     def complete(self) -> bool:
@@ -301,9 +407,9 @@ class StreamFilesP(_IdleMarkingSource):
                 self._poll()
                 self._next_poll = now + self.poll_interval_s
         if self._work:
-            name = self._work.popleft()
-            if self._read(name):
-                self._work.append(name)  # more to read: round robin over the files
+            identity = self._work.popleft()
+            if self._read(identity):
+                self._work.append(identity)  # more to read: round robin over the files
             if self._batch:
                 self._mark_active()
                 self._emit_batch()
@@ -314,119 +420,156 @@ class StreamFilesP(_IdleMarkingSource):
     def _emit_batch(self) -> bool:
         """Emit the lines read last; ``True`` when all are out."""
         batch = self._batch
+        f = self._batch_file
+        assert f is not None
         i = self._batch_i
         n = len(batch)
-        name = self._batch_name
-        offset = self._offsets.get(name, 0)
+        offset = f.offset
+        line_no = f.line
         offer = self.outbox.offer
         encoding = self.encoding
+        skipped = 0
+        first = i
         try:
             while i < n:
                 raw = batch[i]
-                line = raw.decode(encoding)
-                if line and line[-1] == "\r":
-                    line = line[:-1]
-                if not offer(line):
+                line = decode_line(
+                    raw, encoding, f"stream_files: {self._path(f)}", line_no + 1, self._skip
+                )
+                if line is not None and not offer(line):
                     break
-                offset += len(raw) + 1
+                if line is None:
+                    skipped += 1
+                offset += (raw.length if type(raw) is SkippedLine else len(raw)) + 1
+                line_no += 1
                 i += 1
-        except UnicodeDecodeError as e:
-            raise ValueError(
-                f"stream_files: cannot decode the line at byte {offset} of "
-                f"{os.path.join(self.directory, name)!r} as {encoding}: {e}"
-            ) from e
         finally:
-            if name in self._offsets:  # a file forgotten meanwhile stays forgotten
-                self._offsets[name] = offset
+            if i > first:
+                f.tail = _tail_after(f.tail, batch[first:i])
+            f.offset = offset
+            f.line = line_no
+            if skipped:
+                self.context.increment_metric(BAD_LINES_METRIC, skipped)
         if i < n:
             self._batch_i = i
             return False
         self._batch = []
         self._batch_i = 0
+        self._batch_file = None
         return True
 
-    def _read(self, name: str) -> bool:
-        """Read the next chunk of complete lines of ``name`` into the batch. ``True`` if
-        the file may have more complete lines after this chunk."""
-        offset = self._offsets.get(name)
-        if offset is None:
-            return False
-        path = os.path.join(self.directory, name)
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < offset:
-                    self.context.logger.warning(
-                        "stream_files: %s shrank from %d to %d bytes; reading it again "
-                        "from the start",
-                        path,
-                        offset,
-                        size,
-                    )
-                    offset = self._offsets[name] = 0
-                if size == offset or self._checked.get(name) == size:
-                    return False
-                f.seek(offset)
-                data = f.read(FILE_READ_CHUNK)
-                end = data.rfind(b"\n")
-                while end < 0 and len(data) < size - offset:
-                    # a line longer than a chunk: read on to its end (or to EOF)
-                    more = f.read(FILE_READ_CHUNK)
-                    if not more:
-                        break
-                    found = more.find(b"\n")
-                    if found >= 0:
-                        end = len(data) + found
-                    data += more
-        except FileNotFoundError:
-            self._forget(name)
-            return False
-        if end < 0:
-            self._checked[name] = size  # only a partial line: wait for the file to grow
-            return False
-        self._checked.pop(name, None)
-        self._batch = data[:end].split(b"\n")
-        self._batch_i = 0
-        self._batch_name = name
-        return offset + end + 1 < size
+    def _path(self, f: _TrackedFile) -> str:
+        return os.path.join(self.directory, f.name)
 
-    def _forget(self, name: str) -> None:
-        self._offsets.pop(name, None)
-        self._checked.pop(name, None)
+    def _read(self, identity: tuple[int, int]) -> bool:
+        """Read the next chunk of ``identity`` and queue its complete lines. ``True`` if
+        the file has more bytes after this chunk."""
+        f = self._files.get(identity)
+        if f is None:
+            return False
+        path = self._path(f)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False  # renamed or deleted: the next poll finds out which
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != identity:
+                return False  # the name is another file's now: the next poll sorts it out
+            size = st.st_size
+            if size < f.read_pos or not _still_there(fd, f):
+                self.context.logger.warning(
+                    "stream_files: %s was truncated or rewritten (%d bytes, %d read); reading "
+                    "it again from the start",
+                    path,
+                    size,
+                    f.read_pos,
+                )
+                self._gone.append(_copy_of(f))
+                f.restart()
+            if size == f.read_pos:
+                return False
+            data = os.pread(fd, min(FILE_READ_CHUNK, size - f.read_pos), f.read_pos)
+        finally:
+            os.close(fd)
+        if not data:
+            return False
+        if f.read_pos == 0:
+            f.head = data[:_FINGERPRINT]
+        f.read_pos += len(data)
+        try:
+            lines = f.assembler.feed(data)
+        except LineTooLongError as e:
+            raise ValueError(
+                f"stream_files: {path}, line {f.line + e.complete_before + 1}: {e} (max_line_length; "
+                "bad_lines='skip' skips and counts such lines)"
+            ) from e
+        if lines:
+            self._batch = lines
+            self._batch_i = 0
+            self._batch_file = f
+        return f.read_pos < size
 
     def _poll(self) -> None:
-        """List the directory and queue the owned files that grew."""
-        offsets = self._offsets
-        checked = self._checked
-        seen = set()
-        grown = []
+        """List the directory: follow renamed files, take on new ones (read from their
+        start, or on from where a file they are a copy of was read), forget deleted ones,
+        and queue the owned files that grew."""
+        files = self._files
+        seen: set[tuple[int, int]] = set()
+        grown: list[tuple[str, tuple[int, int]]] = []
         glob = self.glob
         with os.scandir(self.directory) as entries:
             for entry in entries:
-                name = entry.name
-                if not fnmatch.fnmatch(name, glob) or not self._owns(name):
-                    continue
                 try:
                     if not entry.is_file():
                         continue
-                    size = entry.stat().st_size
+                    st = entry.stat()
                 except FileNotFoundError:
                     continue
-                seen.add(name)
-                offset = offsets.setdefault(name, 0)
-                if size != offset and checked.get(name) != size:
-                    grown.append(name)
-        for name in [n for n in offsets if n not in seen]:
-            self._forget(name)
+                identity = (st.st_dev, st.st_ino)
+                name = entry.name
+                f = files.get(identity)
+                if f is None:
+                    # a file we do not follow yet: it must match the glob and be ours
+                    if not fnmatch.fnmatch(name, glob) or not self._owns(identity):
+                        continue
+                    f = files[identity] = self._take_on(identity, name, st.st_size)
+                elif f.name != name:
+                    f.name = name  # renamed (rotation): read on where it was
+                seen.add(identity)
+                if st.st_size != f.read_pos:
+                    grown.append((name, identity))
+        # deleted (or moved out of the directory): forgotten, but for one more poll a new
+        # file may still turn out to be a copy of one of them
+        self._gone = [files.pop(i) for i in [i for i in files if i not in seen]]
+        self._legacy = {}
         grown.sort()
-        self._work.extend(grown)
+        self._work.extend(identity for _, identity in grown)
+
+    def _take_on(self, identity: tuple[int, int], name: str, size: int) -> _TrackedFile:
+        f = self._new_file(identity, name)
+        legacy = self._legacy.pop(name, None)
+        if legacy is not None and legacy <= size:
+            f.offset = f.read_pos = legacy
+            return f
+        for old in [*self._gone, *self._files.values()]:
+            if old.offset and old.head and size >= old.offset and _is_copy(self.directory, name, old):
+                f.continue_from(old)
+                self.context.logger.info(
+                    "stream_files: %s is a copy of %s as read before; reading it on from byte %d",
+                    os.path.join(self.directory, name),
+                    old.name,
+                    old.offset,
+                )
+                break
+        return f
 
     # -- snapshots ---------------------------------------------------------------------
     def save_to_snapshot(self) -> bool:
         it = self._snapshot_it
         if it is None:
             it = self._snapshot_it = iter(
-                [(BroadcastKey((_FILES_KEY, n)), off) for n, off in self._offsets.items()]
+                [(BroadcastKey((_FILES_KEY, i)), f.state()) for i, f in self._files.items()]
             )
         if not self.emit_to_snapshot_from(it):
             return False
@@ -438,15 +581,74 @@ class StreamFilesP(_IdleMarkingSource):
             isinstance(key.name, tuple) and len(key.name) == 2 and key.name[0] == _FILES_KEY
         ):
             raise ValueError(f"stream_files: unexpected snapshot entry {key!r}: {value!r}")
-        name = key.name[1]
-        if self._owns(name):
-            self._offsets[name] = int(value)
+        ident = key.name[1]
+        if isinstance(ident, str):  # the name-keyed format of earlier versions
+            if stable_hash(ident) % self._parallelism == self._index:
+                self._legacy[ident] = int(value)
+            return
+        identity = (int(ident[0]), int(ident[1]))
+        if not self._owns(identity):
+            return
+        name, offset, line, head, tail = value
+        f = self._new_file(identity, name)
+        f.offset = f.read_pos = offset
+        f.line = line
+        f.head = head
+        f.tail = tail
+        self._files[identity] = f
 
     def finish_snapshot_restore(self) -> bool:
-        self._checked.clear()
         self._work.clear()
         self._next_poll = 0.0
         return True
+
+
+def _tail_after(tail: bytes, lines: list[Any]) -> bytes:
+    """The last :data:`_FINGERPRINT` bytes after ``tail`` was followed by ``lines`` (each
+    with its line break); empty when a skipped line leaves them unknown."""
+    parts: list[bytes] = []
+    n = 0
+    for raw in reversed(lines):
+        if type(raw) is SkippedLine:
+            return b"".join(reversed(parts))[-_FINGERPRINT:] if n >= _FINGERPRINT else b""
+        parts.append(raw + b"\n")
+        n += len(raw) + 1
+        if n >= _FINGERPRINT:
+            break
+    else:
+        parts.append(tail)
+    return b"".join(reversed(parts))[-_FINGERPRINT:]
+
+
+def _still_there(fd: int, f: _TrackedFile) -> bool:
+    """Whether the bytes before the committed offset are still those read (a file
+    truncated and written again past that point is not)."""
+    tail = f.tail
+    if not tail or f.offset < len(tail):
+        return True
+    return os.pread(fd, len(tail), f.offset - len(tail)) == tail
+
+
+def _copy_of(f: _TrackedFile) -> _TrackedFile:
+    c = _TrackedFile(f.identity, f.name, f.assembler)
+    c.continue_from(f)
+    return c
+
+
+def _is_copy(directory: str, name: str, old: _TrackedFile) -> bool:
+    """Whether file ``name`` starts as ``old`` did and holds ``old``'s bytes before the
+    offset reached in ``old``."""
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        if os.pread(fd, len(old.head), 0) != old.head:
+            return False
+        tail = old.tail
+        return not tail or os.pread(fd, len(tail), old.offset - len(tail)) == tail
+    finally:
+        os.close(fd)
 
 
 def stream_files(
@@ -456,24 +658,33 @@ def stream_files(
     poll_interval_ms: float = 100,
     *,
     idle_timeout_ms: float | None = 1000,
+    max_line_length: int | None = DEFAULT_MAX_LINE_BYTES,
+    bad_lines: str = "fail",
 ) -> Callable[[], Processor]:
     """A source that watches ``directory`` and emits, as ``str`` lines without line
     breaks, the lines of the files matching ``glob``: those already there, new ones, and
     lines appended later (a line is emitted once its line break was written). Never
-    completes. Files are spread over the processors by a stable hash of their name. See
-    :class:`StreamFilesP` for the snapshot and encoding rules.
+    completes. Files are tracked by identity (device and inode), so log rotation by
+    rename or copytruncate neither re-reads lines nor emits fragments, and spread over
+    the processors by a stable hash of it. A line longer than ``max_line_length`` bytes
+    (``None``: no limit) or not decodable fails the job naming the file and the line, or
+    with ``bad_lines="skip"`` is skipped and counted (``bad_lines_skipped``). See
+    :class:`StreamFilesP` for the rotation, snapshot and encoding rules.
     """
-    check_encoding(encoding, "stream_files")
-    if "\n".encode(encoding) != b"\n":
-        raise ValueError(
-            f"stream_files: encoding {encoding!r} does not write a line break as the byte "
-            "0x0A; use an ASCII-compatible encoding such as utf-8"
-        )
+    _check_line_encoding("stream_files", encoding)
     if not poll_interval_ms >= 0:
         raise ValueError(f"stream_files: poll_interval_ms must be >= 0, got {poll_interval_ms!r}")
     _check_idle_timeout("stream_files", idle_timeout_ms)
+    check_line_options("stream_files", max_line_length, bad_lines)
     return functools.partial(
-        StreamFilesP, os.fspath(directory), glob, encoding, poll_interval_ms, idle_timeout_ms
+        StreamFilesP,
+        os.fspath(directory),
+        glob,
+        encoding,
+        poll_interval_ms,
+        idle_timeout_ms,
+        max_line_length,
+        bad_lines,
     )
 
 
