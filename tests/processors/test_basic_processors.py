@@ -158,8 +158,22 @@ def test_map_calls_fn_once_per_item_even_when_refused() -> None:
     assert calls == data
 
 
-def test_map_emits_none_results() -> None:
-    assert drive(P.map(to_none), [[1, 2, 3]], capacity=2) == [[None, None, None]]
+def none_for_odd(x: int) -> int | None:
+    return None if x % 2 else x * 10
+
+
+def test_map_drops_none_results_like_jets_mapP() -> None:
+    assert drive(P.map(to_none), [[1, 2, 3]], capacity=2) == [[]]
+
+
+@given(batches=batches_st, capacity=st.integers(1, 5), ordinals=st.integers(1, 3))
+def test_map_returning_none_filters(
+    batches: list[list[int]], capacity: int, ordinals: int
+) -> None:
+    flat = list(itertools.chain.from_iterable(batches))
+    expected = [none_for_odd(x) for x in flat if none_for_odd(x) is not None]
+    got = drive(P.map(none_for_odd), batches, capacity=capacity, ordinal_count=ordinals)
+    assert got == [expected] * ordinals
 
 
 def test_map_without_outbound_edges_consumes_input() -> None:
@@ -338,7 +352,8 @@ def test_engine_flat_map_property(data: list[int], members: int) -> None:
     ("supplier", "data", "expected"),
     [
         (P.map(inc), [1, 2, 3], [2, 3, 4]),
-        (P.map(to_none), [1, 2], [None, None]),
+        (P.map(to_none), [1, 2], []),
+        (P.map(none_for_odd), [1, 2, 3, 4], [20, 40]),
         (P.filter(is_even), list(range(9)), [0, 2, 4, 6, 8]),
         (P.flat_map(repeat_n), [3, 0, 2, 5], [3, 3, 3, 2, 2, 5]),
         (P.flat_map(repeat_gen), [4, 1, 9], [4, 4, 4, 4, 1, 9, 9, 9, 9]),

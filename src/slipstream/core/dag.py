@@ -3,7 +3,11 @@
 Validation happens in two places: ``DAG.edge`` rejects what is wrong on its own (an edge
 to a vertex not in the DAG, a reused ordinal); ``DAG.validate`` checks the whole graph
 (cycles, gaps in ordinals, isolated edges between unequal parallelism, suppliers that
-cannot be pickled). Every error is a :class:`DagError` naming the vertex and ordinal.
+cannot be pickled) and, from the vertices' traits (:mod:`slipstream.core.traits`), the
+graphs that would run but give silently wrong results: a keyed processor fed so that a
+key reaches several processors, an edge out of a sink (errors), a window with no
+watermark source upstream (a :class:`DagWarning`). Both engines call ``validate`` at
+``new_job``. Every error is a :class:`DagError` naming the vertex, edge or ordinal.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from slipstream.core.errors import DagError
 from slipstream.core.partition import Partitioner
 from slipstream.core.suppliers import ProcessorMetaSupplier, to_meta_supplier
+from slipstream.core.traits import KEYED, SINK, WATERMARK_SOURCE, WINDOWED, traits_of
 
 __all__ = [
     "DAG",
@@ -25,6 +30,7 @@ __all__ = [
     "DEFAULT_QUEUE_SIZE",
     "DagWarning",
     "as_dag",
+    "effective_parallelism",
 ]
 
 
@@ -94,6 +100,7 @@ class Edge:
         self.key_fn: Callable[[Any], Any] | None = None
         self.partitioner: Partitioner | None = None
         self.is_distributed = False
+        self.unpartitioned_ok = False
         self._priority = 0
         self._queue_size = DEFAULT_QUEUE_SIZE
 
@@ -155,6 +162,15 @@ class Edge:
         self.key_fn = self.partitioner = None
         return self
 
+    def allow_unpartitioned(self) -> Edge:
+        """Opt out of the check that a keyed processor (``aggregate_by_key``, keyed
+        windows, ...) with several processors gets each key on one processor only. Use
+        it when partial results per processor are what you want, or when the items
+        already arrive partitioned (e.g. an isolated edge from a vertex partitioned by
+        the same key)."""
+        self.unpartitioned_ok = True
+        return self
+
     def distributed(self) -> Edge:
         """Consumers on every member, not just the producer's own."""
         self.is_distributed = True
@@ -196,6 +212,37 @@ class Edge:
         if self._priority:
             extra.append(f"priority={self._priority}")
         return f"Edge({self._label()[5:]}, {', '.join(extra)})"
+
+
+def effective_parallelism(vertex: Vertex, default: int) -> int:
+    """The local parallelism an engine gives ``vertex`` when its default is ``default``
+    (a meta-supplier's preferred parallelism caps the default)."""
+    lp = vertex.get_local_parallelism()
+    if lp != -1:
+        return lp
+    preferred = vertex.meta_supplier.preferred_local_parallelism()
+    return min(preferred, default) if preferred > 0 else default
+
+
+def _check_keyed_edge(e: Edge, total: int, member_count: int) -> None:
+    """A keyed consumer with ``total`` > 1 processors: ``e`` must send every key to one
+    of them (partitioned, or all to one; across members only if distributed)."""
+    if e.unpartitioned_ok:
+        return
+    keyed_routing = e.routing in (RoutingPolicy.PARTITIONED, RoutingPolicy.ALL_TO_ONE)
+    if keyed_routing and (e.is_distributed or member_count == 1):
+        return
+    dest = e.dest.name  # type: ignore[union-attr]
+    how = e.routing.value
+    if keyed_routing:
+        how += f" but member-local on {member_count} members"
+    raise DagError(
+        f"{e._label()}: vertex {dest!r} keeps state per key and runs {total} processors, "
+        f"but this edge is {how}, so one key would reach several processors and give "
+        "several partial results. Use .partitioned(key_fn)"
+        + (" with .distributed()" if member_count > 1 else "")
+        + ", or call .allow_unpartitioned() on the edge if that is what you want"
+    )
 
 
 def _check_ordinal(ordinal: Any, where: str) -> None:
@@ -295,8 +342,16 @@ class DAG:
             raise DagError(f"the DAG has a cycle through vertices {stuck}")
         return order
 
-    def validate(self, default_parallelism: int | None = None, check_pickle: bool = True) -> None:
-        """Check the whole graph; raises :class:`DagError` naming what is wrong."""
+    def validate(
+        self,
+        default_parallelism: int | None = None,
+        check_pickle: bool = True,
+        member_count: int = 1,
+    ) -> None:
+        """Check the whole graph; raises :class:`DagError` naming what is wrong (and
+        warns, :class:`DagWarning`, about what is likely wrong). ``default_parallelism``
+        and ``member_count`` are the engine's: some checks depend on a vertex's global
+        parallelism."""
         if not self._vertices:
             raise DagError("the DAG has no vertices")
         self.topological_order()
@@ -327,9 +382,40 @@ class DAG:
                         f"parallelism ({e.source.name!r}: {a}, "
                         f"{e.dest.name!r}: {b})"  # type: ignore[union-attr]
                     )
+        self._check_traits(default_parallelism, member_count)
         self._warn_priority_diamonds()
         if check_pickle:
             self.check_picklable()
+
+    def _check_traits(self, default_parallelism: int | None, member_count: int) -> None:
+        traits = {v.name: traits_of(v.supplier) for v in self._vertices.values()}
+        for e in self._edges:
+            if SINK in (traits[e.source.name] or ()):
+                raise DagError(
+                    f"{e._label()}: vertex {e.source.name!r} is a sink; a sink has no "
+                    "outbound edges (nothing it receives would go on)"
+                )
+        for v in self._vertices.values():
+            t = traits[v.name] or frozenset()
+            if KEYED in t:
+                lp = v.get_local_parallelism()
+                if lp == -1 and default_parallelism is not None:
+                    lp = effective_parallelism(v, default_parallelism)
+                if lp != -1 and lp * member_count > 1:
+                    for e in self.inbound_edges(v):
+                        _check_keyed_edge(e, lp * member_count, member_count)
+            if WINDOWED in t and not any(
+                traits[a] is None or WATERMARK_SOURCE in traits[a]  # type: ignore[operator]
+                for a in self._ancestors(v)
+            ):
+                warnings.warn(
+                    f"vertex {v.name!r} emits windows on watermarks, but no vertex upstream "
+                    "of it creates watermarks: it would accumulate and emit nothing until "
+                    "the input ends. Add P.insert_watermarks(timestamp_fn, policy) between "
+                    "the source and the window",
+                    DagWarning,
+                    stacklevel=4,
+                )
 
     def _ancestors(self, v: Vertex) -> set[str]:
         seen: set[str] = set()

@@ -130,10 +130,17 @@ class Processor:
     outbox: Outbox
     context: Context
 
+    #: The counters this processor may increment (``context.increment_metric``): they
+    #: appear in the job's metrics as 0 from the start, so a reader never gets a
+    #: ``KeyError`` just because nothing happened yet.
+    metric_names: tuple[str, ...] = ()
+
     def init(self, outbox: Outbox, context: Context) -> None:
         """Called once before any other callback."""
         self.outbox = outbox
         self.context = context
+        for name in self.metric_names:
+            context.metrics.setdefault(name, 0)
 
     def is_cooperative(self) -> bool:
         """``False`` asks for a dedicated thread and a blocking outbox."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.core.config import JobConfig, ProcessingGuarantee
-from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex
+from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex, effective_parallelism
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, partition_table
 from slipstream.core.processor import Context, Processor
 from slipstream.core.suppliers import (
@@ -30,14 +30,6 @@ from slipstream.engine.queues import SpscQueue
 
 def member_addresses(member_count: int) -> list[MemberAddress]:
     return [MemberAddress("127.0.0.1", 5701 + i) for i in range(member_count)]
-
-
-def effective_parallelism(vertex: Vertex, default: int) -> int:
-    lp = vertex.get_local_parallelism()
-    if lp != -1:
-        return lp
-    preferred = vertex.meta_supplier.preferred_local_parallelism()
-    return min(preferred, default) if preferred > 0 else default
 
 
 @dataclass
@@ -122,7 +114,9 @@ def build_vertex_plans(
     services: Any,
     job_name: str,
 ) -> dict[str, VertexPlan]:
-    dag.validate(default_parallelism=default_parallelism, check_pickle=True)
+    dag.validate(
+        default_parallelism=default_parallelism, check_pickle=True, member_count=member_count
+    )
     addresses = member_addresses(member_count)
     plans: dict[str, VertexPlan] = {}
     for v in dag.topological_order():

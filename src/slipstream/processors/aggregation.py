@@ -46,6 +46,7 @@ from typing import Any
 from slipstream.aggregate import AggregateOperation, counting, identity
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.traits import KEYED, declare
 from slipstream.core.validation import check_callable
 
 __all__ = [
@@ -396,7 +397,7 @@ def aggregate_by_key(key_fn: Callable[[Any], Any], op: Op) -> Callable[[], Group
     """``(key, op.finish(acc))`` per distinct ``key_fn(item)``."""
     check_callable(key_fn, "key_fn", "aggregate_by_key")
     _check_op(op, "aggregate_by_key")
-    return functools.partial(GroupByKeyP, key_fn, op, "aggregate")
+    return declare(functools.partial(GroupByKeyP, key_fn, op, "aggregate"), KEYED)
 
 
 def accumulate_by_key(key_fn: Callable[[Any], Any], op: Op) -> Callable[[], GroupByKeyP]:
@@ -411,4 +412,4 @@ def combine_by_key(op: Op) -> Callable[[], GroupByKeyP]:
     emits ``(key, op.finish(combined acc))`` per key. Put it behind a distributed edge
     partitioned by ``slipstream.entry_key``."""
     _check_op(op, "combine_by_key", needs_combine=True)
-    return functools.partial(GroupByKeyP, None, op, "combine")
+    return declare(functools.partial(GroupByKeyP, None, op, "combine"), KEYED)

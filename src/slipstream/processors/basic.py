@@ -22,6 +22,7 @@ save nothing to snapshots (they need no at-least-once caveats of their own).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -35,8 +36,11 @@ __all__ = ["map", "filter", "flat_map", "no_op"]
 _builtin_map = map
 _builtin_filter = filter
 
-# Sentinel for "no pending result" (``None`` is a legitimate map result).
+# Sentinel for "no pending result".
 _NOTHING: Any = object()
+
+# ``x is not None`` at C speed, for filter()
+_not_none = functools.partial(operator.is_not, None)
 
 
 class _BulkP(AbstractProcessor):
@@ -50,10 +54,10 @@ class _BulkP(AbstractProcessor):
 
 
 class MapP(_BulkP):
-    """Emits ``fn(item)`` for every item, in order.
-
-    Unlike Jet's ``mapP``, a ``None`` result is emitted like any other value: in Python
-    ``None`` is an ordinary result and filtering is ``filter``'s job.
+    """Emits ``fn(item)`` for every item, in order, except ``None`` results: as with
+    Jet's ``mapP``, a function returning ``None`` drops the item (map and filter in one
+    step). A ``None`` would otherwise flow on and fail somewhere downstream, far from
+    its cause.
     """
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
@@ -68,12 +72,12 @@ class MapP(_BulkP):
                 return
             n = len(inbox)
             if n <= room:
-                bucket.extend(_builtin_map(self._fn, inbox))
+                bucket.extend(_builtin_filter(_not_none, _builtin_map(self._fn, inbox)))
                 inbox.clear()
             else:
                 popleft = inbox.popleft
                 fn = self._fn
-                bucket.extend([fn(popleft()) for _ in range(room)])
+                bucket.extend(_builtin_filter(_not_none, [fn(popleft()) for _ in range(room)]))
             return
         # general path: all outbound ordinals (or none), one offer per item
         offer = self.outbox.offer
@@ -86,6 +90,9 @@ class MapP(_BulkP):
         fn = self._fn
         while inbox:
             result = fn(inbox[0])
+            if result is None:
+                inbox.popleft()
+                continue
             if not offer(result):
                 self._pending = result
                 return
@@ -211,7 +218,8 @@ class NoOpP(AbstractProcessor):
 
 
 def map(fn: Callable[[Any], Any]) -> Callable[[], MapP]:  # noqa: A001
-    """A vertex that emits ``fn(item)`` for each item, to every outbound edge."""
+    """A vertex that emits ``fn(item)`` for each item, to every outbound edge; a ``None``
+    result drops the item (as Jet's ``mapP``)."""
     check_callable(fn, "fn", "map")
     return functools.partial(MapP, fn)
 

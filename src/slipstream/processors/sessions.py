@@ -49,6 +49,7 @@ from slipstream.aggregate import AggregateOperation
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
     check_fn,
     check_invalid_timestamps,
@@ -267,6 +268,10 @@ def aggregate_to_session_window(
         why="to merge two sessions that an out-of-order event bridges",
     )
     invalid = check_invalid_timestamps(invalid_timestamps, name)
-    return functools.partial(
-        SessionWindowP, timeout, key_fn, timestamp_fn, agg_op, invalid_timestamps=invalid
+    return declare(
+        functools.partial(
+            SessionWindowP, timeout, key_fn, timestamp_fn, agg_op, invalid_timestamps=invalid
+        ),
+        KEYED,
+        WINDOWED,
     )

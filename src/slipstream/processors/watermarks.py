@@ -33,6 +33,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.traits import WATERMARK_SOURCE
 from slipstream.core.validation import (
     check_fn,
     check_invalid_timestamps,
@@ -77,6 +78,8 @@ class InsertWatermarksP(AbstractProcessor):
     was emitted before the failure — the downstream windows see them as late and drop
     (and count) them. Nothing is ever dropped here.
     """
+
+    slipstream_traits = frozenset({WATERMARK_SOURCE})
 
     def __init__(
         self,

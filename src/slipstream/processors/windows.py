@@ -58,6 +58,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
+from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
     check_fn,
     check_invalid_timestamps,
@@ -114,6 +115,8 @@ class WindowingP(AbstractProcessor):
     """The factory's name: errors name it and the vertex."""
     _cursor_key: BroadcastKey
     _cursor_name = "emission cursor"
+
+    metric_names = (LATE_METRIC,)
 
     def __init__(self, invalid_timestamps: str = "fail") -> None:
         self._invalid_timestamps = invalid_timestamps
@@ -677,8 +680,18 @@ def aggregate_to_sliding_window(
         why="to assemble a sliding window from its frames (or use a tumbling window)",
     )
     invalid = check_invalid_timestamps(invalid_timestamps, name)
-    return functools.partial(
-        SlidingWindowP, key_fn, timestamp_fn, window_def, agg_op, True, invalid_timestamps=invalid
+    return declare(
+        functools.partial(
+            SlidingWindowP,
+            key_fn,
+            timestamp_fn,
+            window_def,
+            agg_op,
+            True,
+            invalid_timestamps=invalid,
+        ),
+        KEYED,
+        WINDOWED,
     )
 
 
@@ -705,14 +718,17 @@ def accumulate_by_frame(
     _check_window_def(name, window_def)
     check_agg_op(name, agg_op, needs_combine=False)
     invalid = check_invalid_timestamps(invalid_timestamps, name)
-    return functools.partial(
-        _AccumulateByFrameP,
-        key_fn,
-        timestamp_fn,
-        window_def.to_tumbling_by_frame(),
-        agg_op.with_identity_finish(),
-        False,
-        invalid_timestamps=invalid,
+    return declare(
+        functools.partial(
+            _AccumulateByFrameP,
+            key_fn,
+            timestamp_fn,
+            window_def.to_tumbling_by_frame(),
+            agg_op.with_identity_finish(),
+            False,
+            invalid_timestamps=invalid,
+        ),
+        WINDOWED,
     )
 
 
@@ -730,4 +746,8 @@ def combine_to_sliding_window(
     name = "combine_to_sliding_window"
     _check_window_def(name, window_def)
     check_agg_op(name, agg_op, needs_combine=True, why="to combine stage-1 frames")
-    return functools.partial(_CombineToSlidingWindowP, None, None, window_def, agg_op, True)
+    return declare(
+        functools.partial(_CombineToSlidingWindowP, None, None, window_def, agg_op, True),
+        KEYED,
+        WINDOWED,
+    )

@@ -27,6 +27,7 @@ from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.traits import SINK
 from slipstream.core.validation import check_callable, check_name
 
 __all__ = ["list_sink", "map_sink", "logger", "stdout", "noop", "write_buffered"]
@@ -34,6 +35,8 @@ __all__ = ["list_sink", "map_sink", "logger", "stdout", "noop", "write_buffered"
 
 class _SinkP(AbstractProcessor):
     """A sink swallows watermarks: nothing is downstream of it."""
+
+    slipstream_traits = frozenset({SINK})
 
     def try_process_watermark(self, watermark: Watermark) -> bool:
         return True

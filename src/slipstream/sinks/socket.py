@@ -11,6 +11,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.net import connect_tcp
 from slipstream.core.processor import AbstractProcessor, Context, Processor
+from slipstream.core.traits import SINK
 from slipstream.core.validation import check_encoding, check_port
 
 __all__ = ["write_socket", "WriteSocketP"]
@@ -37,6 +38,8 @@ class WriteSocketP(AbstractProcessor):
     at-least-once after a restart (the items since the last snapshot are sent again).
     An item whose ``str`` contains line breaks becomes several lines.
     """
+
+    slipstream_traits = frozenset({SINK})
 
     def __init__(
         self,

@@ -184,14 +184,16 @@ class EpochInput:
         return RunMode.FINAL if self.final else RunMode.MICRO_EPOCH
 
 
-def validate(dag: DAG, default_parallelism: int) -> None:
+def validate(dag: DAG, default_parallelism: int, member_count: int = 1) -> None:
     """``dag.validate`` with the pickle check, minus the priority-diamond warning: a
     diamond can deadlock the embedded engine's bounded queues, but here every shuffle
     has all of its producers' output before its consumers start and a task's own
     queues are unbounded, so it cannot."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*different priorities", category=DagWarning)
-        dag.validate(default_parallelism=default_parallelism, check_pickle=True)
+        dag.validate(
+            default_parallelism=default_parallelism, check_pickle=True, member_count=member_count
+        )
 
 
 def plan_vertices(dag: DAG, member_count: int, default_parallelism: int) -> dict[str, VertexPlan]:
@@ -400,7 +402,7 @@ def compile_dag(
     from pyspark import StorageLevel
 
     level = persist_level if persist_level is not None else StorageLevel.MEMORY_AND_DISK
-    validate(dag, default_parallelism)
+    validate(dag, default_parallelism, member_count)
     c = _Compiler(
         sc,
         dag,

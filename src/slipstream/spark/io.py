@@ -38,6 +38,7 @@ from slipstream.core.suppliers import (
     ProcessorMetaSupplier,
     ProcessorSupplier,
 )
+from slipstream.core.traits import SINK
 
 __all__ = [
     "SparkRowSource",
@@ -220,6 +221,8 @@ class _CollectRowsP(AbstractProcessor):
 class SparkDataFrameSink(ProcessorMetaSupplier):
     """Meta-supplier of a sink whose items become ``engine.get_dataframe(name)`` (and,
     with a ``path`` or ``table``, are written with ``DataFrameWriter``)."""
+
+    slipstream_traits = frozenset({SINK})
 
     def __init__(
         self,

@@ -197,7 +197,7 @@ class _EpochJob(SparkJobBase):
     def _prepare(self) -> None:
         """Fix the job's shape and validate the DAG (before any epoch runs)."""
         self._members, self._lp = self.engine.shape()
-        validate(self.dag, self._lp)
+        validate(self.dag, self._lp, self._members)
         self._plans = plan_vertices(self.dag, self._members, self._lp)
         os.makedirs(self.checkpoint_location, exist_ok=True)
         self._services = self.engine.services_broadcast()
