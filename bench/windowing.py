@@ -22,6 +22,10 @@ frame (Jet 4.x always throttles by frame).
     pipeline     the same job with the Pipeline API: read_from(items)
                  .with_timestamps(ts, 100).group_by(key).window(wd)
                  .aggregate(summing(value)).write_to(list sink)
+    single-stage-unthrottled (tumbling only): single-stage with a plain
+                 ``with_fixed_lag(100)`` policy, not throttled by frame: nearly every
+                 event advances the watermark, and insert_watermarks emits at most one
+                 per input chunk (issue 10)
 Every variant's window results are checked equal (a digest of the sorted results).
 
 (c) end-to-end latency: a generator source at a fixed rate (default 100,000 events/s for
@@ -240,22 +244,31 @@ def plain_windows(events: list[Event], wd: SlidingWindowDef, lag: int) -> list[R
 
 
 class PolicyFactory:
-    """``with_fixed_lag(lag)`` throttled by the window's frame (picklable)."""
+    """``with_fixed_lag(lag)`` throttled by the window's frame, or not (picklable)."""
 
-    def __init__(self, lag: int, wd: SlidingWindowDef) -> None:
+    def __init__(self, lag: int, wd: SlidingWindowDef, throttle: bool = True) -> None:
         self.lag = lag
         self.wd = wd
+        self.throttle = throttle
 
     def __call__(self) -> Any:
-        return with_fixed_lag(self.lag).throttle_by_frame(self.wd)
+        policy = with_fixed_lag(self.lag)
+        return policy.throttle_by_frame(self.wd) if self.throttle else policy
 
 
 def window_dag(
-    source: Any, wd: SlidingWindowDef, two_stage: bool, sink: Any, lag: int = LAG_MS
+    source: Any,
+    wd: SlidingWindowDef,
+    two_stage: bool,
+    sink: Any,
+    lag: int = LAG_MS,
+    throttle: bool = True,
 ) -> DAG:
     dag = DAG()
     src = dag.new_vertex("events", source)
-    wms = dag.new_vertex("watermarks", P.insert_watermarks(ts_of, PolicyFactory(lag, wd)))
+    wms = dag.new_vertex(
+        "watermarks", P.insert_watermarks(ts_of, PolicyFactory(lag, wd, throttle))
+    )
     out = dag.new_vertex("sink", sink).local_parallelism(1)
     # one watermark inserter per source processor: each sees a substream with bounded disorder
     dag.edge(Edge.between(src, wms).isolated())
@@ -299,6 +312,7 @@ def engine_windows(
     threads: int | None,
     config: JobConfig | None = None,
     work_dir: str | None = None,
+    throttle: bool = True,
 ) -> tuple[list[Result], dict[str, Any]]:
     """``two_stage``: True / False for the hand-wired DAGs, ``"pipeline"`` for the
     pipeline."""
@@ -307,7 +321,7 @@ def engine_windows(
     if two_stage == "pipeline":
         job_def: Any = window_pipeline(source, wd, sink)
     else:
-        job_def = window_dag(source, wd, bool(two_stage), sink)
+        job_def = window_dag(source, wd, bool(two_stage), sink, throttle=throttle)
     job = engine.new_job(job_def, config or JobConfig(name="bench-windowing"))
     job.join()
     return engine.get_list("windows"), job.metrics
@@ -481,7 +495,13 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
                 results = plain_windows(events, wd, LAG_MS)
             else:
                 mode: bool | str = "pipeline" if impl == "pipeline" else impl == "two-stage"
-                results, metrics = engine_windows(sources.items(events), wd, mode, a.threads)
+                results, metrics = engine_windows(
+                    sources.items(events),
+                    wd,
+                    mode,
+                    a.threads,
+                    throttle=not impl.endswith("-unthrottled"),
+                )
                 extra["late"] = sum(m.get("late_items_dropped", 0) for m in metrics.values())
             seconds = now() - t0
             n_events = len(events)
@@ -573,7 +593,10 @@ def main() -> None:
         if part in skip:
             continue
         rows = []
-        for impl in ("plain", "single-stage", "two-stage", "pipeline"):
+        impls = ["plain", "single-stage", "two-stage", "pipeline"]
+        if kind == "tumbling":
+            impls.append("single-stage-unthrottled")
+        for impl in impls:
             name = f"{kind}-{impl}"
             print(f"running {name} ...", flush=True)
             rows.append(run_variant(__file__, name, common))

@@ -1,5 +1,8 @@
-"""``insert_watermarks`` (reference A.9, A.7.5): items pass unchanged, a watermark goes
-before the item that advanced it, lulls and idleness are handled in ``try_process()``."""
+"""``insert_watermarks``: items pass unchanged; a watermark goes out at the end of the
+input chunk, or before the first item behind it, so downstream results are those of a
+watermark before every item that advanced it (checked with ``same_lateness`` and
+differentially through the window processors); lulls and idleness are handled in
+``try_process()``."""
 
 from __future__ import annotations
 
@@ -9,9 +12,17 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from window_test_support import new_processor, ts_of, with_fixed_lag_watermarks
+from window_test_support import (
+    drive,
+    key_of,
+    new_processor,
+    same_lateness,
+    ts_of,
+    with_fixed_lag_watermarks,
+)
 
 from slipstream import processors as P
+from slipstream.aggregate import counting
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
 from slipstream.core.outbox import Outbox
@@ -19,7 +30,7 @@ from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.processors.watermarks import IDLE, InsertWatermarksP
 from slipstream.testing import verify_processor
 from slipstream.watermark import limiting_lag_and_delay, with_fixed_lag
-from slipstream.window import tumbling_window_def
+from slipstream.window import sliding_window_def, tumbling_window_def
 
 WM = Watermark
 WM_KEY = BroadcastKey("insert_watermarks.wm")
@@ -39,13 +50,22 @@ def take(outbox: Outbox, ordinal: int = 0) -> list[Any]:
     return out
 
 
-def test_watermark_goes_before_the_item_that_advanced_it() -> None:
+def test_an_item_sees_the_watermark_it_is_late_for() -> None:
     items = [(0, "a"), (3, "b"), (1, "late"), (3, "same"), (5, "c"), (-10, "very late")]
     verify_processor(P.insert_watermarks(ts_of, lambda: with_fixed_lag(2))).input(
         items
-    ).expect_output(
+    ).output_checker(same_lateness).expect_output(
         [WM(-2), (0, "a"), WM(1), (3, "b"), (1, "late"), (3, "same"), WM(3), (5, "c"), (-10, "very late")]
     )
+
+
+def test_one_watermark_per_in_order_chunk() -> None:
+    p, outbox = new_processor(P.insert_watermarks(ts_of, lambda: with_fixed_lag(2)), 100)
+    p.process(0, Inbox([(0, "a"), (3, "b"), (5, "c")]))
+    assert take(outbox) == [(0, "a"), (3, "b"), (5, "c"), WM(3)]
+    # an item behind the owed watermark gets it first; the chunk's last one follows
+    p.process(0, Inbox([(9, "d"), (6, "late"), (12, "e")]))
+    assert take(outbox) == [(9, "d"), WM(7), (6, "late"), (12, "e"), WM(10)]
 
 
 @settings(max_examples=80, deadline=None)
@@ -60,7 +80,7 @@ def test_matches_the_fixed_lag_oracle(ts: list[int], lag: int) -> None:
     items = [(t, f"item{i}") for i, t in enumerate(ts)]
     verify_processor(P.insert_watermarks(ts_of, functools.partial(with_fixed_lag, lag))).input(
         items
-    ).expect_output(with_fixed_lag_watermarks(items, lag))
+    ).output_checker(same_lateness).expect_output(with_fixed_lag_watermarks(items, lag))
 
 
 def test_every_ordinal_gets_the_items_and_the_watermarks() -> None:
@@ -76,7 +96,7 @@ def test_throttled_policy() -> None:
     items = [(3, "a"), (12, "b"), (19, "c"), (25, "d"), (21, "e")]
     verify_processor(
         P.insert_watermarks(ts_of, lambda: with_fixed_lag(1).throttle_by_frame(wd))
-    ).input(items).expect_output(
+    ).input(items).output_checker(same_lateness).expect_output(
         [WM(0), (3, "a"), WM(10), (12, "b"), (19, "c"), WM(20), (25, "d"), (21, "e")]
     )
 
@@ -87,8 +107,8 @@ def test_each_processor_gets_its_own_policy() -> None:
     p2, o2 = new_processor(supplier, capacity=10)
     p1.process(0, Inbox([(100, "x")]))
     p2.process(0, Inbox([(5, "y")]))
-    assert take(o1) == [WM(100), (100, "x")]
-    assert take(o2) == [WM(5), (5, "y")]
+    assert take(o1) == [(100, "x"), WM(100)]
+    assert take(o2) == [(5, "y"), WM(5)]
 
 
 def delay_policy_after_one_item() -> tuple[FakeClock, InsertWatermarksP, Outbox, Inbox]:
@@ -143,7 +163,7 @@ def test_idle_message_after_timeout_then_resume() -> None:
     clock.now = 5000
     assert p.try_process() and take(outbox) == []  # IDLE only once
     p.process(0, Inbox([(7, "a")]))
-    assert take(outbox) == [WM(7), (7, "a")]
+    assert take(outbox) == [(7, "a"), WM(7)]
     clock.now = 5099
     assert p.try_process() and take(outbox) == []
     p.process(0, Inbox([(3, "b")]))  # no advance: no watermark; still an item
@@ -186,7 +206,7 @@ def test_snapshot_saves_the_last_watermark_and_restore_takes_the_minimum() -> No
     assert q.finish_snapshot_restore()
     q.process(0, Inbox([(25, "replayed"), (30, "equal"), (31, "new")]))
     # never at or below the restored minimum 30
-    assert take(qout) == [(25, "replayed"), (30, "equal"), WM(31), (31, "new")]
+    assert take(qout) == [(25, "replayed"), (30, "equal"), (31, "new"), WM(31)]
 
 
 def test_snapshot_before_any_item() -> None:
@@ -249,3 +269,68 @@ def test_each_item_is_reported_to_the_policy_once_despite_refusals() -> None:
     assert out == [WM(1), (1, "a"), WM(2), (2, "b"), (2, "c"), WM(3), (3, "d")]
     assert calls == len(out)  # one offer accepted per call with capacity 1
     assert p._policy.reported == [1, 2, 2, 3]
+
+
+# -- results downstream are those of a watermark per advancing item ------------------------
+
+WINDOW_KINDS = {
+    "tumbling": lambda: P.aggregate_to_sliding_window(
+        key_fn=key_of, timestamp_fn=ts_of, window_def=tumbling_window_def(10), agg_op=counting()
+    ),
+    "sliding": lambda: P.aggregate_to_sliding_window(
+        key_fn=key_of,
+        timestamp_fn=ts_of,
+        window_def=sliding_window_def(20, 5),
+        agg_op=counting(),
+    ),
+    "session": lambda: P.aggregate_to_session_window(
+        key_fn=key_of, timestamp_fn=ts_of, session_timeout=7, agg_op=counting()
+    ),
+}
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    ts=st.lists(st.integers(0, 300), max_size=80).map(sorted),
+    disorder=st.lists(st.integers(0, 40), min_size=80, max_size=80),
+    keys=st.lists(st.sampled_from("abc"), min_size=80, max_size=80),
+    lag=st.integers(0, 20),
+    chunks=st.lists(st.integers(1, 30), min_size=1, max_size=10),
+    capacity=st.integers(2, 64),
+    kind=st.sampled_from(sorted(WINDOW_KINDS)),
+)
+def test_window_results_equal_those_of_a_watermark_per_advancing_item(
+    ts: list[int],
+    disorder: list[int],
+    keys: list[str],
+    lag: int,
+    chunks: list[int],
+    capacity: int,
+    kind: str,
+) -> None:
+    """Differential: the chunked output of insert_watermarks (random chunk sizes and
+    outbox capacities, disorder beyond the lag so some items are late) through each
+    window kind gives the same results and the same late count as the per-item
+    watermark stream of the plain-Python oracle."""
+    events = [(t - d, k, i) for i, (t, d, k) in enumerate(zip(ts, disorder, keys, strict=False))]
+    p, outbox = new_processor(
+        P.insert_watermarks(ts_of, functools.partial(with_fixed_lag, lag)), capacity
+    )
+    stream: list[Any] = []
+    pos = 0
+    for size in chunks * (len(events) // max(1, sum(chunks)) + 1):
+        inbox = Inbox(events[pos : pos + size])
+        pos += size
+        while inbox:
+            p.process(0, inbox)
+            stream.extend(take(outbox))
+        if pos >= len(events):
+            break
+    assert [x for x in stream if not isinstance(x, Watermark)] == events
+    oracle = with_fixed_lag_watermarks(events, lag)
+    assert same_lateness(oracle, stream)
+    got, got_late = drive(WINDOW_KINDS[kind](), stream, capacity=1000)
+    want, want_late = drive(WINDOW_KINDS[kind](), oracle, capacity=1000)
+    results = sorted(repr(x) for x in got if not isinstance(x, Watermark))
+    assert results == sorted(repr(x) for x in want if not isinstance(x, Watermark))
+    assert got_late == want_late

@@ -60,6 +60,42 @@ def with_fixed_lag_watermarks(events: Sequence[Sequence[Any]], lag: int) -> list
     return out
 
 
+def same_lateness(expected: list[Any], actual: list[Any]) -> bool:
+    """An output checker for ``insert_watermarks``: ``actual`` gives every consumer the
+    results ``expected`` (a watermark before every item that advanced it) gives.
+
+    The same items in the same order; strictly increasing watermarks, each one that
+    ``expected`` has too, and the same last one; and before every item, the last
+    watermark is the one ``expected`` has there whenever the item is behind that one
+    (``ts < W``: it is late for a window), else one at or below it.
+    """
+
+    def walk(stream: list[Any]) -> tuple[list[Any], list[int], list[int]]:
+        items: list[Any] = []
+        seen: list[int] = []
+        wms: list[int] = []
+        w = NO_WATERMARK
+        for x in stream:
+            if isinstance(x, Watermark):
+                w = x.timestamp
+                wms.append(w)
+            else:
+                items.append(x)
+                seen.append(w)
+        return items, seen, wms
+
+    e_items, e_seen, e_wms = walk(expected)
+    a_items, a_seen, a_wms = walk(actual)
+    if e_items != a_items or a_wms[-1:] != e_wms[-1:] or not set(a_wms) <= set(e_wms):
+        return False
+    if any(b <= a for a, b in zip(a_wms, a_wms[1:], strict=False)):
+        return False
+    for item, e, a in zip(e_items, e_seen, a_seen, strict=True):
+        if (a != e) if ts_of(item) < e else (a > e):
+            return False
+    return True
+
+
 def max_disorder(events: list[Event]) -> int:
     top = None
     worst = 0

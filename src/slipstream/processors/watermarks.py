@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from itertools import compress, islice
 from typing import Any
 
 from slipstream.core.inbox import Inbox
@@ -133,52 +134,92 @@ class InsertWatermarksP(AbstractProcessor):
             self._idle = False
 
     def _process_fast(self, inbox: Inbox) -> None:
-        """One outbound bucket with room: append items (and the watermarks they cause)
-        straight into it, and report to the policy only the events that can move it."""
+        """One outbound bucket with room: append a chunk of items (and the watermarks
+        they cause) straight into it, reporting to the policy only the events that can
+        move it.
+
+        Watermarks are emitted lazily: the policy's latest value is *owed* and goes out
+        before the first item behind it (``ts < owed``) or at the end of the chunk,
+        whichever comes first. So an in-order chunk brings one watermark, not one per
+        item, and downstream results are the same as with a watermark before every item
+        that advanced it: an item behind a watermark (late, for a window) sees exactly
+        that watermark before it, and an item at or above it could not be late for an
+        earlier one either, nor belong to a window or session that an earlier watermark
+        closes (those end at or below it). Nothing is dropped here.
+
+        The work per item runs at C speed (timestamps by ``map``, the events that may
+        move the watermark by ``compress``); Python code runs per *candidate* event
+        (timestamp at or above the policy's report threshold at the chunk's start) and
+        per watermark. A chunk with a timestamp that is not a plain ``int`` takes the
+        careful per-item path, which converts or rejects it.
+        """
         outbox = self.outbox
         bucket = outbox.buckets[0]
-        append = bucket.append
-        pop = inbox.popleft
         room = outbox.capacity - len(bucket)
         policy = self._policy
-        report = policy.report_event
         # duck-typed policies without report_threshold report every event
         threshold_fn = getattr(policy, "report_threshold", None) or _report_everything
         threshold = threshold_fn()
         ts_fn = self._timestamp_fn
-        last = self._last_emitted
-        item: Any = None
+        n = len(inbox)
+        if n >= room:
+            n = room - 1  # a slot for the chunk's watermark
+        if n <= 0:
+            self._process_items(inbox)
+            return
         try:
-            n = len(inbox)
-            if 0 < n < room:
-                stamps = list(map(ts_fn, inbox))
-                if only_int_timestamps(stamps) and max(stamps) < threshold:
-                    # the whole inbox fits and no event in it can move the watermark (the
-                    # usual case with a throttled policy): move it at C speed
-                    bucket.extend(inbox)
-                    inbox.clear()
-                    return
-            while inbox and room >= 2:  # an item may bring a watermark along
-                item = inbox[0]
-                ts: Any = ts_fn(item)
-                if type(ts) is not int:
-                    ts = self._integer_timestamp(item, ts)
-                if ts is not None and ts >= threshold:
-                    wm = report(ts)
-                    threshold = threshold_fn()
-                    if wm > last:
-                        last = wm
-                        append(Watermark(wm))
-                        outbox.specials = True
-                        room -= 1
-                append(pop())
-                room -= 1
+            tss = list(map(ts_fn, islice(inbox, n)))
         except TypeError as e:
-            raise self._bad_timestamp(item, e) from e
-        finally:
-            self._last_emitted = last
-        if inbox and room < 2:
-            self._process_items(inbox)  # the last slot: the careful per-item path
+            bad = next((x for x in inbox if _raises(ts_fn, x)), inbox[0])
+            raise self._bad_timestamp(bad, e) from e
+        if not only_int_timestamps(tss):
+            self._process_items(inbox)
+            return
+        if max(tss) < threshold:
+            # no event can move the watermark (the usual case with a throttled policy):
+            # move the items at C speed
+            _take_into(inbox, n, bucket.extend)
+            return
+        cands = list(compress(range(n), map(threshold.__le__, tss)))
+        # room for the items, a watermark before each candidate, and the last one
+        while n + len(cands) + 1 > room:
+            n = room - 1 - len(cands)
+            if n <= 0:
+                self._process_items(inbox)
+                return
+            cands = [i for i in cands if i < n]
+        report = policy.report_event
+        last = self._last_emitted
+        owed = last
+        changes: list[tuple[int, int]] = []  # (index, owed watermark from there on)
+        for i in cands:
+            ts = tss[i]
+            if ts >= threshold:
+                wm = report(ts)
+                threshold = threshold_fn()
+                if wm > owed:
+                    owed = wm
+                    changes.append((i, wm))
+        if not changes:
+            _take_into(inbox, n, bucket.extend)
+            return
+        items = _take(inbox, n)
+        append = bucket.append
+        start = 0
+        for k, (i, wm) in enumerate(changes):
+            end = changes[k + 1][0] if k + 1 < len(changes) else n
+            if min(tss[i:end]) < wm:  # an item behind the owed watermark: it must see it
+                j = next(x for x in range(i, end) if tss[x] < wm)
+                bucket.extend(items[start:j])
+                append(Watermark(wm))
+                last = wm
+                start = j
+        bucket.extend(items[start:] if start else items)
+        if owed > last:
+            append(Watermark(owed))
+            last = owed
+        outbox.specials = True
+        self._last_emitted = last
 
     def _process_items(self, inbox: Inbox) -> None:
         offer = self.outbox.offer
@@ -279,6 +320,35 @@ class InsertWatermarksP(AbstractProcessor):
 
     def __repr__(self) -> str:
         return f"InsertWatermarksP(last_emitted={self._last_emitted}, idle={self._idle})"
+
+
+def _raises(fn: Callable[[Any], Any], item: Any) -> bool:
+    try:
+        fn(item)
+    except TypeError:
+        return True
+    return False
+
+
+def _take(inbox: Inbox, n: int) -> list[Any]:
+    """Remove and return the first ``n`` items of ``inbox`` (C speed)."""
+    if n >= len(inbox):
+        items = list(inbox)
+        inbox.clear()
+        return items
+    items = list(islice(inbox, n))
+    rest = list(islice(inbox, n, None))
+    inbox.clear()
+    inbox.extend(rest)
+    return items
+
+
+def _take_into(inbox: Inbox, n: int, extend: Callable[[Any], Any]) -> None:
+    if n >= len(inbox):
+        extend(inbox)
+        inbox.clear()
+    else:
+        extend(_take(inbox, n))
 
 
 def _report_everything() -> int:
