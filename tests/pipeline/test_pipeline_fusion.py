@@ -162,4 +162,18 @@ def test_pipe_of_watermarks_and_window_under_the_harness() -> None:
             expected += [R(start - 10, start, 0, 5), R(start - 10, start, 1, 5)]
         expected.append(Watermark(start))
     expected += [R(20, 30, 0, 5), R(20, 30, 1, 5)]
-    verify_processor(supplier).cooperative_timeout(0).input(range(30)).expect_output(expected)
+    # insert_watermarks emits one watermark per in-order input chunk (the harness's
+    # modes chunk differently): the same windows in the same order and the same last
+    # watermark, whichever watermarks came in between
+    def same_windows(want: list[Any], got: list[Any]) -> bool:
+        def wms(xs: list[Any]) -> list[Any]:
+            return [x for x in xs if isinstance(x, Watermark)]
+
+        def rest(xs: list[Any]) -> list[Any]:
+            return [x for x in xs if not isinstance(x, Watermark)]
+
+        return rest(want) == rest(got) and wms(want)[-1:] == wms(got)[-1:]
+
+    verify_processor(supplier).cooperative_timeout(0).input(range(30)).output_checker(same_windows).expect_output(
+        expected
+    )
