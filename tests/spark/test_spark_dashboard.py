@@ -76,6 +76,11 @@ def test_micro_batch_job_on_the_dashboard(spark_session: Any, tmp_path: Path) ->
         assert seen, "no epoch showed up on the dashboard"
         assert seen["engine"] == "spark"
         assert seen["snapshot"]["epoch"] >= 0 and seen["snapshot"]["bytes"] > 0
+        # Spark's own view: the job group's stages with their task counts
+        assert seen["stages"] and all(0 <= st["tasks_done"] <= st["tasks_total"] for st in seen["stages"])
+        assert any(st["tasks_total"] > 0 for st in seen["stages"])
+        with urllib.request.urlopen(server.url + "metrics", timeout=10) as r:
+            assert "slipstream_spark_stage_tasks{" in r.read().decode()
         v = {x["name"]: x for x in seen["vertices"]}
         assert v["windows"]["parallelism"] >= 1 and v["source"]["items_out"] > 0
         with urllib.request.urlopen(server.url, timeout=10) as r:

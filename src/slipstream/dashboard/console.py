@@ -106,6 +106,10 @@ class Progress:
             head += f", snapshot #{s['id']} ({s['age_s']:.0f}s ago)"
         if doc.get("error"):
             head += f", error: {doc['error']}"
+        if doc.get("stages"):
+            head += ", Spark stages " + ", ".join(
+                f"#{x['id']} {x['tasks_done']}/{x['tasks_total']}" for x in doc["stages"][-3:]
+            )
         width = max((len(v["name"]) for v in doc["vertices"]), default=0)
         lines = [head]
         for v in doc["vertices"]:
@@ -137,6 +141,10 @@ class Progress:
         if doc.get("snapshot"):
             s = doc["snapshot"]
             title += f", snapshot #{s['id']} {s['age_s']:.0f} s ago"
+        if doc.get("stages"):
+            title += ", Spark stages " + ", ".join(
+                f"#{x['id']} {x['tasks_done']}/{x['tasks_total']}" for x in doc["stages"][-3:]
+            )
         t = Table(title=title, title_justify="left", box=None, pad_edge=False)
         for col in ("vertex", "procs", "in/s", "out/s", "total out", "wm lag", "queue", "late"):
             t.add_column(col, justify="left" if col == "vertex" else "right")

@@ -59,6 +59,10 @@ _SCRIPT = """
     var s=j.snapshot;
     set(sec,'[data-f=snapshot]',s?('#'+s.id+', '+fmtMs(s.duration_ms)+', '+fmtB(s.bytes)+', '+s.age_s+' s ago'):'none yet');
     set(sec,'[data-f=error]',j.error||'');
+    var sg=sec.querySelector('[data-f=stages]');
+    if(sg&&j.stages&&j.stages.length){sg.parentNode.style.display='';
+      set(sec,'[data-f=stages]',j.stages.slice(-3).map(function(x){
+        return '#'+x.id+' '+x.tasks_done+'/'+x.tasks_total+(x.tasks_active?' ('+x.tasks_active+' running)':'');}).join(', '));}
     j.vertices.forEach(function(v){
       var row=sec.querySelector('tr[data-vertex="'+esc(v.name)+'"]');
       if(row){
@@ -140,7 +144,8 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         f'<h2>{escape(name)} <span class="status"></span></h2>'
         '<div class="facts"><span>elapsed <b data-f="elapsed"></b></span>'
         '<span>restarts <b data-f="restarts"></b></span>'
-        '<span>last snapshot <b data-f="snapshot"></b></span></div>'
+        '<span>last snapshot <b data-f="snapshot"></b></span>'
+        '<span style="display:none">Spark stages (tasks done/total) <b data-f="stages"></b></span></div>'
         '<div class="error" data-f="error"></div>'
         f'<div class="dagbox">{svg}</div>'
         "<table><thead><tr><th>vertex</th><th>processors</th><th>in/s</th><th>out/s</th>"

@@ -53,8 +53,16 @@ class JobsCollector(Collector):
         lag = GaugeMetricFamily(
             "slipstream_vertex_watermark_lag_seconds", "Watermark lag behind the wall clock", labels=vlabels
         )
+        stage_tasks = GaugeMetricFamily(
+            "slipstream_spark_stage_tasks",
+            "Tasks of the job's recent Spark stages, by state (done, active, failed, total)",
+            labels=[*labels, "stage", "state"],
+        )
         for j in jobs:
             lv = [j["name"], j["id"]]
+            for st in j.get("stages") or ():
+                for state in ("done", "active", "failed", "total"):
+                    stage_tasks.add_metric([*lv, str(st["id"]), state], st[f"tasks_{state}"])
             status.add_metric([*lv, j["status"]], 1.0 if j["status"] == "running" else 0.0)
             restarts.add_metric(lv, j["restarts"])
             snaps.add_metric(lv, j["snapshots"])
@@ -78,7 +86,7 @@ class JobsCollector(Collector):
                     wm.add_metric(vl, v["watermark"])
                 if v["watermark_lag_ms"] is not None:
                     lag.add_metric(vl, v["watermark_lag_ms"] / 1000.0)
-        yield from (status, restarts, snaps, snap_id, snap_dur, snap_bytes, snap_age)
+        yield from (status, restarts, snaps, snap_id, snap_dur, snap_bytes, snap_age, stage_tasks)
         yield from (items_in, items_out, late, in_rate, out_rate, fill, wm, lag)
 
 

@@ -92,6 +92,7 @@ class Sampler:
             "snapshots": int(job_metrics.get("snapshots", 0)),
             "snapshot": snap,
             "error": watch.get("error"),
+            "stages": watch.get("stages"),
             "vertices": vertices,
         }
 

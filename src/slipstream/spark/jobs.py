@@ -100,6 +100,32 @@ class SparkJobBase(JobHandle):
         assert self._error is not None
         return self._error
 
+    def spark_stages(self, limit: int = 8) -> list[dict[str, Any]]:
+        """The newest ``limit`` Spark stages of this job (its job group), with their task
+        counts, from Spark's status tracker: what a watcher can know while tasks run."""
+        try:
+            tracker = self.engine.spark_context.statusTracker()
+            stages: list[dict[str, Any]] = []
+            for jid in tracker.getJobIdsForGroup(self.job_group):
+                info = tracker.getJobInfo(jid)
+                for sid in info.stageIds if info is not None else ():
+                    st = tracker.getStageInfo(sid)
+                    if st is not None:
+                        stages.append(
+                            {
+                                "id": int(sid),
+                                "name": str(st.name),
+                                "tasks_done": int(st.numCompletedTasks),
+                                "tasks_active": int(st.numActiveTasks),
+                                "tasks_failed": int(st.numFailedTasks),
+                                "tasks_total": int(st.numTasks),
+                            }
+                        )
+        except Exception:  # noqa: BLE001 - a watcher never fails the job (context gone)
+            return []
+        stages.sort(key=lambda x: x["id"])
+        return stages[-limit:]
+
     def _failure(self, error: BaseException) -> JobFailedError:
         return failure_error(self.name, error, self.failure_key)
 
@@ -164,9 +190,9 @@ class SparkJob(SparkJobBase):
         return {k: dict(v) for k, v in self._metrics.items()}
 
     def watch(self) -> dict[str, Any]:
-        """See :meth:`JobHandle.watch`: a batch job on Spark reports its parallelism and
-        error; its counters arrive when it completes."""
-        out: dict[str, Any] = {}
+        """See :meth:`JobHandle.watch`: a batch job on Spark reports its parallelism, its
+        Spark stages' task progress and its error; its counters arrive when it completes."""
+        out: dict[str, Any] = {"stages": self.spark_stages()}
         compiled = self._compiled
         if compiled is not None:
             out["parallelism"] = dict(compiled.total_parallelism)

@@ -183,6 +183,7 @@ class _EpochJob(SparkJobBase):
             }
             if self._last_epoch is not None:
                 out["snapshot"] = dict(self._last_epoch)
+        out["stages"] = self.spark_stages()
         if self._error is not None:
             out["error"] = str(self._error)
         return out
