@@ -3,24 +3,39 @@
 from __future__ import annotations
 
 import functools
+import operator
 import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.aggregate import (
     AggregateOperation,
     all_of,
     averaging,
+    bottom_n,
+    concatenating,
     counting,
+    filtering,
+    flat_mapping,
+    grouping_by,
     identity,
+    linear_trend,
+    mapping,
     max_by,
     min_by,
+    pick_any,
+    reducing,
+    sorting,
     summing,
+    to_dict,
     to_list,
+    to_map,
+    to_set,
+    top_n,
 )
 
 Op = AggregateOperation[Any, Any, Any]
@@ -43,6 +58,39 @@ def mod7(x: int) -> int:
 
 def neg(x: int) -> int:
     return -x
+
+
+def is_even(x: int) -> bool:
+    return x % 2 == 0
+
+
+def none_if_negative(x: int) -> int | None:
+    return None if x < 0 else x
+
+
+def twice(x: int) -> tuple[int, int]:
+    return (x, x)
+
+
+def singleton(x: int) -> tuple[int]:
+    return (x,)
+
+
+def first(a: Any, b: Any) -> Any:
+    return a
+
+
+def slope(xs: list[int], ys: list[int]) -> float | None:
+    """Least-squares slope with exact fractions, centred (not the op's formula)."""
+    from fractions import Fraction
+
+    if not xs:
+        return None
+    mx, my = Fraction(sum(xs), len(xs)), Fraction(sum(ys), len(ys))
+    var = sum((x - mx) ** 2 for x in xs)
+    if not var:
+        return None
+    return float(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var)
 
 
 # -- the primitives, one op at a time ----------------------------------------------------
@@ -261,6 +309,25 @@ ALL_OPS: list[Op] = [
     all_of(counting(), to_list(), max_by(mod7)),
     all_of(summing(), averaging()),
     counting().and_then(str),
+    reducing(0, identity, operator.add, operator.sub),
+    reducing((), singleton, operator.add),
+    to_set(),
+    to_dict(mod7, identity, max),
+    to_map(str, neg, first),
+    mapping(mod7, summing()),
+    mapping(none_if_negative, counting()),
+    filtering(is_even, to_list()),
+    flat_mapping(twice, summing()),
+    mapping(str, concatenating(",", "[", "]")),
+    grouping_by(mod7),
+    grouping_by(mod7, counting()),
+    pick_any(),
+    sorting(),
+    sorting(mod7, reverse=True),
+    top_n(3),
+    bottom_n(3),
+    linear_trend(identity, mod7),
+    all_of(counting(), summing(), to_set(), pick_any(), linear_trend(mod7, identity)),
 ]
 
 DEDUCT_OPS: list[Op] = [
@@ -270,6 +337,13 @@ DEDUCT_OPS: list[Op] = [
     averaging(),
     averaging(mod7),
     all_of(counting(), summing(), averaging()),
+    reducing(0, identity, operator.add, operator.sub),
+    mapping(mod7, summing()),
+    mapping(none_if_negative, counting()),
+    filtering(is_even, summing()),
+    flat_mapping(twice, averaging()),
+    linear_trend(identity, mod7),
+    all_of(counting(), linear_trend(mod7, identity), summing(neg)),
 ]
 
 ints = st.lists(st.integers(min_value=-(10**9), max_value=10**9), max_size=40)
@@ -293,18 +367,39 @@ def oracle(op_index: int, items: list[int]) -> Any:
         lambda: (count, list(items), max(items, key=mod7, default=None)),
         lambda: (total, mean),
         lambda: str(count),
+        lambda: total,
+        lambda: tuple(items),
+        lambda: set(items),
+        lambda: {k: max(x for x in items if mod7(x) == k) for k in {mod7(x) for x in items}},
+        lambda: {str(x): -x for x in reversed(items)},  # the first value of a key stays
+        lambda: sum(map(mod7, items)),
+        lambda: sum(1 for x in items if x >= 0),
+        lambda: [x for x in items if is_even(x)],
+        lambda: 2 * total,
+        lambda: "[" + ",".join(map(str, items)) + "]",
+        lambda: {k: [x for x in items if mod7(x) == k] for k in {mod7(x) for x in items}},
+        lambda: {k: sum(1 for x in items if mod7(x) == k) for k in {mod7(x) for x in items}},
+        lambda: items[0] if items else None,
+        lambda: sorted(items),
+        lambda: sorted(items, key=mod7, reverse=True),
+        lambda: sorted(items, reverse=True)[:3],
+        lambda: sorted(items)[:3],
+        lambda: slope(items, [mod7(x) for x in items]),
+        lambda: (count, total, set(items), items[0] if items else None, slope([mod7(x) for x in items], items)),
     ]
     assert len(expectations) == len(ALL_OPS)
     return expectations[op_index]()
 
 
 @pytest.mark.parametrize("op_index", range(len(ALL_OPS)))
+@settings(max_examples=40)
 @given(items=ints)
 def test_aggregate_matches_oracle(op_index: int, items: list[int]) -> None:
     assert aggregate(ALL_OPS[op_index], items) == oracle(op_index, items)
 
 
 @pytest.mark.parametrize("op", ALL_OPS)
+@settings(max_examples=40)
 @given(items=ints, cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=5))
 def test_split_then_combine_equals_whole(op: Op, items: list[int], cuts: list[int]) -> None:
     bounds = sorted({0, len(items), *(min(c, len(items)) for c in cuts)})
@@ -321,6 +416,7 @@ def test_split_then_combine_equals_whole(op: Op, items: list[int], cuts: list[in
 
 
 @pytest.mark.parametrize("op", DEDUCT_OPS)
+@settings(max_examples=40)
 @given(left=ints, right=ints)
 def test_deduct_is_inverse_of_combine(op: Op, left: list[int], right: list[int]) -> None:
     assert op.combine is not None and op.deduct is not None
@@ -352,3 +448,128 @@ def test_additive_promise_matches_accumulate() -> None:
     stage2 = summing(get).with_combining_accumulate(operator.itemgetter(0))
     assert stage2.additive is not None and stage2.accumulate(3, (4, "x")) == 7
     assert to_list().additive is None
+
+
+# -- Jet's aggregate operations beyond the basic ones -------------------------------------
+
+
+def test_pick_any_deduct_forgets_only_at_zero() -> None:
+    """pick_any's deduct (Jet's PickAnyAccumulator) counts items: deducting the combined
+    right side restores the left one; emptying it forgets the item."""
+    op = pick_any()
+    assert op.deduct is not None and op.combine is not None
+    a, b = accumulate_all(op, [3, None, 4]), accumulate_all(op, [9])
+    assert op.finish(a) == 3 and a == (3, 2)
+    assert op.deduct(op.combine(a, b), b) == a
+    assert op.deduct(a, a) == op.create()
+    assert op.finish(op.deduct(a, a)) is None
+    assert aggregate(op, [None, None]) is None
+
+
+@given(left=ints, right=ints)
+def test_pick_any_deduct_keeps_a_value_while_items_remain(left: list[int], right: list[int]) -> None:
+    op = pick_any()
+    assert op.combine is not None and op.deduct is not None
+    a, b = accumulate_all(op, left), accumulate_all(op, right)
+    assert op.deduct(op.combine(a, b), b) == a
+    rest = op.deduct(op.combine(a, b), a)
+    assert rest[1] == len(right) and (rest[0] is None) == (not right)
+
+
+def test_to_dict_duplicate_key_is_an_error_naming_key_and_values() -> None:
+    op = to_dict(mod7)
+    with pytest.raises(ValueError, match=r"duplicate key 1 \(values 1 and 8\)"):
+        aggregate(op, [1, 8])
+    assert op.combine is not None
+    with pytest.raises(ValueError, match="duplicate key 2"):
+        op.combine(accumulate_all(op, [2]), accumulate_all(op, [9]))
+    assert aggregate(to_dict(mod7, neg), [1, 2]) == {1: -1, 2: -2}
+    assert aggregate(to_dict(mod7, identity, operator.add), [1, 8, 2]) == {1: 9, 2: 2}
+    assert to_map is to_dict
+
+
+def test_concatenating_like_jet() -> None:
+    assert aggregate(concatenating(), ["a", "b", "c"]) == "abc"
+    assert aggregate(concatenating("-"), ["a", "", "b"]) == "a-b"  # empty adds no delimiter
+    assert aggregate(concatenating(", ", "<", ">"), []) == "<>"
+    op = concatenating("/", "(", ")")
+    assert op.combine is not None
+    assert op.finish(op.combine(accumulate_all(op, ["x"]), accumulate_all(op, []))) == "(x)"
+    assert op.deduct is None
+    with pytest.raises(TypeError, match="items must be str"):
+        aggregate(op, ["a", 1])
+
+
+def test_grouping_by_needs_downstream_combine_and_has_no_deduct() -> None:
+    assert grouping_by(mod7, counting()).deduct is None
+    no_combine = AggregateOperation(int, lambda a, x: a + 1)
+    assert grouping_by(mod7, no_combine).combine is None
+    assert aggregate(grouping_by(mod7, no_combine), [1, 8, 2]) == {1: 2, 2: 1}
+
+
+def test_mapping_filtering_flat_mapping_keep_downstream_primitives() -> None:
+    down = averaging()
+    for op in (mapping(neg, down), filtering(is_even, down), flat_mapping(twice, down)):
+        assert op.combine is down.combine and op.deduct is down.deduct
+        assert op.finish is down.finish
+    assert aggregate(mapping(none_if_negative, to_list()), [1, -2, 3]) == [1, 3]
+    assert aggregate(flat_mapping(str.split, to_list()), ["a b", "", "c"]) == ["a", "b", "c"]
+
+
+def test_top_n_and_bottom_n_with_keys_and_ties() -> None:
+    words = ["bb", "a", "ccc", "dd", "e", "fff"]
+    assert aggregate(top_n(2, len), words) == ["ccc", "fff"]  # ties: the first kept
+    assert aggregate(bottom_n(2, len), words) == ["a", "e"]
+    assert aggregate(top_n(10), [2, 1]) == [2, 1]
+    # items need not be comparable, only their keys
+    dicts = [{"v": 3}, {"v": 1}, {"v": 2}]
+    assert aggregate(top_n(1, operator.itemgetter("v")), dicts) == [{"v": 3}]
+    op = top_n(2)
+    assert op.deduct is None and op.combine is not None
+    clone = pickle.loads(pickle.dumps(accumulate_all(op, [5, 7, 6])))
+    assert op.finish(op.combine(clone, accumulate_all(op, [8]))) == [8, 7]
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="n must be an int >= 1"):
+            top_n(bad)  # type: ignore[arg-type]
+
+
+def test_sorting_is_stable_and_complete() -> None:
+    assert aggregate(sorting(mod7), [8, 1, 15, 2]) == [8, 1, 15, 2]
+    assert aggregate(sorting(), [3, 1, 2]) == [1, 2, 3]
+    assert sorting().deduct is None
+
+
+def test_linear_trend() -> None:
+    op = linear_trend(operator.itemgetter(0), operator.itemgetter(1))
+    assert aggregate(op, [(0, 1), (1, 3), (2, 5)]) == 2.0
+    assert aggregate(op, []) is None  # Jet: NaN
+    assert aggregate(op, [(4, 1), (4, 9)]) is None  # vertical: undefined
+    big = [(x, 10**18 + 3 * x) for x in range(5)]
+    assert aggregate(op, big) == 3.0  # exact ints, no precision loss
+    assert op.deduct is not None and op.deduct(accumulate_all(op, big), accumulate_all(op, big)) == op.create()
+
+
+def test_reducing() -> None:
+    op = reducing(1, identity, operator.mul)
+    assert aggregate(op, [2, 3, 4]) == 24 and aggregate(op, []) == 1
+    assert op.deduct is None
+    assert reducing(0, identity, operator.add, operator.sub).deduct is operator.sub
+
+
+def test_all_of_any_number_of_ops() -> None:
+    ops = [counting(), summing(), min_by(), max_by(), to_list(), to_set(), averaging()]
+    op = all_of(*ops)
+    assert aggregate(op, [3, 1, 2]) == (3, 6, 1, 3, [3, 1, 2], {1, 2, 3}, 2.0)
+    assert op.deduct is None  # min_by has none
+    assert all_of(*[counting()] * 9).deduct is not None
+
+
+def test_new_factories_validate_their_functions() -> None:
+    with pytest.raises(TypeError, match="mapping: map_fn"):
+        mapping(3, counting())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="filtering: downstream must be an AggregateOperation"):
+        filtering(is_even, sum)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="to_dict: key_fn"):
+        to_dict("k")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="concatenating: delimiter must be a str"):
+        concatenating(1)  # type: ignore[arg-type]
