@@ -47,6 +47,25 @@ def check_fn(fn: Any, name: str, where: str) -> None:
         raise TypeError(f"{where}: {name} must be callable, got {fn!r}")
 
 
+def per_input_fns(fns: Any, name: str, where: str, arity: int) -> tuple[Any, ...]:
+    """``fns`` as a tuple of ``arity`` callables, one per input ordinal: a single
+    callable serves every input; a list or tuple must hold one callable per input
+    (``arity`` is the aggregate operation's). Errors name ``where`` and ``name``."""
+    if callable(fns):
+        return (fns,) * arity
+    if isinstance(fns, (list, tuple)):
+        if len(fns) != arity:
+            raise ValueError(
+                f"{where}: {name} has {len(fns)} function(s) but agg_op takes {arity} "
+                f"input(s): give one per inbound edge (ordinal)"
+            )
+        for i, fn in enumerate(fns):
+            if not callable(fn):
+                raise TypeError(f"{where}: {name}[{i}] must be callable, got {fn!r}")
+        return tuple(fns)
+    raise TypeError(f"{where}: {name} must be callable or a list of callables, got {fns!r}")
+
+
 def check_name(name: Any, factory: str) -> None:
     """The ``name`` of a named list or map: a non-empty ``str``, else ``TypeError``."""
     if not isinstance(name, str) or not name:

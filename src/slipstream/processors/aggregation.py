@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from itertools import islice
 from typing import Any
@@ -47,7 +47,7 @@ from slipstream.aggregate import AggregateOperation, counting, identity
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import KEYED, declare
-from slipstream.core.validation import check_callable
+from slipstream.core.validation import per_input_fns
 
 __all__ = [
     "aggregate",
@@ -140,6 +140,8 @@ class AggregateP(AbstractProcessor):
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         fold = self._fold
+        if ordinal and self._mode != "combine":  # co-aggregation: this input's function
+            fold = self._op.accumulate_fn(ordinal)
         acc = self._acc
         for item in inbox:
             acc = fold(acc, item)
@@ -201,8 +203,10 @@ class GroupByKeyP(AbstractProcessor):
     their keys. Exactly-once (or no restore) accumulates every item once.
     """
 
-    def __init__(self, key_fn: Callable[[Any], Any] | None, op: Op, mode: str) -> None:
-        self._key_fn = key_fn
+    def __init__(self, key_fn: Any, op: Op, mode: str) -> None:
+        # one key function per input ordinal (co-grouping), or None for combine
+        self._key_fns: tuple[Any, ...] = key_fn if isinstance(key_fn, tuple) else (key_fn,)
+        self._key_fn = self._key_fns[0]
         self._op = op
         self._mode = mode
         self.groups: dict[Any, Any] = {}
@@ -228,17 +232,25 @@ class GroupByKeyP(AbstractProcessor):
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if self._mode == "combine":
             self._combine_inbox(inbox)
-        elif self._counting:
+        elif self._counting and not ordinal:
             _count_elements(self.groups, _builtin_map(self._key_fn, inbox))  # type: ignore[misc, arg-type]
             inbox.clear()
         else:
-            self._accumulate_inbox(inbox)
+            self._accumulate_inbox(ordinal, inbox)
 
-    def _accumulate_inbox(self, inbox: Inbox) -> None:
+    def _accumulate_inbox(self, ordinal: int, inbox: Inbox) -> None:
         d = self.groups
         get = d.get
         acc_fn = self._op.accumulate
         key_fn = self._key_fn
+        if ordinal:  # co-grouping: this input's key and accumulate functions
+            acc_fn = self._op.accumulate_fn(ordinal)
+            if ordinal >= len(self._key_fns):
+                raise ValueError(
+                    f"vertex {self.context.vertex_name!r}: items arrived on input ordinal "
+                    f"{ordinal} but there are key functions for {len(self._key_fns)} input(s)"
+                )
+            key_fn = self._key_fns[ordinal]
         assert key_fn is not None
         initial = self._initial
         if initial is not _MISSING:
@@ -393,18 +405,27 @@ def combine(op: Op) -> Callable[[], AggregateP]:
     return functools.partial(AggregateP, op, "combine")
 
 
-def aggregate_by_key(key_fn: Callable[[Any], Any], op: Op) -> Callable[[], GroupByKeyP]:
-    """``(key, op.finish(acc))`` per distinct ``key_fn(item)``."""
-    check_callable(key_fn, "key_fn", "aggregate_by_key")
+KeyFns = Callable[[Any], Any] | Sequence[Callable[[Any], Any]]
+
+
+def aggregate_by_key(key_fn: KeyFns, op: Op) -> Callable[[], GroupByKeyP]:
+    """``(key, op.finish(acc))`` per distinct ``key_fn(item)``.
+
+    Co-grouping: with an ``op`` of several inputs (``co_aggregate``), ``key_fn`` may be a
+    list with one key function per inbound edge (ordinal); items of every input that
+    share a key are aggregated together, each input by its own component op.
+    """
     _check_op(op, "aggregate_by_key")
-    return declare(functools.partial(GroupByKeyP, key_fn, op, "aggregate"), KEYED)
+    key_fns = per_input_fns(key_fn, "key_fn", "aggregate_by_key()", op.arity)
+    return declare(functools.partial(GroupByKeyP, key_fns, op, "aggregate"), KEYED)
 
 
-def accumulate_by_key(key_fn: Callable[[Any], Any], op: Op) -> Callable[[], GroupByKeyP]:
-    """Stage 1 of a two-stage keyed aggregation: ``(key, acc)`` per distinct key."""
-    check_callable(key_fn, "key_fn", "accumulate_by_key")
+def accumulate_by_key(key_fn: KeyFns, op: Op) -> Callable[[], GroupByKeyP]:
+    """Stage 1 of a two-stage keyed aggregation: ``(key, acc)`` per distinct key (one
+    key function per input as in :func:`aggregate_by_key`)."""
     _check_op(op, "accumulate_by_key")
-    return functools.partial(GroupByKeyP, key_fn, op, "accumulate")
+    key_fns = per_input_fns(key_fn, "key_fn", "accumulate_by_key()", op.arity)
+    return functools.partial(GroupByKeyP, key_fns, op, "accumulate")
 
 
 def combine_by_key(op: Op) -> Callable[[], GroupByKeyP]:

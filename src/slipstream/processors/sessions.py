@@ -42,7 +42,7 @@ import functools
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation
@@ -51,10 +51,10 @@ from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
-    check_fn,
     check_invalid_timestamps,
     int_value,
     only_int_timestamps,
+    per_input_fns,
     valid_timestamps,
 )
 from slipstream.processors.windows import LATE_METRIC, WindowingP, _failing_item, check_agg_op
@@ -90,16 +90,14 @@ class SessionWindowP(WindowingP):
     def __init__(
         self,
         session_timeout: int,
-        key_fn: Callable[[Any], Any],
-        timestamp_fn: Callable[[Any], int],
+        key_fn: Any,
+        timestamp_fn: Any,
         agg_op: AggregateOperation[Any, Any, Any],
         invalid_timestamps: str = "fail",
     ) -> None:
         super().__init__(invalid_timestamps)
         self._timeout = session_timeout
-        self._key_fn = key_fn
-        self._timestamp_fn = timestamp_fn
-        self._op = agg_op
+        self._set_input_fns(key_fn, timestamp_fn, agg_op)
         self._sessions: dict[Any, list[list[Any]]] = {}
         self._heap: list[tuple[int, int, Any]] = []
         # key -> sequence number of its live heap entry
@@ -113,6 +111,8 @@ class SessionWindowP(WindowingP):
         ts_fn = self._timestamp_fn
         key_fn = self._key_fn
         accumulate = self._op.accumulate
+        if ordinal:  # co-aggregation: this input's own functions
+            ts_fn, key_fn, accumulate = self._input_fns(ordinal)
         create = self._op.create
         combine = self._op.combine
         assert combine is not None
@@ -240,8 +240,8 @@ class SessionWindowP(WindowingP):
 def aggregate_to_session_window(
     *,
     session_timeout: int,
-    key_fn: Callable[[Any], Any],
-    timestamp_fn: Callable[[Any], int],
+    key_fn: Callable[[Any], Any] | Sequence[Callable[[Any], Any]],
+    timestamp_fn: Callable[[Any], int] | Sequence[Callable[[Any], int]],
     agg_op: AggregateOperation[Any, Any, Any],
     invalid_timestamps: str = "fail",
 ) -> Callable[[], SessionWindowP]:
@@ -259,18 +259,18 @@ def aggregate_to_session_window(
         raise TypeError(f"{name}: session_timeout must be a positive int, got {session_timeout!r}")
     if timeout <= 0:
         raise ValueError(f"{name}: session_timeout must be > 0, got {timeout}")
-    check_fn(key_fn, "key_fn", name)
-    check_fn(timestamp_fn, "timestamp_fn", name)
     check_agg_op(
         name,
         agg_op,
         needs_combine=True,
         why="to merge two sessions that an out-of-order event bridges",
     )
+    key_fns = per_input_fns(key_fn, "key_fn", name, agg_op.arity)
+    ts_fns = per_input_fns(timestamp_fn, "timestamp_fn", name, agg_op.arity)
     invalid = check_invalid_timestamps(invalid_timestamps, name)
     return declare(
         functools.partial(
-            SessionWindowP, timeout, key_fn, timestamp_fn, agg_op, invalid_timestamps=invalid
+            SessionWindowP, timeout, key_fns, ts_fns, agg_op, invalid_timestamps=invalid
         ),
         KEYED,
         WINDOWED,

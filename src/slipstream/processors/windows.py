@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, identity
@@ -60,9 +60,9 @@ from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
-    check_fn,
     check_invalid_timestamps,
     only_int_timestamps,
+    per_input_fns,
     valid_timestamps,
 )
 from slipstream.window import KeyedWindowResult, SlidingWindowDef
@@ -138,6 +138,28 @@ class WindowingP(AbstractProcessor):
 
     def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
         raise NotImplementedError
+
+    def _set_input_fns(self, key_fn: Any, timestamp_fn: Any, op: AggregateOperation[Any, Any, Any]) -> None:
+        """Key and timestamp functions, one per input ordinal (tuples, or ``None`` for a
+        processor whose items carry their own); ``_key_fn``/``_timestamp_fn`` are
+        ordinal 0's, which the hot loops use directly."""
+        self._key_fns: tuple[Any, ...] = key_fn if isinstance(key_fn, tuple) else (key_fn,)
+        self._ts_fns: tuple[Any, ...] = (
+            timestamp_fn if isinstance(timestamp_fn, tuple) else (timestamp_fn,)
+        )
+        self._key_fn = self._key_fns[0]
+        self._timestamp_fn = self._ts_fns[0]
+        self._op = op
+
+    def _input_fns(self, ordinal: int) -> tuple[Any, Any, Any]:
+        """(timestamp_fn, key_fn, accumulate) of input ``ordinal``."""
+        accumulate = self._op.accumulate_fn(ordinal)
+        if ordinal >= len(self._ts_fns) or ordinal >= len(self._key_fns):
+            raise ValueError(
+                f"{self._where()}: items arrived on input ordinal {ordinal} but the "
+                f"processor has key and timestamp functions for {len(self._ts_fns)} input(s)"
+            )
+        return self._ts_fns[ordinal], self._key_fns[ordinal], accumulate
 
     def _where(self) -> str:
         return f"{self._vertex_kind} (vertex {self.context.vertex_name!r})"
@@ -241,16 +263,15 @@ class SlidingWindowP(WindowingP):
 
     def __init__(
         self,
-        key_fn: Callable[[Any], Any] | None,
-        timestamp_fn: Callable[[Any], int] | None,
+        key_fn: Any,
+        timestamp_fn: Any,
         window_def: SlidingWindowDef,
         agg_op: AggregateOperation[Any, Any, Any],
         last_stage: bool = True,
         invalid_timestamps: str = "fail",
     ) -> None:
         super().__init__(invalid_timestamps)
-        self._key_fn = key_fn
-        self._timestamp_fn = timestamp_fn
+        self._set_input_fns(key_fn, timestamp_fn, agg_op)
         self._wd = window_def
         self._op = agg_op
         self._last_stage = last_stage
@@ -281,6 +302,10 @@ class SlidingWindowP(WindowingP):
         key_fn = self._key_fn
         assert ts_fn is not None and key_fn is not None
         accumulate = self._op.accumulate
+        additive = self._op.additive
+        if ordinal:  # co-aggregation: this input's own functions
+            ts_fn, key_fn, accumulate = self._input_fns(ordinal)
+            additive = None
         create = self._op.create
         fs = self._fs
         offset = self._offset
@@ -288,7 +313,6 @@ class SlidingWindowP(WindowingP):
         top = self._top
         late = 0
         item: Any = None
-        additive = self._op.additive
         # the timestamps first, at C speed, and one type scan: a NaN or a float would
         # otherwise make a frame of its own that no window ever frees
         items: Any = inbox
@@ -649,8 +673,8 @@ def check_agg_op(factory: str, agg_op: Any, *, needs_combine: bool, why: str = "
 
 def aggregate_to_sliding_window(
     *,
-    key_fn: Callable[[Any], Any],
-    timestamp_fn: Callable[[Any], int],
+    key_fn: Callable[[Any], Any] | Sequence[Callable[[Any], Any]],
+    timestamp_fn: Callable[[Any], int] | Sequence[Callable[[Any], int]],
     window_def: SlidingWindowDef,
     agg_op: AggregateOperation[Any, Any, Any],
     invalid_timestamps: str = "fail",
@@ -670,8 +694,6 @@ def aggregate_to_sliding_window(
     ``late_items_dropped`` metric.
     """
     name = "aggregate_to_sliding_window"
-    check_fn(key_fn, "key_fn", name)
-    check_fn(timestamp_fn, "timestamp_fn", name)
     _check_window_def(name, window_def)
     check_agg_op(
         name,
@@ -679,12 +701,14 @@ def aggregate_to_sliding_window(
         needs_combine=not window_def.is_tumbling,
         why="to assemble a sliding window from its frames (or use a tumbling window)",
     )
+    key_fns = per_input_fns(key_fn, "key_fn", name, agg_op.arity)
+    ts_fns = per_input_fns(timestamp_fn, "timestamp_fn", name, agg_op.arity)
     invalid = check_invalid_timestamps(invalid_timestamps, name)
     return declare(
         functools.partial(
             SlidingWindowP,
-            key_fn,
-            timestamp_fn,
+            key_fns,
+            ts_fns,
             window_def,
             agg_op,
             True,
@@ -697,8 +721,8 @@ def aggregate_to_sliding_window(
 
 def accumulate_by_frame(
     *,
-    key_fn: Callable[[Any], Any],
-    timestamp_fn: Callable[[Any], int],
+    key_fn: Callable[[Any], Any] | Sequence[Callable[[Any], Any]],
+    timestamp_fn: Callable[[Any], int] | Sequence[Callable[[Any], int]],
     window_def: SlidingWindowDef,
     agg_op: AggregateOperation[Any, Any, Any],
     invalid_timestamps: str = "fail",
@@ -713,16 +737,16 @@ def accumulate_by_frame(
     ``invalid_timestamps`` as in :func:`aggregate_to_sliding_window`.
     """
     name = "accumulate_by_frame"
-    check_fn(key_fn, "key_fn", name)
-    check_fn(timestamp_fn, "timestamp_fn", name)
     _check_window_def(name, window_def)
     check_agg_op(name, agg_op, needs_combine=False)
+    key_fns = per_input_fns(key_fn, "key_fn", name, agg_op.arity)
+    ts_fns = per_input_fns(timestamp_fn, "timestamp_fn", name, agg_op.arity)
     invalid = check_invalid_timestamps(invalid_timestamps, name)
     return declare(
         functools.partial(
             _AccumulateByFrameP,
-            key_fn,
-            timestamp_fn,
+            key_fns,
+            ts_fns,
             window_def.to_tumbling_by_frame(),
             agg_op.with_identity_finish(),
             False,
