@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from servers import PostgresServer, postgres_server
+from servers import KafkaBroker, PostgresServer, kafka_broker, postgres_server
 
 os.environ["SLIPSTREAM_KEY_DIR"] = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".slipstream", "test-keys"
@@ -24,3 +24,10 @@ def postgres() -> Iterator[PostgresServer]:
     """One private PostgreSQL cluster on 127.0.0.1 for the whole test session."""
     with postgres_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaBroker]:
+    """One Kafka-compatible broker (Tansu, memory only) on 127.0.0.1 for the session."""
+    with kafka_broker() as broker:
+        yield broker

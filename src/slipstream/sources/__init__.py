@@ -2,6 +2,7 @@
 
 from slipstream.sources.batch import items, list_source, map_source
 from slipstream.sources.files import read_csv, read_files, read_jsonl, read_parquet
+from slipstream.sources.kafka import kafka
 from slipstream.sources.sql import sql_source as sql
 from slipstream.sources.streaming import generator, stream_files, stream_socket
 from slipstream.spark.io import spark_dataframe_source as spark_dataframe
@@ -20,6 +21,7 @@ __all__ = [
     "stream_files",
     "generator",
     "sql",
+    "kafka",
     "spark_dataframe",
     "spark_rdd",
     "spark_stream",

@@ -1,0 +1,309 @@
+"""Kafka sink (``sinks.kafka``), on confluent-kafka.
+
+Each item becomes one record of ``topic``: the value is ``value_fn(item)`` (default: the
+item itself), the key ``key_fn(item)`` (default: none); a ``str`` is sent as UTF-8, bytes
+as they are, ``None`` as a null. Anything else fails the job with an error naming the item.
+
+Guarantees:
+
+* no snapshots: records are sent as they come and flushed when the input completes;
+* at-least-once: records are sent as they come; before a snapshot completes, every
+  record sent so far is flushed and acknowledged. A delivery error fails the job: nothing
+  is dropped silently;
+* exactly-once: **deferred transactions**. A processor holds the records of one snapshot
+  interval and saves them in the snapshot. When that snapshot has committed (it is durable
+  in the store), the processor writes them in one Kafka transaction, together with a
+  *marker*: the snapshot id committed as the offset of the consumer group
+  ``<prefix>-<lineage>-<index>`` (``send_offsets_to_transaction``), so the marker commits
+  if and only if the records do. A restore reads the marker of every processor of the
+  restored snapshot: if the snapshot's transaction did not commit (the process died
+  between the snapshot's commit and the transaction's), its records are written again
+  from the snapshot, under the same ``transactional.id``, whose ``init_transactions``
+  first fences off and aborts what the dead producer left open. Nothing reaches the broker
+  before its snapshot is durable, so a failure before that leaves nothing to undo.
+
+  The price: one snapshot interval of output is held in memory and stored in the
+  snapshot, and output appears one snapshot interval late (as with every transactional
+  sink). ``transactional.id`` values are ``<prefix>-<lineage>-<processor index>``: a
+  fresh execution picks a new lineage, a restored one keeps its snapshot's lineage. A
+  transaction left open by a process killed mid-commit keeps ``read_committed``
+  consumers waiting until it is fenced by the restore (same lineage) or until the
+  broker's ``transaction.timeout.ms`` aborts it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from slipstream.core.config import ProcessingGuarantee
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import Watermark
+from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.validation import check_callable
+
+__all__ = ["kafka", "KafkaSinkP", "transactional_prefix", "FINAL_MARKER"]
+
+#: Marker of the transaction a processor writes when its input completes.
+FINAL_MARKER = 1 << 62
+#: Seconds the transactional calls may take.
+TXN_TIMEOUT_S = 30.0
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def transactional_prefix(job_name: str, vertex_name: str) -> str:
+    """Start of the ``transactional.id`` and marker group of one sink vertex of one job."""
+    digest = hashlib.sha256(f"{job_name}\0{vertex_name}".encode()).hexdigest()[:10]
+    return f"slipstream-{_SAFE.sub('_', job_name)[:40]}-{_SAFE.sub('_', vertex_name)[:40]}-{digest}"
+
+
+def _encode(value: Any, what: str, item: Any, vertex: str) -> bytes | None:
+    if value is None or type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(
+        f"vertex {vertex!r}: a Kafka record {what} must be bytes, str or None, got "
+        f"{type(value).__name__} for item {item!r} (give the sink a {what}_fn)"
+    )
+
+
+class KafkaSinkP(AbstractProcessor):
+    """Writes items to ``topic``; see the module doc."""
+
+    snapshot_tag = "kafka-txn"
+
+    def __init__(
+        self,
+        topic: str,
+        config: dict[str, Any],
+        key_fn: Callable[[Any], Any] | None,
+        value_fn: Callable[[Any], Any] | None,
+    ) -> None:
+        self._topic = topic
+        self._config = config
+        self._key_fn = key_fn
+        self._value_fn = value_fn
+        self._producer: Any = None
+        self._error: str | None = None
+        self._exactly_once = False
+        self._held: list[tuple[bytes | None, bytes | None]] = []
+        self._lineage = ""
+        self._txn_producers: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._restored: list[tuple[int, str, int, list[Any]]] = []
+
+    def is_cooperative(self) -> bool:
+        return False  # flushes and transactions block
+
+    def init_processor(self, context: Context) -> None:
+        self._exactly_once = (
+            context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+            and context.snapshot_hooks is not None
+        )
+        self._prefix = transactional_prefix(context.job_name, context.vertex_name)
+        self._lineage = uuid.uuid4().hex[:12]  # replaced by the snapshot's on restore
+        if not self._exactly_once:
+            from confluent_kafka import Producer
+
+            self._producer = Producer(self._config)
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        return True
+
+    # -- records -----------------------------------------------------------------------
+    def _records(self, inbox: Inbox) -> list[tuple[bytes | None, bytes | None]]:
+        vertex = self.context.vertex_name
+        key_fn, value_fn = self._key_fn, self._value_fn
+        out = []
+        for item in inbox:
+            key = None if key_fn is None else _encode(key_fn(item), "key", item, vertex)
+            value = _encode(item if value_fn is None else value_fn(item), "value", item, vertex)
+            out.append((key, value))
+        inbox.clear()
+        return out
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        self._check_delivery()
+        records = self._records(inbox)
+        if self._exactly_once:
+            self._held.extend(records)
+        else:
+            self._produce(self._producer, records)
+            self._producer.poll(0)
+
+    def _produce(self, producer: Any, records: list[tuple[bytes | None, bytes | None]]) -> None:
+        topic, on_delivery = self._topic, self._on_delivery
+        for key, value in records:
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                    break
+                except BufferError:  # the client's queue is full: let it drain
+                    producer.poll(0.05)
+
+    def _on_delivery(self, error: Any, message: Any) -> None:
+        if error is not None and self._error is None:
+            self._error = (
+                f"vertex {self.context.vertex_name!r}: a record to Kafka topic "
+                f"{self._topic!r} was not delivered: {error}"
+            )
+
+    def _check_delivery(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(self._error)
+
+    def _flush(self) -> None:
+        producer = self._producer
+        while producer.flush(1.0) > 0:
+            self._check_delivery()
+        self._check_delivery()
+
+    # -- snapshots and transactions -------------------------------------------------------
+    def save_to_snapshot(self) -> bool:
+        ctx = self.context
+        if not self._exactly_once:
+            self._flush()  # at-least-once: acknowledged before the snapshot completes
+            return True
+        records, self._held = self._held, []
+        index, sid = ctx.global_processor_index, ctx.current_snapshot_id
+        if records:
+            ctx.stage_on_commit(
+                functools.partial(self._write_transaction, self._lineage, index, sid, records)
+            )
+        return self.outbox.offer_to_snapshot(
+            BroadcastKey((self.snapshot_tag, index)), (self._lineage, sid, records)
+        )
+
+    def complete(self) -> bool:
+        if not self._exactly_once:
+            self._flush()
+            return True
+        records, self._held = self._held, []
+        if records:
+            write = functools.partial(
+                self._write_transaction,
+                self._lineage,
+                self.context.global_processor_index,
+                FINAL_MARKER,
+                records,
+            )
+            if not self.context.stage_on_commit(write, at_completion=True):
+                write()
+        return True
+
+    def _marker_group(self, lineage: str, index: int) -> str:
+        return f"{self._prefix}-{lineage}-{index}"
+
+    def _txn_producer(self, lineage: str, index: int) -> Any:
+        """The transactional producer of processor ``index`` (of this or a restored
+        execution); ``init_transactions`` fences off an older one with the same id."""
+        producer = self._txn_producers.get(index)
+        if producer is None:
+            from confluent_kafka import Producer
+
+            producer = Producer(
+                {**self._config, "transactional.id": self._marker_group(lineage, index)}
+            )
+            producer.init_transactions(TXN_TIMEOUT_S)
+            self._txn_producers[index] = producer
+        return producer
+
+    def _write_transaction(self, lineage: str, index: int, marker: int, records: list[Any]) -> None:
+        """Write ``records`` and the marker in one transaction (runs where the snapshot
+        commits, or on restore)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        with self._lock:
+            producer = self._txn_producer(lineage, index)
+            group = Consumer({**self._config, "group.id": self._marker_group(lineage, index)})
+            try:
+                producer.begin_transaction()
+                self._produce(producer, records)
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(self._topic, 0, marker)],
+                    group.consumer_group_metadata(),
+                    TXN_TIMEOUT_S,
+                )
+                producer.commit_transaction(TXN_TIMEOUT_S)
+            finally:
+                group.close()
+            self._check_delivery()
+
+    def _committed_marker(self, lineage: str, index: int) -> int:
+        from confluent_kafka import Consumer, TopicPartition
+
+        group = Consumer(
+            {
+                **self._config,
+                "group.id": self._marker_group(lineage, index),
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            (tp,) = group.committed([TopicPartition(self._topic, 0)], timeout=TXN_TIMEOUT_S)
+            return int(tp.offset)  # negative when nothing was committed
+        finally:
+            group.close()
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        name = key.name if type(key) is BroadcastKey else None
+        if not (type(name) is tuple and len(name) == 2 and name[0] == self.snapshot_tag):
+            raise ValueError(
+                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key {key!r} "
+                "for the Kafka sink"
+            )
+        lineage, sid, records = value
+        self._restored.append((name[1], lineage, sid, records))
+
+    def finish_snapshot_restore(self) -> bool:
+        """Write again the transactions of the restored snapshot that did not commit;
+        processor ``i`` handles old processors ``j`` with ``j % parallelism == i``."""
+        ctx = self.context
+        for index, lineage, sid, records in sorted(self._restored, key=lambda r: r[2]):
+            self._lineage = lineage
+            if index % ctx.total_parallelism != ctx.global_processor_index:
+                continue
+            if records and self._committed_marker(lineage, index) < sid:
+                self._write_transaction(lineage, index, sid, records)
+            else:
+                self._txn_producer(lineage, index)  # fences what a dead producer left open
+        self._restored = []
+        return True
+
+    def close(self) -> None:
+        producers = list(self._txn_producers.values())
+        self._txn_producers = {}
+        if self._producer is not None:
+            producers.append(self._producer)
+            self._producer = None
+        for producer in producers:
+            producer.flush(5.0)
+
+
+def kafka(
+    topic: str,
+    config: dict[str, Any],
+    *,
+    key_fn: Callable[[Any], Any] | None = None,
+    value_fn: Callable[[Any], Any] | None = None,
+) -> functools.partial[KafkaSinkP]:
+    """Writes each item as a record of ``topic`` with a confluent-kafka producer
+    configured by ``config`` (at least ``bootstrap.servers``); transactional under
+    exactly-once. See the module doc."""
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"kafka(): 'topic' must be a non-empty str, got {topic!r}")
+    if not isinstance(config, dict) or "bootstrap.servers" not in config:
+        raise TypeError("kafka(): 'config' must be a dict with at least 'bootstrap.servers'")
+    check_callable(key_fn, "key_fn", "kafka", optional=True)
+    check_callable(value_fn, "value_fn", "kafka", optional=True)
+    return functools.partial(KafkaSinkP, topic, dict(config), key_fn, value_fn)
