@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from servers import KafkaBroker, PostgresServer, kafka_broker, postgres_server
+from slipstream.devservers import KafkaBroker, PostgresServer, kafka_broker, postgres_server
 
 os.environ["SLIPSTREAM_KEY_DIR"] = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".slipstream", "test-keys"

