@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from datetime import UTC
+
 from benchlib import peak_rss_mb, print_table  # noqa: E402
 
 PARTITIONS = 4
@@ -56,7 +58,9 @@ def make_records(n: int, users: int, seed: int = 11) -> list[tuple[int, str, dic
         ts = START_MS + (i * 100_000) // max(n, 1) + rnd.randint(0, 1000) + step * 0
         out.append((i % PARTITIONS, user, {"user": user, "amount": rnd.randint(1, 100), "ts": ts}))
     last = max(r["ts"] for _, _, r in out) + 3 * WINDOW_MS
-    out.extend((p, END_USER, {"user": END_USER, "amount": 0, "ts": last}) for p in range(PARTITIONS))
+    out.extend(
+        (p, END_USER, {"user": END_USER, "amount": 0, "ts": last}) for p in range(PARTITIONS)
+    )
     return out
 
 
@@ -74,13 +78,17 @@ def window_record(user: str, start: int, total: int) -> bytes:
 # -- helpers run inside a contender's process ----------------------------------------------
 
 
-def count_output(bootstrap: str, topic: str, want: int, alive: Callable[[], bool], timeout: float = 600) -> float:
+def count_output(
+    bootstrap: str, topic: str, want: int, alive: Callable[[], bool], timeout: float = 600
+) -> float:
     """Consume ``topic`` (in the parent process, so the contender's own process does
     only its work) until ``want`` records arrived; returns the wall-clock time of the
     last one."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"watch-{topic}", "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"watch-{topic}", "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     n = 0
     deadline = time.monotonic() + timeout
@@ -127,7 +135,9 @@ def plain_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
 def plain_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "plain2", "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "plain2", "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(src, p, 0) for p in range(PARTITIONS)])
     prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     sums: dict[int, dict[str, int]] = {}  # window start -> user -> sum
@@ -279,7 +289,7 @@ def bytewax_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
 
 
 def bytewax_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     import bytewax.operators as op
     import bytewax.operators.windowing as win
@@ -294,20 +304,28 @@ def bytewax_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
     real = op.filter("real", parsed, lambda r: r["user"] != END_USER)
     keyed = op.key_on("key", real, lambda r: r["user"])
     clock = EventClock(
-        lambda r: datetime.fromtimestamp(r["ts"] / 1000, tz=timezone.utc),
+        lambda r: datetime.fromtimestamp(r["ts"] / 1000, tz=UTC),
         wait_for_system_duration=timedelta(milliseconds=LAG_MS),
     )
     windower = TumblingWindower(
         length=timedelta(milliseconds=WINDOW_MS),
-        align_to=datetime.fromtimestamp(0, tz=timezone.utc),
+        align_to=datetime.fromtimestamp(0, tz=UTC),
     )
     sums = win.fold_window(
-        "sum", keyed, clock, windower, lambda: 0, lambda acc, r: acc + r["amount"], lambda a, b: a + b
+        "sum",
+        keyed,
+        clock,
+        windower,
+        lambda: 0,
+        lambda acc, r: acc + r["amount"],
+        lambda a, b: a + b,
     )
     msgs = op.map(
         "ser",
         sums.down,
-        lambda kv: KafkaSinkMessage(kv[0].encode(), json.dumps({"w": kv[1][0], "total": kv[1][1]}).encode()),
+        lambda kv: KafkaSinkMessage(
+            kv[0].encode(), json.dumps({"w": kv[1][0], "total": kv[1][1]}).encode()
+        ),
     )
     op.output("out", msgs, KafkaSink([bootstrap], out))
     run_main(flow)
@@ -350,7 +368,14 @@ def measure(name: str, bootstrap: str, src: str, out: str, n_in: int, want: int)
     for f in admin.create_topics([NewTopic(out, PARTITIONS, 1)]).values():
         f.result(30)
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--run-variant", name, "--args", json.dumps([bootstrap, src, out, n_in])],
+        [
+            sys.executable,
+            __file__,
+            "--run-variant",
+            name,
+            "--args",
+            json.dumps([bootstrap, src, out, n_in]),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -406,7 +431,9 @@ def main() -> None:
         for p, key, r in records:
             while True:
                 try:
-                    prod.produce(src, json.dumps(r).encode(), key.encode(), partition=p, timestamp=r["ts"])
+                    prod.produce(
+                        src, json.dumps(r).encode(), key.encode(), partition=p, timestamp=r["ts"]
+                    )
                     break
                 except BufferError:
                     prod.poll(0.01)
@@ -424,13 +451,18 @@ def main() -> None:
                 continue
             want = k1 if name.startswith("K1") else k2
             try:
-                row = measure(name, bootstrap, src, f"bench-out-{i}-{os.getpid()}", len(records), want)
+                row = measure(
+                    name, bootstrap, src, f"bench-out-{i}-{os.getpid()}", len(records), want
+                )
             except (SystemExit, Exception) as e:
                 print(f"{name}: failed: {str(e)[-500:]}")
                 continue
             print(f"{name}: {row['seconds']:.2f} s")
             rows[name[:2]].append(row)
-        for task, title in (("K1", "K1 stateless: parse, filter, produce"), ("K2", "K2 10 s tumbling sum per user")):
+        for task, title in (
+            ("K1", "K1 stateless: parse, filter, produce"),
+            ("K2", "K2 10 s tumbling sum per user"),
+        ):
             base = f"{task} plain confluent-kafka loop"
             if any(r["name"] == base for r in rows[task]):
                 print_table(f"{title} ({len(records):,} records in)", rows[task], base)

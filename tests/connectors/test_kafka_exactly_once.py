@@ -74,9 +74,9 @@ SCRIPT = textwrap.dedent(
     dag.edge(Edge.between(src, double))
     dag.edge(Edge.between(double, out))
     cfg = JobConfig(name="k2k-" + out_topic, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-                    snapshot_interval_ms=100, snapshot_store=store)
-    restore = os.path.exists(os.path.join(store, "MANIFEST.json"))
-    job = ss.local().new_job(dag, cfg, restore_from=store if restore else None)
+                    snapshot_interval_ms=100, snapshot_store=store,
+                    resume=True)
+    job = ss.local().new_job(dag, cfg)
     print("started", flush=True)
     job.join()
     """

@@ -62,9 +62,9 @@ SCRIPT = textwrap.dedent(
     dag.edge(Edge.between(src, sq))
     dag.edge(Edge.between(sq, db).partitioned(lambda kv: kv[0]))
     cfg = JobConfig(name="pg-" + table, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-                    snapshot_interval_ms=40, snapshot_store=store)
-    restore = os.path.exists(os.path.join(store, "MANIFEST.json"))
-    job = ss.local().new_job(dag, cfg, restore_from=store if restore else None)
+                    snapshot_interval_ms=40, snapshot_store=store,
+                    resume=True)
+    job = ss.local().new_job(dag, cfg)
     print("started", flush=True)
     job.join(120)
     print("done", flush=True)
