@@ -545,7 +545,7 @@ def _check_picklable(obj: Any) -> None:
     cloudpickle."""
     import pickle
 
-    import cloudpickle
+    from slipstream.core.pickling import cloudpickle
 
     try:
         pickler = pickle.Pickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)

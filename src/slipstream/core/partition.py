@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import cloudpickle
+from slipstream.core.pickling import cloudpickle
 
 DEFAULT_PARTITION_COUNT = 271
 

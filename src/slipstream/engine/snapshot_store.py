@@ -38,10 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from slipstream.core.errors import SnapshotError, SnapshotStoreDamagedError
 from slipstream.core.files import atomic_write
+from slipstream.core.pickling import cloudpickle
 from slipstream.engine.snapshot_signing import resolve_key, sign, verify
 
 log = logging.getLogger("slipstream.snapshot")

@@ -34,11 +34,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, DagWarning, Edge, RoutingPolicy, Vertex
 from slipstream.core.errors import DagError
+from slipstream.core.pickling import cloudpickle
 from slipstream.core.suppliers import (
     FactorySupplier,
     MemberAddress,

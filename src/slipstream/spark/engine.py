@@ -47,6 +47,7 @@ from slipstream.spark.jobs import (
     ordered_results,
     unpersist,
 )
+from slipstream.spark.shipping import ship_slipstream
 from slipstream.spark.streaming import (
     DEFAULT_EPOCH_MS,
     DEFAULT_MAX_LIST_ITEMS,
@@ -117,6 +118,8 @@ class SparkEngine:
             self._owns_session = False
         self.session = spark_session
         self.spark_context = spark_session.sparkContext
+        # executors import this slipstream from a shipped zip, installed there or not
+        ship_slipstream(self.spark_context)
         self._members = members
         self._local_parallelism = local_parallelism
         self.services = InMemoryServices()

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -141,6 +141,11 @@ class StandaloneCluster:
     ``--work-dir``) go to ``base_dir`` or a fresh temporary directory, which is
     removed on :meth:`stop` unless ``keep_files`` is true (or it was given).
 
+    ``env`` adds environment variables for the daemons; executors inherit the
+    workers' environment, so e.g. a ``PATH`` whose first ``python3`` is another
+    interpreter makes that the executors' Python (when the driver leaves
+    ``PYSPARK_PYTHON`` unset, PySpark runs ``python3``).
+
     Processes are never left behind: :meth:`stop` runs on exceptions during
     start-up, at interpreter exit (``atexit``) and, on Linux, the daemons get
     SIGTERM if this process dies (``PR_SET_PDEATHSIG``; note this fires when
@@ -157,6 +162,7 @@ class StandaloneCluster:
         base_dir: str | None = None,
         keep_files: bool = False,
         kill_on_parent_exit: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -168,6 +174,7 @@ class StandaloneCluster:
         self.timeout = timeout
         self.keep_files = keep_files or base_dir is not None
         self.kill_on_parent_exit = kill_on_parent_exit
+        self.env = dict(env or {})
         self._base_dir_arg = base_dir
         self._base_dir: Path | None = None
         self._daemons: list[_Daemon] = []
@@ -351,6 +358,7 @@ class StandaloneCluster:
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         daemon_opts = env.get("SPARK_DAEMON_JAVA_OPTS", "")
         env["SPARK_DAEMON_JAVA_OPTS"] = f"{daemon_opts} {_DAEMON_JAVA_OPTS}".strip()
+        env.update(self.env)
         # Never inherit a driver's gateway settings.
         for key in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
             env.pop(key, None)

@@ -66,11 +66,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
 from slipstream.core.errors import DagError
+from slipstream.core.pickling import cloudpickle
 from slipstream.engine.plan import VertexPlan, member_addresses
 from slipstream.engine.snapshot import custom_partitioners, restore_plan
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState

@@ -39,8 +39,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import cloudpickle
-
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.dag import Edge
 from slipstream.core.items import SnapshotBarrier, Watermark
@@ -615,6 +613,8 @@ class EpochSnapshotSink:
         return None
 
     def add_entries(self, tasklet: Any, snapshot_id: int, entries: list[Any]) -> None:
+        from pyspark import cloudpickle  # an executor may lack the cloudpickle package
+
         self.blobs.append(cloudpickle.dumps(entries))
 
     def processor_done(self, tasklet: Any, barrier: SnapshotBarrier) -> None:
