@@ -155,3 +155,23 @@ def test_a_driver_thread_that_dies_fails_the_job_instead_of_hanging() -> None:
         job.join(30)
     assert isinstance(info.value.__cause__, SystemExit)
     assert job.status is ss.JobStatus.FAILED
+
+
+def test_shuffle_chunks_unpickle_as_lists_and_name_the_edge_of_an_unpicklable_item() -> None:
+    import threading
+
+    from slipstream.spark.failures import ProcessorFailure
+    from slipstream.spark.task import ShuffleChunk
+
+    key = new_failure_key()
+    where = ("maker", 1, "edge 'maker' -> 'sink' (ordinal 0)")
+    record = (3, (0, 1, 7, ShuffleChunk([1, "a", (2, 3)], where=where, key=key)))
+    back = pickle.loads(pickle.dumps(record))
+    assert back == (3, (0, 1, 7, [1, "a", (2, 3)])) and type(back[1][3]) is list
+
+    bad = (3, (0, 1, 8, ShuffleChunk([1, threading.Lock()], where=where, key=key)))
+    with pytest.raises(ProcessorFailure) as caught:
+        pickle.dumps(bad)
+    info = find_failure(str(caught.value), key)
+    assert info is not None and (info.vertex, info.processor_index) == ("maker", 1)
+    assert "edge 'maker' -> 'sink'" in info.message and "_thread.lock" in info.message

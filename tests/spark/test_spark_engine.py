@@ -490,3 +490,46 @@ def test_a_record_forging_the_failure_marker_runs_no_code(
     assert isinstance(err.__cause__, ValueError)
     assert "invalid literal for int()" in str(err.__cause__)
     assert job.status is JobStatus.FAILED
+
+
+class _EmitsALock(ListSource):
+    """Emits a lock it makes on the executor (the supplier pickles; the item cannot)."""
+
+    def init_processor(self, context: Any) -> None:
+        import threading
+
+        self.data = [1, 2, threading.Lock(), 4]
+        super().init_processor(context)
+
+
+def test_an_unpicklable_item_on_a_shuffled_edge_names_vertex_and_edge(engine: Any) -> None:
+    dag = DAG()
+    src = dag.new_vertex("maker", functools.partial(_EmitsALock, [], whole=True))
+    src.local_parallelism(1)
+    out = dag.new_vertex("sink", functools.partial(Collect, "out")).local_parallelism(2)
+    dag.edge(Edge.between(src, out).partitioned(repr))
+    job = engine.new_job(dag, ss.JobConfig(name="locks"))
+    with pytest.raises(ss.JobFailedError) as info:
+        job.join(120)
+    err = info.value
+    assert (err.vertex, err.processor_index) == ("maker", 0)
+    assert "edge 'maker' -> 'sink'" in str(err) and "cannot be pickled" in str(err)
+
+
+def test_python_version_mismatch_fails_with_one_short_message(engine: Any) -> None:
+    """The executors' Python differs from the driver's (simulated: the driver claims
+    another version, which PySpark's worker checks first thing)."""
+    sc = engine.spark_context
+    real = sc.pythonVer
+    sc.pythonVer = "3.99"
+    try:
+        job = engine.new_job(map_filter_dag([1, 2, 3]), ss.JobConfig(name="versions"))
+        with pytest.raises(ss.JobFailedError) as info:
+            job.join(120)
+    finally:
+        sc.pythonVer = real
+    message = str(info.value)
+    assert "executors run Python" in message and "driver runs Python 3.99" in message
+    assert "PYSPARK_PYTHON" in message
+    assert len(message.splitlines()) == 1 and len(message) < 600
+    assert "\tat " not in message and not message.rstrip().endswith(":")

@@ -310,6 +310,7 @@ class _Compiler:
                     plan,
                     dst,
                     is_narrow(e, plan, dst, in_degree),
+                    _edge_label(e),
                 )
             )
         return specs

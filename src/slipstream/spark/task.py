@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 import itertools
+import pickle
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -97,7 +99,8 @@ class InboundSpec:
 class OutboundSpec:
     """One outbound edge: a routing-only copy of the edge (its vertices are stubs) and the
     plans of both ends, enough for ``edge_targets``/``make_collector``. A ``narrow`` edge
-    keeps every item on the producer's own index (no shuffle)."""
+    keeps every item on the producer's own index (no shuffle); ``label`` names the edge
+    in errors."""
 
     edge_id: int
     ordinal: int
@@ -105,6 +108,7 @@ class OutboundSpec:
     src: VertexPlan
     dst: VertexPlan
     narrow: bool
+    label: str = ""
 
 
 class TaskServices(InMemoryServices):
@@ -269,7 +273,8 @@ class VertexTask:
             supplier, processor = self._processor(member, local, records, run)
             outputs, collectors = self._outbound(index)
             tasklet = self._tasklet(index, processor, context, feed, collectors, guarantee, run)
-            yield from _drive(tasklet, feed, outputs, index, run.sent_wm)
+            pack = self._chunk_packers(index)
+            yield from _drive(tasklet, feed, outputs, index, run.sent_wm, pack)
         except GeneratorExit:
             error = RuntimeError("the Spark task was stopped")
             raise
@@ -432,6 +437,16 @@ class VertexTask:
                     pass
         return supplier, procs[local]
 
+    def _chunk_packers(self, index: int) -> dict[int, Callable[[list[Any]], Any]]:
+        """Per shuffled outbound edge, what wraps a chunk into a :class:`ShuffleChunk`."""
+        return {
+            spec.edge_id: functools.partial(
+                ShuffleChunk, where=(self.vertex, index, spec.label), key=self.failure_key
+            )
+            for spec in self.outbound
+            if not spec.narrow
+        }
+
     def _outbound(
         self, index: int
     ) -> tuple[list[tuple[int, list[int], list[SpscQueue]]], list[Collector]]:
@@ -469,6 +484,7 @@ def _drive(
     outputs: list[tuple[int, list[int], list[SpscQueue]]],
     index: int,
     sent_wm: dict[int, int] | None,
+    pack: dict[int, Callable[[list[Any]], Any]] | None = None,
 ) -> Iterator[Record]:
     """Call the tasklet until it is done, feeding it the next input record whenever it
     has consumed the last one (or cannot progress without more) and turning its output
@@ -501,8 +517,8 @@ def _drive(
             idle = 0
         calls += 1
         if calls % _DRAIN_CHECK_EVERY == 0 and _pending(outputs) >= _DRAIN_THRESHOLD:
-            yield from _drain(outputs, index, seqs, sent_wm)
-    yield from _drain(outputs, index, seqs, sent_wm)
+            yield from _drain(outputs, index, seqs, sent_wm, pack)
+    yield from _drain(outputs, index, seqs, sent_wm, pack)
     if feed is not None:
         yield from feed.rest()
 
@@ -673,11 +689,39 @@ def _pending(outputs: list[tuple[int, list[int], list[SpscQueue]]]) -> int:
     return n
 
 
+class ShuffleChunk:
+    """A chunk of items on a shuffled edge. It pickles its items itself, so an item that
+    cannot be pickled fails the job naming the vertex, processor and edge, instead of
+    failing inside the shuffle writer with no hint of where the item came from. It
+    unpickles as the plain ``list`` of items (by ``pickle.loads``, so the consumer needs
+    nothing of this class)."""
+
+    __slots__ = ("items", "where", "key")
+
+    def __init__(self, items: list[Any], *, where: tuple[str, int, str], key: bytes) -> None:
+        self.items = items
+        self.where = where
+        self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        try:
+            data = pickle.dumps(self.items, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            vertex, index, edge = self.where
+            error = pickle.PicklingError(
+                f"{edge}: an item cannot be pickled ({type(exc).__name__}: {exc}); items "
+                "that travel between Spark tasks (shuffled edges) must pickle"
+            )
+            raise encode_failure(vertex, index, error, self.key) from exc
+        return (pickle.loads, (data,))
+
+
 def _drain(
     outputs: list[tuple[int, list[int], list[SpscQueue]]],
     index: int,
     seqs: dict[tuple[int, int], int],
     sent_wm: dict[int, int] | None = None,
+    pack: dict[int, Callable[[list[Any]], Any]] | None = None,
 ) -> Iterator[Record]:
     """Turn everything in the output queues into records, merging consecutive chunks.
 
@@ -685,8 +729,11 @@ def _drain(
     on the edge, in this or an earlier epoch, is dropped: a restored processor may repeat
     a lower one (e.g. ``insert_watermarks`` restores the minimum over its peers), and
     the consumers' coalescers continue from the last epoch, where watermarks on a queue
-    must strictly increase. Such a watermark says nothing new."""
+    must strictly increase. Such a watermark says nothing new.
+
+    ``pack`` wraps the chunks of shuffled edges (:meth:`VertexTask._chunk_packers`)."""
     for edge_id, targets, queues in outputs:
+        wrap = pack.get(edge_id) if pack else None
         start = sent_wm.get(edge_id) if sent_wm is not None else None
         top = start
         for target, q in zip(targets, queues, strict=True):
@@ -706,7 +753,7 @@ def _drain(
                     n = len(entry)
                     taken += n
                     if size + n > MAX_RECORD_ITEMS and parts:
-                        yield (target, (edge_id, index, next(seq), _merge(parts)))
+                        yield (target, (edge_id, index, next(seq), _merge(parts, wrap)))
                         parts = []
                         size = 0
                     parts.append(entry)
@@ -720,22 +767,23 @@ def _drain(
                     if top is None or floor > top:
                         top = floor
                 if parts:
-                    yield (target, (edge_id, index, next(seq), _merge(parts)))
+                    yield (target, (edge_id, index, next(seq), _merge(parts, wrap)))
                     parts = []
                     size = 0
                 yield (target, (edge_id, index, next(seq), entry))
             if parts:
-                yield (target, (edge_id, index, next(seq), _merge(parts)))
+                yield (target, (edge_id, index, next(seq), _merge(parts, wrap)))
             seqs[(edge_id, target)] = next(seq)
             q.take_count += taken
         if sent_wm is not None and top is not None:
             sent_wm[edge_id] = top
 
 
-def _merge(parts: list[list[Any]]) -> list[Any]:
+def _merge(parts: list[list[Any]], wrap: Callable[[list[Any]], Any] | None = None) -> Any:
     if len(parts) == 1:
-        return parts[0]
-    out: list[Any] = []
-    for p in parts:
-        out.extend(p)
-    return out
+        out = parts[0]
+    else:
+        out = []
+        for p in parts:
+            out.extend(p)
+    return out if wrap is None else wrap(out)
