@@ -103,7 +103,9 @@ class KafkaSinkP(AbstractProcessor):
         self._restored: list[tuple[int, str, int, list[Any]]] = []
 
     def is_cooperative(self) -> bool:
-        return False  # flushes and transactions block
+        # produce() never blocks (a full client queue raises BufferError: the items stay
+        # in the inbox) and flushes are polled; transactions run where snapshots commit
+        return True
 
     def init_processor(self, context: Context) -> None:
         self._exactly_once = (
@@ -115,33 +117,49 @@ class KafkaSinkP(AbstractProcessor):
         if not self._exactly_once:
             from confluent_kafka import Producer
 
-            self._producer = Producer(self._config)
+            # delivery reports only for failures: no Python callback per record
+            self._producer = Producer({"delivery.report.only.error": True, **self._config})
 
     def try_process_watermark(self, watermark: Watermark) -> bool:
         return True
 
     # -- records -----------------------------------------------------------------------
-    def _records(self, inbox: Inbox) -> list[tuple[bytes | None, bytes | None]]:
+    def _record(self, item: Any) -> tuple[bytes | None, bytes | None]:
         vertex = self.context.vertex_name
         key_fn, value_fn = self._key_fn, self._value_fn
-        out = []
-        for item in inbox:
-            key = None if key_fn is None else _encode(key_fn(item), "key", item, vertex)
-            value = _encode(item if value_fn is None else value_fn(item), "value", item, vertex)
-            out.append((key, value))
-        inbox.clear()
-        return out
+        key = None if key_fn is None else _encode(key_fn(item), "key", item, vertex)
+        return key, _encode(item if value_fn is None else value_fn(item), "value", item, vertex)
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         self._check_delivery()
-        records = self._records(inbox)
+        record = self._record
         if self._exactly_once:
-            self._held.extend(records)
+            self._held.extend(map(record, inbox))
+            inbox.clear()
+            return
+        producer = self._producer
+        produce, topic = producer.produce, self._topic
+        done = 0
+        try:
+            if self._key_fn is None and self._value_fn is None:
+                for item in inbox:  # the common case: items that are bytes already
+                    produce(topic, item if type(item) is bytes else record(item)[1])
+                    done += 1
+            else:
+                for item in inbox:
+                    key, value = record(item)
+                    produce(topic, value, key)
+                    done += 1
+        except BufferError:  # the client's queue is full: the rest waits in the inbox
+            for _ in range(done):
+                inbox.popleft()
         else:
-            self._produce(self._producer, records)
-            self._producer.poll(0)
+            inbox.clear()
+        producer.poll(0)
 
     def _produce(self, producer: Any, records: list[tuple[bytes | None, bytes | None]]) -> None:
+        """Produce all ``records`` (blocking while the client's queue is full); used for
+        transactions, which run where a snapshot commits, off the cooperative threads."""
         topic, on_delivery = self._topic, self._on_delivery
         for key, value in records:
             while True:
@@ -162,18 +180,19 @@ class KafkaSinkP(AbstractProcessor):
         if self._error is not None:
             raise RuntimeError(self._error)
 
-    def _flush(self) -> None:
-        producer = self._producer
-        while producer.flush(1.0) > 0:
-            self._check_delivery()
+    def _flushed(self) -> bool:
+        """Whether every record sent so far is acknowledged (polled, never blocks)."""
         self._check_delivery()
+        if self._producer.flush(0) > 0:
+            return False
+        self._check_delivery()
+        return True
 
     # -- snapshots and transactions -------------------------------------------------------
     def save_to_snapshot(self) -> bool:
         ctx = self.context
         if not self._exactly_once:
-            self._flush()  # at-least-once: acknowledged before the snapshot completes
-            return True
+            return self._flushed()  # at-least-once: acknowledged before the snapshot completes
         records, self._held = self._held, []
         index, sid = ctx.global_processor_index, ctx.current_snapshot_id
         if records:
@@ -186,8 +205,7 @@ class KafkaSinkP(AbstractProcessor):
 
     def complete(self) -> bool:
         if not self._exactly_once:
-            self._flush()
-            return True
+            return self._flushed()
         records, self._held = self._held, []
         if records:
             write = functools.partial(

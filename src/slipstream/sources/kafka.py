@@ -21,7 +21,9 @@ Event time, per partition: with ``policy`` (a factory of watermark policies, e.g
 minimum over the partitions emitted, partitions with no record for ``idle_timeout_ms``
 left out. An event's time is the record's timestamp, or ``timestamp_fn(item)``.
 
-Back-pressure: the processor stops polling while its outbox is full, so memory is bounded
+The processor is cooperative: polls never wait (``consume(timeout=0)``); only the
+metadata refresh waits for one round trip. Back-pressure: the processor stops polling
+while its outbox is full, so memory is bounded
 by the client's prefetch queue (``queued.max.messages.kbytes``, 16 MiB by default here)
 whatever the topic holds. A record that ``projection`` rejects fails the job with an
 error naming topic, partition and offset, or, with ``on_error="skip"``, is counted
@@ -39,14 +41,13 @@ from typing import Any
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.core.validation import check_callable
+from slipstream.sources.batch import _emit_room
 from slipstream.sources.event_time import DEFAULT_IDLE_TIMEOUT_MS, EventTimeMapper
 
 __all__ = ["kafka", "KafkaSourceP", "partition_owner"]
 
-#: Records fetched in one poll at the most.
+#: Records fetched in one poll at the most (one cooperative call stays short).
 POLL_BATCH = 1000
-#: How long one poll waits for records (a non-cooperative processor's blocking call).
-POLL_TIMEOUT_S = 0.05
 
 
 def partition_owner(topic: str, partition: int, total_parallelism: int) -> int:
@@ -88,9 +89,15 @@ class KafkaSourceP(AbstractProcessor):
         self._restored: dict[tuple[str, int], tuple[int, int]] = {}
         self._next_refresh = 0.0
         self._to_commit: list[tuple[str, int, int]] | None = None
+        # what the last poll brought and the outbox has not taken yet: (item, partition
+        # index or -1 for a watermark, next offset); offsets advance as items go out
+        self._pending: list[tuple[Any, int, int]] = []
+        self._pos = 0
 
     def is_cooperative(self) -> bool:
-        return False  # polls and metadata requests block
+        # consume(timeout=0) never blocks; only the metadata refresh (every
+        # partition_refresh_ms) waits for one round trip to the broker
+        return True
 
     def init_processor(self, context: Context) -> None:
         from confluent_kafka import Consumer
@@ -146,23 +153,31 @@ class KafkaSourceP(AbstractProcessor):
     def complete(self) -> bool:
         if self._to_commit is not None:
             self._commit()
+        if self._pending and not self._drain():
+            return False
         if time.monotonic() >= self._next_refresh:
             self._refresh()
-        if not self._parts:
-            if self._mapper is not None:
-                self._emit_all(self._mapper.flat_map_idle())
-            time.sleep(POLL_TIMEOUT_S)
+        room = _emit_room(self.outbox)
+        if room <= 0:
             return False
-        records = self._consumer.consume(POLL_BATCH, POLL_TIMEOUT_S)
+        # a record brings at most one watermark: ask for what surely fits, so the batch
+        # goes into the buckets whole; a bucket of capacity 1 takes the slow path
+        slow = room < 2
+        n = 1 if slow else min(room // 2, POLL_BATCH)
+        records = self._consumer.consume(n, 0) if self._parts else None
         if not records:
             if self._mapper is not None:
-                self._emit_all(self._mapper.flat_map_idle())
+                self._pending = [(x, -1, 0) for x in self._mapper.flat_map_idle()]
+                self._pos = 0
+                self._drain()
             return False
-        offer = self.outbox.offer  # a blocking outbox: offer waits for room
+        items: list[Any] = []
+        entries: list[tuple[Any, int, int]] = []  # the slow path's (item, index, offset)
+        last: dict[int, int] = {}  # partition index -> next offset
         index = self._index
-        offsets = self._offsets
         projection = self._projection
         mapper = self._mapper
+        watermarks = False
         now = int(time.monotonic() * 1000)
         for m in records:
             err = m.error()
@@ -180,22 +195,57 @@ class KafkaSourceP(AbstractProcessor):
                 try:
                     item = projection(m)
                 except Exception as e:
-                    if self._on_error == "skip":
-                        self.context.increment_metric("kafka_records_skipped")
-                        offsets[i] = m.offset() + 1
-                        continue
-                    raise ValueError(
-                        f"vertex {self.context.vertex_name!r}: cannot read the record at "
-                        f"topic {m.topic()!r}, partition {m.partition()}, offset "
-                        f"{m.offset()}: {type(e).__name__}: {e}"
-                    ) from e
+                    if self._on_error != "skip":
+                        raise ValueError(
+                            f"vertex {self.context.vertex_name!r}: cannot read the record at "
+                            f"topic {m.topic()!r}, partition {m.partition()}, offset "
+                            f"{m.offset()}: {type(e).__name__}: {e}"
+                        ) from e
+                    self.context.increment_metric("kafka_records_skipped")
+                    last[i] = m.offset() + 1
+                    continue
             if mapper is not None:
                 wm = mapper.observe_event(i, self._event_time(m, item), now)
                 if wm is not None:
-                    offer(wm)
-            offer(item)
-            offsets[i] = m.offset() + 1
+                    items.append(wm)
+                    watermarks = True
+                    if slow:
+                        entries.append((wm, -1, 0))
+            items.append(item)
+            last[i] = m.offset() + 1
+            if slow:
+                entries.append((item, i, m.offset() + 1))
+        if not slow:
+            # the whole batch fits: straight into the buckets, offsets at once
+            for b in self.outbox.buckets:
+                b.extend(items)
+            if watermarks:
+                self.outbox.specials = True
+            offsets = self._offsets
+            for i, off in last.items():
+                offsets[i] = off
+            return False
+        self._pending = entries
+        self._pos = 0
+        self._drain()
         return False
+
+    def _drain(self) -> bool:
+        offer = self.outbox.offer
+        offsets = self._offsets
+        pending = self._pending
+        k = self._pos
+        while k < len(pending):
+            item, i, off = pending[k]
+            if not offer(item):
+                self._pos = k
+                return False
+            if i >= 0:
+                offsets[i] = off
+            k += 1
+        self._pending = []
+        self._pos = 0
+        return True
 
     def _event_time(self, message: Any, item: Any) -> int:
         if self._timestamp_fn is not None:
@@ -208,10 +258,6 @@ class KafkaSourceP(AbstractProcessor):
                 "timestamp: give the source a timestamp_fn"
             )
         return int(ts)
-
-    def _emit_all(self, items: list[Any]) -> None:
-        for item in items:
-            self.outbox.offer(item)
 
     # -- snapshots -------------------------------------------------------------------
     def _state(self) -> list[tuple[Any, Any]]:
