@@ -242,3 +242,50 @@ def test_factories_check_arguments() -> None:
         sinks.kafka("", {"bootstrap.servers": "x"})
     with pytest.raises(TypeError, match="value_fn"):
         sinks.kafka("t", {"bootstrap.servers": "x"}, value_fn=3)  # type: ignore[arg-type]
+
+
+def test_restore_with_another_parallelism_and_offsets_committed_to_the_group(
+    kafka: Any, tmp_path: Any
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = topic_name("rescale")
+    kafka.create_topic(topic, 4)
+    produce(kafka.bootstrap, topic, [(i % 4, str(i).encode(), None) for i in range(2000)])
+    conf = {"bootstrap.servers": kafka.bootstrap, "group.id": f"g-{topic}"}
+
+    def run(parallelism: int, until: int) -> Any:
+        dag = DAG()
+        src = dag.new_vertex(
+            "kafka", sources.kafka(topic, conf, commit_offsets=True)
+        ).local_parallelism(parallelism)
+        out = dag.new_vertex("out", sinks.list_sink("rescaled")).local_parallelism(1)
+        dag.edge(Edge.between(src, out))
+        cfg = JobConfig(
+            name="kafka-rescale",
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_ms=50,
+            snapshot_store=str(tmp_path / "store"),
+            resume=True,
+        )
+        job = engine.new_job(dag, cfg)
+        wait_for(lambda: len(got) >= until, f"{until} records")
+        # offsets reach the group after the snapshot holding them commits
+        wait_for(lambda: committed() == until, f"group offsets at {until}")
+        job.cancel()
+        return job
+
+    def committed() -> int:
+        c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"g-{topic}"})
+        try:
+            tps = c.committed([TopicPartition(topic, p) for p in range(4)], timeout=30)
+        finally:
+            c.close()
+        return sum(max(tp.offset, 0) for tp in tps)
+
+    engine = ss.local()
+    got = engine.get_list("rescaled")
+    run(1, 2000)
+    produce(kafka.bootstrap, topic, [(i % 4, str(i).encode(), None) for i in range(2000, 3000)])
+    run(3, 3000)  # three processors share the partitions the one processor had
+    assert sorted(int(v) for _, v in got) == list(range(3000))  # nothing lost or repeated
