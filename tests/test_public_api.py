@@ -68,3 +68,20 @@ def test_import_does_not_import_pyspark() -> None:
     code = "import sys, slipstream, slipstream.sources, slipstream.sinks; print('pyspark' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_pipeline_api_names() -> None:
+    """DESIGN.md's pipeline layer: ss.Pipeline and the stage methods it lists."""
+    from slipstream import sources
+    from slipstream.pipeline import Pipeline, PipelineError
+
+    assert ss.Pipeline is Pipeline and issubclass(PipelineError, ss.DagError)
+    stage = Pipeline().read_from(sources.items([]))
+    for name in ["map", "filter", "flat_map", "peek", "map_stateful", "group_by", "aggregate",
+                 "rolling_aggregate", "with_timestamps", "window", "hash_join", "merge",
+                 "write_to"]:
+        assert callable(getattr(stage, name)), name
+    grouped = stage.group_by(str)
+    for name in ["aggregate", "rolling_aggregate", "map_stateful", "window"]:
+        assert callable(getattr(grouped, name)), name
+    assert callable(Pipeline.to_dag)
