@@ -244,6 +244,19 @@ def _unwrap_first(key: Any) -> Any:
     return None
 
 
+def _next_special(types: list[type], start: int) -> int:
+    """Index of the first watermark or idle mark at or after ``start``, else -1."""
+    found = -1
+    for special in (Watermark, IdleMessage):
+        try:
+            i = types.index(special, start)
+        except ValueError:
+            continue
+        if found < 0 or i < found:
+            found = i
+    return found
+
+
 class PipeP(Processor):
     """``first``'s output is ``second``'s input (ordinal 0), in one processor.
 
@@ -312,13 +325,17 @@ class PipeP(Processor):
                 return True
             if mid.specials:
                 mid.specials = False
+                # split around the watermarks (idle marks), found by C-speed index scans
+                types = list(map(type, bucket))
                 start = 0
-                for i, t in enumerate(map(type, bucket)):
-                    if t is Watermark or t is IdleMessage:
-                        if i > start:
-                            queue.append(bucket[start:i])
-                        queue.append(bucket[i])
-                        start = i + 1
+                while True:
+                    i = _next_special(types, start)
+                    if i < 0:
+                        break
+                    if i > start:
+                        queue.append(bucket[start:i])
+                    queue.append(bucket[i])
+                    start = i + 1
                 if start < len(bucket):
                     queue.append(bucket[start:])
             else:
