@@ -402,3 +402,21 @@ def test_window_pipeline_suspended_and_resumed_gives_exact_results(tmp_path: Any
     assert sorted(engine.get_list("w")) == sorted(
         KeyedWindowResult(s, s + 1000, k, v) for (s, k), v in expected.items()
     )
+
+
+def test_merged_stages_feed_aggregations_and_windows() -> None:
+    """A merge is a vertex of its own: the processors after it see one input (a keyed
+    aggregation would otherwise take its second inbound edge for a co-aggregation)."""
+    p = ss.Pipeline()
+    a = p.read_from(sources.items(["a", "b", "a"]))
+    b = p.read_from(sources.items(["a", "c"]))
+    a.merge(b).map(str.upper).group_by(str).aggregate(counting()).write_to(sinks.list_sink("c"))
+    ts = operator.itemgetter(0)
+    x = p.read_from(sources.items([(1, 10), (2, 20)])).with_timestamps(ts, 0)
+    y = p.read_from(sources.items([(1, 5), (3, 7)])).with_timestamps(ts, 0)
+    x.merge(y).window(tumbling_window_def(2)).aggregate(summing(operator.itemgetter(1))).write_to(
+        sinks.list_sink("w")
+    )
+    counts, windows = run(p, "c", "w")
+    assert sorted(counts) == [("A", 3), ("B", 1), ("C", 1)]
+    assert sorted(windows) == [WindowResult(0, 2, 15), WindowResult(2, 4, 27)]

@@ -148,7 +148,9 @@ class _Compiler:
     @staticmethod
     def _fusible(chain: list[Stage], consumer: Stage) -> bool:
         kind = consumer.kind
-        if consumer.local_parallelism != -1:
+        if consumer.local_parallelism != -1 or chain[0].kind == "merge":
+            # a merge stays a vertex of its own: processors treat their inbound ordinals
+            # as different inputs (co-aggregation takes one function per ordinal)
             return False
         if kind == "timestamps":
             return True
@@ -160,7 +162,6 @@ class _Compiler:
             return (
                 consumer.upstream[0] is chain[-1]
                 and consumer.upstream[1] is not chain[-1]
-                and chain[0].kind != "merge"
             )
         return False
 
