@@ -387,3 +387,18 @@ def test_store_that_cannot_be_verified_is_not_taken_over(tmp_path: Any) -> None:
     with pytest.raises(ss.SnapshotStoreInUseError, match="cannot be verified"):
         ss.local().new_job(stp.running_sum_dag(10), config(store_dir, snapshot_key=b"b" * 16))
     assert os.path.exists(os.path.join(store_dir, "snapshot-0000000001.bin"))  # untouched
+
+
+def test_two_running_jobs_never_share_a_store(tmp_path: Any) -> None:
+    store_dir = str(tmp_path / "store")
+    engine = ss.local(cooperative_threads=2)
+    first = engine.new_job(stp.running_sum_dag(N, rate=2000.0), config(store_dir))
+    # also before the first one committed anything (then no manifest names an owner)
+    with pytest.raises(ss.SnapshotStoreInUseError, match="in use by another running job"):
+        ss.local().new_job(stp.running_sum_dag(10), config(store_dir, name="other"))
+    first.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        first.join(30)
+    # released at the end: the next submission may resume it
+    second = resumed_run(store_dir, resume=True)
+    assert Counter(engine.get_list("out")) + Counter(second) == stp.expected_running_sums(N)

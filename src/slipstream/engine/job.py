@@ -236,7 +236,12 @@ class Job(JobHandle):
             self.store = _make_store(
                 config, engine.work_dir, self.name, f"{self.name}-{self.execution_id[:12]}"
             )
-            self._restore_from = self._claim_store(self.store, self._restore_from)
+            self.store.lock()  # released when the job ends
+            try:
+                self._restore_from = self._claim_store(self.store, self._restore_from)
+            except BaseException:
+                self.store.unlock()
+                raise
 
     # -- public API --------------------------------------------------------------------
     def cancel(self) -> None:
@@ -534,11 +539,15 @@ class Job(JobHandle):
             self._end(JobStatus.COMPLETED)
 
     def _end(self, status: JobStatus) -> None:
-        if status is JobStatus.COMPLETED and self.store is not None and self._committed_here:
-            try:
-                self.store.mark_completed()  # a later resume=True starts fresh
-            except (OSError, SnapshotError) as e:
-                log.warning("job %s: could not mark its snapshot store completed: %s", self.name, e)
+        if self.store is not None:
+            if status is JobStatus.COMPLETED and self._committed_here:
+                try:
+                    self.store.mark_completed()  # a later resume=True starts fresh
+                except (OSError, SnapshotError) as e:
+                    log.warning(
+                        "job %s: could not mark its snapshot store completed: %s", self.name, e
+                    )
+            self.store.unlock()
         self.completion_time = time.time()
         self._status = status
         self._terminal.set()

@@ -29,6 +29,7 @@ the store.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slipstream.core.errors import SnapshotError, SnapshotStoreDamagedError
+from slipstream.core.errors import SnapshotError, SnapshotStoreDamagedError, SnapshotStoreInUseError
 from slipstream.core.files import atomic_write
 from slipstream.core.pickling import cloudpickle
 from slipstream.engine.snapshot_signing import resolve_key, sign, verify
@@ -46,6 +47,7 @@ from slipstream.engine.snapshot_signing import resolve_key, sign, verify
 log = logging.getLogger("slipstream.snapshot")
 
 MANIFEST = "MANIFEST.json"
+LOCK = ".lock"
 MAGIC = b"SLIPSTREAM-SNAPSHOT 2\n"
 FORMAT = 2
 _PREFIX, _SUFFIX = "snapshot-", ".bin"
@@ -114,6 +116,7 @@ class DirectorySnapshotStore:
         self.execution_id = ""
         self._warned_rebuild = False
         self.last_write_bytes: int | None = None  # size of the last committed file
+        self._lock_fd: int | None = None
 
     def __repr__(self) -> str:
         return f"DirectorySnapshotStore({self.directory!r})"
@@ -226,6 +229,31 @@ class DirectorySnapshotStore:
         if self.file_ids():
             return StoreOwner("?", "?")  # files nobody can vouch for: not ours either
         return None
+
+    # -- exclusive use ------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the store for this process's job until :meth:`unlock` (or the process
+        ends): ``fcntl.flock`` on ``<store>/.lock``. Raises
+        :class:`SnapshotStoreInUseError` while another running job holds it."""
+        if self._lock_fd is not None:
+            return
+        self.ensure_directory()
+        path = os.path.join(self.directory, LOCK)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            raise SnapshotStoreInUseError(
+                f"snapshot store {self.directory} is in use by another running job ({path} "
+                f"is locked); give this job its own snapshot_store"
+            ) from e
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # releases the flock
 
     # -- writing ------------------------------------------------------------------------------
     def bind(self, job_name: str, execution_id: str) -> None:
