@@ -73,8 +73,14 @@ def test_sigkill_then_restart_from_store_gives_same_output(tmp_path: Any) -> Non
     args = [sys.executable, str(script), store, out]
     p = subprocess.Popen([*args, "fresh", str(N)], stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while len(committed(store)) < 3 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+
+        def published() -> bool:
+            items = os.path.join(out, "items")
+            return os.path.isdir(items) and any(n.startswith("part-") for n in os.listdir(items))
+
+        # wait for events, not time: under load the first snapshots can precede any output
+        while not (len(committed(store)) >= 3 and published()) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert committed(store), "no snapshot was committed before the kill"
         p.send_signal(signal.SIGKILL)

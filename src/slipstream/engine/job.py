@@ -309,10 +309,10 @@ class Job(JobHandle):
     @property
     def metrics(self) -> dict[str, dict[str, int]]:
         """Per vertex: ``items_in``, ``items_out`` and the processors' own counters (of
-        the current execution), plus job-level ``__job__``: ``restarts``, ``snapshots``,
-        ``snapshot_failures`` (consecutive; sources pause while it is not 0),
-        ``snapshot_failures_total`` and, once a snapshot committed, the figures of the
-        last one, ``snapshot_duration_us`` (request to commit), ``snapshot_bytes``,
+        the current execution), plus job-level ``__job__``: ``restarts``, ``snapshots``;
+        with a processing guarantee ``snapshot_failures`` (consecutive; sources pause
+        while it is not 0) and ``snapshot_failures_total``; once a snapshot committed,
+        the figures of the last one, ``snapshot_duration_us`` (request to commit), ``snapshot_bytes``,
         ``snapshot_entries``, ``snapshot_pause_us`` (the longest time a processor spent
         saving it), with ``snapshot_duration_us_max``/``_mean``,
         ``snapshot_bytes_mean`` and ``snapshot_pause_us_max``."""
@@ -325,12 +325,10 @@ class Job(JobHandle):
             for k, v in t.context.metrics.items():
                 m[k] = m.get(k, 0) + v
         c = ex.coordinator if ex else None
-        job = {
-            "restarts": self.restarts,
-            "snapshots": 0,
-            "snapshot_failures": c.consecutive_failures if c else 0,
-            "snapshot_failures_total": c.failed_snapshots if c else 0,
-        }
+        job = {"restarts": self.restarts, "snapshots": 0}
+        if self.store is not None:  # the same keys as the Spark engine's without snapshots
+            job["snapshot_failures"] = c.consecutive_failures if c else 0
+            job["snapshot_failures_total"] = c.failed_snapshots if c else 0
         if c is not None:
             job.update(c.stats.as_metrics())
         out["__job__"] = job
