@@ -21,6 +21,7 @@ from slipstream import DAG, DagError, Edge, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import counting
 from slipstream.core.dag import DagWarning
+from slipstream.pipeline.keyed import map_stateful
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import tumbling_window_def
 
@@ -47,6 +48,7 @@ KEYED: dict[str, Callable[[], Any]] = {
     "aggregate_to_session_window": lambda: P.aggregate_to_session_window(
         key_fn=key_of, timestamp_fn=ts_of, session_timeout=5, agg_op=counting()
     ),
+    "map_stateful (pipeline)": lambda: map_stateful(key_of, list, lambda s, k, x: x),
 }
 
 

@@ -17,6 +17,7 @@ from slipstream.aggregate import AggregateOperation, identity
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.traits import KEYED
 
 __all__ = ["HashJoinP", "MapStatefulP", "hash_join", "map_stateful", "rolling_aggregate"]
 
@@ -31,6 +32,8 @@ class MapStatefulP(AbstractProcessor):
     operation's accumulator (``accumulate`` returns the new one, so immutable
     accumulators work) and each item emits ``(key, finish(acc))``: a rolling aggregate.
     """
+
+    slipstream_traits = frozenset({KEYED})  # each key must reach one processor
 
     def __init__(
         self,
