@@ -86,13 +86,22 @@ class WatermarkPolicy(ABC):
         ``current_watermark`` return, now or later, so a caller may skip reporting them
         (the fast path of ``insert_watermarks``). ``NO_WATERMARK`` (the default) means
         every event must be reported, as for policies whose state moves with each event
-        or with the clock."""
+        or with the clock. A policy that has a threshold must keep it above every
+        timestamp it was given: an event at or below one already reported cannot move
+        it either (``insert_watermarks`` reports only new maxima)."""
         return NO_WATERMARK
 
     def timestamp_for(self, watermark: int) -> int | None:
         """The smallest event timestamp whose report makes the watermark at least
         ``watermark``, if the policy can tell (``None``: it cannot). Throttles use it to
         skip events that cannot reach their next step."""
+        return None
+
+    def watermark_after(self, top: int) -> int | None:
+        """The watermark after reporting events up to ``top`` (their highest timestamp),
+        without changing the policy, for policies whose watermark depends on the highest
+        timestamp alone (``None``: it depends on more). Lets ``insert_watermarks`` handle
+        a chunk with one report of its maximum."""
         return None
 
     def throttle_by_frame(self, window_def: SlidingWindowDef) -> WatermarkPolicy:
@@ -123,6 +132,10 @@ class _FixedLag(WatermarkPolicy):
 
     def timestamp_for(self, watermark: int) -> int | None:
         return watermark + self._lag
+
+    def watermark_after(self, top: int) -> int | None:
+        candidate = top - self._lag
+        return candidate if candidate > self._wm else self._wm
 
     def __repr__(self) -> str:
         return f"with_fixed_lag({self._lag})"
@@ -408,6 +421,10 @@ class _ThrottleByFrame(WatermarkPolicy):
         if boundary < watermark:
             boundary += self._window_def.frame_size
         return self._wrapped.timestamp_for(boundary)
+
+    def watermark_after(self, top: int) -> int | None:
+        raw = self._wrapped.watermark_after(top)
+        return None if raw is None else self._window_def.floor_frame_ts(raw)
 
     def __repr__(self) -> str:
         return f"{self._wrapped!r}.throttle_by_frame({self._window_def!r})"

@@ -27,7 +27,8 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from itertools import compress, islice
+from itertools import compress, islice, repeat
+from operator import ge
 from typing import Any
 
 from slipstream.core.inbox import Inbox
@@ -48,6 +49,7 @@ IDLE = IDLE_MESSAGE
 """The idle message (``slipstream.core.items.IDLE_MESSAGE``) as a public name."""
 
 WM_SNAPSHOT_KEY = BroadcastKey("insert_watermarks.wm")
+
 """Snapshot key of the last emitted watermark (broadcast: restore takes the minimum)."""
 
 Clock = Callable[[], int]
@@ -147,10 +149,12 @@ class InsertWatermarksP(AbstractProcessor):
         earlier one either, nor belong to a window or session that an earlier watermark
         closes (those end at or below it). Nothing is dropped here.
 
-        The work per item runs at C speed (timestamps by ``map``, the events that may
-        move the watermark by ``compress``); Python code runs per *candidate* event
-        (timestamp at or above the policy's report threshold at the chunk's start) and
-        per watermark. A chunk with a timestamp that is not a plain ``int`` takes the
+        The work per item runs at C speed (timestamps by ``map``, the next event at or
+        above the policy's report threshold by ``compress``); Python code runs per
+        reported event (every event for a policy without a threshold) and per
+        watermark. A policy whose watermark follows the highest timestamp alone
+        (``watermark_after``) and a chunk with no item behind the chunk's last
+        watermark take one report of the maximum. A chunk with a timestamp that is not a plain ``int`` takes the
         careful per-item path, which converts or rejects it.
         """
         outbox = self.outbox
@@ -175,31 +179,57 @@ class InsertWatermarksP(AbstractProcessor):
         if not only_int_timestamps(tss):
             self._process_items(inbox)
             return
-        if max(tss) < threshold:
+        top = max(tss)
+        if top < threshold:
             # no event can move the watermark (the usual case with a throttled policy):
             # move the items at C speed
             _take_into(inbox, n, bucket.extend)
             return
-        cands = list(compress(range(n), map(threshold.__le__, tss)))
-        # room for the items, a watermark before each candidate, and the last one
-        while n + len(cands) + 1 > room:
-            n = room - 1 - len(cands)
+        last = self._last_emitted
+        after = getattr(policy, "watermark_after", None)
+        wm_at_end = after(top) if after is not None else None
+        if wm_at_end is not None and (wm_at_end <= last or min(tss) >= wm_at_end):
+            # the policy follows the highest timestamp and no item is behind the chunk's
+            # last watermark, so none is behind an earlier one: report the maximum once
+            wm = policy.report_event(top)
+            _take_into(inbox, n, bucket.extend)
+            if wm > last:
+                bucket.append(Watermark(wm))
+                outbox.specials = True
+                self._last_emitted = wm
+            return
+        # outbox room: the items, a watermark before each of up to `budget` of them, and
+        # the chunk's last watermark
+        budget = room - 1 - n
+        if budget <= 0:
+            n = (room - 1) // 2
+            budget = room - 1 - n
             if n <= 0:
                 self._process_items(inbox)
                 return
-            cands = [i for i in cands if i < n]
         report = policy.report_event
-        last = self._last_emitted
         owed = last
         changes: list[tuple[int, int]] = []  # (index, owed watermark from there on)
-        for i in cands:
-            ts = tss[i]
-            if ts >= threshold:
-                wm = report(ts)
-                threshold = threshold_fn()
-                if wm > owed:
-                    owed = wm
-                    changes.append((i, wm))
+        every = threshold <= NO_WATERMARK  # a policy without a threshold sees every event
+        pos = 0
+        while pos < n:
+            if every:
+                i = pos
+            else:
+                # the next event at or above the threshold, found at C speed
+                found = next(compress(range(pos, n), map(ge, tss[pos:n], repeat(threshold))), None)
+                if found is None:
+                    break
+                i = found
+            if len(changes) == budget:
+                n = i  # the rest goes in the next call
+                break
+            wm = report(tss[i])
+            threshold = threshold_fn()
+            if wm > owed:
+                owed = wm
+                changes.append((i, wm))
+            pos = i + 1
         if not changes:
             _take_into(inbox, n, bucket.extend)
             return
