@@ -11,7 +11,7 @@ variants; the table shows the best and the median time. Variants:
 * ``pyspark flatMap/reduceByKey``: ``sc.textFile(...).flatMap(str.split)
   .map(lambda w: (w, 1)).reduceByKey(add).collect()`` -- the hand-written baseline;
 * ``pyspark mapPartitions(Counter)``: the fastest hand-written RDD version we know;
-* ``slipstream spark, read_files``: DESIGN.md's two-stage word-count DAG
+* ``slipstream spark, read_files``: the guide's two-stage word-count DAG
   (read_files -> flat_map(split) -> accumulate_by_key -> distributed partitioned ->
   combine_by_key -> list_sink) on ``ss.spark(session)``;
 * ``slipstream spark, textFile source``: the same DAG fed by

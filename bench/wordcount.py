@@ -3,7 +3,7 @@
     python bench/wordcount.py [--words 5000000] [--events 2000000] [--threads N]
 
 Word count: the corpus (Zipf-like over 50,000 words, fixed seed) is written once as text
-files; every variant reads the same files. ``wc-slipstream`` runs the DESIGN.md two-stage
+files; every variant reads the same files. ``wc-slipstream`` runs the guide's two-stage
 DAG wired by hand (read_files -> flat_map(split) -> accumulate_by_key -> distributed
 partitioned -> combine_by_key -> sink); ``wc-pipeline`` the same job written with the
 Pipeline API (examples/wordcount.py's ``build_pipeline``: the compiler fuses the

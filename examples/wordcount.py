@@ -62,7 +62,7 @@ def build_pipeline(
 def build_dag(
     directory: str, glob: str = "*.txt", tokenizer: Callable[[str], list[str]] = tokenize
 ) -> DAG:
-    """The same word count hand-wired with the Core API (the DESIGN.md example)."""
+    """The same word count hand-wired with the Core API (the guide's example)."""
     dag = DAG()
     src = dag.new_vertex("source", sources.read_files(directory, glob))
     tok = dag.new_vertex("tokenize", P.flat_map(tokenizer))

@@ -1,4 +1,4 @@
-"""AggregateOperation and the built-in factories (reference A.12)."""
+"""AggregateOperation and the built-in factories (docs/semantics.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The names DESIGN.md promises (tests outside this repository rely on them)."""
+"""The public names (docs/guide.md) (tests outside this repository rely on them)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_import_does_not_import_pyspark() -> None:
 
 
 def test_pipeline_api_names() -> None:
-    """DESIGN.md's pipeline layer: ss.Pipeline and the stage methods it lists."""
+    """The pipeline layer (docs/guide.md): ss.Pipeline and the stage methods it lists."""
     from slipstream import sources
     from slipstream.pipeline import Pipeline, PipelineError
 

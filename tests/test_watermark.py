@@ -1,4 +1,4 @@
-"""Watermark policies and throttling (reference A.7, A.8).
+"""Watermark policies and throttling (docs/semantics.md §4).
 
 Expected sequences are computed by hand from the reference formulas; each step is
 written as (clock time, call, expected watermark).

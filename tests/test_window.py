@@ -1,4 +1,4 @@
-"""Window definitions and window results (reference A.10)."""
+"""Window definitions and window results (docs/semantics.md §6)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ Why each mode exists:
 5. **Snapshots on, never restore (save only).** Saving must not change what the
    processor emits.
 
-Mechanics (reference A.15):
+Mechanics (docs/semantics.md §10):
 
 * Input of several ordinals is mixed by priority (lower number first; a group is
   exhausted before the next starts), round robin within a priority. An inbox batch never

@@ -7,7 +7,7 @@ a lull. The watermark of a policy never decreases and is ``NO_WATERMARK`` until 
 knows anything.
 
 The four policies and the two throttling decorators follow Hazelcast Jet's
-punctuation-era API (the reference document, sections A.7 and A.8). Time-based policies
+punctuation-era API (docs/semantics.md §4). Time-based policies
 take an injectable ``clock`` (a zero-argument callable returning milliseconds as an int)
 so that tests can drive time by hand.
 

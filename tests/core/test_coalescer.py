@@ -1,4 +1,4 @@
-"""Watermark coalescing rules (reference A.6)."""
+"""Watermark coalescing rules (docs/semantics.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Frame arithmetic of slipstream.core.time (reference A.10)."""
+"""Frame arithmetic of slipstream.core.time (docs/semantics.md §6)."""
 
 from __future__ import annotations
 

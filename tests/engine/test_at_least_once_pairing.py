@@ -1,4 +1,4 @@
-"""Seed 000's "Data Loss" scenario: a pairing processor under at-least-once.
+"""The at-least-once data loss of docs/semantics.md §9: a pairing processor under at-least-once.
 
 Sequence on the left input: ``A -- barrier -- B``. Under at-least-once the processor keeps
 consuming the left input after its barrier, pairs A with B, forgets both and then takes

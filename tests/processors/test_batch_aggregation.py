@@ -1,4 +1,4 @@
-"""Batch aggregation processors (reference A.12): hand-driven with outbox capacity 1 and
+"""Batch aggregation processors (docs/semantics.md §8): hand-driven with outbox capacity 1 and
 snapshot/restore between items, and through the embedded engine against dict oracles."""
 
 from __future__ import annotations

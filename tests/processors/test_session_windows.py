@@ -1,10 +1,10 @@
-"""Session windows (reference A.11, half-open variant) against a brute-force oracle.
+"""Session windows (docs/semantics.md §7, half-open) against a brute-force oracle.
 
 Oracle: per key, sort the events by timestamp; a new session starts at an event whose
 timestamp is at or after the current session's end (``max ts + timeout``), so two events
 exactly ``timeout`` apart are in different sessions. Late events (``ts <`` the last
 watermark) are dropped. A session is emitted at the first watermark ``W`` with
-``end < W`` (A.16.6), the rest by ``complete()``.
+``end < W``, the rest by ``complete()``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def expected_stream(
     stream: list[Any], timeout: int, agg: Callable[[list[Event]], Any]
 ) -> tuple[list[Any], int]:
     """Late: ``ts <`` the watermark; a session goes out at the first watermark ``>`` its
-    end (A.16.6)."""
+    end."""
     return expected_output(
         stream,
         lambda ts, wm: ts < wm,
@@ -199,7 +199,7 @@ def test_one_below_the_timeout_joins() -> None:
 
 
 def test_session_is_emitted_once_the_watermark_is_past_its_end() -> None:
-    # end < W (A.16.6): [0, 5) is not emitted at WM(5), it is at WM(6); an event at 5 is
+    # end < W: [0, 5) is not emitted at WM(5), it is at WM(6); an event at 5 is
     # not late at WM(5) and, touching, starts a new session
     stream = [(0, "a", 0), WM(5), (5, "a", 5), WM(6), WM(11)]
     verify_processor(sessions(5, values())).input(stream).expect_output(

@@ -1,8 +1,8 @@
-"""Sliding/tumbling window processors (reference A.10) against a brute-force oracle.
+"""Sliding/tumbling window processors (docs/semantics.md §6) against a brute-force oracle.
 
 The oracle knows nothing of frames: a window ``[E - size, E)`` contains an event iff
 ``E - size <= ts < E``, for every ``E`` on the grid ``offset + k * slide``. The only frame
-notion the tests use is the lateness rule of A.10 (an event is dropped iff the first
+notion the tests use is the lateness rule of docs/semantics.md §6 (an event is dropped iff the first
 window containing it ends at or below the last watermark), which defines *which* events
 count; the results over those events come from the oracle.
 
@@ -119,7 +119,7 @@ def expected_stream(
     stream: list[Any], wd: SlidingWindowDef, agg: Callable[[list[Event]], Any]
 ) -> tuple[list[Any], int]:
     """Late: the first window containing the event ended at or below the watermark
-    (A.10, frame granularity); a window goes out at the first watermark ``>=`` its end."""
+    (frame granularity); a window goes out at the first watermark ``>=`` its end."""
     return expected_output(
         stream,
         lambda ts, wm: first_window_end(ts, wd) <= wm,
@@ -387,7 +387,7 @@ def test_lateness_is_judged_per_frame() -> None:
 
 def test_partially_late_event_is_dropped() -> None:
     # window 4 ([0, 4)) was emitted at WM(4); ts 3 would also count in window 6, which is
-    # not emitted yet, but it is dropped: frame granularity (A.10 step 1)
+    # not emitted yet, but it is dropped: frame granularity
     wd = sliding_window_def(4, 2)
     stream = [(1, "a", 1), WM(4), (3, "a", 100), WM(10)]
     out, late = drive(single_stage(wd, sum_with_deduct()), stream)

@@ -1,4 +1,4 @@
-"""Watermark coalescing (Jet's ``WatermarkCoalescer``, reference A.6).
+"""Watermark coalescing (Jet's ``WatermarkCoalescer``, docs/semantics.md §3).
 
 One coalescer merges the watermarks of several inputs: the queues of one edge, or the
 edges (ordinals) of one processor. The output only moves when every live input has

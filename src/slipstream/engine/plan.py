@@ -1,4 +1,4 @@
-"""Turns a DAG into processors, queues and tasklets (the execution plan, seed 004).
+"""Turns a DAG into processors, queues and tasklets (the execution plan, docs/semantics.md §1).
 
 For each vertex the meta-supplier is asked once for a supplier per member, each supplier
 for ``local_parallelism`` processors. For each edge every connected (producer, consumer)

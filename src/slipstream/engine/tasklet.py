@@ -1,4 +1,4 @@
-"""The processor tasklet: the one place that drives a processor (reference A.4).
+"""The processor tasklet: the one place that drives a processor (docs/semantics.md §2).
 
 It feeds the inbox from the inbound edges (highest priority group first, round robin
 within a group), presents coalesced watermarks, calls ``try_process`` / ``process`` /

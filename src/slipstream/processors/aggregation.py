@@ -1,4 +1,4 @@
-"""Batch aggregation processors (reference A.12): the non-windowed rows of Jet's
+"""Batch aggregation processors (docs/semantics.md §8): the non-windowed rows of Jet's
 aggregation matrix.
 
 =========================  =====================================  ===========================

@@ -1,4 +1,4 @@
-"""Session windows: ``aggregate_to_session_window`` (reference A.11, A.16.4, A.16.6).
+"""Session windows: ``aggregate_to_session_window`` (docs/semantics.md §7).
 
 A session of a key is a maximal run of its events in which each event is less than
 ``session_timeout`` after the previous one. Every event at ``t`` stands for the
@@ -14,7 +14,7 @@ gap) merges them with ``agg_op.combine`` — an interval of length ``timeout`` c
 overlap three sessions, each of which is at least ``timeout`` long; otherwise it opens a
 new session.
 
-**When a session is emitted.** We follow A.16.6 literally: on watermark ``W`` every
+**When a session is emitted.** We follow docs/semantics.md §7: on watermark ``W`` every
 session with ``end < W`` is emitted and forgotten, then ``W`` is forwarded. The rule is
 consistent: an event at ``t`` can still change session ``[s, e)`` only if ``t < e``, and
 after ``W`` only events with ``t >= W`` are accepted, so a session with ``e < W`` is

@@ -1,4 +1,4 @@
-"""``insert_watermarks``: turn event timestamps into watermarks (reference A.9, A.7.5).
+"""``insert_watermarks``: turn event timestamps into watermarks (docs/semantics.md §5).
 
 The processor passes every item through unchanged and, in front of the items, inserts a
 :class:`~slipstream.core.items.Watermark` whenever its policy's watermark advances. It
@@ -18,7 +18,7 @@ same option, drops it and counts it as late.
 
 Optionally (``idle_timeout_ms``) a processor that saw no item for that long declares its
 substream *idle* by emitting :data:`IDLE` once: downstream coalescers then leave it out of
-the minimum, so one silent partition does not hold back every window (A.6). The next item
+the minimum, so one silent partition does not hold back every window (docs/semantics.md §3). The next item
 makes it active again and ordinary watermarks resume.
 """
 

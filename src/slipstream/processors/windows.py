@@ -1,4 +1,4 @@
-"""Sliding and tumbling window processors (reference A.10, A.16.4-5, A.16.7).
+"""Sliding and tumbling window processors (docs/semantics.md §6).
 
 Three factories share one processor class:
 
@@ -14,7 +14,7 @@ an event at ``t`` goes to the frame labelled by its exclusive end,
 ``frames_per_window`` frames ending at ``E``. Accumulating per frame is what lets a
 window be assembled from (or slid over) a few accumulators instead of its items.
 
-**Emission** (exactly A.10): on watermark ``W`` every window ``E <= W`` not emitted yet is
+**Emission** (docs/semantics.md §6): on watermark ``W`` every window ``E <= W`` not emitted yet is
 emitted, in order of ``E``, starting at the first window that contains the lowest frame;
 a window emits one ``KeyedWindowResult(E - window_size, E, key, finish(acc))`` per key
 that has events in it, and nothing for an empty window. After window ``E`` the oldest
@@ -189,7 +189,7 @@ class WindowingP(AbstractProcessor):
     # -- snapshots -------------------------------------------------------------------
     def save_to_snapshot(self) -> bool:
         if self._complete_it is not None:
-            # completing: finish the completion instead of saving state (A.11, Jet)
+            # completing: finish the completion instead of saving state (docs/semantics.md §7)
             if not self.emit_from(self._complete_it):
                 return False
             self._complete_it = None
@@ -243,7 +243,7 @@ class SlidingWindowP(WindowingP):
     its frames holding the key).
 
     ``last_stage=False`` is stage 1 (``accumulate_by_frame``): on ``save_to_snapshot`` it
-    emits all its frames downstream instead of saving them (A.16.7), so its state travels
+    emits all its frames downstream instead of saving them (docs/semantics.md §6), so its state travels
     inside the barrier-aligned stream and stage 2 combines partial frames of the same
     frame and key; it then saves only its emission cursor.
 
@@ -506,7 +506,7 @@ class SlidingWindowP(WindowingP):
     # -- snapshots -------------------------------------------------------------------
     def save_to_snapshot(self) -> bool:
         if not self._last_stage and self._complete_it is None:
-            # stage 1: flush every frame downstream instead of saving it (A.16.7) -- unless
+            # stage 1: flush every frame downstream instead of saving it (docs/semantics.md §6) -- unless
             # completing: then the base class finishes the completion, which emits them
             it = self._flush_it
             if it is None:

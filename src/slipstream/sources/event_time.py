@@ -1,5 +1,5 @@
 """Per-partition event time inside one source processor (Jet's ``EventTimeMapper``,
-reference A.7.5).
+docs/semantics.md §4).
 
 A source processor that reads several external partitions (Kafka partitions, shards,
 files) must not run ONE watermark policy over their merged stream: after a restart, or

@@ -1,7 +1,7 @@
 """Creating SparkSessions that work on small, single-host machines.
 
 Everything here is tuned by facts measured on the project's build machines
-(see ``/work/shared/reference/pyspark-on-these-machines.md``):
+(docs/spark.md has the set-up):
 
 * executors run Python from ``PYSPARK_PYTHON``, which defaults to ``python3`` on
   ``PATH`` (not the venv's Python); ``spark.pyspark.python`` set on the builder
