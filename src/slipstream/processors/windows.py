@@ -209,14 +209,18 @@ class WindowingP(AbstractProcessor):
                 self._restore_keyed(KeyedStateKey(k, key.detail), v)
         elif key == self._cursor_key:
             cursor = self._restored_cursor
+            ctx = self.context
             if (
                 cursor is not None
                 and value != cursor
-                and self.context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+                and ctx.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+                and ctx.snapshot_hooks is not None
             ):
                 # Every processor of the vertex saw the same watermarks before the
                 # aligned barrier, so their cursors must agree (Jet asserts it); under
-                # at-least-once they may differ and the minimum is taken.
+                # at-least-once they may differ and the minimum is taken. So may they
+                # when no snapshot coordinator aligned them: the Spark engine hands
+                # state from epoch to epoch, each task ending where its input ended.
                 raise SnapshotError(
                     f"{self._where()}: exactly-once snapshot is inconsistent: processors "
                     f"saved different {self._cursor_name} values ({cursor} and {value})"
