@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -213,6 +214,7 @@ def test_sink_at_least_once_delivers_everything(kafka: Any) -> None:
         name="kafka-alo",
         processing_guarantee=ProcessingGuarantee.AT_LEAST_ONCE,
         snapshot_interval_ms=20,
+        snapshot_store=tempfile.mkdtemp(prefix="kafka-test-store-"),
     )
     ss.local().new_job(dag, cfg).join(60)
     got = read_topic(kafka.bootstrap, topic, 3, 5000)

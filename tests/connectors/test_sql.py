@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import tempfile
 from typing import Any
 
 import psycopg
@@ -66,6 +67,7 @@ def _sink_job(dsn: str, statement: str, items: list[Any], name: str, **cfg: Any)
     src = dag.new_vertex("items", sources.items(items))
     out = dag.new_vertex("db", sinks.sql(_connect(dsn), statement)).local_parallelism(2)
     dag.edge(Edge.between(src, out))
+    cfg.setdefault("snapshot_store", tempfile.mkdtemp(prefix="sql-test-store-"))
     return ss.local().new_job(dag, JobConfig(name=name, **cfg))
 
 
