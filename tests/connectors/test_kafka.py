@@ -53,7 +53,7 @@ def read_topic(
     )
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out: list[bytes] = []
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240  # generous: a loaded 2-core machine
     last = time.monotonic()
     try:
         while time.monotonic() < deadline:
@@ -70,7 +70,7 @@ def read_topic(
     return out
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 90) -> None:
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

@@ -95,7 +95,7 @@ def _run_with_kill(bootstrap: str, tmp_path: Any, point: str, nth: int) -> None:
     script.write_text(SCRIPT)
     store = str(tmp_path / "store")
     args = [sys.executable, str(script), bootstrap, src, out, store]
-    first = subprocess.run([*args, point, str(nth)], capture_output=True, text=True, timeout=60)
+    first = subprocess.run([*args, point, str(nth)], capture_output=True, text=True, timeout=240)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     second = subprocess.Popen([*args, "none", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
