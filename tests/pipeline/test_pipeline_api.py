@@ -368,9 +368,13 @@ class Event:
         return (seq % 7, 1000 + 20 * seq, seq % 5)
 
 
-def test_window_pipeline_suspended_and_resumed_gives_exact_results(tmp_path: Any) -> None:
+@pytest.mark.parametrize("members", [1, 2])
+def test_window_pipeline_suspended_and_resumed_gives_exact_results(
+    tmp_path: Any, members: int
+) -> None:
     """State of the fused watermark inserter + stage 1 and of stage 2 is restored: the
-    results equal a run without interruption."""
+    results equal a run without interruption. With two members stage 1 has two
+    processors, each with its own inserter, whose emission cursors may differ."""
     import time
 
     n = 60_000
@@ -386,7 +390,7 @@ def test_window_pipeline_suspended_and_resumed_gives_exact_results(tmp_path: Any
         snapshot_interval_ms=20,
         snapshot_store=str(tmp_path),
     )
-    engine = ss.local(outbox_capacity=16)
+    engine = ss.local(outbox_capacity=16, members=members)
     job = engine.new_job(p, cfg)
     deadline = time.monotonic() + 60
     while job.metrics.get("__job__", {}).get("snapshots", 0) < 2 and not job.status.is_terminal:
