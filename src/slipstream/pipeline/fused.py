@@ -276,6 +276,9 @@ class PipeP(Processor):
     ) -> None:
         self.first = first_supplier()
         self.second = second_supplier()
+        if hasattr(self.second, "own_watermarks"):
+            # a window behind its own watermark inserter: cursors may differ per processor
+            self.second.own_watermarks = True
         self._mid: Outbox | None = None
         self._queue: deque[Any] = deque()  # first's output segments: item lists, specials
         self._inbox = Inbox()  # second's input

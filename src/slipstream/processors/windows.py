@@ -115,6 +115,11 @@ class WindowingP(AbstractProcessor):
     """The factory's name: errors name it and the vertex."""
     _cursor_key: BroadcastKey
     _cursor_name = "emission cursor"
+    #: Set when the processor is fed by a watermark inserter of its own (the Pipeline
+    #: API fuses ``insert_watermarks`` into stage 1 of a window): each processor then sees
+    #: its own watermarks, so exactly-once cursors legitimately differ and the minimum
+    #: is taken. Stage 2, fed coalesced watermarks, still decides which windows close.
+    own_watermarks = False
 
     metric_names = (LATE_METRIC,)
 
@@ -215,6 +220,7 @@ class WindowingP(AbstractProcessor):
                 and value != cursor
                 and ctx.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
                 and ctx.snapshot_hooks is not None
+                and not self.own_watermarks
             ):
                 # Every processor of the vertex saw the same watermarks before the
                 # aligned barrier, so their cursors must agree (Jet asserts it); under
