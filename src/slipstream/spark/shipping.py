@@ -20,8 +20,8 @@ PySpark bundles (Spark puts ``pyspark.zip`` on its workers' path).
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
-import os
 import tempfile
 import threading
 import weakref
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import slipstream
-from slipstream.core.files import UnsafeDirectoryError, user_temp_dir
+from slipstream.core.files import UnsafeDirectoryError, atomic_write, user_temp_dir
 
 __all__ = ["package_zip", "ship_slipstream"]
 
@@ -76,21 +76,15 @@ def _cache_dir() -> Path:
 
 
 def _write_zip(path: Path, files: list[tuple[str, bytes]]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".zip", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w") as zf:
-            for name, data in files:
-                info = zipfile.ZipInfo(name, _ZIP_TIME)
-                info.compress_type = zipfile.ZIP_DEFLATED
-                info.external_attr = 0o644 << 16
-                zf.writestr(info, data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files:
+            info = zipfile.ZipInfo(name, _ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, data)
+    # a cache entry: readers see the whole zip or none; no fsync needed
+    atomic_write(str(path), buf.getvalue(), durable=False)
 
 
 def package_zip() -> Path | None:
