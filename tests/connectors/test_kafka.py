@@ -221,6 +221,26 @@ def test_sink_at_least_once_delivers_everything(kafka: Any) -> None:
     assert sorted(int(v) for v in got) == list(range(5000))
 
 
+def test_sink_delivery_error_fails_the_job() -> None:
+    from slipstream.devservers import free_port
+
+    # nothing listens there: every record times out undelivered
+    conf = {"bootstrap.servers": f"127.0.0.1:{free_port()}", "message.timeout.ms": 500}
+    dag = DAG()
+    src = dag.new_vertex("items", sources.items([b"a", b"b"]))
+    out = dag.new_vertex("kafka-out", sinks.kafka("nowhere", conf))
+    dag.edge(Edge.between(src, out))
+    cfg = JobConfig(
+        name="kafka-undelivered",
+        processing_guarantee=ProcessingGuarantee.AT_LEAST_ONCE,
+        snapshot_store=tempfile.mkdtemp(prefix="kafka-test-store-"),
+        auto_restart=False,
+    )
+    with pytest.raises(ss.JobFailedError) as err:
+        ss.local().new_job(dag, cfg).join(60)
+    assert "'kafka-out'" in str(err.value) and "was not delivered" in str(err.value)
+
+
 def test_sink_rejects_values_that_are_not_bytes_naming_the_item(kafka: Any) -> None:
     topic = topic_name("type")
     kafka.create_topic(topic, 1)

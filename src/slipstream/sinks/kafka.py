@@ -118,7 +118,13 @@ class KafkaSinkP(AbstractProcessor):
             from confluent_kafka import Producer
 
             # delivery reports only for failures: no Python callback per record
-            self._producer = Producer({"delivery.report.only.error": True, **self._config})
+            self._producer = Producer(
+                {
+                    "delivery.report.only.error": True,
+                    **self._config,
+                    "on_delivery": self._on_delivery,
+                }
+            )
 
     def try_process_watermark(self, watermark: Watermark) -> bool:
         return True
