@@ -129,6 +129,18 @@ class SparkJobBase(JobHandle):
     def _failure(self, error: BaseException) -> JobFailedError:
         return failure_error(self.name, error, self.failure_key)
 
+    def _finish(self, error: BaseException | None) -> None:
+        """End the job after its driver thread's work (``error`` is ``None`` on success)."""
+        raise NotImplementedError
+
+    def _finish_or_die(self, error: BaseException | None) -> None:
+        """``_finish``, from the job's driver thread; a failure while finishing still
+        fails the job, so ``join()`` returns."""
+        try:
+            self._finish(error)
+        except BaseException as exc:  # noqa: BLE001 - join() must return, whatever failed
+            self._thread_died(exc)
+
     def _thread_died(self, exc: BaseException) -> None:
         """A driver-side thread of the job failed unexpectedly: fail the job, so
         ``join()`` returns."""
@@ -249,10 +261,7 @@ class SparkJob(SparkJobBase):
         except BaseException as exc:  # noqa: BLE001 - reported through join()
             error = exc
         finally:
-            try:
-                self._finish(error)
-            except BaseException as exc:  # noqa: BLE001 - join() must return, whatever failed
-                self._thread_died(exc)
+            self._finish_or_die(error)
 
     def _finish(self, error: BaseException | None) -> None:
         compiled = self._compiled

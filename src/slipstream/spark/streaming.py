@@ -586,10 +586,7 @@ class SparkMicroBatchJob(_EpochJob):
         except BaseException as exc:  # noqa: BLE001 - reported through join()
             error = exc
         finally:
-            try:
-                self._finish(error)
-            except BaseException as exc:  # noqa: BLE001 - join() must return, whatever failed
-                self._thread_died(exc)
+            self._finish_or_die(error)
 
     def _finish(self, error: BaseException | None) -> None:
         self.completion_time = time.time()
