@@ -85,3 +85,72 @@ def test_pipeline_api_names() -> None:
     for name in ["aggregate", "rolling_aggregate", "map_stateful", "window"]:
         assert callable(getattr(grouped, name)), name
     assert callable(Pipeline.to_dag)
+
+
+# The optional heavy dependencies: `import slipstream` (and a job that needs none of
+# them) must not load them (start-up time, issue 12; slipstream/_lazy.py).
+HEAVY = ("cloudpickle", "pyspark", "rich", "prometheus_client", "pyarrow", "psycopg",
+         "confluent_kafka")
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    )
+    return set(out.stdout.split())
+
+
+def test_import_loads_no_heavy_dependency() -> None:
+    loaded = _modules_after("import slipstream")
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+    # nor the engine, the connectors, the dashboard or the Spark engine's modules
+    assert not {m for m in loaded if m.startswith("slipstream.")} - {"slipstream._lazy"}
+
+
+def test_job_without_lambdas_loads_no_heavy_dependency() -> None:
+    """A DAG job whose suppliers plain pickle accepts runs without cloudpickle (and without
+    the snapshot modules, having no processing guarantee); the names still all resolve."""
+    loaded = _modules_after(
+        "import slipstream as ss\n"
+        "from slipstream import processors as P, sinks, sources\n"
+        "dag = ss.DAG()\n"
+        "src = dag.new_vertex('src', sources.items(range(10)))\n"
+        "m = dag.new_vertex('abs', P.map(abs))\n"
+        "out = dag.new_vertex('out', sinks.list_sink('out'))\n"
+        "dag.edge(ss.Edge.between(src, m)).edge(ss.Edge.between(m, out))\n"
+        "e = ss.local()\n"
+        "e.new_job(dag).join()\n"
+        "assert sorted(e.get_list('out')) == list(range(10))\n"
+    )
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+    assert "slipstream.engine.snapshot_store" not in loaded
+    assert "slipstream.processors.services" not in loaded  # asyncio and threads pools
+
+
+def test_lazy_names_resolve() -> None:
+    """Every name in every lazy package's __all__ resolves, to the object its module
+    defines; a function named like a submodule keeps its name after the submodule is
+    imported (sinks.kafka, sources.sql, ss.spark)."""
+    import importlib
+    import types
+
+    import slipstream.sinks
+    import slipstream.sources
+    from slipstream import core, engine, pipeline, processors, sinks, sources
+
+    for pkg in (ss, core, engine, pipeline, processors, sinks, sources):
+        for name in pkg.__all__:
+            value = getattr(pkg, name)
+            assert not isinstance(value, types.ModuleType), (pkg.__name__, name)
+            assert name in dir(pkg)
+    importlib.import_module("slipstream.sinks.kafka")
+    importlib.import_module("slipstream.sources.sql")
+    importlib.import_module("slipstream.spark.engine")
+    assert callable(slipstream.sinks.kafka) and not isinstance(sinks.kafka, types.ModuleType)
+    assert not isinstance(sources.sql, types.ModuleType)
+    assert not isinstance(ss.spark, types.ModuleType) and ss.spark is ss.spark_engine
+    assert isinstance(ss.sources, types.ModuleType) and ss.sources is sources
+    from slipstream.sinks.kafka import kafka as kafka_sink
+
+    assert sinks.kafka is kafka_sink

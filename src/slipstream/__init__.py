@@ -14,33 +14,90 @@ yourself), then run it on the embedded engine (``ss.local()``) or on Apache Spar
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from slipstream import _lazy
 
-from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
-from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex
-from slipstream.core.errors import (
-    DagError,
-    JobCancelledError,
-    JobFailedError,
-    SlipstreamError,
-    SnapshotError,
-    SnapshotStoreDamagedError,
-    SnapshotStoreInUseError,
-)
-from slipstream.core.inbox import Inbox
-from slipstream.core.items import Watermark
-from slipstream.core.outbox import Outbox
-from slipstream.core.processor import AbstractProcessor, Context, Processor
-from slipstream.core.suppliers import (
-    MemberAddress,
-    ProcessorMetaSupplier,
-    ProcessorSupplier,
-    SupplierContext,
-)
-from slipstream.engine.job import Job
-from slipstream.engine.local import LocalEngine
-from slipstream.pipeline import Pipeline
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms)
+
+# Public names, imported on first use (slipstream/_lazy.py says why): `import slipstream`
+# costs a few milliseconds, and a job pays only for the modules it uses.
+_EXPORTS = {
+    "JobConfig": "slipstream.core.config:JobConfig",
+    "JobStatus": "slipstream.core.config:JobStatus",
+    "ProcessingGuarantee": "slipstream.core.config:ProcessingGuarantee",
+    "DAG": "slipstream.core.dag:DAG",
+    "Edge": "slipstream.core.dag:Edge",
+    "RoutingPolicy": "slipstream.core.dag:RoutingPolicy",
+    "Vertex": "slipstream.core.dag:Vertex",
+    "DagError": "slipstream.core.errors:DagError",
+    "JobCancelledError": "slipstream.core.errors:JobCancelledError",
+    "JobFailedError": "slipstream.core.errors:JobFailedError",
+    "SlipstreamError": "slipstream.core.errors:SlipstreamError",
+    "SnapshotError": "slipstream.core.errors:SnapshotError",
+    "SnapshotStoreDamagedError": "slipstream.core.errors:SnapshotStoreDamagedError",
+    "SnapshotStoreInUseError": "slipstream.core.errors:SnapshotStoreInUseError",
+    "Inbox": "slipstream.core.inbox:Inbox",
+    "Watermark": "slipstream.core.items:Watermark",
+    "Outbox": "slipstream.core.outbox:Outbox",
+    "AbstractProcessor": "slipstream.core.processor:AbstractProcessor",
+    "Context": "slipstream.core.processor:Context",
+    "Processor": "slipstream.core.processor:Processor",
+    "MemberAddress": "slipstream.core.suppliers:MemberAddress",
+    "ProcessorMetaSupplier": "slipstream.core.suppliers:ProcessorMetaSupplier",
+    "ProcessorSupplier": "slipstream.core.suppliers:ProcessorSupplier",
+    "SupplierContext": "slipstream.core.suppliers:SupplierContext",
+    "Job": "slipstream.engine.job:Job",
+    "LocalEngine": "slipstream.engine.local:LocalEngine",
+    "Pipeline": "slipstream.pipeline.stages:Pipeline",
+    # the library modules (DESIGN.md): `ss.sources.items(...)` works after `import slipstream`
+    **{
+        name: f"slipstream.{name}"
+        for name in (
+            "aggregate", "core", "engine", "pipeline", "processors", "sinks", "sources",
+            "testing", "watermark", "window",
+        )
+    },
+}
+_lazy.install(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    # the library modules (as-aliases: re-exported names, not part of __all__)
+    from slipstream import aggregate as aggregate
+    from slipstream import core as core
+    from slipstream import engine as engine
+    from slipstream import pipeline as pipeline
+    from slipstream import processors as processors
+    from slipstream import sinks as sinks
+    from slipstream import sources as sources
+    from slipstream import testing as testing
+    from slipstream import watermark as watermark
+    from slipstream import window as window
+    from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
+    from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex
+    from slipstream.core.errors import (
+        DagError,
+        JobCancelledError,
+        JobFailedError,
+        SlipstreamError,
+        SnapshotError,
+        SnapshotStoreDamagedError,
+        SnapshotStoreInUseError,
+    )
+    from slipstream.core.inbox import Inbox
+    from slipstream.core.items import Watermark
+    from slipstream.core.outbox import Outbox
+    from slipstream.core.processor import AbstractProcessor, Context, Processor
+    from slipstream.core.suppliers import (
+        MemberAddress,
+        ProcessorMetaSupplier,
+        ProcessorSupplier,
+        SupplierContext,
+    )
+    from slipstream.engine.job import Job
+    from slipstream.engine.local import LocalEngine
+    from slipstream.pipeline.stages import Pipeline
+    from slipstream.spark.engine import SparkEngine
 
 __version__ = "0.1.0"
 
@@ -57,11 +114,9 @@ def entry_value(entry: tuple[Any, Any]) -> Any:
 
 def local(cooperative_threads: int | None = None, members: int = 1, **kwargs: Any) -> LocalEngine:
     """The embedded engine (one process, cooperative worker threads)."""
+    from slipstream.engine.local import LocalEngine
+
     return LocalEngine(cooperative_threads=cooperative_threads, members=members, **kwargs)
-
-
-if TYPE_CHECKING:
-    from slipstream.spark.engine import SparkEngine
 
 
 def spark_engine(spark_session: Any = None, **kwargs: Any) -> SparkEngine:
@@ -74,12 +129,10 @@ def spark_engine(spark_session: Any = None, **kwargs: Any) -> SparkEngine:
 
 
 # The package slipstream.spark (the engine's modules) and the factory ss.spark are two
-# things with one name. Importing a package binds it as an attribute of its parent the
-# first time only, so the (pyspark-free) package is imported here first and the name is
-# then bound to the factory for good: ss.spark(...) is always the plain function, and
+# things with one name: ss.spark(...) is always the plain function (a lazy package keeps
+# its public names when a same-named submodule is imported, see slipstream/_lazy.py), and
 # `from slipstream.spark.engine import SparkEngine` / `from slipstream.spark import io`
 # reach the package through the import system as usual.
-importlib.import_module("slipstream.spark")
 spark = spark_engine
 
 

@@ -545,8 +545,6 @@ def _check_picklable(obj: Any) -> None:
     cloudpickle."""
     import pickle
 
-    from slipstream.core.pickling import cloudpickle
-
     try:
         pickler = pickle.Pickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
         pickler.fast = True  # no memo: 5x faster on big data; a cycle just falls through
@@ -554,6 +552,9 @@ def _check_picklable(obj: Any) -> None:
         return
     except Exception:  # noqa: BLE001 - fall back to the more capable pickler
         pass
+    # imported only now: a job whose suppliers plain pickle accepts never loads it
+    from slipstream.core.pickling import cloudpickle
+
     cloudpickle.CloudPickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
 
 

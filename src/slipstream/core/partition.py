@@ -14,8 +14,6 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from slipstream.core.pickling import cloudpickle
-
 DEFAULT_PARTITION_COUNT = 271
 
 Partitioner = Callable[[Any, int], int]
@@ -43,6 +41,8 @@ def stable_hash(key: Any) -> int:
         if key.is_integer():
             return stable_hash(int(key))
         return zlib.crc32(_pack_double(key))
+    from slipstream.core.pickling import cloudpickle  # only for keys of other types
+
     return zlib.crc32(cloudpickle.dumps(key))
 
 

@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
@@ -29,13 +28,17 @@ from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.job_handle import JobHandle
 from slipstream.engine import gc_tuning
 from slipstream.engine.plan import build_vertex_plans, wire
-from slipstream.engine.snapshot import SnapshotCoordinator, custom_partitioners, restore_plan
-from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
 from slipstream.engine.tasklet import ProcessorTasklet
 from slipstream.engine.workers import TaskletFailure, WorkerPool
 
 if TYPE_CHECKING:
     from slipstream.engine.local import LocalEngine
+    from slipstream.engine.snapshot import SnapshotCoordinator
+    from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
+
+# The snapshot modules (the store, its signing, the coordinator) are imported where a job
+# has a processing guarantee or restores: a job without one never needs them, and a short
+# script does not pay for their imports.
 
 log = logging.getLogger("slipstream.job")
 _ids = itertools.count(1)
@@ -60,6 +63,8 @@ class _Execution:
         specs = wire(job.dag, self.plans, config.processing_guarantee)
         self.coordinator: SnapshotCoordinator | None = None
         if job.store is not None:
+            from slipstream.engine.snapshot import SnapshotCoordinator
+
             first = job.next_snapshot_id
             self.coordinator = SnapshotCoordinator(
                 job.name,
@@ -74,6 +79,8 @@ class _Execution:
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
         if restore is not None:
+            from slipstream.engine.snapshot import custom_partitioners, restore_plan
+
             routed, completed = restore_plan(restore, self.plans, custom_partitioners(job.dag))
         self.tasklets: list[ProcessorTasklet] = []
         for s in specs:
@@ -229,7 +236,7 @@ class Job(JobHandle):
         self.submission_time = time.time()
         self.completion_time: float | None = None
         #: unique id of this submission: the snapshot store belongs to it
-        self.execution_id = uuid.uuid4().hex
+        self.execution_id = os.urandom(16).hex()
         self.store: DirectorySnapshotStore | None = None
         self._restore_from = _load_snapshot(restore_from, config.snapshot_key)
         if config.processing_guarantee is not ProcessingGuarantee.NONE:
@@ -574,6 +581,8 @@ def _make_store(
     """The job's store. The default directory is ``<work_dir>/snapshots/<name>`` for a
     named job (so that ``resume=True`` finds it again) and a directory of its own for an
     unnamed one (its generated name is not stable across processes)."""
+    from slipstream.engine.snapshot_store import DirectorySnapshotStore
+
     spec = config.snapshot_store
     if isinstance(spec, DirectorySnapshotStore):
         return spec
@@ -587,7 +596,11 @@ def _make_store(
 
 def _load_snapshot(spec: Any, key: bytes | str | None) -> SnapshotData | None:
     """``restore_from``: a SnapshotData, a store, or a store directory."""
-    if spec is None or isinstance(spec, SnapshotData):
+    if spec is None:
+        return None
+    from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
+
+    if isinstance(spec, SnapshotData):
         return spec
     store = spec if isinstance(spec, DirectorySnapshotStore) else DirectorySnapshotStore(spec, key=key)
     data = store.latest()

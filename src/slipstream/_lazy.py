@@ -1,0 +1,71 @@
+"""Lazy exports: a package's public name is imported the first time it is used.
+
+Why: a short script pays for every module ``import slipstream`` pulls in, and most jobs
+use a handful of them (the connectors, windows, services, snapshots, the Spark engine
+and the dashboard stay unused). A package lists its exports as ``name ->
+"module.path:attribute"`` (or ``"module.path"`` for a module) and calls :func:`install`;
+the first access imports the module and caches the value in the package's namespace, so
+later accesses cost a plain attribute lookup. ``from package import name`` and
+``dir(package)`` work as with eager imports. Type checkers see the names through an
+``if TYPE_CHECKING:`` import block next to the table.
+
+One subtlety is handled here: after importing a submodule the import system binds it as
+an attribute of its package. Where a public name has a submodule's spelling
+(``slipstream.sinks.kafka`` is a function, and ``slipstream/sinks/kafka.py`` a module;
+likewise ``ss.spark`` and ``slipstream/spark/``), that binding would replace the public
+name; a lazy package ignores it (the submodule stays reachable through ``sys.modules``
+and ``from package.sub import x``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+class LazyModule(types.ModuleType):
+    """A module whose listed names are imported on first access."""
+
+    _lazy_exports: dict[str, str]
+
+    def __getattr__(self, name: str) -> object:
+        target = self.__dict__.get("_lazy_exports", {}).get(name)
+        if target is None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        module_name, _, attr = target.partition(":")
+        value: object = importlib.import_module(module_name)
+        if attr:
+            value = getattr(value, attr)
+        self.__dict__[name] = value
+        return value
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if (
+            isinstance(value, types.ModuleType)
+            and value.__name__ == f"{self.__name__}.{name}"
+            and self._shadows_submodule(name)
+        ):
+            return  # the import system binding a submodule over a public name: keep the name
+        super().__setattr__(name, value)
+
+    def _shadows_submodule(self, name: str) -> bool:
+        """Is ``name`` a public non-module name (bound or still lazy)?"""
+        if name in self.__dict__:
+            return not isinstance(self.__dict__[name], types.ModuleType)
+        return ":" in self.__dict__.get("_lazy_exports", {}).get(name, "")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self.__dict__.get("_lazy_exports", {})))
+
+
+def install(module_name: str, exports: Mapping[str, str]) -> None:
+    """Make ``module_name`` (an imported module, usually the caller's ``__name__``) serve
+    ``exports`` (public name -> ``"module.path:attribute"`` or ``"module.path"``) lazily."""
+    module = sys.modules[module_name]
+    module.__dict__["_lazy_exports"] = dict(exports)
+    module.__class__ = LazyModule
