@@ -17,6 +17,10 @@ from slipstream.devservers import KafkaBroker, PostgresServer, kafka_broker, pos
 os.environ["SLIPSTREAM_KEY_DIR"] = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".slipstream", "test-keys"
 )
+# Tests that ask for cooperative_threads=2 mean it: real concurrency between worker
+# threads (races, a stuck processor next to a working one), which a GIL build otherwise
+# clamps to one thread (tests/engine/test_gil_threads.py tests the clamp itself).
+os.environ["SLIPSTREAM_ALLOW_GIL_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")

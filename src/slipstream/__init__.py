@@ -113,7 +113,17 @@ def entry_value(entry: tuple[Any, Any]) -> Any:
 
 
 def local(cooperative_threads: int | None = None, members: int = 1, **kwargs: Any) -> LocalEngine:
-    """The embedded engine (one process, cooperative worker threads)."""
+    """The embedded engine (one process, cooperative worker threads).
+
+    ``cooperative_threads`` worker threads run the cooperative processors (default: 1
+    on a Python with the GIL, else one per CPU); it is also the default local
+    parallelism. On a Python with the GIL, ``cooperative_threads`` > 1 runs as 1 and
+    warns (a ``GilThreadsWarning``): only one thread runs Python at a time, and a second
+    worker thread made pure-Python jobs slower, never faster (docs/performance.md).
+    ``allow_gil_threads=True`` (or ``SLIPSTREAM_ALLOW_GIL_THREADS=1``) runs the threads
+    anyway, for processors that release the GIL. ``members=N`` simulates an N-member
+    cluster. The other keyword arguments are :class:`~slipstream.engine.local.LocalEngine`'s.
+    """
     from slipstream.engine.local import LocalEngine
 
     return LocalEngine(cooperative_threads=cooperative_threads, members=members, **kwargs)

@@ -58,7 +58,7 @@ class _Execution:
         engine = job.engine
         config = job.config
         self.plans = build_vertex_plans(
-            job.dag, config, engine.member_count, engine.cooperative_threads, engine.services, job.name
+            job.dag, config, engine.member_count, engine.default_parallelism, engine.services, job.name
         )
         specs = wire(job.dag, self.plans, config.processing_guarantee)
         self.coordinator: SnapshotCoordinator | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -15,11 +16,29 @@ from slipstream.core.services import InMemoryServices
 from slipstream.engine.job import Job
 
 
+def gil_enabled() -> bool:
+    """Whether this interpreter runs Python in one thread at a time (every CPython before
+    the free-threaded builds; ``sys._is_gil_enabled()`` where it exists)."""
+    return bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+
+
 def default_cooperative_threads() -> int:
     """1 where the GIL is on (measured: a second thread halves throughput of pure-Python
     DAGs, since only one thread runs Python at a time), else one per CPU."""
-    gil_enabled = getattr(sys, "_is_gil_enabled", lambda: True)()
-    return 1 if gil_enabled else (os.cpu_count() or 1)
+    return 1 if gil_enabled() else (os.cpu_count() or 1)
+
+
+class GilThreadsWarning(RuntimeWarning):
+    """``cooperative_threads`` > 1 on a GIL build: the engine runs with one thread."""
+
+
+#: ``SLIPSTREAM_ALLOW_GIL_THREADS=1`` is the default of ``allow_gil_threads`` (the test
+#: suite sets it, to exercise real concurrency between worker threads).
+ALLOW_GIL_THREADS_ENV = "SLIPSTREAM_ALLOW_GIL_THREADS"
+
+
+def _allow_gil_threads_default() -> bool:
+    return os.environ.get(ALLOW_GIL_THREADS_ENV, "") not in ("", "0")
 
 
 class LocalEngine:
@@ -27,6 +46,16 @@ class LocalEngine:
 
     ``cooperative_threads`` (default: :func:`default_cooperative_threads`) is also the
     default local parallelism of vertices.
+
+    On an interpreter with the GIL, ``cooperative_threads`` > 1 runs as 1 (one worker
+    thread, local parallelism 1) and warns once (:class:`GilThreadsWarning`), because only
+    one thread runs Python at a time: a second worker thread only adds contention, and
+    measured, made pure-Python jobs slower (word count 0.42x of one thread's
+    throughput, docs/performance.md). ``allow_gil_threads=True`` (or the environment
+    variable ``SLIPSTREAM_ALLOW_GIL_THREADS=1``) runs the threads asked for anyway: worth
+    it when processors spend their time outside Python (I/O, C extensions that release
+    the GIL). Free-threaded builds are never clamped. ``cooperative_threads`` keeps what
+    runs; ``requested_cooperative_threads`` what was asked for.
 
     ``slow_call_ms``: a cooperative processor call running longer is logged as a warning
     naming the vertex and processor. ``stop_grace_ms``: after ``cancel()`` (or a failure)
@@ -48,11 +77,26 @@ class LocalEngine:
         dashboard_host: str = "127.0.0.1",
         slow_call_ms: float = 1000.0,
         stop_grace_ms: float = 5000.0,
+        allow_gil_threads: bool | None = None,
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = default_cooperative_threads()
         if cooperative_threads < 1:
             raise ValueError(f"cooperative_threads must be >= 1, got {cooperative_threads}")
+        self.requested_cooperative_threads = cooperative_threads
+        if allow_gil_threads is None:
+            allow_gil_threads = _allow_gil_threads_default()
+        if cooperative_threads > 1 and not allow_gil_threads and gil_enabled():
+            warnings.warn(
+                f"cooperative_threads={cooperative_threads} on a Python with the GIL: the "
+                f"engine runs with cooperative_threads=1 (one thread runs Python at a time; "
+                f"more threads made pure-Python jobs slower). Pass allow_gil_threads=True "
+                f"(or set {ALLOW_GIL_THREADS_ENV}=1) to run {cooperative_threads} threads "
+                f"anyway, e.g. when processors release the GIL.",
+                GilThreadsWarning,
+                stacklevel=3 if _called_from_factory() else 2,
+            )
+            cooperative_threads = 1
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
         if outbox_capacity < 1:
@@ -72,6 +116,8 @@ class LocalEngine:
         # the job without it (see slipstream.engine.workers)
         self.stop_grace_ms = stop_grace_ms
         self.cooperative_threads = cooperative_threads
+        #: local parallelism of vertices that set none
+        self.default_parallelism = cooperative_threads
         self.member_count = members
         self.work_dir = work_dir or os.path.join(os.getcwd(), ".slipstream")
         self.services = InMemoryServices()
@@ -132,3 +178,10 @@ class LocalEngine:
 
     def __repr__(self) -> str:
         return f"LocalEngine(cooperative_threads={self.cooperative_threads}, members={self.member_count})"
+
+
+def _called_from_factory() -> bool:
+    """Whether ``LocalEngine.__init__`` was called by ``ss.local(...)`` (the warning then
+    names the caller of ``ss.local``)."""
+    frame = sys._getframe(2)
+    return frame.f_code.co_name == "local" and frame.f_globals.get("__name__") == "slipstream"
