@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import Watermark
+from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import Outbox
 
 if TYPE_CHECKING:
@@ -228,20 +229,40 @@ class AbstractProcessor(Processor):
     _pending_item: Any = None
     _pending_snapshot_it: Any = None
     _pending_snapshot_entry: Any = None
+    # try_emit's fast path: the single bucket of a plain Outbox and its capacity (None:
+    # every offer goes through Outbox.offer, e.g. the test harness's checking outbox)
+    _emit_bucket: list[Any] | None = None
+    _emit_capacity = 0
 
     def init(self, outbox: Outbox, context: Context) -> None:
         super().init(outbox, context)
+        if type(outbox) is Outbox and len(outbox.buckets) == 1:
+            self._emit_bucket = outbox.buckets[0]
+            self._emit_capacity = outbox.capacity
+        else:
+            self._emit_bucket = None
         self.init_processor(context)
 
     def init_processor(self, context: Context) -> None:
         """Override for set-up that needs the context."""
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
+        # Iterate in place and remove the processed items afterwards (one C-level clear
+        # when all were processed): cheaper per item than peek + popleft. The refused item
+        # and those behind it stay in the inbox, in order.
         try_item = self.try_process_item
-        while inbox:
-            if not try_item(ordinal, inbox[0]):
-                return
-            inbox.popleft()
+        n = 0
+        for item in inbox:
+            if not try_item(ordinal, item):
+                break
+            n += 1
+        else:
+            inbox.clear()
+            return
+        if n:
+            rest = list(islice(inbox, n, None))
+            inbox.clear()
+            inbox.extend(rest)
 
     def try_process_item(self, ordinal: int, item: Any) -> bool:
         """Process one item; ``False`` keeps it in the inbox for the next call."""
@@ -251,7 +272,17 @@ class AbstractProcessor(Processor):
         )
 
     def try_emit(self, item: Any, ordinal: int | None = None) -> bool:
-        """Offer ``item`` to ``ordinal`` (``None``: all outbound ordinals)."""
+        """Offer ``item`` to ``ordinal`` (``None``: all outbound ordinals); ``False`` when
+        the outbox is full (return, and emit the same item again in the next call)."""
+        b = self._emit_bucket
+        if b is not None and ordinal is None and len(b) < self._emit_capacity:
+            # fast path (one outbound ordinal, room in its bucket): what Outbox.offer
+            # does, without its call and branches
+            t = type(item)
+            if t is not Watermark and t is not IdleMessage:
+                b.append(item)
+                self.outbox.unfinished = False
+                return True
         return self.outbox.offer(item, ordinal)
 
     def try_emit_to_snapshot(self, key: Any, value: Any) -> bool:
