@@ -104,6 +104,15 @@ class WatermarkPolicy(ABC):
         a chunk with one report of its maximum."""
         return None
 
+    def lag_bound(self) -> int | None:
+        """An ``L >= 0`` such that, for a policy with :meth:`watermark_after`, the
+        watermark after events whose highest timestamp is ``top`` never exceeds the
+        larger of ``top - L`` and the current watermark (``None``: no such bound). An
+        event at least ``top - L`` for every ``top`` before it can then not be behind
+        any watermark that the events before it produce, which ``insert_watermarks``
+        checks for a whole chunk at C speed."""
+        return None
+
     def throttle_by_frame(self, window_def: SlidingWindowDef) -> WatermarkPolicy:
         """A new policy whose watermark is this one floored to ``window_def``'s frames."""
         return _ThrottleByFrame(self, window_def)
@@ -136,6 +145,9 @@ class _FixedLag(WatermarkPolicy):
     def watermark_after(self, top: int) -> int | None:
         candidate = top - self._lag
         return candidate if candidate > self._wm else self._wm
+
+    def lag_bound(self) -> int | None:
+        return self._lag
 
     def __repr__(self) -> str:
         return f"with_fixed_lag({self._lag})"
@@ -425,6 +437,10 @@ class _ThrottleByFrame(WatermarkPolicy):
     def watermark_after(self, top: int) -> int | None:
         raw = self._wrapped.watermark_after(top)
         return None if raw is None else self._window_def.floor_frame_ts(raw)
+
+    def lag_bound(self) -> int | None:
+        # flooring only lowers the watermark
+        return self._wrapped.lag_bound()
 
     def __repr__(self) -> str:
         return f"{self._wrapped!r}.throttle_by_frame({self._window_def!r})"

@@ -334,3 +334,32 @@ def test_window_results_equal_those_of_a_watermark_per_advancing_item(
     results = sorted(repr(x) for x in got if not isinstance(x, Watermark))
     assert results == sorted(repr(x) for x in want if not isinstance(x, Watermark))
     assert got_late == want_late
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ts=st.lists(st.integers(-200, 200), min_size=1, max_size=70),
+    lag=st.integers(0, 60),
+    frame=st.sampled_from([None, 7, 50]),
+)
+def test_chunk_check_for_items_behind_matches_a_running_maximum(
+    ts: list[int], lag: int, frame: int | None
+) -> None:
+    """The block-wise C-speed check of a whole chunk (no item behind a watermark that
+    the items before it produce) says yes exactly when the per-item running maximum
+    does (unthrottled), and only then (throttled: the floored watermark is lower)."""
+    from slipstream.processors.watermarks import _none_behind
+
+    policy = with_fixed_lag(lag)
+    if frame is not None:
+        policy = policy.throttle_by_frame(tumbling_window_def(frame))
+    wm_at_end = policy.watermark_after(max(ts))
+    assert wm_at_end is not None
+    got = _none_behind(policy, ts, NO_WATERMARK, wm_at_end)
+    behind = any(t < max(ts[:j]) - lag for j, t in enumerate(ts) if j)
+    if frame is None:
+        assert got == (not behind)
+    elif got:
+        fresh = with_fixed_lag(lag).throttle_by_frame(tumbling_window_def(frame))
+        wms = [fresh.report_event(t) for t in ts]
+        assert all(t >= wms[j - 1] for j, t in enumerate(ts) if j)

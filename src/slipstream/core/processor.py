@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import IdleMessage, Watermark
+from slipstream.core.items import NO_WATERMARK, IdleMessage, Watermark
 from slipstream.core.outbox import Outbox
 
 if TYPE_CHECKING:
@@ -163,6 +163,18 @@ class Processor:
     def try_process_watermark(self, watermark: Watermark) -> bool:
         """A coalesced watermark. The default forwards it to every outbound edge."""
         return self.outbox.offer(watermark)
+
+    def min_relevant_watermark(self) -> int:
+        """An optional hint (slipstream's, not Jet's): watermarks below the returned
+        value would only be forwarded by ``try_process_watermark`` -- no output before
+        them, no change of state -- and items processed meanwhile do not change that.
+        The engine then keeps draining the input past such a watermark instead of
+        stopping to deliver it, and of several of them delivers only the last, after
+        the items drained with it. A window processor returns the end of the next window
+        to emit: an unthrottled watermark policy then costs it a watermark per drain,
+        not per input chunk. The default (``NO_WATERMARK``) makes every watermark
+        relevant."""
+        return NO_WATERMARK
 
     def complete_edge(self, ordinal: int) -> bool:
         """Inbound edge ``ordinal`` is exhausted. Repeated until ``True``."""

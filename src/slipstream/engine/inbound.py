@@ -8,7 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import IDLE_MESSAGE, DoneItem, IdleMessage, SnapshotBarrier, Watermark
+from slipstream.core.items import (
+    IDLE_MESSAGE,
+    NO_WATERMARK,
+    DoneItem,
+    IdleMessage,
+    SnapshotBarrier,
+    Watermark,
+)
 from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer
 from slipstream.engine.queues import SpscQueue
 
@@ -37,6 +44,8 @@ class InboundEdgeStream:
         "done",
         "items_in",
         "label",
+        "skip_below",
+        "held_wm",
     )
 
     def __init__(
@@ -63,14 +72,27 @@ class InboundEdgeStream:
         self.barrier_out: SnapshotBarrier | None = None
         self.done = not self.queues
         self.items_in = 0
+        self.skip_below = NO_WATERMARK
+        self.held_wm: Any = None
 
-    def drain_to(self, inbox: Inbox) -> bool:
+    def drain_to(self, inbox: Inbox, wm_relevant_from: int = NO_WATERMARK) -> bool:
         """Move available items into ``inbox``; stop early when a watermark, a completed
         barrier or the end of the edge must be reported. Returns whether anything was
-        consumed."""
+        consumed.
+
+        ``wm_relevant_from`` is the processor's ``min_relevant_watermark()``: a coalesced
+        watermark below it, which the processor would only forward, does not stop the
+        drain, and when the drain brought items it is *held* (not reported) while more
+        items keep coming: a later watermark replaces it, and it is reported by the
+        first drain that finds no items, or before a special item other than a
+        watermark (idle mark, barrier, end of stream) is taken. So a processor fed a
+        watermark per input chunk sees one per lull or per relevant step instead."""
+        self.skip_below = wm_relevant_from
         self.wm_out = None
         self.barrier_out = None
+        held = self.held_wm
         progress = False
+        stop = False
         queues = self.queues
         barrier_at = self.barrier_at
         idle = self.coalescer.idle
@@ -79,18 +101,28 @@ class InboundEdgeStream:
                 continue
             entries = queues[qi].entries
             taken = 0
-            stop = False
             while entries:
-                entry = entries.popleft()
+                entry = entries[0]
                 if type(entry) is list:
+                    entries.popleft()
                     inbox.extend(entry)
                     taken += len(entry)
                     if idle[qi]:  # data makes an idle queue active again
                         self.coalescer.observe_event(qi)
                     continue
+                if type(entry) is not Watermark and (held is not None or self.wm_out is not None):
+                    # a held or skipped watermark goes first; the special item waits
+                    if self.wm_out is None:
+                        self.wm_out = held
+                    held = None
+                    stop = progress = True
+                    break
+                entries.popleft()
                 taken += 1
                 progress = True
                 stop = self._special(qi, entry)
+                if self.wm_out is not None:
+                    held = None  # replaced by a later watermark
                 if stop or (
                     barrier_at[qi]
                     and (self.exactly_once or self.current_barrier.is_terminal)  # type: ignore[union-attr]
@@ -104,12 +136,23 @@ class InboundEdgeStream:
         else:
             # the periodic check (Jet polls it after every drain): an idle mark owed
             # since every queue went idle or finished after the top watermark went out
-            if self.coalescer.idle_pending:
+            if self.coalescer.idle_pending and self.wm_out is None and held is None:
                 self.wm_out = self.coalescer.check_pending_idle()
                 progress = True
         n = len(inbox)
         if n:
             self.items_in += n
+            wm = self.wm_out
+            if not stop and wm is not None and wm is not IDLE_MESSAGE and wm < wm_relevant_from:
+                # only to be forwarded, and items are flowing: hold it
+                held = wm
+                self.wm_out = None
+        elif held is not None and self.wm_out is None:
+            # a lull: report the held watermark
+            self.wm_out = held
+            held = None
+            progress = True
+        self.held_wm = held
         return progress
 
     def _special(self, qi: int, item: Any) -> bool:
@@ -121,7 +164,8 @@ class InboundEdgeStream:
             out = self.coalescer.observe_wm(qi, v)
             if out is not NO_NEW_WM:
                 self.wm_out = out
-                return True
+                # a watermark the processor would only forward does not stop the drain
+                return out is IDLE_MESSAGE or out >= self.skip_below
             return False
         if t is SnapshotBarrier:
             cur = self.current_barrier

@@ -11,7 +11,7 @@ the very same class inside a Spark task. Nothing else drives processors.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from slipstream.core.config import ProcessingGuarantee
@@ -147,6 +147,12 @@ class ProcessorTasklet:
         self.last_snapshot_id = getattr(snapshot_sink, "committed_id", 0)
         self.completed_edges: list[int] = []
         self.pending_wm: Any = NO_NEW_WM
+        # the processor's min_relevant_watermark, when it overrides the default
+        self.wm_relevant_fn: Callable[[], int] | None = (
+            processor.min_relevant_watermark
+            if type(processor).min_relevant_watermark is not Processor.min_relevant_watermark
+            else None
+        )
         self.filled_once = False
 
         self.restore_entries = restore_entries
@@ -311,7 +317,10 @@ class ProcessorTasklet:
             si = self.ordinal_index[stream.ordinal]
             if self.barrier_at[si] and (self.exactly_once or self._terminal_aligning()):
                 continue
-            if not stream.drain_to(inbox):
+            relevant = self.wm_relevant_fn
+            if not stream.drain_to(
+                inbox, NO_WATERMARK if relevant is None else relevant()
+            ):
                 continue
             self.progress = True
             self.inbox_ordinal = stream.ordinal

@@ -27,8 +27,8 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from itertools import compress, islice, repeat
-from operator import ge
+from itertools import accumulate, compress, islice, repeat
+from operator import ge, sub
 from typing import Any
 
 from slipstream.core.inbox import Inbox
@@ -188,7 +188,9 @@ class InsertWatermarksP(AbstractProcessor):
         last = self._last_emitted
         after = getattr(policy, "watermark_after", None)
         wm_at_end = after(top) if after is not None else None
-        if wm_at_end is not None and (wm_at_end <= last or min(tss) >= wm_at_end):
+        if wm_at_end is not None and (
+            wm_at_end <= last or _none_behind(policy, tss, last, wm_at_end)
+        ):
             # the policy follows the highest timestamp and no item is behind the chunk's
             # last watermark, so none is behind an earlier one: report the maximum once
             wm = policy.report_event(top)
@@ -379,6 +381,49 @@ def _take_into(inbox: Inbox, n: int, extend: Callable[[Any], Any]) -> None:
         inbox.clear()
     else:
         extend(_take(inbox, n))
+
+
+_BLOCK = 16
+
+
+def _none_behind(policy: Any, tss: list[int], last: int, wm_at_end: int) -> bool:
+    """Whether no timestamp of the chunk ``tss`` is behind a watermark that the events
+    before it in the chunk produce (policies with ``watermark_after``): none is below
+    the chunk's last watermark ``wm_at_end``, or, for a policy with a ``lag_bound``
+    ``L``, every ``ts >= (running maximum before it) - L`` and the policy's watermark
+    was emitted already (an item behind that one has seen it).
+
+    At C speed and without a running maximum per item (``accumulate(tss, max)`` costs
+    several times a ``max`` pass): the chunk is cut into blocks of ``_BLOCK``; each
+    block's minimum must be within ``L`` of the maximum of every block before it (exact
+    for items of different blocks), and within a block whose own maximum and minimum
+    are more than ``L`` apart the running maximum decides (exact; rare on data whose
+    disorder is bounded by the lag)."""
+    bound_fn = getattr(policy, "lag_bound", None)
+    lag = None if bound_fn is None else bound_fn()
+    if lag is None or policy.current_watermark() > last:
+        return min(tss) >= wm_at_end
+    n = len(tss)
+    full = n - n % _BLOCK
+    maxes = list(map(max, *[iter(tss)] * _BLOCK))
+    mins = list(map(min, *[iter(tss)] * _BLOCK))
+    if full < n:
+        tail = tss[full:]
+        maxes.append(max(tail))
+        mins.append(min(tail))
+    if min(mins) >= wm_at_end:
+        return True
+    if len(maxes) > 1 and min(map(sub, mins[1:], accumulate(maxes, max))) < -lag:
+        return False  # an item behind a block before it by more than the lag
+    spreads = list(map(sub, maxes, mins))
+    if max(spreads) <= lag:
+        return True
+    for b, spread in enumerate(spreads):
+        if spread > lag:
+            block = tss[b * _BLOCK : (b + 1) * _BLOCK]
+            if min(map(sub, block, accumulate(block, max))) < -lag:
+                return False
+    return True
 
 
 def _report_everything() -> int:

@@ -402,6 +402,11 @@ class SlidingWindowP(WindowingP):
             self.context.increment_metric(LATE_METRIC, late)
 
     # -- watermarks ------------------------------------------------------------------
+    def min_relevant_watermark(self) -> int:
+        # a watermark below the next window's end emits no window and leaves the cursor
+        # (and so the late check) where it is: it would only be forwarded
+        return self._next_win
+
     def _watermark_output(self, watermark: Watermark) -> Iterator[Any]:
         wm = watermark.timestamp
         yield from self._window_results(wm)
