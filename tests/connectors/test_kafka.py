@@ -295,6 +295,8 @@ def test_restore_with_another_parallelism_and_offsets_committed_to_the_group(
         # offsets reach the group after the snapshot holding them commits
         wait_for(lambda: committed() == until, f"group offsets at {until}")
         job.cancel()
+        # the next run takes the same store: wait until this job released it
+        wait_for(lambda: job.status.is_terminal, "the cancelled job to end")
         return job
 
     def committed() -> int:

@@ -40,9 +40,9 @@ SCRIPT = textwrap.dedent(
             setattr(self._c, name, value)
         def execute(self, sql, *args):
             verb = sql.split(" ", 1)[0]
-            # not the commit of a processor's last (completion) transaction: a kill there
-            # is the known gap docs/connectors.md describes
-            if verb == mode == "COMMIT" and ":final:" not in sql:
+            # also the commit of a processor's last (completion) transaction: the
+            # snapshot that records the completion carries its id
+            if verb == mode == "COMMIT":
                 counts[verb] += 1
                 if counts[verb] == kill_after:
                     os.kill(os.getpid(), 9)

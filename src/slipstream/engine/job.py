@@ -78,14 +78,23 @@ class _Execution:
             )
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
+        recovering: set[tuple[str, int]] = set()
         if restore is not None:
-            from slipstream.engine.snapshot import custom_partitioners, restore_plan
+            from slipstream.engine.snapshot import (
+                custom_partitioners,
+                recovering_completed,
+                restore_plan,
+            )
 
             routed, completed = restore_plan(restore, self.plans, custom_partitioners(job.dag))
+            recovering = recovering_completed(restore, self.plans, completed)
         self.tasklets: list[ProcessorTasklet] = []
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
             s.context.snapshot_hooks = self.coordinator
+            restore_entries = None
+            if restore is not None and (key not in completed or key in recovering):
+                restore_entries = routed.get(key, [])
             self.tasklets.append(
                 ProcessorTasklet(
                     s.processor,
@@ -94,7 +103,7 @@ class _Execution:
                     s.outbound,
                     guarantee=config.processing_guarantee,
                     snapshot_sink=self.coordinator,
-                    restore_entries=routed.get(key, []) if restore is not None else None,
+                    restore_entries=restore_entries,
                     restore_completed=key in completed,
                     outbox_capacity=engine.outbox_capacity,
                 )

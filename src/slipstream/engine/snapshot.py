@@ -9,6 +9,17 @@ right because downstream aligned on its end-of-stream instead of a barrier and s
 consumed all of its output before saving). Commit = the store write, then the actions
 sinks staged for that snapshot (two-phase sinks publish on commit).
 
+A completed processor's last output is staged to commit when a snapshot records the
+completion (``stage_on_commit(..., at_completion=True)``). So that a crash between that
+snapshot and the commit loses nothing, what the processor offers to the snapshot in
+``complete()`` (its *completion state*, e.g. the id of its prepared transaction) goes
+into every later snapshot with the completion; a restore runs such a processor's
+``restore_from_snapshot`` / ``finish_snapshot_restore`` (which commit idempotently)
+and then ends it, without running it on input again. At the end of a job one more
+snapshot records every processor as completed before the staged actions run, so a
+crash after it (before the store is marked completed) resumes into those idempotent
+commits only: see :meth:`SnapshotCoordinator.job_completed`.
+
 Cost at large state: a tasklet hands its saved entries over as they are (no copy of
 immutable values, no serialisation on the cooperative thread); the complete snapshot is
 encoded (C pickler) and written on the coordinator's store thread while the job goes on,
@@ -76,6 +87,8 @@ class SnapshotCoordinator:
         self._entries: dict[tuple[str, int], list[Any]] = {}
         self._staged: list[tuple[int, Callable[[], None]]] = []
         self._staged_at_completion: dict[tuple[str, int], list[Callable[[], None]]] = {}
+        # what completed processors offered to the snapshot in complete()
+        self._completion_state: dict[tuple[str, int], list[Any]] = {}
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         # the store thread: encodes and writes a complete snapshot, then commits it
@@ -161,6 +174,20 @@ class SnapshotCoordinator:
                 self._pause_s = pause
             self._check_commit()
 
+    def add_completion_entries(self, tasklet: ProcessorTasklet, entries: list[Any]) -> None:
+        """Entries a processor offered to the snapshot in ``complete()``: its completion
+        state, recorded with its completion in every later snapshot."""
+        try:
+            entries = detached(entries)
+        except Exception as e:  # noqa: BLE001
+            raise SnapshotError(
+                f"{tasklet.vertex_name}#{tasklet.index}: completion state cannot be pickled: {e}"
+            ) from e
+        with self._lock:
+            self._completion_state.setdefault((tasklet.vertex_name, tasklet.index), []).extend(
+                entries
+            )
+
     def tasklet_completed(self, tasklet: ProcessorTasklet) -> None:
         with self._lock:
             self._completed.add(id(tasklet))
@@ -214,15 +241,7 @@ class SnapshotCoordinator:
         for t in self._tasklets:
             if id(t) not in self._reported and id(t) not in self._completed:
                 return
-        data = SnapshotData(req.snapshot_id, self.job_name)
-        for name, p in self.vertex_parallelism.items():
-            data.vertices[name] = VertexState(p)
-        for t in self._tasklets:
-            vs = data.vertices[t.vertex_name]
-            if id(t) in self._reported:
-                vs.entries[t.index] = self._entries.get((t.vertex_name, t.index), [])
-            else:
-                vs.completed.add(t.index)
+        data = self._snapshot_data(req.snapshot_id, all_completed=False)
         self._entries = {}
         self._to_write = data
         if self._writer is None:
@@ -231,6 +250,25 @@ class SnapshotCoordinator:
             )
             self._writer.start()
         self._commit_event.notify_all()
+
+    def _snapshot_data(self, snapshot_id: int, all_completed: bool) -> SnapshotData:
+        """Snapshot ``snapshot_id`` from what the processors saved; a completed processor
+        (every one with ``all_completed``) is recorded with its completion state."""
+        data = SnapshotData(snapshot_id, self.job_name)
+        for name, p in self.vertex_parallelism.items():
+            data.vertices[name] = VertexState(p)
+        for t in self._tasklets:
+            vs = data.vertices[t.vertex_name]
+            key = (t.vertex_name, t.index)
+            if not all_completed and id(t) in self._reported:
+                vs.entries[t.index] = self._entries.get(key, [])
+            else:
+                vs.completed.add(t.index)
+                state = self._completion_state.get(key)
+                if state:
+                    vs.entries[t.index] = list(state)
+                    vs.final.add(t.index)
+        return data
 
     def _run_writer(self) -> None:
         """The store thread: encoding and writing happen here, off the cooperative
@@ -330,14 +368,44 @@ class SnapshotCoordinator:
                 keep.append((sid, action))
         self._staged = keep
 
-    def job_completed(self) -> None:
-        """The job finished normally: everything staged is final."""
+    def job_completed(self) -> SnapshotData | None:
+        """The job finished normally: everything staged is final.
+
+        Before the staged actions run, one more snapshot is written that records every
+        processor as completed, with its completion state (when every earlier snapshot
+        committed: a failed one leaves staged output that no snapshot names). A crash
+        after this write, before the store is marked completed, resumes from it: every
+        processor is restored as completed, sinks with completion state commit
+        (idempotently) what is not committed yet, nothing is replayed. A crash before it
+        finds nothing committed by this method. Returns the snapshot written, if any."""
+        data = None
+        with self._lock:
+            if not self._staged and self._to_write is None and not self.consecutive_failures:
+                data = self._snapshot_data(self.next_id, all_completed=True)
+                self.next_id += 1
+        if data is not None:
+            try:
+                self.store.write(data)
+            except BaseException as e:  # noqa: BLE001
+                log.warning(
+                    "job %s: its completion could not be recorded in the snapshot store (%s); "
+                    "committing its output anyway: a crash before the store is marked "
+                    "completed would make a resume replay its last snapshot",
+                    self.job_name,
+                    e,
+                )
+                data = None
+            else:
+                self.committed_id = data.snapshot_id
+                if self._on_commit is not None:
+                    self._on_commit(data)
         with self._lock:
             self._run_staged(None)
             for actions in self._staged_at_completion.values():
                 for action in actions:
                     action()
             self._staged_at_completion = {}
+        return data
 
     def discard_uncommitted(self) -> None:
         with self._lock:
@@ -481,6 +549,26 @@ def restore_plan(
                     p = partitioner(routing_key(k), DEFAULT_PARTITION_COUNT)
                     routed[(name, table[p])].append(entry)
     return routed, completed
+
+
+def recovering_completed(
+    data: SnapshotData, plans: dict[str, VertexPlan], completed: set[tuple[str, int]]
+) -> set[tuple[str, int]]:
+    """The processors restored as completed that must still see their routed entries
+    (``restore_from_snapshot`` and ``finish_snapshot_restore``, then the end): those whose
+    completion state the snapshot holds, so that they commit their last output; at another
+    parallelism (the whole vertex had completed) all of the vertex's processors."""
+    out: set[tuple[str, int]] = set()
+    for name, vp in plans.items():
+        vs = data.vertices.get(name)
+        final = getattr(vs, "final", None) if vs is not None else None
+        if not final:
+            continue
+        same = vs is not None and vs.total_parallelism == vp.total_parallelism
+        for g in range(vp.total_parallelism):
+            if (name, g) in completed and (g in final or not same):
+                out.add((name, g))
+    return out
 
 
 def custom_partitioners(dag: DAG) -> dict[str, Any]:

@@ -60,6 +60,10 @@ class VertexState:
     total_parallelism: int
     entries: dict[int, list[tuple[Any, Any]]] = field(default_factory=dict)
     completed: set[int] = field(default_factory=set)
+    #: completed processors whose entries are their *completion state* (what they
+    #: offered to the snapshot in ``complete()``: a last transaction to commit); older
+    #: snapshots lack the attribute (read it with ``getattr(vs, "final", ())``)
+    final: set[int] = field(default_factory=set)
 
 
 @dataclass

@@ -80,6 +80,10 @@ class SnapshotSink(Protocol):
     def processor_done(self, tasklet: ProcessorTasklet, barrier: SnapshotBarrier) -> None:
         """A processor finished saving ``barrier``'s snapshot."""
 
+    def add_completion_entries(self, tasklet: ProcessorTasklet, entries: list[Any]) -> None:
+        """Entries the processor offered to the snapshot in ``complete()``: recorded
+        with its completion, restored to it (then it ends) to commit its last output."""
+
     def tasklet_completed(self, tasklet: ProcessorTasklet) -> None:
         """A processor completed (it takes part in no further snapshot)."""
 
@@ -156,8 +160,11 @@ class ProcessorTasklet:
         self.filled_once = False
 
         self.restore_entries = restore_entries
-        if restore_completed:
-            # finished before the snapshot: downstream already has all of its output
+        # finished before the snapshot: downstream already has all of its output. With
+        # restore entries (its completion state) it restores them first, to commit its
+        # last output, and then ends without processing anything
+        self.restored_completed = restore_completed
+        if restore_completed and restore_entries is None:
             self.state = EMIT_DONE
         elif restore_entries is not None:
             self.state = RESTORE
@@ -257,7 +264,7 @@ class ProcessorTasklet:
         if state == FINISH_RESTORE:
             if self.processor.finish_snapshot_restore():
                 self.progress = True
-                self.state = self._processing_state()
+                self.state = EMIT_DONE if self.restored_completed else self._processing_state()
             return
 
     # -- states ------------------------------------------------------------------------
@@ -463,8 +470,12 @@ class ProcessorTasklet:
             barrier = self.pending_barrier
             # hand the bucket over (no copy): the snapshot sink owns these entries now
             outbox.snapshot_bucket = []
-            if self.snapshot_sink is not None and barrier is not None:
-                self.snapshot_sink.add_entries(self, barrier.snapshot_id, sb)
+            if self.snapshot_sink is not None:
+                if barrier is not None:
+                    self.snapshot_sink.add_entries(self, barrier.snapshot_id, sb)
+                elif self.state in (COMPLETE, EMIT_DONE):
+                    # offered in complete(): the processor's completion state
+                    self.snapshot_sink.add_completion_entries(self, sb)
             self.progress = True
         specials = outbox.specials
         outbox.specials = False

@@ -210,6 +210,13 @@ class WriteFilesP(_SinkP):
                 commit = functools.partial(_commit_files, [pair])
                 if not self.context.stage_on_commit(commit, at_completion=True):
                     commit()  # no coordinator (e.g. the test harness): final now
+                else:
+                    # completion state: a restore from a snapshot recording this
+                    # processor's completion renames the file (see finish_snapshot_restore)
+                    self.outbox.offer_to_snapshot(
+                        BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
+                        (self._sequence, [tuple(map(os.path.basename, pair))], None),
+                    )
         elif pair is not None:
             os.replace(*pair)
         else:

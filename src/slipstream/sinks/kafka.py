@@ -223,6 +223,13 @@ class KafkaSinkP(AbstractProcessor):
             )
             if not self.context.stage_on_commit(write, at_completion=True):
                 write()
+            else:
+                # completion state: a restore from a snapshot recording this processor's
+                # completion writes the records unless the final marker shows them
+                self.outbox.offer_to_snapshot(
+                    BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
+                    (self._lineage, FINAL_MARKER, records),
+                )
         return True
 
     def _marker_group(self, lineage: str, index: int) -> str:

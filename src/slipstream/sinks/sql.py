@@ -171,6 +171,14 @@ class SqlSinkP(AbstractProcessor):
                 commit = functools.partial(self._finish_prepared, [gid], [])
                 if not self.context.stage_on_commit(commit, at_completion=True):
                     commit()
+                else:
+                    # completion state: a restore from a snapshot recording this
+                    # processor's completion commits the id (the engine does not run a
+                    # completed processor again, so nobody else would)
+                    self.outbox.offer_to_snapshot(
+                        BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
+                        [gid],
+                    )
         return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:

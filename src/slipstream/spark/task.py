@@ -636,6 +636,9 @@ class EpochSnapshotSink:
     def processor_done(self, tasklet: Any, barrier: SnapshotBarrier) -> None:
         pass
 
+    def add_completion_entries(self, tasklet: Any, entries: list[Any]) -> None:
+        pass  # an epoch ends with its terminal barrier, never with complete()
+
     def tasklet_completed(self, tasklet: Any) -> None:
         pass
 
