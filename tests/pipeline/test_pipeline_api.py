@@ -13,6 +13,7 @@ import slipstream as ss
 from slipstream import DagError, JobConfig, ProcessingGuarantee, sinks, sources
 from slipstream.aggregate import AggregateOperation, counting, summing, to_list
 from slipstream.core.dag import RoutingPolicy
+from slipstream.core.errors import SnapshotError
 from slipstream.pipeline import PipelineError
 from slipstream.window import (
     KeyedWindowResult,
@@ -348,7 +349,8 @@ def test_windows_under_exactly_once_snapshots(tmp_path: Any) -> None:
         snapshot_store=str(tmp_path),
     )
     engine = ss.local(outbox_capacity=64)
-    job = engine.new_job(p, cfg)
+    # the portable two-stage DAG: new_job(p) on this one-processor engine compiles one
+    job = engine.new_job(p.to_dag(), cfg)
     job.join(timeout=120)
     assert job.metrics["__job__"]["snapshots"] >= 1
     expected: dict[tuple[int, int], int] = collections.Counter()
@@ -407,6 +409,65 @@ def test_window_pipeline_suspended_and_resumed_gives_exact_results(
     assert sorted(engine.get_list("w")) == sorted(
         KeyedWindowResult(s, s + 1000, k, v) for (s, k), v in expected.items()
     )
+
+
+def window_pipeline(source: Any) -> ss.Pipeline:
+    p = ss.Pipeline()
+    p.read_from(source).with_timestamps(ts1, 0).group_by(key0).window(
+        tumbling_window_def(1000)
+    ).aggregate(summing(val2)).write_to(sinks.list_sink("w"))
+    return p
+
+
+def test_window_compiles_to_one_stage_where_one_processor_runs_it() -> None:
+    """Without an engine shape (any engine) a window has two stages, as in Jet; where
+    the embedded engine runs it in one processor it has one: the same DAG as the
+    hand-wired single-stage job, which is faster there (docs/performance.md)."""
+    p = window_pipeline(sources.items(events()))
+    two = ["source", "with_timestamps+window-accumulate", "window-combine", "sink"]
+    one = ["source", "with_timestamps", "window", "sink"]
+    assert [v.name for v in p.to_dag().vertices] == two
+    assert [v.name for v in p.to_dag(members=1, default_parallelism=1).vertices] == one
+    assert [v.name for v in p.to_dag(members=2, default_parallelism=1).vertices] == two
+    assert [v.name for v in p.to_dag(members=1, default_parallelism=2).vertices] == two
+    # the single-stage DAG runs on any engine, with the same results
+    want = run(p, "w")[0]
+    engine = ss.local(members=2, cooperative_threads=2)
+    engine.new_job(p.to_dag(members=1, default_parallelism=1)).join(timeout=60)
+    assert sorted(engine.get_list("w")) == sorted(want)
+    expected: dict[tuple[int, int], int] = collections.Counter()
+    for k, t, v in events():
+        expected[(t - t % 1000, k)] += v
+    assert sorted(want) == sorted(
+        KeyedWindowResult(s, s + 1000, k, v) for (s, k), v in expected.items()
+    )
+
+
+def test_snapshot_of_one_shape_is_refused_by_another(tmp_path: Any) -> None:
+    """A snapshot of the single-stage window job (one member, one thread) restored on
+    two members, where the pipeline compiles two stages: refused, naming the vertices
+    whose state has nowhere to go (instead of dropping it silently)."""
+    import time
+
+    p = window_pipeline(sources.generator(Event(), 50_000, max_items=10**9))
+    cfg = JobConfig(
+        name="pipeline-shape",
+        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+        snapshot_interval_ms=20,
+        snapshot_store=str(tmp_path / "a"),
+    )
+    job = ss.local(cooperative_threads=1).new_job(p, cfg)
+    deadline = time.monotonic() + 60
+    while job.metrics.get("__job__", {}).get("snapshots", 0) < 1:
+        assert time.monotonic() < deadline, "no snapshot within 60 s"
+        time.sleep(0.01)
+    job.cancel()
+    with pytest.raises(SnapshotError, match=r"'window'.*does not have"):
+        ss.local(members=2, cooperative_threads=1).new_job(
+            p,
+            JobConfig(name="pipeline-shape", snapshot_store=str(tmp_path / "b")),
+            restore_from=str(tmp_path / "a"),
+        ).join(timeout=60)
 
 
 def test_merged_stages_feed_aggregations_and_windows() -> None:

@@ -13,6 +13,7 @@ watermark source upstream (a :class:`DagWarning`). Both engines call ``validate`
 from __future__ import annotations
 
 import enum
+import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -517,15 +518,18 @@ class DAG:
         return len(self._vertices)
 
 
-def as_dag(job: Any) -> DAG:
+def as_dag(job: Any, **shape: int) -> DAG:
     """What ``new_job`` runs: a :class:`DAG` as it is, or anything with ``to_dag()`` (a
     ``slipstream.Pipeline``) compiled. Both engines call this, so a pipeline runs
-    wherever a DAG does. Duck-typed: the core layer does not import the pipeline layer."""
+    wherever a DAG does. Duck-typed: the core layer does not import the pipeline layer.
+    ``shape`` (``members``, ``default_parallelism``) describes the engine to a
+    ``to_dag`` that takes those keywords (``Pipeline.to_dag``)."""
     if isinstance(job, DAG):
         return job
     to_dag = getattr(job, "to_dag", None)
     if callable(to_dag):
-        dag = to_dag()
+        params = inspect.signature(to_dag).parameters
+        dag = to_dag(**{k: v for k, v in shape.items() if k in params})
         if isinstance(dag, DAG):
             return dag
     raise TypeError(f"new_job() needs a DAG or a Pipeline, got {type(job).__name__}")

@@ -144,7 +144,9 @@ class LocalEngine:
         ``restore_from`` starts from a snapshot: a ``SnapshotData`` (``job.export_snapshot()``),
         a ``DirectorySnapshotStore`` or a snapshot directory (its latest intact snapshot).
         """
-        dag = as_dag(dag)
+        # a pipeline is compiled for this engine's shape (a window that runs in one
+        # processor here compiles to one stage)
+        dag = as_dag(dag, members=self.member_count, default_parallelism=self.cooperative_threads)
         config = config or JobConfig()
         job = Job(self, dag, config, restore_from=restore_from)
         with self._lock:

@@ -514,6 +514,16 @@ def restore_plan(
     custom one), broadcast entries to every processor. Returns the entries per (vertex,
     global index) and the processors to restore as already completed.
     """
+    lost = sorted(n for n, vs in data.vertices.items() if n not in plans and any(vs.entries.values()))
+    if lost:
+        # Jet refuses a restore into a changed DAG too: the state would be dropped silently
+        raise SnapshotError(
+            f"snapshot {data.snapshot_id} of job {data.job_name!r} holds state of "
+            f"vertices {lost} that this DAG does not have (its vertices: "
+            f"{sorted(plans)}); the DAG changed since the snapshot. A Pipeline compiles a "
+            "window to one stage on an embedded engine with one member and one cooperative "
+            "thread and to two stages otherwise: restore on an engine of the same shape"
+        )
     routed: dict[tuple[str, int], list[Any]] = {}
     completed: set[tuple[str, int]] = set()
     for name, vp in plans.items():

@@ -77,8 +77,16 @@ def two_stage_window(stage: Stage) -> bool:
 
 
 class _Compiler:
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        members: int | None = None,
+        default_parallelism: int | None = None,
+    ) -> None:
         self.stages = pipeline.stages
+        # the engine's shape, when new_job knows it (None: any engine)
+        self.members = members
+        self.default_parallelism = default_parallelism
         self.dag = DAG()
         self.names = self._stage_names()
         self.out: dict[int, Vertex] = {}  # id(stage) -> the vertex emitting its items
@@ -135,7 +143,7 @@ class _Compiler:
         for s in self.stages:
             if s.kind == "timestamps" and len(s.downstream) == 1:
                 w = s.downstream[0]
-                if w.kind == "window" and two_stage_window(w) and w.local_parallelism == -1:
+                if w.kind == "window" and self.two_stage(w) and w.local_parallelism == -1:
                     self.piped_into[id(s)] = w
         for chain in {id(c[0]): c for c in self.chain_of.values()}.values():
             tail = chain[-1]
@@ -145,8 +153,24 @@ class _Compiler:
             if self._fusible(chain, consumer):
                 self.fused_into[id(chain[0])] = consumer
 
-    @staticmethod
-    def _fusible(chain: list[Stage], consumer: Stage) -> bool:
+    def two_stage(self, window: Stage) -> bool:
+        """Whether ``window`` compiles to two stages: when it can (a sliding window with
+        ``combine``), unless the engine is known to run it in one processor (one member,
+        local parallelism 1). There stage 2 would only redo per frame and key what a
+        single stage does once, behind one more queue hop, and no data crosses a network
+        for stage 1 to save; the single-stage DAG is valid on any engine, only its state
+        is laid out differently (a snapshot names its vertices, so it restores into a
+        job of the same shape; see docs/pipeline.md)."""
+        if not two_stage_window(window):
+            return False
+        if self.members is None or self.default_parallelism is None:
+            return True
+        lp = window.local_parallelism
+        if lp == -1:
+            lp = self.default_parallelism
+        return not (self.members == 1 and lp == 1)
+
+    def _fusible(self, chain: list[Stage], consumer: Stage) -> bool:
         kind = consumer.kind
         if consumer.local_parallelism != -1 or chain[0].kind == "merge":
             # a merge stays a vertex of its own: processors treat their inbound ordinals
@@ -157,7 +181,7 @@ class _Compiler:
         if kind == "aggregate":
             return consumer.params["op"].combine is not None
         if kind == "window":
-            return two_stage_window(consumer)
+            return self.two_stage(consumer)
         if kind == "hash_join":
             return (
                 consumer.upstream[0] is chain[-1]
@@ -355,7 +379,7 @@ class _Compiler:
             )
             self.out[id(s)] = self.keyed_inputs(s, name, supplier, key_fn)
             return
-        if not two_stage_window(s):
+        if not self.two_stage(s):
             supplier = P.aggregate_to_sliding_window(
                 key_fn=key_fn, timestamp_fn=ts_fn, window_def=wd, agg_op=op
             )
@@ -410,6 +434,11 @@ class _Compiler:
         self.out[id(s)] = v
 
 
-def compile_pipeline(pipeline: Pipeline) -> DAG:
-    """The Core API DAG of ``pipeline`` (a new one on every call)."""
-    return _Compiler(pipeline).build()
+def compile_pipeline(
+    pipeline: Pipeline, *, members: int | None = None, default_parallelism: int | None = None
+) -> DAG:
+    """The Core API DAG of ``pipeline`` (a new one on every call). ``members`` and
+    ``default_parallelism`` describe the engine it will run on, when known (``new_job``
+    of the embedded engine passes them): a window that runs in one processor there
+    compiles to one stage."""
+    return _Compiler(pipeline, members, default_parallelism).build()

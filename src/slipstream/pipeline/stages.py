@@ -433,11 +433,21 @@ class Pipeline:
     def stages(self) -> list[Stage]:
         return list(self._stages)
 
-    def to_dag(self) -> DAG:
-        """Compile to a new Core API DAG (a fresh one on every call)."""
+    def to_dag(
+        self, *, members: int | None = None, default_parallelism: int | None = None
+    ) -> DAG:
+        """Compile to a new Core API DAG (a fresh one on every call).
+
+        Without arguments the DAG suits any engine (windows in two stages, as Jet
+        compiles them). ``members`` and ``default_parallelism`` describe the engine the
+        DAG will run on; the embedded engine's ``new_job`` passes its own, and a window
+        that runs in a single processor there compiles to one stage (see
+        docs/pipeline.md, "What the compiler builds")."""
         from slipstream.pipeline.compiler import compile_pipeline
 
-        return compile_pipeline(self)
+        return compile_pipeline(
+            self, members=members, default_parallelism=default_parallelism
+        )
 
     def __str__(self) -> str:
         lines = [f"Pipeline ({len(self._stages)} stages):"]
