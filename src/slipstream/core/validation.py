@@ -12,7 +12,6 @@ callable, ..."`` (:func:`check_fn`, used by the streaming ones).
 from __future__ import annotations
 
 import codecs
-import csv
 import operator
 import os
 from typing import Any
@@ -111,6 +110,8 @@ def int_value(value: Any) -> int | None:
 def check_csv_dialect(dialect: Any, factory: str) -> None:
     """A CSV dialect: a name ``csv`` knows (``ValueError`` otherwise) or a
     ``csv.Dialect`` subclass (``TypeError`` for anything else)."""
+    import csv  # here: only the CSV connectors need it, not every importer of this module
+
     if isinstance(dialect, str):
         if dialect not in csv.list_dialects():
             raise ValueError(
