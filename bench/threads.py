@@ -1,7 +1,7 @@
 """Cooperative threads on a GIL build: does a second thread make a job slower?
 
     python bench/threads.py [--words 2000000] [--events 2000000] [--repeat 3] [--clock cpu]
-                            [--variants t1,t2,t2-allow,t2-switch,t1-lp2]
+                            [--variants t1,t2,t2-allow,t2-switch,t1-lp2] [--src DIR]
 
 The jobs are bench/wordcount.py's (word count wired by hand, the same as a pipeline,
 and the running sum), each run on ``ss.local()`` with these engine settings:
@@ -15,6 +15,11 @@ and the running sum), each run on ``ss.local()`` with these engine settings:
   hands every 20 ms instead of 5 ms: fewer forced switches between the two workers);
 * ``t1-lp2``: one worker thread but local parallelism 2 (the cost of the wider job
   shape alone, without a second thread).
+
+``--src DIR`` adds every setting once more on another slipstream source tree (an older
+checkout's ``src``, put first on ``PYTHONPATH``), interleaved with the rest: a before/after
+comparison in one run, of the settings ``--src-variants`` (default ``t1,t2``: an older tree
+knows neither ``allow_gil_threads`` nor a separate default parallelism).
 
 Every variant runs in a fresh process, in interleaved rounds; the table shows the best
 round of each, as a ratio to ``t1`` (1.00 = as fast as one thread, lower is slower).
@@ -92,6 +97,23 @@ def run_one(job: str, setting: str, a: argparse.Namespace) -> None:
                                                     for w in caught)}))
 
 
+def run_in(tree: str | None, variant: str, args: list[str]) -> dict[str, Any]:
+    """One variant in a fresh process, on this slipstream or on the source tree ``tree``."""
+    if tree is None:
+        return run_variant(__file__, variant, args)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = tree
+    try:
+        r = run_variant(__file__, variant, args)
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    r["name"] += " [src]"
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--words", type=int, default=2_000_000)
@@ -101,6 +123,8 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(SETTINGS))
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--dir", default=None, help="corpus directory (default: a temp dir)")
+    ap.add_argument("--src", default=None, help="another slipstream source tree to compare")
+    ap.add_argument("--src-variants", default="t1,t2", help="the settings run on --src")
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.dir is None:
@@ -112,29 +136,38 @@ def main() -> None:
     write_corpus(a.dir, a.words)
     settings = a.variants.split(",")
     jobs = a.jobs.split(",")
+    trees = [None, os.path.abspath(a.src)] if a.src else [None]
     common = ["--words", str(a.words), "--events", str(a.events), "--dir", a.dir,
               "--clock", a.clock]
     best: dict[str, dict[str, Any]] = {}
     for _ in range(max(1, a.repeat)):  # interleaved: a noisy moment hurts every variant
         for job in jobs:
             for s in settings:
-                r = run_variant(__file__, f"{job} {s}", common)
-                if r["name"] not in best or r["seconds"] < best[r["name"]]["seconds"]:
-                    best[r["name"]] = r
+                for tree in trees:
+                    if tree is not None and s not in a.src_variants.split(","):
+                        continue
+                    r = run_in(tree, f"{job} {s}", common)
+                    if r["name"] not in best or r["seconds"] < best[r["name"]]["seconds"]:
+                        best[r["name"]] = r
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     what = "CPU" if a.clock == "cpu" else "wall-clock"
     print(f"\ncooperative threads, GIL {'on' if gil else 'off'}, {what} seconds, best of "
           f"{a.repeat} interleaved rounds (load average {os.getloadavg()[0]:.1f} at the end)")
-    header = f"{'job':<16}{'setting':<12}{'seconds':>9}{'vs t1':>8}  warned"
+    header = f"{'job':<16}{'setting':<18}{'seconds':>9}{'vs t1':>8}  warned"
     print(header)
     print("-" * len(header))
     for job in jobs:
-        rows = [best[f"{job} {s}"] for s in settings]
+        names = [n for tag in ("", " [src]")[: len(trees)] for s in settings
+                 if (n := f"{job} {s}{tag}") in best]
+        rows = [best[n] for n in names]
         assert all(r["check"] == rows[0]["check"] for r in rows), f"{job}: results differ"
-        base = best.get(f"{job} t1", rows[0])["seconds"]
-        for s, r in zip(settings, rows, strict=True):
-            print(f"{job:<16}{s:<12}{r['seconds']:>9.2f}{base / r['seconds']:>7.2f}x  "
-                  f"{'yes' if r['warned'] else ''}")
+        for n, r in zip(names, rows, strict=True):
+            tag = " [src]" if n.endswith(" [src]") else ""
+            base = best.get(f"{job} t1{tag}", r)["seconds"]  # the same tree's one thread
+            print(f"{job:<16}{n[len(job) + 1:]:<18}{r['seconds']:>9.2f}"
+                  f"{base / r['seconds']:>7.2f}x  {'yes' if r['warned'] else ''}")
+    if a.src:
+        print(f"[src] = {a.src}; each ratio is to the same tree's t1")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,22 @@ def test_job_without_lambdas_loads_no_heavy_dependency() -> None:
     assert "slipstream.processors.services" not in loaded  # asyncio and threads pools
 
 
+def test_pipeline_of_maps_loads_no_window_or_aggregate_module() -> None:
+    loaded = _modules_after(
+        "import slipstream as ss\n"
+        "from slipstream import sinks, sources\n"
+        "p = ss.Pipeline()\n"
+        "p.read_from(sources.items(range(10))).map(abs).write_to(sinks.list_sink('out'))\n"
+        "e = ss.local()\n"
+        "e.new_job(p).join()\n"
+        "assert sorted(e.get_list('out')) == list(range(10))\n"
+    )
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+    for module in ("slipstream.aggregate", "slipstream.window", "slipstream.watermark",
+                   "slipstream.pipeline.keyed"):
+        assert module not in loaded, module
+
+
 def test_lazy_names_resolve() -> None:
     """Every name in every lazy package's __all__ resolves, to the object its module
     defines; a function named like a submodule keeps its name after the submodule is

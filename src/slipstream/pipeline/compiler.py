@@ -33,11 +33,11 @@ from typing import Any
 
 from slipstream import processors as P
 from slipstream.core.dag import DAG, Edge, Vertex
-from slipstream.pipeline import keyed
 from slipstream.pipeline.fused import STATELESS_KINDS, ChainFn, fused_chain, input_fused, pipe
 from slipstream.pipeline.stages import Pipeline, PipelineError, Stage
-from slipstream.watermark import with_fixed_lag
-from slipstream.window import SessionWindowDef, SlidingWindowDef, tumbling_window_def
+
+# slipstream.pipeline.keyed, .watermark and .window are imported by the stages that use
+# them: compiling a pipeline of maps and filters does not import them (start-up time).
 
 __all__ = ["compile_pipeline"]
 
@@ -62,6 +62,9 @@ class LagPolicy:
         self.frame = frame
 
     def __call__(self) -> Any:
+        from slipstream.watermark import with_fixed_lag
+        from slipstream.window import tumbling_window_def
+
         policy = with_fixed_lag(self.lag)
         if self.frame:
             policy = policy.throttle_by_frame(tumbling_window_def(self.frame))
@@ -72,6 +75,8 @@ class LagPolicy:
 
 
 def two_stage_window(stage: Stage) -> bool:
+    from slipstream.window import SlidingWindowDef
+
     wd = stage.params["window_def"]
     return isinstance(wd, SlidingWindowDef) and stage.params["op"].combine is not None
 
@@ -327,6 +332,8 @@ class _Compiler:
         by the frame that every window downstream of it shares (the GCD of their slides),
         unless a session window (or a shifted frame) follows, which needs every
         watermark."""
+        from slipstream.window import SessionWindowDef
+
         frames: list[int] = []
         session = False
         for w in self.stages:
@@ -358,16 +365,22 @@ class _Compiler:
         self.out[id(s)] = s2
 
     def _build_rolling_aggregate(self, s: Stage) -> None:
+        from slipstream.pipeline import keyed
+
         key_fn = s.params["key_fn"]
         supplier = keyed.rolling_aggregate(key_fn, s.params["op"])
         self.out[id(s)] = self.keyed_inputs(s, self.names[id(s)], supplier, key_fn)
 
     def _build_map_stateful(self, s: Stage) -> None:
+        from slipstream.pipeline import keyed
+
         key_fn = s.params["key_fn"]
         supplier = keyed.map_stateful(key_fn, s.params["create"], s.params["fn"])
         self.out[id(s)] = self.keyed_inputs(s, self.names[id(s)], supplier, key_fn)
 
     def _build_window(self, s: Stage) -> None:
+        from slipstream.window import SessionWindowDef
+
         key_fn, ts_fn = s.params["key_fn"], s.params["ts_fn"]
         wd, op = s.params["window_def"], s.params["op"]
         name = self.names[id(s)]
@@ -415,6 +428,8 @@ class _Compiler:
         self.out[id(s)] = s2
 
     def _build_hash_join(self, s: Stage) -> None:
+        from slipstream.pipeline import keyed
+
         main, other = s.upstream
         p = s.params
         supplier = keyed.hash_join([p["key_fn"]], [p["other_key_fn"]], p["output_fn"], p["inner"])

@@ -22,12 +22,22 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slipstream.aggregate import AggregateOperation
 from slipstream.core.dag import DAG
 from slipstream.core.errors import DagError
-from slipstream.window import KeyedWindowResult, SessionWindowDef, SlidingWindowDef, WindowResult
+
+if TYPE_CHECKING:
+    from slipstream.aggregate import AggregateOperation
+    from slipstream.window import (
+        KeyedWindowResult,
+        SessionWindowDef,
+        SlidingWindowDef,
+        WindowResult,
+    )
+
+# slipstream.aggregate and slipstream.window are imported where a stage needs them: a
+# pipeline of maps and filters does not pay for their import (start-up time).
 
 __all__ = ["GroupedStage", "Pipeline", "PipelineError", "SinkStage", "Stage", "WindowedStage"]
 
@@ -48,6 +58,8 @@ def pair(item: Any, match: Any) -> tuple[Any, Any]:
 
 def to_window_result(r: KeyedWindowResult) -> WindowResult:
     """An unkeyed window's result: the keyed result without its (unit) key."""
+    from slipstream.window import WindowResult
+
     return WindowResult(r.start, r.end, r.value)
 
 
@@ -60,6 +72,8 @@ def _check_callable(fn: Any, what: str, where: str) -> None:
 
 
 def _check_op(op: Any, where: str) -> None:
+    from slipstream.aggregate import AggregateOperation
+
     if not isinstance(op, AggregateOperation):
         raise TypeError(
             f"{where}(): op must be an AggregateOperation (see slipstream.aggregate), got {op!r}"
@@ -348,6 +362,8 @@ class WindowedStage:
         window_def: SlidingWindowDef | SessionWindowDef,
         key_fn: Callable[[Any], Any] | None,
     ) -> None:
+        from slipstream.window import SessionWindowDef, SlidingWindowDef
+
         if not isinstance(window_def, (SlidingWindowDef, SessionWindowDef)):
             raise TypeError(
                 "window(): expected a window definition (slipstream.window."
@@ -376,6 +392,8 @@ class WindowedStage:
 
     def aggregate(self, op: AggregateOperation[Any, Any, Any]) -> Stage:
         """Aggregate each window (and key): results as each window closes."""
+        from slipstream.window import SessionWindowDef, SlidingWindowDef
+
         _check_op(op, "aggregate")
         wd = self._window_def
         if isinstance(wd, SessionWindowDef) and op.combine is None:
