@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import operator
+import types
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -71,6 +72,32 @@ def identity(value: Any) -> Any:
     Engines may test ``op.finish is identity`` to skip the call.
     """
     return value
+
+
+def _return_first(value: Any) -> Any:
+    return value
+
+
+_IDENTITY_CODE = _return_first.__code__
+_CO_NESTED = 0x10
+
+
+def is_identity(fn: Any) -> bool:
+    """Whether ``fn`` is :func:`identity` or a plain Python function whose whole body is
+    ``return <its one parameter>`` (``lambda w: w``, ``def word(w): return w``): its
+    bytecode is then the same as :func:`identity`'s. Engines use this to skip a key
+    function call per item (Jet's ``wholeItem()``)."""
+    if fn is identity:
+        return True
+    if type(fn) is not types.FunctionType:
+        return False
+    code = fn.__code__
+    return (
+        code.co_code == _IDENTITY_CODE.co_code
+        and code.co_argcount == 1
+        and code.co_kwonlyargcount == 0
+        and (code.co_flags | _CO_NESTED) == (_IDENTITY_CODE.co_flags | _CO_NESTED)
+    )
 
 
 def _check_callable(name: str, fn: Any, *, optional: bool) -> None:

@@ -43,7 +43,7 @@ from enum import Enum
 from itertools import islice
 from typing import Any
 
-from slipstream.aggregate import AggregateOperation, counting, identity
+from slipstream.aggregate import AggregateOperation, counting, identity, is_identity
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import KEYED, declare
@@ -212,6 +212,7 @@ class GroupByKeyP(AbstractProcessor):
         self.groups: dict[Any, Any] = {}
         self._initial: Any = _MISSING
         self._counting = False
+        self._key_is_identity = False
         self._finish = identity if mode == "accumulate" else op.finish
         # emission state: the (key, acc) pairs not emitted yet, from position _pos
         self._results: list[tuple[Any, Any]] | None = None
@@ -221,6 +222,7 @@ class GroupByKeyP(AbstractProcessor):
 
     def init_processor(self, context: Context) -> None:
         op = self._op
+        self._key_is_identity = is_identity(self._key_fn)
         self._initial = _shared_initial(op.create)
         self._counting = (
             self._mode != "combine"
@@ -233,7 +235,9 @@ class GroupByKeyP(AbstractProcessor):
         if self._mode == "combine":
             self._combine_inbox(inbox)
         elif self._counting and not ordinal:
-            _count_elements(self.groups, _builtin_map(self._key_fn, inbox))  # type: ignore[misc, arg-type]
+            # an identity key function (``lambda w: w``) is not called per item
+            keys = inbox if self._key_is_identity else _builtin_map(self._key_fn, inbox)
+            _count_elements(self.groups, keys)  # type: ignore[misc]
             inbox.clear()
         else:
             self._accumulate_inbox(ordinal, inbox)
