@@ -383,7 +383,11 @@ def parser() -> argparse.ArgumentParser:
     _add_target(run)
     run.add_argument("--engine", choices=["local", "spark"], default="local")
     run.add_argument("--master", help="Spark master URL (--engine spark)")
-    run.add_argument("--threads", type=int, default=None, help="cooperative threads (local)")
+    run.add_argument(
+        "--threads", type=int, default=None,
+        help="cooperative threads (local; with the GIL more than 1 runs as 1 unless "
+        "SLIPSTREAM_ALLOW_GIL_THREADS=1)",
+    )
     run.add_argument("--members", type=int, default=1, help="simulated members (local)")
     run.add_argument("--name", help="job name (default: the function's name)")
     run.add_argument(

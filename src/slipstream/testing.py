@@ -83,8 +83,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
@@ -309,6 +307,8 @@ class _HarnessOutbox(Outbox):
             self.pending_snapshot = key
             self.refused_in_call = "offer_to_snapshot()"
             return False
+        from slipstream.core.pickling import cloudpickle  # imported when a test snapshots
+
         try:
             key, value = pickle.loads(cloudpickle.dumps((key, value)))
         except Exception as e:
