@@ -21,7 +21,9 @@ frame (Jet 4.x always throttles by frame).
                  -> combine_to_sliding_window (distributed partitioned) -> list sink
     pipeline     the same job with the Pipeline API: read_from(items)
                  .with_timestamps(ts, 100).group_by(key).window(wd)
-                 .aggregate(summing(value)).write_to(list sink)
+                 .aggregate(summing(value)).write_to(list sink); on the default
+                 engine (one member, one thread) new_job compiles it to the
+                 single-stage shape, elsewhere to two stages
     single-stage-unthrottled (tumbling only): single-stage with a plain
                  ``with_fixed_lag(100)`` policy, not throttled by frame: nearly every
                  event advances the watermark, and insert_watermarks emits at most one
@@ -47,7 +49,8 @@ Measurement: each variant runs in its own process (its peak memory is its own an
 includes the event list, ~0.3 GB at 2 M); (a), (b) and (d) report the best of
 ``--repeat`` rounds (default 3), each round running every variant once, so that all
 variants see the same drift in machine load. ``--clock cpu`` measures each variant's
-CPU time instead of wall-clock time (steadier on a machine shared with other work). The event list is input, not work, so it is moved out of
+CPU time instead of wall-clock time (steadier on a machine shared with other work).
+Engine variants first run tiny jobs of every shape, untimed (lazy imports). The event list is input, not work, so it is moved out of
 the garbage collector's way (``gc.freeze()``) before timing, for every variant alike.
 The machine load is printed before and after: results on a shared machine are noisy.
 
@@ -431,8 +434,19 @@ def run_latency(
 WINDOWS = {"tumbling": tumbling_window_def(1000), "sliding": sliding_window_def(10_000, 1000)}
 
 
+def warm_up() -> None:
+    """Run tiny window jobs of every shape before an engine variant's clock starts:
+    ``import slipstream`` loads its modules lazily, on first use, and the table compares
+    throughput (the plain loop imports nothing). bench/startup.py measures start-up."""
+    events = make_events(2000, 10, 10_000)
+    for mode in (False, True, "pipeline"):
+        engine_windows(sources.items(events), WINDOWS["sliding"], mode, None, throttle=bool(mode))
+
+
 def run_one(variant: str, a: argparse.Namespace) -> None:
     """Runs one variant and prints one JSON line (benchlib.run_variant reads it)."""
+    if "-plain" not in variant:
+        warm_up()
     if variant.startswith("latency-"):
         r = run_latency(
             a.latency_rate,

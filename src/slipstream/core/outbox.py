@@ -23,6 +23,12 @@ _SPECIAL_TYPES = frozenset((Watermark, IdleMessage))
 DEFAULT_BUCKET_CAPACITY = 2048
 
 
+SPECIAL_AT_TAIL = 2
+"""``Outbox.specials`` value (truthy): the one bucket holds a single special item, a
+watermark, as its last entry (set by ``insert_watermarks``, which builds its bucket
+itself), so the engine hands it over without scanning the bucket."""
+
+
 class Outbox:
     """Jet's ``Outbox`` (punctuation-era flavour: buffered buckets with a capacity)."""
 
@@ -53,8 +59,9 @@ class Outbox:
         self._all = tuple(range(ordinal_count))
         self._flush_fn = flush_fn
         # set when a watermark or idle mark was offered: the engine then looks for special
-        # items while moving buckets downstream (it skips that scan otherwise)
-        self.specials = False
+        # items while moving buckets downstream (it skips that scan otherwise);
+        # SPECIAL_AT_TAIL when the only one is a watermark at the end of the only bucket
+        self.specials: bool | int = False
         # True while the last offer was refused: the processor holds an item it must
         # offer again, so the engine does not start a snapshot at a source then
         self.unfinished = False

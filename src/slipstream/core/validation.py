@@ -140,12 +140,10 @@ def check_invalid_timestamps(value: Any, where: str) -> str:
 
 
 def only_int_timestamps(timestamps: list[Any]) -> bool:
-    """Whether every timestamp is a plain ``int`` (one type scan at C speed)."""
-    types = set(map(type, timestamps))
-    return not types or types == _INT_ONLY
+    """Whether every timestamp is a plain ``int`` (one type scan at C speed; counting
+    is faster than building a set of the types)."""
+    return list(map(type, timestamps)).count(int) == len(timestamps)
 
-
-_INT_ONLY = {int}
 
 
 def valid_timestamps(

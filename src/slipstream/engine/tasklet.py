@@ -25,7 +25,7 @@ from slipstream.core.items import (
     SnapshotBarrier,
     Watermark,
 )
-from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY, Outbox
+from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY, SPECIAL_AT_TAIL, Outbox
 from slipstream.core.processor import Context, Processor
 from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer
 from slipstream.engine.collectors import Collector
@@ -482,7 +482,13 @@ class ProcessorTasklet:
         ok = True
         for b, c in zip(outbox.buckets, self.collectors, strict=True):
             if b:
-                if specials:
+                if specials is SPECIAL_AT_TAIL:
+                    last = b.pop()
+                    if b:
+                        c.add_chunk(b.copy())
+                    c.add_special(last)
+                    self.last_wm_out = last.timestamp
+                elif specials:
                     wm = _hand_over_mixed(b, c)
                     if wm is not None:
                         self.last_wm_out = wm

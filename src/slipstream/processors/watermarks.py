@@ -33,6 +33,7 @@ from typing import Any
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
+from slipstream.core.outbox import SPECIAL_AT_TAIL
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.core.traits import WATERMARK_SOURCE
@@ -194,10 +195,12 @@ class InsertWatermarksP(AbstractProcessor):
             # the policy follows the highest timestamp and no item is behind the chunk's
             # last watermark, so none is behind an earlier one: report the maximum once
             wm = policy.report_event(top)
+            only = not bucket and not outbox.specials
             _take_into(inbox, n, bucket.extend)
             if wm > last:
                 bucket.append(Watermark(wm))
-                outbox.specials = True
+                # the engine need not scan the bucket for it
+                outbox.specials = SPECIAL_AT_TAIL if only else True
                 self._last_emitted = wm
             return
         # outbox room: the items, a watermark before each of up to `budget` of them, and
