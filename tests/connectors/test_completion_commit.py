@@ -5,6 +5,9 @@ final, across SIGKILLs, for the PostgreSQL, file and Kafka sinks.
   and the process dies before the completion's commit ran (COMMIT PREPARED, rename,
   Kafka transaction). A restore does not run a completed processor again, so the commit
   must be completed from the snapshot (the processor's completion state).
+* ``failed``: a snapshot could not be written (disk full) and the next one commits, with
+  what the failed one staged; the process dies before those commits ran. The committed
+  snapshot must name everything still to commit, not only its own transaction.
 * ``end``: the job completed and committed its sinks' output; the process dies before
   the store is marked completed. A ``resume=True`` then must neither replay (duplicates)
   nor lose anything.
@@ -55,20 +58,40 @@ SCRIPT = textwrap.dedent(
     elif point == "end":
         # die after the job committed its output, before the store is marked completed
         DirectorySnapshotStore.mark_completed = die
+    elif point == "failed":
+        # the second snapshot cannot be written; die before the first commit that runs
+        # after it (the third snapshot's commit, which also commits what the second staged)
+        write, writes, failed = DirectorySnapshotStore.write_encoded, [], []
+        def failing_write(self, snapshot_id, payload):
+            writes.append(snapshot_id)
+            if len(writes) == 2:
+                failed.append(snapshot_id)
+                raise OSError("injected: the disk is full")
+            return write(self, snapshot_id, payload)
+        DirectorySnapshotStore.write_encoded = failing_write
+        stage = Context.stage_on_commit
+        def dying_stage(self, action, at_completion=False):
+            def run(action=action):
+                if failed:
+                    die()
+                action()
+            return stage(self, run, at_completion)
+        Context.stage_on_commit = dying_stage
 
     class Numbers(AbstractProcessor):
-        # (i, i*i) for i < N; with point "end" the second half waits for a committed
-        # snapshot, so the last snapshot has the sink still running
+        # (i, i*i) for i < N; with point "end" or "failed" the second half waits for
+        # a committed snapshot, so the last snapshot has the sink still running (and
+        # with "failed" the sink prepares the second half for the snapshot that fails)
         def init_processor(self, context):
             self.i = 0
         def complete(self):
             while self.i < N:
-                if point == "end" and self.i >= N // 2 and not os.path.exists(manifest):
+                if point in ("end", "failed") and self.i >= N // 2 and not os.path.exists(manifest):
                     return False
                 if not self.outbox.offer((self.i, self.i * self.i)):
                     return False
                 self.i += 1
-            return True
+            return point != "failed"  # "failed": snapshots go on until the kill
         def save_to_snapshot(self):
             return self.outbox.offer_to_snapshot(BroadcastKey("i"), self.i)
         def restore_from_snapshot_entry(self, key, value):
@@ -88,7 +111,8 @@ SCRIPT = textwrap.dedent(
         import psycopg
         sink = sinks.sql(lambda: psycopg.connect(target), "INSERT INTO t (k, v) VALUES (%s, %s)")
     elif kind == "files":
-        sink = sinks.write_files(target, lambda kv: f"{kv[0]},{kv[1]}")
+        # a part file published at every snapshot: every snapshot stages a commit
+        sink = sinks.write_files(target, lambda kv: f"{kv[0]},{kv[1]}", roll_interval_ms=0)
     else:
         bootstrap, topic = target.split("/")
         sink = sinks.kafka(topic, {"bootstrap.servers": bootstrap},
@@ -167,7 +191,7 @@ def _target(kind: str, label: str, tmp_path: Any, request: pytest.FixtureRequest
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["final", "end"])
+@pytest.mark.parametrize("point", ["final", "end", "failed"])
 @pytest.mark.parametrize("kind", ["sql", "files", "kafka"])
 def test_kill_at_the_last_commit_then_resume_is_exact(
     kind: str, point: str, tmp_path: Any, request: pytest.FixtureRequest

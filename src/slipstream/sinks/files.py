@@ -15,6 +15,7 @@ import functools
 import io
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -105,6 +106,11 @@ class WriteFilesP(_SinkP):
         self._done = False
         # (index, prepared [(temp, final)], unfinished (temp, final, length, state) | None)
         self._restored: list[tuple[int, list[Any], Any]] = []
+        # prepared files not renamed yet: every snapshot names all of them (a snapshot
+        # whose write failed leaves its files to the next one's commit, and a restore
+        # from that one must publish them too)
+        self._outstanding: list[tuple[str, str]] = []
+        self._outstanding_lock = threading.Lock()
 
     def is_cooperative(self) -> bool:
         # file system calls (fsync) can block for an unbounded time
@@ -206,17 +212,23 @@ class WriteFilesP(_SinkP):
     def complete(self) -> bool:
         pair = self._seal()
         if self._two_phase:
+            staged = True
             if pair is not None:
-                commit = functools.partial(_commit_files, [pair])
-                if not self.context.stage_on_commit(commit, at_completion=True):
+                commit = functools.partial(self._commit_prepared, [pair])
+                staged = self.context.stage_on_commit(commit, at_completion=True)
+                if not staged:
                     commit()  # no coordinator (e.g. the test harness): final now
-                else:
-                    # completion state: a restore from a snapshot recording this
-                    # processor's completion renames the file (see finish_snapshot_restore)
-                    self.outbox.offer_to_snapshot(
-                        BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
-                        (self._sequence, [tuple(map(os.path.basename, pair))], None),
-                    )
+            with self._outstanding_lock:
+                if pair is not None and staged:
+                    self._outstanding.append(pair)
+                pending = [(os.path.basename(t), os.path.basename(f)) for t, f in self._outstanding]
+            if pending:
+                # completion state: a restore from a snapshot recording this processor's
+                # completion renames these files (finish_snapshot_restore)
+                self.outbox.offer_to_snapshot(
+                    BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
+                    (self._sequence, pending, None),
+                )
         elif pair is not None:
             os.replace(*pair)
         else:
@@ -232,17 +244,18 @@ class WriteFilesP(_SinkP):
         )
 
     def save_to_snapshot(self) -> bool:
-        prepared: list[tuple[str, str]] = []
         unfinished = None
         fh = self._fh
         if fh is not None:
             if self._should_roll():
                 pair = self._seal()
                 assert pair is not None
-                prepared.append(pair)
-                commit = functools.partial(_commit_files, prepared)
+                commit = functools.partial(self._commit_prepared, [pair])
                 if not self.context.stage_on_commit(commit):
                     commit()  # no coordinator (e.g. the test harness): the snapshot commits
+                else:
+                    with self._outstanding_lock:
+                        self._outstanding.append(pair)
             else:
                 self._sync(fh)
                 unfinished = (
@@ -251,6 +264,8 @@ class WriteFilesP(_SinkP):
                     self._size,
                     self._file_state(),
                 )
+        with self._outstanding_lock:
+            prepared = list(self._outstanding)
         ctx = self.context
         return self.outbox.offer_to_snapshot(
             BroadcastKey((self.snapshot_tag, ctx.global_processor_index)),
@@ -260,6 +275,14 @@ class WriteFilesP(_SinkP):
                 unfinished,
             ),
         )
+
+    def _commit_prepared(self, pairs: list[tuple[str, str]]) -> None:
+        """Publish prepared files (where their snapshot commits)."""
+        _commit_files(pairs)
+        with self._outstanding_lock:
+            for pair in pairs:
+                if pair in self._outstanding:
+                    self._outstanding.remove(pair)
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         name = key.name if type(key) is BroadcastKey else None

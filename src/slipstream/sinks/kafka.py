@@ -101,6 +101,11 @@ class KafkaSinkP(AbstractProcessor):
         self._txn_producers: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._restored: list[tuple[int, str, int, list[Any]]] = []
+        # (marker, records) of transactions staged but not written yet: every snapshot
+        # names all of them (a snapshot whose write failed leaves its transaction to the
+        # next one's commit, and a restore from that one must write it too)
+        self._outstanding: list[tuple[int, list[Any]]] = []
+        self._entries: Any = None  # the snapshot entries being offered (resumable)
 
     def is_cooperative(self) -> bool:
         # produce() never blocks (a full client queue raises BufferError: the items stay
@@ -199,20 +204,39 @@ class KafkaSinkP(AbstractProcessor):
         ctx = self.context
         if not self._exactly_once:
             return self._flushed()  # at-least-once: acknowledged before the snapshot completes
-        records, self._held = self._held, []
-        index, sid = ctx.global_processor_index, ctx.current_snapshot_id
-        if records:
-            ctx.stage_on_commit(
-                functools.partial(self._write_transaction, self._lineage, index, sid, records)
-            )
-        return self.outbox.offer_to_snapshot(
-            BroadcastKey((self.snapshot_tag, index)), (self._lineage, sid, records)
-        )
+        if self._entries is None:
+            records, self._held = self._held, []
+            index, sid = ctx.global_processor_index, ctx.current_snapshot_id
+            if records:
+                ctx.stage_on_commit(
+                    functools.partial(self._write_transaction, self._lineage, index, sid, records)
+                )
+            self._entries = self._outstanding_entries(sid, records)
+        return self._emit_entries()
+
+    def _outstanding_entries(self, marker: int, records: list[Any]) -> Any:
+        """Snapshot entries, one per transaction not written yet (``records``, to write
+        under ``marker``, and earlier ones); at least one, so a restore fences."""
+        key = BroadcastKey((self.snapshot_tag, self.context.global_processor_index))
+        with self._lock:
+            if records:
+                self._outstanding.append((marker, records))
+            pending = list(self._outstanding) or [(marker, records)]
+        return iter([(key, (self._lineage, m, r)) for m, r in pending])
+
+    def _emit_entries(self) -> bool:
+        if not self.emit_to_snapshot_from(self._entries):
+            return False
+        self._entries = None
+        return True
 
     def complete(self) -> bool:
         if not self._exactly_once:
             return self._flushed()
+        if self._entries is not None:  # completion state not offered in full yet
+            return self._emit_entries()
         records, self._held = self._held, []
+        staged = False
         if records:
             write = functools.partial(
                 self._write_transaction,
@@ -222,14 +246,16 @@ class KafkaSinkP(AbstractProcessor):
                 records,
             )
             if not self.context.stage_on_commit(write, at_completion=True):
-                write()
-            else:
-                # completion state: a restore from a snapshot recording this processor's
-                # completion writes the records unless the final marker shows them
-                self.outbox.offer_to_snapshot(
-                    BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
-                    (self._lineage, FINAL_MARKER, records),
-                )
+                write()  # no coordinator (e.g. the test harness): final now
+                return True
+            staged = True
+        with self._lock:
+            pending = staged or bool(self._outstanding)
+        if pending:
+            # completion state: a restore from a snapshot recording this processor's
+            # completion writes what is not written yet (the markers show what is)
+            self._entries = self._outstanding_entries(FINAL_MARKER, records if staged else [])
+            return self._emit_entries()
         return True
 
     def _marker_group(self, lineage: str, index: int) -> str:
@@ -269,6 +295,7 @@ class KafkaSinkP(AbstractProcessor):
             finally:
                 group.close()
             self._check_delivery()
+            self._outstanding = [(m, r) for m, r in self._outstanding if r is not records]
 
     def _committed_marker(self, lineage: str, index: int) -> int:
         from confluent_kafka import Consumer, TopicPartition

@@ -73,6 +73,11 @@ class SqlSinkP(AbstractProcessor):
         self._in_txn = False
         self._recovered = False
         self._restored: list[tuple[int, list[str]]] = []
+        # prepared ids whose COMMIT PREPARED has not run yet: every snapshot names all of
+        # them, not only its own (a snapshot whose write failed leaves its transaction to
+        # the next one's commit, and a restore from that one must commit it too)
+        self._outstanding: list[str] = []
+        self._outstanding_lock = threading.Lock()
         self._token = uuid.uuid4().hex[:8]  # this execution: ids never repeat across runs
 
     def is_cooperative(self) -> bool:
@@ -157,8 +162,11 @@ class SqlSinkP(AbstractProcessor):
         if self._two_phase:
             gid = self._prepare(str(ctx.current_snapshot_id))
             if gid is not None:
-                prepared.append(gid)
+                with self._outstanding_lock:
+                    self._outstanding.append(gid)
                 ctx.stage_on_commit(functools.partial(self._finish_prepared, [gid], []))
+            with self._outstanding_lock:
+                prepared = list(self._outstanding)
         return self.outbox.offer_to_snapshot(
             BroadcastKey((self.snapshot_tag, ctx.global_processor_index)), prepared
         )
@@ -170,15 +178,20 @@ class SqlSinkP(AbstractProcessor):
             if gid is not None:
                 commit = functools.partial(self._finish_prepared, [gid], [])
                 if not self.context.stage_on_commit(commit, at_completion=True):
-                    commit()
-                else:
-                    # completion state: a restore from a snapshot recording this
-                    # processor's completion commits the id (the engine does not run a
-                    # completed processor again, so nobody else would)
-                    self.outbox.offer_to_snapshot(
-                        BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
-                        [gid],
-                    )
+                    commit()  # no coordinator: final now
+                    return True
+                with self._outstanding_lock:
+                    self._outstanding.append(gid)
+            with self._outstanding_lock:
+                pending = list(self._outstanding)
+            if pending:
+                # completion state: a restore from a snapshot recording this processor's
+                # completion commits these ids (the engine does not run a completed
+                # processor again, so nobody else would)
+                self.outbox.offer_to_snapshot(
+                    BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
+                    pending,
+                )
         return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
@@ -243,6 +256,9 @@ class SqlSinkP(AbstractProcessor):
                     cur = conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (gid,))
                     if cur.fetchone() is not None:  # else: finished already (idempotent)
                         conn.execute(f"{verb} PREPARED {_literal(gid)}")
+                    with self._outstanding_lock:
+                        if gid in self._outstanding:
+                            self._outstanding.remove(gid)
 
     def close(self) -> None:
         for attr in ("_conn", "_control"):
