@@ -163,3 +163,23 @@ def test_metrics_keys_exist_from_the_start() -> None:
     job = ss.local().new_job(window_dag(True))
     job.join(30)
     assert job.metrics["win"]["late_items_dropped"] == 0
+
+
+def test_kafka_source_with_a_policy_counts_as_a_watermark_source() -> None:
+    """A Kafka source given a watermark policy emits watermarks itself (no warning);
+    without one, a window behind it would never see a watermark (warning)."""
+    conf = {"bootstrap.servers": "127.0.0.1:9"}  # never contacted: validation only
+
+    def dag_over(source: ss.ProcessorSupplier) -> DAG:
+        dag = DAG()
+        src = dag.new_vertex("src", source)
+        win = dag.new_vertex("win", KEYED["aggregate_to_sliding_window"]()).local_parallelism(1)
+        out = dag.new_vertex("out", sinks.list_sink("w"))
+        dag.edge(Edge.between(src, win)).edge(Edge.between(win, out))
+        return dag
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DagWarning)
+        dag_over(sources.kafka("t", conf, policy=lambda: with_fixed_lag(0))).validate(1)
+    with pytest.warns(DagWarning, match="vertex 'win' emits windows on watermarks"):
+        dag_over(sources.kafka("t", conf)).validate(1)

@@ -40,6 +40,7 @@ from typing import Any
 
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.traits import WATERMARK_SOURCE, declare
 from slipstream.core.validation import check_callable
 from slipstream.sources.batch import _emit_room
 from slipstream.sources.event_time import DEFAULT_IDLE_TIMEOUT_MS, EventTimeMapper
@@ -347,7 +348,7 @@ def kafka(
         raise ValueError(
             f"kafka(): partition_refresh_ms must be an int > 0, got {partition_refresh_ms!r}"
         )
-    return functools.partial(
+    supplier = functools.partial(
         KafkaSourceP,
         topic_tuple,
         dict(config),
@@ -359,3 +360,6 @@ def kafka(
         commit_offsets,
         partition_refresh_ms,
     )
+    # with a policy the source emits watermarks itself: a window downstream needs no
+    # insert_watermarks (DAG validation would otherwise warn that it never sees one)
+    return declare(supplier, WATERMARK_SOURCE) if policy is not None else supplier
