@@ -199,13 +199,14 @@ class InsertWatermarksP(AbstractProcessor):
         last = self._last_emitted
         after = getattr(policy, "watermark_after", None)
         wm_at_end = after(top) if after is not None else None
-        self._blockwise = wm_at_end is not None and wm_at_end > last
         if wm_at_end is not None and (
             wm_at_end <= last or _none_behind(policy, tss, last, wm_at_end, blocks)
         ):
             # the policy follows the highest timestamp and no item is behind the chunk's
             # last watermark, so none is behind an earlier one: report the maximum once
             wm = policy.report_event(top)
+            # unthrottled: the next chunk's new maxima move the watermark again
+            self._blockwise = threshold_fn() <= top + 1
             only = not bucket and not outbox.specials
             _take_into(inbox, n, bucket.extend)
             if wm > last:
