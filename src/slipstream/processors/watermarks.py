@@ -398,7 +398,7 @@ def _take_into(inbox: Inbox, n: int, extend: Callable[[Any], Any]) -> None:
         extend(_take(inbox, n))
 
 
-_BLOCK = 16
+_BLOCK = 32
 
 
 def _none_behind(
