@@ -151,10 +151,13 @@ class ProcessorTasklet:
         self.last_snapshot_id = getattr(snapshot_sink, "committed_id", 0)
         self.completed_edges: list[int] = []
         self.pending_wm: Any = NO_NEW_WM
-        # the processor's min_relevant_watermark, when it overrides the default
+        # the processor's min_relevant_watermark, when it overrides the default (looked up
+        # on the instance: wrappers such as the Spark epoch gate delegate attributes)
+        relevant = getattr(processor, "min_relevant_watermark", None)
         self.wm_relevant_fn: Callable[[], int] | None = (
-            processor.min_relevant_watermark
-            if type(processor).min_relevant_watermark is not Processor.min_relevant_watermark
+            relevant
+            if relevant is not None
+            and getattr(relevant, "__func__", None) is not Processor.min_relevant_watermark
             else None
         )
         self.filled_once = False
