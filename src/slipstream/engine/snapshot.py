@@ -148,12 +148,7 @@ class SnapshotCoordinator:
         """Take over ``entries`` (the tasklet hands its snapshot bucket over, it keeps no
         reference). They are encoded later, on the store thread; values the processor
         could still change are copied now (see :func:`detached`)."""
-        try:
-            entries = detached(entries)
-        except Exception as e:  # noqa: BLE001
-            raise SnapshotError(
-                f"{tasklet.vertex_name}#{tasklet.index}: snapshot state cannot be pickled: {e}"
-            ) from e
+        entries = _detached_or_error(tasklet, entries, "snapshot state")
         with self._lock:
             lst = self._entries.get((tasklet.vertex_name, tasklet.index))
             if lst is None:
@@ -177,12 +172,7 @@ class SnapshotCoordinator:
     def add_completion_entries(self, tasklet: ProcessorTasklet, entries: list[Any]) -> None:
         """Entries a processor offered to the snapshot in ``complete()``: its completion
         state, recorded with its completion in every later snapshot."""
-        try:
-            entries = detached(entries)
-        except Exception as e:  # noqa: BLE001
-            raise SnapshotError(
-                f"{tasklet.vertex_name}#{tasklet.index}: completion state cannot be pickled: {e}"
-            ) from e
+        entries = _detached_or_error(tasklet, entries, "completion state")
         with self._lock:
             self._completion_state.setdefault((tasklet.vertex_name, tasklet.index), []).extend(
                 entries
@@ -591,3 +581,14 @@ def custom_partitioners(dag: DAG) -> dict[str, Any]:
                 out[v.name] = e.partitioner
                 break
     return out
+
+
+def _detached_or_error(tasklet: ProcessorTasklet, entries: list[Any], what: str) -> list[Any]:
+    """``detached(entries)``, or a :class:`SnapshotError` naming the processor whose
+    ``what`` (snapshot or completion state) cannot be encoded."""
+    try:
+        return detached(entries)
+    except Exception as e:  # noqa: BLE001
+        raise SnapshotError(
+            f"{tasklet.vertex_name}#{tasklet.index}: {what} cannot be pickled: {e}"
+        ) from e
