@@ -53,11 +53,9 @@ from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
     check_invalid_timestamps,
     int_value,
-    only_int_timestamps,
     per_input_fns,
-    valid_timestamps,
 )
-from slipstream.processors.windows import LATE_METRIC, WindowingP, _failing_item, check_agg_op
+from slipstream.processors.windows import LATE_METRIC, WindowingP, check_agg_op
 from slipstream.window import KeyedWindowResult
 
 __all__ = ["CURRENT_WATERMARK_KEY", "SessionWindowP", "aggregate_to_session_window"]
@@ -118,17 +116,8 @@ class SessionWindowP(WindowingP):
         assert combine is not None
         timeout = self._timeout
         wm = self._wm
-        late = 0
         item: Any = None
-        items: Any = inbox
-        try:
-            stamps = list(map(ts_fn, inbox))
-        except Exception as err:  # noqa: BLE001
-            raise self._bad_item(_failing_item(inbox, ts_fn), err) from err
-        if not only_int_timestamps(stamps):
-            items, stamps, late = valid_timestamps(
-                list(inbox), stamps, self._where(), self._invalid_timestamps
-            )
+        items, stamps, late = self._timestamped(inbox, ts_fn)
         try:
             for item, t in zip(items, stamps, strict=True):
                 if t < wm:

@@ -173,6 +173,19 @@ class WindowingP(AbstractProcessor):
     def _bad_item(self, item: Any, e: Exception) -> TypeError:
         return TypeError(f"{self._where()}: cannot process item {item!r}: {type(e).__name__}: {e}")
 
+    def _timestamped(self, inbox: Inbox, ts_fn: Callable[[Any], Any]) -> tuple[Any, list[int], int]:
+        """The inbox's items, their timestamps and how many were left out: the timestamps
+        at C speed and one type scan (a NaN or a float would otherwise make a frame or
+        session of its own that no watermark ever frees); integer-like ones are converted,
+        any other fails naming the item or, if so configured, counts as late."""
+        try:
+            stamps = list(map(ts_fn, inbox))
+        except Exception as err:  # noqa: BLE001
+            raise self._bad_item(_failing_item(inbox, ts_fn), err) from err
+        if only_int_timestamps(stamps):
+            return inbox, stamps, 0
+        return valid_timestamps(list(inbox), stamps, self._where(), self._invalid_timestamps)
+
     # -- watermarks and completion -----------------------------------------------------
     def try_process_watermark(self, watermark: Watermark) -> bool:
         it = self._wm_it
@@ -322,19 +335,8 @@ class SlidingWindowP(WindowingP):
         offset = self._offset
         next_win = self._next_win
         top = self._top
-        late = 0
         item: Any = None
-        # the timestamps first, at C speed, and one type scan: a NaN or a float would
-        # otherwise make a frame of its own that no window ever frees
-        items: Any = inbox
-        try:
-            stamps = list(map(ts_fn, inbox))
-        except Exception as err:  # noqa: BLE001
-            raise self._bad_item(_failing_item(inbox, ts_fn), err) from err
-        if not only_int_timestamps(stamps):
-            items, stamps, late = valid_timestamps(
-                list(inbox), stamps, self._where(), self._invalid_timestamps
-            )
+        items, stamps, late = self._timestamped(inbox, ts_fn)
         # Items mostly arrive in event-time order, so consecutive items usually share a
         # frame: the loops keep the current frame's bounds [lo, hi) and its dict, and
         # only compute the frame (and the late check) when an item falls outside.
