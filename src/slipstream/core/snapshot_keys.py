@@ -22,6 +22,18 @@ class BroadcastKey(NamedTuple):
     name: Any
 
 
+def tagged_broadcast_name(
+    key: Any, tag: str, length: int, vertex: str, owner: str
+) -> tuple[Any, ...]:
+    """The name of ``key`` when it is a :class:`BroadcastKey` named by a tuple of
+    ``length`` starting with ``tag`` (how sources and sinks tag their own entries);
+    otherwise a ``ValueError`` naming ``vertex``, the key and ``owner`` (what restores)."""
+    name = key.name if type(key) is BroadcastKey else None
+    if not (type(name) is tuple and len(name) == length and name[0] == tag):
+        raise ValueError(f"vertex {vertex!r}: unexpected snapshot entry key {key!r} for {owner}")
+    return name
+
+
 class KeyedStateKey(NamedTuple):
     """State of grouping key ``key``; ``detail`` distinguishes several entries of one key."""
 
@@ -46,9 +58,7 @@ def expand_entries(entries: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         k = entry[0]
         if type(k) is KeyedStateBatch:
             detail = k.detail
-            out.extend(
-                [(new(KeyedStateKey, (key, detail)), v) for key, v in entry[1].items()]
-            )
+            out.extend([(new(KeyedStateKey, (key, detail)), v) for key, v in entry[1].items()])
         else:
             out.append(entry)
     return out

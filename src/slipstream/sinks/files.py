@@ -24,7 +24,7 @@ from typing import IO, Any
 from slipstream.core.files import require_pyarrow
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import Context
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_callable, check_csv_dialect, check_path, int_value
 from slipstream.sinks.basic import _SinkP
 
@@ -285,12 +285,9 @@ class WriteFilesP(_SinkP):
                     self._outstanding.remove(pair)
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        name = key.name if type(key) is BroadcastKey else None
-        if not (type(name) is tuple and len(name) == 2 and name[0] == self.snapshot_tag):
-            raise ValueError(
-                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key {key!r} "
-                f"for {self.factory}"
-            )
+        name = tagged_broadcast_name(
+            key, self.snapshot_tag, 2, self.context.vertex_name, str(self.factory)
+        )
         # (sequence, prepared) from stores written before files rolled
         sequence, prepared, *rest = value
         self._restored.append((name[1], prepared, rest[0] if rest else None))

@@ -45,7 +45,7 @@ from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_callable
 
 __all__ = ["kafka", "KafkaSinkP", "transactional_prefix", "FINAL_MARKER"]
@@ -314,12 +314,9 @@ class KafkaSinkP(AbstractProcessor):
             group.close()
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        name = key.name if type(key) is BroadcastKey else None
-        if not (type(name) is tuple and len(name) == 2 and name[0] == self.snapshot_tag):
-            raise ValueError(
-                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key {key!r} "
-                "for the Kafka sink"
-            )
+        name = tagged_broadcast_name(
+            key, self.snapshot_tag, 2, self.context.vertex_name, "the Kafka sink"
+        )
         lineage, sid, records = value
         self._restored.append((name[1], lineage, sid, records))
 

@@ -35,7 +35,7 @@ from slipstream.core.errors import SqlError
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_callable
 
 __all__ = ["sql_sink", "SqlSinkP", "transaction_prefix"]
@@ -195,12 +195,9 @@ class SqlSinkP(AbstractProcessor):
         return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        name = key.name if type(key) is BroadcastKey else None
-        if not (type(name) is tuple and len(name) == 2 and name[0] == self.snapshot_tag):
-            raise ValueError(
-                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key {key!r} "
-                "for the sql sink"
-            )
+        name = tagged_broadcast_name(
+            key, self.snapshot_tag, 2, self.context.vertex_name, "the sql sink"
+        )
         self._restored.append((name[1], list(value)))
 
     def finish_snapshot_restore(self) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_name
 
 __all__ = ["items", "list_source", "map_source"]
@@ -79,16 +79,9 @@ class _PositionedSource(AbstractProcessor):
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         ctx = self.context
-        if not (
-            type(key) is BroadcastKey
-            and type(key.name) is tuple
-            and len(key.name) == 2
-            and key.name[0] == self.snapshot_tag
-        ):
-            raise ValueError(
-                f"vertex {ctx.vertex_name!r}: unexpected snapshot entry key {key!r} for a "
-                f"{type(self).__name__} source"
-            )
+        tagged_broadcast_name(
+            key, self.snapshot_tag, 2, ctx.vertex_name, f"a {type(self).__name__} source"
+        )
         saved_parallelism, position = value
         if saved_parallelism != ctx.total_parallelism:
             raise ValueError(

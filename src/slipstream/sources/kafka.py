@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.traits import WATERMARK_SOURCE, declare
 from slipstream.core.validation import check_callable
 from slipstream.sources.batch import _emit_room
@@ -290,13 +290,9 @@ class KafkaSourceP(AbstractProcessor):
         return self.save_state(self._state)
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        name = key.name if type(key) is BroadcastKey else None
-        if not (type(name) is tuple and len(name) == 3 and name[0] == self.snapshot_tag):
-            raise ValueError(
-                f"vertex {self.context.vertex_name!r}: unexpected snapshot entry key {key!r} "
-                "for the Kafka source"
-            )
-        _, topic, partition = name
+        _, topic, partition = tagged_broadcast_name(
+            key, self.snapshot_tag, 3, self.context.vertex_name, "the Kafka source"
+        )
         ctx = self.context
         if partition_owner(topic, partition, ctx.total_parallelism) == ctx.global_processor_index:
             self._restored[(topic, partition)] = value
