@@ -18,6 +18,16 @@ VOCAB_SIZE = 50_000
 WORDS_PER_LINE = 10
 
 
+def cache_path(name: str) -> str:
+    """``name`` inside this user's private benchmark cache directory
+    (``<temp>/slipstream-<uid>/bench``, mode 0700, owner checked), where generated
+    inputs are kept between runs. Private because a cache in the shared temp directory
+    could be planted or swapped by another user (and the windowing events are pickled)."""
+    from slipstream.core.files import user_temp_dir
+
+    return os.path.join(user_temp_dir("bench"), name)
+
+
 def vocabulary(size: int = VOCAB_SIZE) -> list[str]:
     """Pronounceable pseudo-words, the same on every run."""
     syll = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po", "da", "fu", "gi", "he"]

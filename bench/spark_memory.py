@@ -32,14 +32,13 @@ import operator
 import os
 import random
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import VOCAB_SIZE, WORDS_PER_LINE, vocabulary  # noqa: E402
+from benchlib import VOCAB_SIZE, WORDS_PER_LINE, cache_path, vocabulary  # noqa: E402
 from spark_wordcount import wordcount_dag  # noqa: E402
 
 import slipstream as ss  # noqa: E402
@@ -183,9 +182,7 @@ def main() -> None:
     try:
         # warm-up (JVM, Python workers, first-job costs) on a small corpus, not reported
         for n_words in [200_000, *a.words]:
-            directory = os.path.join(
-                tempfile.gettempdir(), f"slipstream-bench-memory-{n_words}-{FILES}"
-            )
+            directory = cache_path(f"memory-{n_words}-{FILES}")
             print(f"writing/reusing corpus of {n_words:,} words in {directory} ...", flush=True)
             write_corpus(directory, n_words)
             pattern = os.path.join(directory, "*.txt")

@@ -33,14 +33,13 @@ import operator
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import write_corpus  # noqa: E402
+from benchlib import cache_path, write_corpus  # noqa: E402
 
 import slipstream as ss  # noqa: E402
 from slipstream import DAG, Edge, sinks, sources  # noqa: E402
@@ -86,7 +85,7 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--dir", default=None, help="corpus directory (default: a temp dir)")
     a = ap.parse_args()
-    directory = a.dir or os.path.join(tempfile.gettempdir(), f"slipstream-bench-corpus-{a.words}")
+    directory = a.dir or cache_path(f"corpus-{a.words}")
     print(f"writing/reusing corpus of {a.words:,} words in {directory} ...", flush=True)
     write_corpus(directory, a.words)
     pattern = os.path.join(directory, "*.txt")

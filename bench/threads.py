@@ -33,12 +33,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import run_variant, write_corpus  # noqa: E402
+from benchlib import cache_path, run_variant, write_corpus  # noqa: E402
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "t1": {"cooperative_threads": 1},
@@ -136,8 +135,8 @@ def main() -> None:
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.dir is None:
-        a.dir = os.path.join(tempfile.gettempdir(), f"slipstream-bench-corpus-{a.words}")
-    a.rsf_dir = os.path.join(tempfile.gettempdir(), f"slipstream-bench-rsf-{a.events}")
+        a.dir = cache_path(f"corpus-{a.words}")
+    a.rsf_dir = cache_path(f"rsf-{a.events}")
     if a.run_variant:
         job, setting = a.run_variant.split(" ")
         run_one(job, setting, a)

@@ -75,7 +75,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import peak_rss_mb, print_table, run_variant  # noqa: E402
+from benchlib import cache_path, peak_rss_mb, print_table, run_variant  # noqa: E402
 
 import slipstream as ss  # noqa: E402
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources  # noqa: E402
@@ -133,11 +133,9 @@ class HashedEvent:
 
 
 def load_events(a: argparse.Namespace) -> list[Event]:
-    """The events, generated once and cached as a pickle in the temp directory."""
-    path = os.path.join(
-        tempfile.gettempdir(),
-        f"slipstream-bench-windowing-{a.events}-{a.keys}-{a.event_rate}-{SEED}.pkl",
-    )
+    """The events, generated once and cached as a pickle in this user's private
+    benchmark cache (never one another user could have written)."""
+    path = cache_path(f"windowing-{a.events}-{a.keys}-{a.event_rate}-{SEED}.pkl")
     if os.path.exists(path):
         with open(path, "rb") as fh:
             events: list[Event] = pickle.load(fh)
