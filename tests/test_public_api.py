@@ -170,3 +170,36 @@ def test_lazy_names_resolve() -> None:
     from slipstream.sinks.kafka import kafka as kafka_sink
 
     assert sinks.kafka is kafka_sink
+
+
+def test_a_script_function_that_names_the_package_can_be_shipped() -> None:
+    """A lambda in a user's script is pickled by value, with the globals it uses; the
+    lazy package among them must pickle as a reference to the module (it failed with
+    "cannot pickle 'LazyModule' object", so new_job rejected the DAG on both engines)."""
+    import pickle
+    import textwrap
+
+    from slipstream.core.pickling import cloudpickle
+
+    for pkg in (ss, ss.sources, ss.sinks, ss.processors):
+        assert pickle.loads(pickle.dumps(pkg)) is pkg
+        assert cloudpickle.loads(cloudpickle.dumps(pkg)) is pkg
+    script = textwrap.dedent(
+        """
+        import slipstream as ss
+        from slipstream import sinks, sources
+
+        p = ss.Pipeline()
+        p.read_from(sources.items([1, 2, 3])).map(
+            lambda x: ss.Watermark(x).timestamp * 2
+        ).write_to(sinks.list_sink("out"))
+        engine = ss.local()
+        engine.new_job(p).join()
+        print(sorted(engine.get_list("out")))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[2, 4, 6]"

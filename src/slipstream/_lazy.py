@@ -59,6 +59,12 @@ class LazyModule(types.ModuleType):
             return not isinstance(self.__dict__[name], types.ModuleType)
         return ":" in self.__dict__.get("_lazy_exports", {}).get(name, "")
 
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        """Pickled as a reference to the module, like any module: a function in a user's
+        script is pickled by value with the globals it names (``ss`` among them), and
+        without this cloudpickle refuses the module subclass."""
+        return importlib.import_module, (self.__name__,)
+
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self.__dict__.get("_lazy_exports", {})))
 

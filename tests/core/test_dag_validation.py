@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
+from typing import Any
 
 import pytest
 
@@ -198,3 +200,60 @@ def test_priority_diamond_warns() -> None:
         a, b, c = ok.new_vertex("a", P), ok.new_vertex("b", P), ok.new_vertex("c", P)
         ok.edge(Edge.from_(a).to(c, 0).priority(-1)).edge(Edge.from_(b).to(c, 1))
         ok.validate()
+
+
+class _Counted:
+    """An item that counts how often it is pickled."""
+
+    pickled = 0
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        _Counted.pickled += 1
+        return _Counted, (self.n,)
+
+
+def test_the_embedded_engine_samples_the_data_a_supplier_holds() -> None:
+    """The embedded engine ships nothing: new_job checks the first and last items of a
+    long ``sources.items`` list, not all of them (a full pickle of 2 M events took a third
+    of a windowed job); ``DAG.validate()`` and the Spark engine check everything."""
+    events = [_Counted(i) for i in range(20_000)]
+    dag = DAG()
+    src = dag.new_vertex("src", ss.sources.items(events))
+    dag.edge(Edge.between(src, dag.new_vertex("sink", ss.sinks.list_sink("out"))))
+    _Counted.pickled = 0
+    engine = ss.local()
+    engine.new_job(dag).join()
+    assert len(engine.get_list("out")) == 20_000
+    assert 0 < _Counted.pickled <= 2 * 256
+    _Counted.pickled = 0
+    dag.validate()
+    assert _Counted.pickled == 20_000
+    # a lambda supplier goes to cloudpickle, which samples the same way
+    dag = DAG()
+    dag.new_vertex("by-value", functools.partial(lambda items: P(), events))
+    _Counted.pickled = 0
+    dag.validate(sample_data=True)
+    assert 0 < _Counted.pickled <= 2 * 256
+
+
+def test_sampling_the_data_still_checks_the_code_in_full() -> None:
+    lock = threading.Lock()
+
+    def make(items: list[int], guard: Any = lock) -> ss.Processor:
+        return P()
+
+    dag = DAG()
+    dag.new_vertex("locked", functools.partial(make, list(range(20_000))))
+    with pytest.raises(DagError, match="vertex 'locked': its processor supplier cannot be pickled"):
+        ss.local().new_job(dag)
+    # an unpicklable item inside long data passes the sample, but not the full check
+    data: list[Any] = list(range(20_000))
+    data[10_000] = lock
+    dag = DAG()
+    dag.new_vertex("data", ss.sources.items(data))
+    dag.validate(sample_data=True)
+    with pytest.raises(DagError, match="vertex 'data': its processor supplier cannot be pickled"):
+        dag.validate()

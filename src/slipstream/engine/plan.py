@@ -114,8 +114,12 @@ def build_vertex_plans(
     services: Any,
     job_name: str,
 ) -> dict[str, VertexPlan]:
+    # the embedded engine ships nothing: the data a supplier holds is sampled, not pickled
     dag.validate(
-        default_parallelism=default_parallelism, check_pickle=True, member_count=member_count
+        default_parallelism=default_parallelism,
+        check_pickle=True,
+        member_count=member_count,
+        sample_data=True,
     )
     addresses = member_addresses(member_count)
     plans: dict[str, VertexPlan] = {}
