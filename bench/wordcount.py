@@ -4,7 +4,7 @@
                               [--only wc,rs,rsf] [--clock cpu] [--repeat 3]
 
 Every ``*-slipstream`` and ``*-pipeline`` row uses only documented API (docs/guide.md,
-DESIGN.md); a row labelled ``tuned`` uses engine internals a user does not write (the
+docs/reference.md); a row labelled ``tuned`` uses engine internals a user does not write (the
 outbox's bucket lists) and is printed next to the documented one for comparison.
 
 Running sum from a file (``rsf``, issue 12, the job as users write it): 2,000,000

@@ -48,7 +48,7 @@ _EXPORTS = {
     "Job": "slipstream.engine.job:Job",
     "LocalEngine": "slipstream.engine.local:LocalEngine",
     "Pipeline": "slipstream.pipeline.stages:Pipeline",
-    # the library modules (DESIGN.md): `ss.sources.items(...)` works after `import slipstream`
+    # the library modules (docs/guide.md): `ss.sources.items(...)` works after `import slipstream`
     **{
         name: f"slipstream.{name}"
         for name in (
