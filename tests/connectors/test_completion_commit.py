@@ -11,6 +11,10 @@ final, across SIGKILLs, for the PostgreSQL, file and Kafka sinks.
 * ``end``: the job completed and committed its sinks' output; the process dies before
   the store is marked completed. A ``resume=True`` then must neither replay (duplicates)
   nor lose anything.
+* ``unwritable``: the store breaks at the job's end: the final snapshot (recording every
+  processor as completed) cannot be written, nor the completed mark (the process dies
+  there). The job must fail with its last transactions uncommitted, not commit them
+  without a durable record (a resume would replay them: duplicates).
 
 Each scenario kills the job process at the exact point (fault injection in the job
 script, no timing), runs it again with ``resume=True`` and checks the output is exact.
@@ -58,6 +62,18 @@ SCRIPT = textwrap.dedent(
     elif point == "end":
         # die after the job committed its output, before the store is marked completed
         DirectorySnapshotStore.mark_completed = die
+    elif point == "unwritable":
+        # from the snapshot recording every processor as completed on, the store cannot
+        # be written (a full disk); die where the store would be marked completed
+        write, broken = DirectorySnapshotStore.write, []
+        def unwritable(self, data):
+            if broken or all(len(vs.completed) == vs.total_parallelism
+                             for vs in data.vertices.values()):
+                broken.append(data.snapshot_id)
+                raise OSError(28, "injected: No space left on device")
+            return write(self, data)
+        DirectorySnapshotStore.write = unwritable
+        DirectorySnapshotStore.mark_completed = die
     elif point == "failed":
         # the second snapshot cannot be written; die before the first commit that runs
         # after it (the third snapshot's commit, which also commits what the second staged)
@@ -79,14 +95,14 @@ SCRIPT = textwrap.dedent(
         Context.stage_on_commit = dying_stage
 
     class Numbers(AbstractProcessor):
-        # (i, i*i) for i < N; with point "end" or "failed" the second half waits for
-        # a committed snapshot, so the last snapshot has the sink still running (and
-        # with "failed" the sink prepares the second half for the snapshot that fails)
+        # (i, i*i) for i < N; with point "end", "unwritable" or "failed" the second half
+        # waits for a committed snapshot, so the last snapshot has the sink still running
+        # (and with "failed" the sink prepares the second half for the snapshot that fails)
         def init_processor(self, context):
             self.i = 0
         def complete(self):
             while self.i < N:
-                if point in ("end", "failed") and self.i >= N // 2 and not os.path.exists(manifest):
+                if point in ("end", "unwritable", "failed") and self.i >= N // 2 and not os.path.exists(manifest):
                     return False
                 if not self.outbox.offer((self.i, self.i * self.i)):
                     return False
@@ -205,9 +221,32 @@ def test_kill_at_the_last_commit_then_resume_is_exact(
         if first.returncode != 3:
             break
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-3000:])
-    target = args[1]
     second = _run(str(script), args, "none")
     assert second.returncode == 0, second.stderr[-3000:]
+    _assert_exact(kind, args[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sql", "files", "kafka"])
+def test_final_snapshot_that_cannot_be_written_then_resume_is_exact(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    args = [kind, _target(kind, "unwritable", tmp_path, request), str(tmp_path / "store")]
+    first = _run(str(script), args, "unwritable")
+    second = _run(str(script), args, "none")
+    assert second.returncode == 0, second.stderr[-3000:]
+    _assert_exact(kind, args[1])
+    # the first run failed at its end with nothing of its last transactions committed
+    assert first.returncode == 1, (first.returncode, first.stderr[-3000:])
+    assert "JobFailedError" in first.stderr and "final snapshot" in first.stderr, first.stderr[-3000:]
+    assert args[2] in first.stderr and "No space left on device" in first.stderr
+
+
+def _assert_exact(kind: str, target: str) -> None:
+    """The output holds every (i, i*i) exactly once (and no transaction is left
+    prepared)."""
     if kind == "sql":
         rows, prepared = _rows_sql(target)
         assert prepared == []

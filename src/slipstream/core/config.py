@@ -54,7 +54,9 @@ class JobConfig:
     ``auto_restart`` is on; the n-th restart in a row waits ``restart_delay_ms * 2**(n-1)``
     (at most ``restart_delay_max_ms``; a committed snapshot resets the count). After
     ``max_snapshot_failures`` consecutive snapshots that could not be written the job
-    fails (until then sources pause, so held-back output stays bounded).
+    fails (until then sources pause, so held-back output stays bounded); so it does at
+    its end, under exactly-once, when its final snapshot cannot be written (its last
+    output stays uncommitted: a ``resume`` writes it once).
     """
 
     name: str | None = None

@@ -140,6 +140,8 @@ class _Execution:
 
     def stop(self) -> None:
         self.cancelled = True
+        if self.coordinator is not None:
+            self.coordinator.abort()  # a final snapshot being retried gives up
         for t in self.tasklets:
             t.cancelled = True
         if self.pool is not None:
@@ -185,7 +187,7 @@ class _Execution:
             # a snapshot every processor saved still commits (its write is under way)
             self.coordinator.stop(timeout=STORE_DRAIN_TIMEOUT_S)
             if self.failure is None and not self.cancelled and not self.coordinator.terminal_committed:
-                self.coordinator.job_completed()
+                self._complete(self.coordinator)
             else:
                 self.coordinator.discard_uncommitted()
         if self.failure is not None or self.cancelled:
@@ -199,6 +201,21 @@ class _Execution:
                     log.exception("closing supplier of %s failed", vp.vertex.name)
         self.finished.set()
         self.job._execution_ended(self)
+
+    def _complete(self, coordinator: SnapshotCoordinator) -> None:
+        """Record the job's completion in the store, then commit what the sinks staged.
+        Under exactly-once nothing is committed unless that record is durable: when it
+        cannot be written (retried like any snapshot, up to ``max_snapshot_failures``)
+        the job fails, its last output uncommitted; a ``resume`` replays it once. Under
+        at-least-once the output is committed in any case (a replay is allowed)."""
+        config = self.job.config
+        exactly_once = config.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+        try:
+            coordinator.job_completed(config.max_snapshot_failures if exactly_once else None)
+        except SnapshotError as e:
+            coordinator.discard_uncommitted()
+            if self.failure is None:  # a restart cannot fix the store
+                self.failure = TaskletFailure(None, e, restartable=False)
 
     def _close_all(self) -> None:
         # a processor still stuck in a call the pool gave up on is not closed under it

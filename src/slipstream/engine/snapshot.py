@@ -90,6 +90,7 @@ class SnapshotCoordinator:
         # what completed processors offered to the snapshot in complete()
         self._completion_state: dict[tuple[str, int], list[Any]] = {}
         self._stop = threading.Event()
+        self._aborted = threading.Event()
         self._timer: threading.Thread | None = None
         # the store thread: encodes and writes a complete snapshot, then commits it
         self._to_write: SnapshotData | None = None
@@ -358,16 +359,38 @@ class SnapshotCoordinator:
                 keep.append((sid, action))
         self._staged = keep
 
-    def job_completed(self) -> SnapshotData | None:
+    def job_completed(self, max_failures: int | None = None) -> SnapshotData | None:
         """The job finished normally: everything staged is final.
 
         Before the staged actions run, one more snapshot is written that records every
-        processor as completed, with its completion state (when every earlier snapshot
-        committed: a failed one leaves staged output that no snapshot names). A crash
-        after this write, before the store is marked completed, resumes from it: every
-        processor is restored as completed, sinks with completion state commit
-        (idempotently) what is not committed yet, nothing is replayed. A crash before it
-        finds nothing committed by this method. Returns the snapshot written, if any."""
+        processor as completed, with its completion state. A crash after this write,
+        before the store is marked completed, resumes from it: every processor is
+        restored as completed, sinks with completion state commit (idempotently) what is
+        not committed yet, nothing is replayed. A crash before it finds nothing committed
+        by this method. Returns the snapshot written.
+
+        With ``max_failures`` (exactly-once) the output is never committed without that
+        record: a failed write is retried at the snapshot interval (also after a failed
+        snapshot of the execution, whose staged output it then covers, as the next
+        snapshot does while the job runs) until ``max_failures`` snapshots in a row
+        failed; then :class:`SnapshotError` is raised and nothing staged since the last
+        committed snapshot has run (the caller discards it: a resume replays it). So it
+        is when :meth:`abort` is called meanwhile. Without ``max_failures``
+        (at-least-once, where a replay is allowed) one write is tried, when every
+        earlier snapshot committed, and the output is committed in any case."""
+        if max_failures is None:
+            data = self._record_completion_once()
+        else:
+            data = self._record_completion(max_failures)
+        with self._lock:
+            self._run_staged(None)
+            for actions in self._staged_at_completion.values():
+                for action in actions:
+                    action()
+            self._staged_at_completion = {}
+        return data
+
+    def _record_completion_once(self) -> SnapshotData | None:
         data = None
         with self._lock:
             if not self._staged and self._to_write is None and not self.consecutive_failures:
@@ -379,23 +402,76 @@ class SnapshotCoordinator:
             except BaseException as e:  # noqa: BLE001
                 log.warning(
                     "job %s: its completion could not be recorded in the snapshot store (%s); "
-                    "committing its output anyway: a crash before the store is marked "
-                    "completed would make a resume replay its last snapshot",
+                    "committing its output anyway (at-least-once: a crash before the store is "
+                    "marked completed would make a resume replay its last snapshot)",
                     self.job_name,
                     e,
                 )
-                data = None
-            else:
-                self.committed_id = data.snapshot_id
-                if self._on_commit is not None:
-                    self._on_commit(data)
-        with self._lock:
-            self._run_staged(None)
-            for actions in self._staged_at_completion.values():
-                for action in actions:
-                    action()
-            self._staged_at_completion = {}
+                return None
+            self._final_committed(data)
         return data
+
+    def _record_completion(self, max_failures: int) -> SnapshotData:
+        """Write the snapshot recording every processor as completed, retrying at the
+        snapshot interval; :class:`SnapshotError` after ``max_failures`` failures in a
+        row (those of the execution's last snapshots count) or on :meth:`abort`."""
+        while True:
+            with self._lock:
+                if self._to_write is not None:
+                    raise SnapshotError(
+                        f"job {self.job_name!r}: its final snapshot was not written, as "
+                        f"snapshot {self._to_write.snapshot_id} was still being written to "
+                        f"the snapshot store {self.store.directory}; nothing of its last "
+                        f"output was committed. Run it again with resume=True."
+                    )
+                data = self._snapshot_data(self.next_id, all_completed=True)
+                self.next_id += 1
+            try:
+                self.store.write(data)
+            except BaseException as e:  # noqa: BLE001
+                with self._lock:
+                    self.consecutive_failures += 1
+                    self.failed_snapshots += 1
+                    self.last_error = e
+                    n = self.consecutive_failures
+                log.error(
+                    "job %s: its final snapshot %d could not be written (%d snapshot(s) in a "
+                    "row failed, the job fails at %d; its last output is committed only once "
+                    "it is written): %s",
+                    self.job_name,
+                    data.snapshot_id,
+                    n,
+                    max_failures,
+                    e,
+                )
+                if n >= max_failures or self._aborted.wait(self.interval_s):
+                    what = (
+                        f"{n} consecutive snapshots could not be written"
+                        if n >= max_failures
+                        else "the job was stopped"
+                    )
+                    err = SnapshotError(
+                        f"the final snapshot (recording every processor as completed) could "
+                        f"not be written to the snapshot store {self.store.directory} "
+                        f"({what}): {type(e).__name__}: {e}. Nothing the sinks staged after "
+                        f"snapshot {self.committed_id} was committed; fix the store and run "
+                        f"the job again with resume=True"
+                    )
+                    raise err from e
+                continue
+            with self._lock:
+                self.consecutive_failures = 0
+            self._final_committed(data)
+            return data
+
+    def _final_committed(self, data: SnapshotData) -> None:
+        self.committed_id = data.snapshot_id
+        if self._on_commit is not None:
+            self._on_commit(data)
+
+    def abort(self) -> None:
+        """The execution is being stopped: a final snapshot being retried gives up."""
+        self._aborted.set()
 
     def discard_uncommitted(self) -> None:
         with self._lock:
