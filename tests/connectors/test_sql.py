@@ -87,7 +87,7 @@ def test_sink_writes_every_item(postgres: Any, guarantee: ProcessingGuarantee) -
         snapshot_interval_ms=20,
     ).join(60)
     assert sorted(_rows(postgres.dsn, f"SELECT k, v FROM {t}")) == items
-    assert _rows(postgres.dsn, "SELECT gid FROM pg_prepared_xacts") == []
+    assert _rows(postgres.dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()") == []
 
 
 def test_sink_upsert(postgres: Any) -> None:
@@ -125,7 +125,7 @@ def test_fresh_exactly_once_run_rolls_back_leftover_prepared_transactions(postgr
         snapshot_interval_ms=50,
     ).join(60)
     assert sorted(_rows(postgres.dsn, f"SELECT k, v FROM {t}")) == [(1, "a"), (2, "b")]
-    assert _rows(postgres.dsn, "SELECT gid FROM pg_prepared_xacts") == []
+    assert _rows(postgres.dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()") == []
 
 
 def test_sink_factory_checks_arguments() -> None:
