@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import stat
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -77,10 +78,15 @@ def test_restarted_process_with_default_store_never_takes_the_old_state(
     assert Counter(first) + Counter(second) == stp.expected_running_sums(N)
 
 
-def test_resume_starts_fresh_on_an_empty_or_completed_store(tmp_path: Any) -> None:
+@pytest.mark.parametrize("interval_ms", [10, 600_000])
+def test_resume_starts_fresh_on_an_empty_or_completed_store(tmp_path: Any, interval_ms: int) -> None:
+    """With 600 s between snapshots no periodic snapshot commits: only the final one
+    records the run. Before there was one, a run that ended before its first periodic
+    snapshot (at 10 ms, by chance on a loaded machine) committed nothing, so the store
+    the second run had cleared was left without a manifest."""
     store = str(tmp_path / "store")
     for _ in range(2):  # empty, then holding a completed submission's snapshots
-        out = resumed_run(store, resume=True)
+        out = resumed_run(store, resume=True, snapshot_interval_ms=interval_ms)
         assert Counter(out) == stp.expected_running_sums(N)
     manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
     assert manifest["completed"] is True and manifest["job"] == "svc"
@@ -387,6 +393,65 @@ def test_store_that_cannot_be_verified_is_not_taken_over(tmp_path: Any) -> None:
     with pytest.raises(ss.SnapshotStoreInUseError, match="cannot be verified"):
         ss.local().new_job(stp.running_sum_dag(10), config(store_dir, snapshot_key=b"b" * 16))
     assert os.path.exists(os.path.join(store_dir, "snapshot-0000000001.bin"))  # untouched
+
+
+STOPPING = threading.Event()
+
+
+class SlowToStopSink(ss.AbstractProcessor):
+    """Swallows items; its close() (run while a cancelled job stops) waits for STOPPING,
+    so a test sees the job between cancel() and its end."""
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        return True
+
+    def close(self) -> None:
+        assert STOPPING.wait(60)
+
+
+def test_cancelled_job_holds_its_store_until_it_has_ended(tmp_path: Any) -> None:
+    """cancel() only asks a job to stop; the store is released when the job ends (before
+    its status turns terminal and join() returns). The Kafka rescale test once started
+    its next job right after cancel() and got SnapshotStoreInUseError on loaded machines,
+    where the stop (closing consumers, the last snapshot's fsync) outlasted its produce()."""
+    store_dir = str(tmp_path / "store")
+    STOPPING.clear()
+    dag = DAG()
+    src = dag.new_vertex("src", functools.partial(stp.PacedSource, N, 2000.0))
+    dag.edge(Edge.between(src, dag.new_vertex("sink", SlowToStopSink)))
+    job = ss.local().new_job(dag, config(store_dir))
+    stp.wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 1, what="a snapshot")
+    job.cancel()
+    assert not job.status.is_terminal  # its sink is still closing
+    with pytest.raises(ss.SnapshotStoreInUseError, match=r"join\(\) a cancelled job"):
+        ss.local().new_job(stp.running_sum_dag(10), config(store_dir, resume=True))
+    STOPPING.set()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(60)
+    second = ss.local().new_job(dag, config(store_dir, resume=True))  # free once ended
+    second.join(60)
+    assert second.status is JobStatus.COMPLETED
+
+
+def _broken_processor() -> ss.AbstractProcessor:
+    raise ValueError("no processor today")
+
+
+def test_job_that_cannot_start_releases_its_store(tmp_path: Any) -> None:
+    """A job whose execution could not be built (here a processor supplier raises) kept
+    its store locked for the rest of the process: every later job on it was refused
+    with SnapshotStoreInUseError."""
+    store_dir = str(tmp_path / "store")
+    engine = ss.local()
+    dag = stp.running_sum_dag(N)
+    dag.new_vertex("broken", _broken_processor)
+    with pytest.raises(ValueError, match="no processor today"):
+        engine.new_job(dag, config(store_dir))
+    assert Counter(resumed_run(store_dir)) == stp.expected_running_sums(N)
+    failed = engine.jobs[-1]
+    assert failed.status is JobStatus.FAILED
+    with pytest.raises(ss.JobFailedError, match="no processor today"):
+        failed.join(1)
 
 
 def test_two_running_jobs_never_share_a_store(tmp_path: Any) -> None:

@@ -473,12 +473,24 @@ class Job(JobHandle):
         self.next_snapshot_id = max(store.file_ids(), default=0) + 1
         return restore
 
-    def _start_execution(self, restore: SnapshotData | None) -> None:
+    def _start_execution(
+        self, restore: SnapshotData | None, culprit: ProcessorTasklet | None = None
+    ) -> None:
+        """Start a new execution. If it cannot be built (a processor supplier raises, a
+        snapshot does not fit the DAG) the job fails and releases its snapshot store
+        before the error propagates: a job that never ran must not keep the store locked
+        for the rest of the process (every later job on it was refused as "in use").
+        ``culprit`` is the processor whose failure this execution restarts after."""
         self._status = JobStatus.STARTING if not self.restarts else JobStatus.RESTARTING
         if restore is not None:
             self.next_snapshot_id = max(self.next_snapshot_id, restore.snapshot_id + 1)
         self._suspend_requested = False
-        ex = _Execution(self, restore)
+        try:
+            ex = _Execution(self, restore)
+        except BaseException as e:
+            self._failure = TaskletFailure(culprit, e, restartable=False)
+            self._end(JobStatus.FAILED)
+            raise
         self._execution = ex
         self._status = JobStatus.RUNNING
         ex.start()
@@ -512,13 +524,14 @@ class Job(JobHandle):
             if self._cancel_requested:
                 self._end(JobStatus.CANCELLED)
                 return
+            assert ex.failure is not None
             try:
-                self._start_execution(self._latest_snapshot())
+                self._start_execution(self._latest_snapshot(), culprit=ex.failure.tasklet)
             except BaseException as e:  # noqa: BLE001
                 log.exception("job %s could not restart", self.name)
-                assert ex.failure is not None
-                self._failure = TaskletFailure(ex.failure.tasklet, e)
-                self._end(JobStatus.FAILED)
+                if not self._status.is_terminal:  # reading the snapshot failed
+                    self._failure = TaskletFailure(ex.failure.tasklet, e)
+                    self._end(JobStatus.FAILED)
 
     def _execution_ended(self, ex: _Execution) -> None:
         with self._lock:
@@ -565,7 +578,10 @@ class Job(JobHandle):
             if self._resume_after_suspend:
                 self._resume_after_suspend = False
                 self.restarts += 1
-                self._start_execution(None)
+                try:
+                    self._start_execution(None)  # on failure the job has ended FAILED
+                except BaseException:  # noqa: BLE001 - join() reports it
+                    log.exception("job %s could not restart", self.name)
                 return
             self._end(JobStatus.COMPLETED)
 

@@ -238,7 +238,8 @@ class DirectorySnapshotStore:
     def lock(self) -> None:
         """Take the store for this process's job until :meth:`unlock` (or the process
         ends): ``fcntl.flock`` on ``<store>/.lock``. Raises
-        :class:`SnapshotStoreInUseError` while another running job holds it."""
+        :class:`SnapshotStoreInUseError` while another job holds it: a job releases it
+        when it ends, before its status turns terminal and ``join()`` returns."""
         if self._lock_fd is not None:
             return
         self.ensure_directory()
@@ -250,7 +251,9 @@ class DirectorySnapshotStore:
             os.close(fd)
             raise SnapshotStoreInUseError(
                 f"snapshot store {self.directory} is in use by another running job ({path} "
-                f"is locked); give this job its own snapshot_store"
+                f"is locked). A job holds its store until it has ended: cancel() only asks "
+                f"it to stop, so join() a cancelled job before giving its store to another "
+                f"one; or give this job its own snapshot_store"
             ) from e
         self._lock_fd = fd
 
