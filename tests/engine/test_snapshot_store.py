@@ -454,6 +454,45 @@ def test_job_that_cannot_start_releases_its_store(tmp_path: Any) -> None:
         failed.join(1)
 
 
+BUILDS = [0]
+
+
+def _builds_once() -> ss.AbstractProcessor:
+    BUILDS[0] += 1
+    if BUILDS[0] > 1:
+        raise ValueError("no second execution")
+    return ss.AbstractProcessor()
+
+
+@pytest.mark.parametrize("how", ["resume", "auto-restart"])
+def test_execution_that_cannot_be_rebuilt_fails_the_job_and_releases_its_store(
+    tmp_path: Any, how: str
+) -> None:
+    """resume() whose execution could not be built left the job RESTARTING forever,
+    holding its store; an auto-restart's failure ends the job too, naming the processor
+    that failed first. Either way the next submission resumes exactly-once."""
+    store_dir = str(tmp_path / "store")
+    BUILDS[0] = 0
+    stp.FAIL_BUDGET[0] = 1 if how == "auto-restart" else 0
+    dag = stp.running_sum_dag(N, fail_after=300 if how == "auto-restart" else -1, rate=2000.0)
+    dag.new_vertex("once", _builds_once).local_parallelism(1)
+    engine = ss.local(cooperative_threads=2)
+    job = engine.new_job(dag, config(store_dir))
+    if how == "resume":
+        stp.wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 1, what="a snapshot")
+        job.suspend(60)
+        with pytest.raises(ValueError, match="no second execution"):
+            job.resume()
+        where = ""
+    else:
+        where = "vertex 'sum'"
+    with pytest.raises(ss.JobFailedError, match=f"{where}.*no second execution"):
+        job.join(60)
+    assert job.status is JobStatus.FAILED
+    second = resumed_run(store_dir, resume=True)
+    assert Counter(engine.get_list("out")) + Counter(second) == stp.expected_running_sums(N)
+
+
 def test_two_running_jobs_never_share_a_store(tmp_path: Any) -> None:
     store_dir = str(tmp_path / "store")
     engine = ss.local(cooperative_threads=2)
