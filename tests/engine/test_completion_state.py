@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections import Counter
 from typing import Any
 
@@ -19,6 +20,7 @@ import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
 from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.engine.snapshot_store import MANIFEST, DirectorySnapshotStore, SnapshotData
+from slipstream.sinks.basic import ListSinkP
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 
@@ -123,17 +125,18 @@ def test_a_completed_processor_without_completion_state_is_not_restored(tmp_path
 # -- the final snapshot cannot be written ----------------------------------------------------
 class HalfThenRest(ss.AbstractProcessor):
     """Emits ``range(n)``: the first half, then (once a snapshot committed: the store's
-    manifest exists) the rest in the call that completes. So the rest reaches the sink
-    after every barrier: only the job's final snapshot can record it."""
+    manifest exists, and with ``one_more`` once it saved one more snapshot) the rest in
+    the call that completes. So the rest reaches the sink after every barrier."""
 
-    def __init__(self, n: int, store: str) -> None:
+    def __init__(self, n: int, store: str, one_more: bool = False) -> None:
         self.n = n
         self.manifest = os.path.join(store, MANIFEST)
         self.i = 0
+        self.waiting_for = 1 if one_more else 0  # snapshots to save after the manifest
 
     def complete(self) -> bool:
         while self.i < self.n:
-            if self.i >= self.n // 2 and not os.path.exists(self.manifest):
+            if self.i >= self.n // 2 and (not os.path.exists(self.manifest) or self.waiting_for):
                 return False
             if not self.try_emit(self.i):
                 return False
@@ -141,23 +144,45 @@ class HalfThenRest(ss.AbstractProcessor):
         return True
 
     def save_to_snapshot(self) -> bool:
-        return self.try_emit_to_snapshot(BroadcastKey("i"), self.i)
+        if not self.try_emit_to_snapshot(BroadcastKey("i"), self.i):
+            return False
+        if self.waiting_for and os.path.exists(self.manifest):
+            self.waiting_for -= 1
+        return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         self.i = value
 
 
+SINKS_DONE: list[int] = []
+
+
+class DoneListSink(ListSinkP):
+    """``list_sink("out")`` that notes in ``SINKS_DONE`` when it called ``complete()``."""
+
+    def complete(self) -> bool:
+        done = super().complete()
+        SINKS_DONE.append(self.context.global_processor_index)
+        return done
+
+
 class EndFailingStore(DirectorySnapshotStore):
-    """Writes fail (a full disk) for the first ``failing`` snapshots that record every
-    processor as completed (-1: all of them, and then the completed mark as well: the
-    process is as good as dead before it)."""
+    """Writes fail (a full disk) for the first ``failing`` snapshots that record the
+    source as completed, with ``every_one`` those that record every processor as completed
+    (-1: all of them, and then the completed mark as well: the process is as good as
+    dead before it). ``broken_writes`` counts the writes it let fail or pass."""
 
     failing = -1
-    final_attempts = 0
+    every_one = True
+    broken_writes = 0
 
     def write(self, data: SnapshotData) -> None:
-        if all(len(vs.completed) == vs.total_parallelism for vs in data.vertices.values()):
-            self.final_attempts += 1
+        if self.every_one:
+            breaks = all(len(vs.completed) == vs.total_parallelism for vs in data.vertices.values())
+        else:
+            breaks = bool(data.vertices["src"].completed)
+        if breaks:
+            self.broken_writes += 1
             if self.failing:
                 self.failing -= 1 if self.failing > 0 else 0
                 raise OSError(28, "No space left on device")
@@ -169,18 +194,37 @@ class EndFailingStore(DirectorySnapshotStore):
         super().mark_completed()
 
 
-def _half_dag(n: int, store: str) -> DAG:
+def _half_dag(n: int, store: str, one_more: bool = False) -> DAG:
+    SINKS_DONE.clear()
     dag = DAG()
-    src = dag.new_vertex("src", functools.partial(HalfThenRest, n, store)).local_parallelism(1)
-    out = dag.new_vertex("out", sinks.list_sink("out")).local_parallelism(2)
+    src = dag.new_vertex("src", functools.partial(HalfThenRest, n, store, one_more))
+    src.local_parallelism(1)
+    out = dag.new_vertex("out", functools.partial(DoneListSink, "out")).local_parallelism(2)
     dag.edge(Edge.between(src, out).partitioned(lambda x: x))
     return dag
 
 
 def _end_cfg(store: Any, guarantee: ProcessingGuarantee = EO, **kw: Any) -> JobConfig:
-    return JobConfig(
-        name="end", processing_guarantee=guarantee, snapshot_interval_ms=10, snapshot_store=store, **kw
-    )
+    kw.setdefault("snapshot_interval_ms", 10)
+    return JobConfig(name="end", processing_guarantee=guarantee, snapshot_store=store, **kw)
+
+
+def _one_snapshot_then_the_end(engine: Any, n: int, store: Any, max_failures: int = 1) -> Any:
+    """The job with one snapshot, requested while the source waits after the first half,
+    and no other before its end (the timer's interval is a minute): the sinks cannot
+    save one after the rest reached them (they would save it, the rest with it)."""
+    store_dir = store.directory
+    job = engine.new_job(_half_dag(n, store_dir), _end_cfg(store, snapshot_interval_ms=60_000, max_snapshot_failures=max_failures))
+    stp.wait_for(lambda: job.metrics["src"]["items_out"] >= n // 2, what="the first half")
+    job._execution.coordinator.request()  # type: ignore[union-attr]
+    return job
+
+
+def _resume_is_exact(engine: Any, n: int, store_dir: str) -> None:
+    engine.new_job(_half_dag(n, store_dir), _end_cfg(store_dir, resume=True)).join(60)
+    got = Counter(engine.get_list("out"))
+    assert not got - Counter(range(n)), f"{sum((got - Counter(range(n))).values())} written twice"
+    assert got == Counter(range(n)), f"{len(set(range(n)) - set(got))} lost"
 
 
 def test_a_final_snapshot_that_cannot_be_written_commits_nothing_and_resume_is_exact(
@@ -191,70 +235,107 @@ def test_a_final_snapshot_that_cannot_be_written_commits_nothing_and_resume_is_e
     a durable record of it made a later resume replay it (a duplicate); the job must
     fail instead, with nothing of that output committed, and a resume write it once."""
     n = 200
-    store_dir = str(tmp_path / "store")
-    store = EndFailingStore(store_dir)
+    store = EndFailingStore(str(tmp_path / "store"))
     engine = ss.local()
-    job = engine.new_job(_half_dag(n, store_dir), _end_cfg(store))
+    job = _one_snapshot_then_the_end(engine, n, store)
     error: BaseException | None = None
     try:
         job.join(60)
     except ss.JobFailedError as e:
         error = e
     first = Counter(engine.get_list("out"))
-    resumed = engine.new_job(_half_dag(n, store_dir), _end_cfg(store_dir, resume=True))
-    resumed.join(60)
-    got = Counter(engine.get_list("out"))
-    assert not got - Counter(range(n)), f"{sum((got - Counter(range(n))).values())} written twice"
-    assert got == Counter(range(n))
-    # the failed job: a clear error naming the store and the cause, retried as often as
-    # snapshots are (max_snapshot_failures), its last output left uncommitted
+    _resume_is_exact(engine, n, store.directory)
     assert error is not None, "the job completed without its final snapshot"
-    assert "final snapshot" in str(error) and store_dir in str(error)
+    assert "final snapshot" in str(error) and store.directory in str(error)
     assert "No space left on device" in str(error) and error.vertex is None  # type: ignore[attr-defined]
-    assert store.final_attempts == 3 and job.restarts == 0
-    assert job.metrics["__job__"]["snapshot_failures_total"] >= 3
-    assert sum(first.values()) < n and not first - Counter(range(n))
-    assert DirectorySnapshotStore(store_dir).owner().completed  # type: ignore[union-attr]
+    assert job.restarts == 0  # a restart cannot fix the store
+    assert first == Counter(range(n // 2))  # what snapshot 1 committed, not the rest
 
 
-def test_a_final_snapshot_write_that_fails_once_is_retried(tmp_path: Any) -> None:
+def test_the_final_snapshot_is_retried_as_snapshots_are_then_the_job_fails(tmp_path: Any) -> None:
+    """The store breaks as the source completes: whether snapshots of the job or its
+    final snapshot fail, the job fails after max_snapshot_failures (3) in a row, with
+    nothing committed that no snapshot records, and a resume is exact."""
     n = 200
-    store_dir = str(tmp_path / "store")
-    store = EndFailingStore(store_dir)
-    store.failing = 1
+    store = EndFailingStore(str(tmp_path / "store"))
+    store.every_one = False
     engine = ss.local()
-    job = engine.new_job(_half_dag(n, store_dir), _end_cfg(store))
+    job = engine.new_job(_half_dag(n, store.directory), _end_cfg(store))
+    with pytest.raises(ss.JobFailedError, match="3 consecutive snapshots could not be written") as ei:
+        job.join(60)
+    assert store.directory in str(ei.value) and "No space left" in str(ei.value)
+    assert store.broken_writes == 3 and job.metrics["__job__"]["snapshot_failures_total"] == 3
+    assert sum(Counter(engine.get_list("out")).values()) < n
+    _resume_is_exact(engine, n, store.directory)
+
+
+def test_a_final_snapshot_write_that_fails_twice_is_retried(tmp_path: Any) -> None:
+    n = 200
+    store = EndFailingStore(str(tmp_path / "store"))
+    store.failing = 2
+    engine = ss.local()
+    job = engine.new_job(_half_dag(n, store.directory), _end_cfg(store))
     job.join(60)
     assert Counter(engine.get_list("out")) == Counter(range(n))
-    assert store.final_attempts == 2
-    last = DirectorySnapshotStore(store_dir).latest()
+    assert store.broken_writes == 3
+    assert job.metrics["__job__"]["snapshot_failures_total"] == 2
+    assert job.metrics["__job__"]["snapshot_failures"] == 0
+    last = DirectorySnapshotStore(store.directory).latest()
     assert last is not None
     assert {name: vs.completed for name, vs in last.vertices.items()} == {"src": {0}, "out": {0, 1}}
-    assert DirectorySnapshotStore(store_dir).owner().completed  # type: ignore[union-attr]
-    assert job.metrics["__job__"]["snapshot_failures"] == 0
+    assert DirectorySnapshotStore(store.directory).owner().completed  # type: ignore[union-attr]
 
 
 def test_at_least_once_completes_without_its_final_snapshot(tmp_path: Any) -> None:
     """Unchanged under at-least-once (a replay is allowed): a warning, the job completes."""
     n = 200
-    store_dir = str(tmp_path / "store")
-    store = EndFailingStore(store_dir)
+    store = EndFailingStore(str(tmp_path / "store"))
     engine = ss.local()
-    job = engine.new_job(_half_dag(n, store_dir), _end_cfg(store, ProcessingGuarantee.AT_LEAST_ONCE))
+    job = engine.new_job(_half_dag(n, store.directory), _end_cfg(store, ProcessingGuarantee.AT_LEAST_ONCE))
     job.join(60)
     assert Counter(engine.get_list("out")) == Counter(range(n))
-    assert store.final_attempts == 1
+    assert store.broken_writes >= 1
 
 
 def test_cancel_while_the_final_snapshot_is_retried_commits_nothing(tmp_path: Any) -> None:
+    """The retry waits for the snapshot interval (a minute here) or the job's stop."""
     n = 200
-    store_dir = str(tmp_path / "store")
-    store = EndFailingStore(store_dir)
+    store = EndFailingStore(str(tmp_path / "store"))
     engine = ss.local()
-    job = engine.new_job(_half_dag(n, store_dir), _end_cfg(store, max_snapshot_failures=10**6))
-    stp.wait_for(lambda: store.final_attempts >= 2, what="final snapshot retries")
+    job = _one_snapshot_then_the_end(engine, n, store, max_failures=3)
+    stp.wait_for(lambda: store.broken_writes >= 1 and job.snapshot_error is not None, what="a failed final snapshot")
     assert "No space left" in (job.snapshot_error or "")
     job.cancel()
     with pytest.raises(ss.JobCancelledError):
-        job.join(60)
-    assert sum(Counter(engine.get_list("out")).values()) < n  # the tail stays uncommitted
+        job.join(30)  # long before the next try
+    assert Counter(engine.get_list("out")) == Counter(range(n // 2))
+
+
+class LastPeriodicFailingStore(DirectorySnapshotStore):
+    """The first snapshot commits; every later one the snapshot thread writes fails,
+    once the sinks called complete() (so the execution's last snapshot fails after
+    everything ran). The final snapshot, written where the job ends, commits; the
+    completed mark fails (as if the process died there)."""
+
+    def write(self, data: SnapshotData) -> None:
+        if threading.current_thread().name.endswith("-store") and self.committed_ids():
+            stp.wait_for(lambda: len(SINKS_DONE) == 2, what="the sinks' completion")
+            raise OSError(28, "No space left on device")
+        super().write(data)
+
+    def mark_completed(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_after_a_failed_last_snapshot_the_final_snapshot_records_the_end(tmp_path: Any) -> None:
+    """The execution's last snapshot failed, the job ended, the store could not be marked
+    completed. The output used to be committed without a final snapshot (it was skipped
+    after a failed one), so a resume replayed the snapshot before: duplicates."""
+    n = 200
+    store = LastPeriodicFailingStore(str(tmp_path / "store"))
+    engine = ss.local()
+    job = engine.new_job(_half_dag(n, store.directory, one_more=True), _end_cfg(store, max_snapshot_failures=50))
+    job.join(60)
+    assert job.metrics["__job__"]["snapshot_failures_total"] >= 1
+    assert Counter(engine.get_list("out")) == Counter(range(n))
+    _resume_is_exact(engine, n, store.directory)

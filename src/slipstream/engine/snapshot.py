@@ -446,7 +446,7 @@ class SnapshotCoordinator:
                 )
                 if n >= max_failures or self._aborted.wait(self.interval_s):
                     what = (
-                        f"{n} consecutive snapshots could not be written"
+                        f"{n} consecutive snapshot{'s' if n > 1 else ''} could not be written"
                         if n >= max_failures
                         else "the job was stopped"
                     )
