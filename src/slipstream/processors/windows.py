@@ -339,7 +339,6 @@ class SlidingWindowP(WindowingP):
 
     # -- items -----------------------------------------------------------------------
     def process(self, ordinal: int, inbox: Inbox) -> None:
-        frames = self._frames
         ts_fn = self._timestamp_fn
         key_fn = self._key_fn
         assert ts_fn is not None and key_fn is not None
@@ -350,9 +349,7 @@ class SlidingWindowP(WindowingP):
             additive = None
         create = self._op.create
         fs = self._fs
-        offset = self._offset
-        next_win = self._next_win
-        top = self._top
+        enter = self._enter_frame
         item: Any = None
         if not ordinal and self._indices is not None:
             self._process_indexed(inbox, self._indices)
@@ -367,18 +364,11 @@ class SlidingWindowP(WindowingP):
             if additive is None:
                 for item, ts in zip(items, stamps, strict=True):
                     if not lo <= ts < hi:
-                        # higher_frame_ts(ts), inlined: the label of the item's frame
-                        f = ts - (ts - offset) % fs + fs
-                        if f < next_win:
+                        f, entered = enter(ts)
+                        if entered is None:
                             late += 1
                             continue
-                        d = frames.get(f)  # type: ignore[assignment]
-                        if d is None:
-                            d = frames[f] = {}
-                            if f > top:
-                                top = f
-                        lo = f - fs
-                        hi = f
+                        d, lo, hi = entered, f - fs, f
                     k = key_fn(item)
                     acc = d.get(k, _MISSING)
                     d[k] = accumulate(create() if acc is _MISSING else acc, item)
@@ -386,32 +376,20 @@ class SlidingWindowP(WindowingP):
                 # the item functions run at C speed through map (itemgetters stay in C)
                 for ts, k, v in zip(stamps, map(key_fn, items), map(additive, items), strict=True):
                     if not lo <= ts < hi:
-                        f = ts - (ts - offset) % fs + fs
-                        if f < next_win:
+                        f, entered = enter(ts)
+                        if entered is None:
                             late += 1
                             continue
-                        d = frames.get(f)  # type: ignore[assignment]
-                        if d is None:
-                            d = frames[f] = {}
-                            if f > top:
-                                top = f
-                        lo = f - fs
-                        hi = f
+                        d, lo, hi = entered, f - fs, f
                     d[k] = d.get(k, 0) + v
             else:  # counting
                 for ts, k in zip(stamps, map(key_fn, items), strict=True):
                     if not lo <= ts < hi:
-                        f = ts - (ts - offset) % fs + fs
-                        if f < next_win:
+                        f, entered = enter(ts)
+                        if entered is None:
                             late += 1
                             continue
-                        d = frames.get(f)  # type: ignore[assignment]
-                        if d is None:
-                            d = frames[f] = {}
-                            if f > top:
-                                top = f
-                        lo = f - fs
-                        hi = f
+                        d, lo, hi = entered, f - fs, f
                     d[k] = d.get(k, 0) + additive
         except TypeError as e:
             if item is None:  # a map-based loop: find the item whose key or value failed
@@ -421,9 +399,23 @@ class SlidingWindowP(WindowingP):
                 item = _failing_item(items, *fns)
             raise self._bad_item(item, e) from e
         inbox.clear()
-        self._top = top
         if late:
             self.context.increment_metric(LATE_METRIC, late)
+
+    def _enter_frame(self, ts: int) -> tuple[int, dict[Any, Any] | None]:
+        """The frame of ``ts`` (its exclusive end: ``higher_frame_ts`` inlined) and its
+        dict, created on first use; the dict is ``None`` when the frame is late (it ends
+        at or below the last watermark). The loops call it only when an item leaves the
+        current frame's bounds (~3 % of the items of the windowing benchmark)."""
+        f = ts - (ts - self._offset) % self._fs + self._fs
+        if f < self._next_win:
+            return f, None
+        d = self._frames.get(f)
+        if d is None:
+            d = self._frames[f] = {}
+            if f > self._top:
+                self._top = f
+        return f, d
 
     def _process_indexed(self, inbox: Inbox, indices: tuple[Any, Any, Any]) -> None:
         """``process`` for a sum whose timestamp, key and value are ``item[i]``: one
@@ -432,11 +424,8 @@ class SlidingWindowP(WindowingP):
         takes the careful conversion of :func:`valid_timestamps`); the frame logic is
         ``process``'s."""
         ti, ki, vi = indices
-        frames = self._frames
         fs = self._fs
-        offset = self._offset
-        next_win = self._next_win
-        top = self._top
+        enter = self._enter_frame
         late = 0
         lo = hi = 0
         d: dict[Any, Any] = {}
@@ -456,17 +445,11 @@ class SlidingWindowP(WindowingP):
                             late += 1
                             continue
                         ts = stamps[0]
-                    f = ts - (ts - offset) % fs + fs
-                    if f < next_win:
+                    f, entered = enter(ts)
+                    if entered is None:
                         late += 1
                         continue
-                    d = frames.get(f)  # type: ignore[assignment]
-                    if d is None:
-                        d = frames[f] = {}
-                        if f > top:
-                            top = f
-                    lo = f - fs
-                    hi = f
+                    d, lo, hi = entered, f - fs, f
                 k = item[ki]
                 d[k] = d.get(k, 0) + item[vi]
         except TypeError as e:
@@ -474,7 +457,6 @@ class SlidingWindowP(WindowingP):
                 raise
             raise self._bad_item(item, e) from e
         inbox.clear()
-        self._top = top
         if late:
             self.context.increment_metric(LATE_METRIC, late)
 
