@@ -28,6 +28,15 @@ def cache_path(name: str) -> str:
     return os.path.join(user_temp_dir("bench"), name)
 
 
+def set_input_dirs(a: Any) -> None:
+    """The word-count corpus (``a.dir`` unless given) and the running-sum CSV directory
+    (``a.rsf_dir``) of ``a.words`` / ``a.events``, in the private cache: the benchmarks
+    that share these inputs find them in one place."""
+    if a.dir is None:
+        a.dir = cache_path(f"corpus-{a.words}")
+    a.rsf_dir = cache_path(f"rsf-{a.events}")
+
+
 def vocabulary(size: int = VOCAB_SIZE) -> list[str]:
     """Pronounceable pseudo-words, the same on every run."""
     syll = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po", "da", "fu", "gi", "he"]

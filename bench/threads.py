@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import cache_path, run_variant, write_corpus  # noqa: E402
+from benchlib import run_variant, set_input_dirs, write_corpus  # noqa: E402
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "t1": {"cooperative_threads": 1},
@@ -134,9 +134,7 @@ def main() -> None:
     ap.add_argument("--src-variants", default="t1,t2", help="the settings run on --src")
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.dir is None:
-        a.dir = cache_path(f"corpus-{a.words}")
-    a.rsf_dir = cache_path(f"rsf-{a.events}")
+    set_input_dirs(a)
     if a.run_variant:
         job, setting = a.run_variant.split(" ")
         run_one(job, setting, a)

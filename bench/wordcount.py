@@ -42,7 +42,14 @@ from collections import Counter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import cache_path, load_example, peak_rss_mb, print_table, run_variant, write_corpus  # noqa: E402
+from benchlib import (  # noqa: E402
+    load_example,
+    peak_rss_mb,
+    print_table,
+    run_variant,
+    set_input_dirs,
+    write_corpus,
+)
 
 build_dag = load_example("wordcount").build_dag  # the DAG of examples/wordcount.py
 build_pipeline = load_example("wordcount").build_pipeline  # ... and its pipeline
@@ -324,9 +331,7 @@ def main() -> None:
     )
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.dir is None:
-        a.dir = cache_path(f"corpus-{a.words}")
-    a.rsf_dir = cache_path(f"rsf-{a.events}")
+    set_input_dirs(a)
     if a.run_variant:
         run_one(a.run_variant, a)
         return
