@@ -466,7 +466,7 @@ class DAG:
         ``_DATA_SAMPLE`` elements, not pickled whole. The code is still checked in full,
         so a DAG that runs here also ships; the Spark engine, which pickles the data to
         ship it anyway, checks everything. (Pickling 2 M small tuples only to throw the
-        bytes away cost ~0.2 s per ``new_job``, a third of a windowed job over them.)"""
+        bytes away cost ~0.2 s per ``new_job``, a quarter of a windowed job over them.)"""
         for v in self._vertices.values():
             try:
                 _check_picklable(v.meta_supplier, sample_data)
