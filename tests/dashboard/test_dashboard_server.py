@@ -3,6 +3,8 @@ the server's lifecycle (loopback only, stopped by engine.shutdown())."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import urllib.error
 import urllib.request
 from typing import Any
@@ -14,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
 from slipstream import processors as P
+from slipstream.dashboard.server import LOOPBACK_NAMES, DashboardServer, host_allowed
 
 
 def vertex(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -125,3 +128,67 @@ def test_batch_source_reports_progress_and_no_dashboard_by_default(tmp_path: Any
     job.join(30)
     done, total = job.watch()["progress"]["read"]
     assert done == total == sum(p.stat().st_size for p in tmp_path.iterdir())
+
+
+def _get_with_host(port: int, path: str, host: str) -> tuple[int, str, str]:
+    """GET over real HTTP with ``host`` as the Host header (as a browser sends a page's
+    own domain after DNS rebinding points it at 127.0.0.1)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, r.getheader("Content-Type") or "", r.read().decode()
+    finally:
+        conn.close()
+
+
+def test_requests_for_another_host_are_refused() -> None:
+    """DNS rebinding: a page on attacker.example makes the browser send its requests to
+    127.0.0.1 with ``Host: attacker.example``; before the Host check this returned the
+    jobs as JSON (200)."""
+    with ss.local(dashboard=0) as engine:
+        engine.new_job(streaming_dag(rate=50), JobConfig(name="secret"))
+        port = engine.dashboard.port
+        names = "127.0.0.1, [::1], localhost"
+        for path in ("/api/jobs", "/", "/metrics", "/api/jobs/1/dag.svg"):
+            for host in (f"attacker.example:{port}", "attacker.example",
+                         f"127.0.0.1.attacker.example:{port}", "localhost.attacker.example",
+                         f"[::1]x:{port}", f"localhost:{port}x"):
+                status, ctype, body = _get_with_host(port, path, host)
+                assert (status, ctype) == (403, "text/plain"), (path, host)
+                assert body == (
+                    f"this dashboard answers only requests for {names}; "
+                    f"the request was for host {host!r}\n"
+                )
+                assert "secret" not in body
+        for host in (f"127.0.0.1:{port}", "127.0.0.1", f"localhost:{port}", "LocalHost",
+                     f"[::1]:{port}", "[::1]"):
+            status, _ctype, body = _get_with_host(port, "/api/jobs", host)
+            assert status == 200, host
+            assert json.loads(body)["jobs"][0]["name"] == "secret"
+
+
+def test_configured_and_allowed_host_names() -> None:
+    server = DashboardServer(lambda: [], 0, allowed_hosts=["dash.example.com"])
+    try:
+        assert _get_with_host(server.port, "/api/jobs", f"dash.example.com:{server.port}")[0] == 200
+        assert _get_with_host(server.port, "/api/jobs", "Dash.Example.Com")[0] == 200
+        assert _get_with_host(server.port, "/api/jobs", "other.example.com")[0] == 403
+    finally:
+        server.close()
+
+
+def test_host_allowed_rules() -> None:
+    names = LOOPBACK_NAMES | {"[fe80::1]"}
+    assert host_allowed(None, names)  # HTTP/1.0 without a Host header: not a browser page
+    assert host_allowed("[FE80::1]:8080", names)
+    assert not host_allowed("10.1.2.3:8080", names)
+    assert not host_allowed("", names)
+    # a server bound to every address (0.0.0.0) also answers for any IP address: a
+    # rebinding page always has a domain name as its host
+    assert host_allowed("10.1.2.3:8080", names, any_ip=True)
+    assert host_allowed("[2001:db8::7]", names, any_ip=True)
+    assert not host_allowed("10.1.2.3.nip.io", names, any_ip=True)
+    assert not host_allowed("10.1.2.3:http", names, any_ip=True)

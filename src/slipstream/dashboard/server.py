@@ -3,15 +3,22 @@
 It only reads: every request describes the engine's jobs afresh (through one shared
 :class:`~slipstream.dashboard.stats.Sampler`), so the engine never pushes anything and a
 slow browser cannot slow a job down. It binds 127.0.0.1 unless told otherwise.
+
+It answers only requests addressed to it by name (:func:`host_allowed`): a loopback name,
+the host it was told to bind, or a name in ``allowed_hosts``. Binding the loopback
+address is not enough on its own: through DNS rebinding, a web page the user opens can
+make the browser send its requests for the page's own domain to 127.0.0.1, and read the
+answers; such requests carry that domain in their ``Host`` header and get 403.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -24,16 +31,62 @@ from slipstream.dashboard.svg import dag_svg
 
 log = logging.getLogger("slipstream.dashboard")
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+def host_allowed(header: str | None, names: frozenset[str], any_ip: bool = False) -> bool:
+    """Whether a request whose ``Host`` header is ``header`` may be answered: its name
+    (the port, if any, left out; case ignored) is one of ``names``, or with ``any_ip``
+    (a server bound to every address) an IP address. A request without the header
+    (HTTP/1.0) cannot come from a browser page, so it is answered."""
+    if header is None:
+        return True
+    host = header.strip().lower()
+    if host.startswith("["):
+        name, sep, port = host.partition("]")
+        name += sep
+        port = port[1:] if port.startswith(":") else port
+    else:
+        name, _, port = host.partition(":")
+    if port and not port.isdigit():
+        return False
+    if name in names:
+        return True
+    if not any_ip:
+        return False
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") else name)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_name(host: str) -> str:
+    """``host`` as it appears in a ``Host`` header (an IPv6 address in brackets)."""
+    host = host.lower()
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
 
 class DashboardServer:
     """Serves ``/`` (the page), ``/api/jobs`` (JSON), ``/metrics`` (Prometheus) and
     per job ``/api/jobs/ID/dag.svg``. ``jobs`` returns the job handles to show.
-    ``port=0`` picks a free port; :attr:`url` tells which."""
+    ``port=0`` picks a free port; :attr:`url` tells which. Requests must name the
+    server by a loopback name, by ``host`` or by one of ``allowed_hosts`` (a bare name
+    such as ``"dashboards.example.com"``): anything else gets 403 (see
+    :func:`host_allowed`)."""
 
     def __init__(
-        self, jobs: Callable[[], list[Any]], port: int = 0, host: str = "127.0.0.1"
+        self,
+        jobs: Callable[[], list[Any]],
+        port: int = 0,
+        host: str = "127.0.0.1",
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         self._jobs = jobs
+        self.allowed_hosts = LOOPBACK_NAMES | {_host_name(h) for h in (host, *allowed_hosts) if h}
+        self.any_ip = host in _WILDCARDS
+        self._refused_before = False
         self.sampler = Sampler()
         self._svg: dict[str, str] = {}
         self._svg_lock = threading.Lock()
@@ -118,7 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
         d = self.server_ref
         path = urlsplit(self.path).path
         try:
-            if path in ("/", "/index.html"):
+            if not host_allowed(self.headers.get("Host"), d.allowed_hosts, d.any_ip):
+                self._refuse(self.headers.get("Host", ""))
+            elif path in ("/", "/index.html"):
                 sections = [d.section_of(j) for j in d.job_list()]
                 self._send(200, "text/html; charset=utf-8", page_html(sections).encode())
             elif path == "/api/jobs":
@@ -144,6 +199,25 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:  # noqa: BLE001 - report, keep serving
             log.exception("dashboard request %s failed", path)
             self._send(500, "text/plain", f"{type(e).__name__}: {e}\n".encode())
+
+    def _refuse(self, host: str) -> None:
+        d = self.server_ref
+        # once at WARNING: a page retrying through DNS rebinding must not flood the log
+        level = logging.DEBUG if d._refused_before else logging.WARNING
+        d._refused_before = True
+        log.log(
+            level,
+            "dashboard: refused a request for host %r (not a name of this server: a web "
+            "page trying DNS rebinding?)",
+            host,
+        )
+        names = ", ".join(sorted(d.allowed_hosts))
+        self._send(
+            403,
+            "text/plain",
+            f"this dashboard answers only requests for {names}; "
+            f"the request was for host {host!r}\n".encode(),
+        )
 
     def _send(self, code: int, ctype: str, body: bytes) -> None:
         self.send_response(code)
