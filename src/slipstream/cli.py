@@ -254,8 +254,8 @@ def _guarantee(a: argparse.Namespace) -> ProcessingGuarantee:
 
 
 def _check_resume(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> None:
-    """``--resume`` (``JobConfig(resume=True)``): say whether the job continues from the
-    store's last committed snapshot or starts from the beginning."""
+    """``--resume`` (``JobConfig(resume=True)``): say when the job starts from the
+    beginning (the engine itself warns which snapshot a resumed job continues from)."""
     if not a.resume:
         return
     if not a.snapshot_store:
@@ -268,8 +268,6 @@ def _check_resume(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> None
     owner = store.owner()
     if owner is None or owner.completed:
         print(f"no snapshot to resume in {a.snapshot_store}: starting from the beginning", file=sys.stderr)
-    else:
-        print(f"resuming from snapshot {store.committed_ids()[-1]} in {a.snapshot_store}", file=sys.stderr)
 
 
 def cmd_run(a: argparse.Namespace) -> int:

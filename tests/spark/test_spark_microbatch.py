@@ -127,7 +127,7 @@ def test_generator_two_stage_window_matches_local(spark_session: Any, tmp_path: 
 
 
 def test_cancel_and_restart_from_checkpoint_is_exactly_once(
-    spark_session: Any, tmp_path: Path
+    spark_session: Any, tmp_path: Path, caplog: Any
 ) -> None:
     max_items = 3000
     engine = ss.spark(spark_session)
@@ -149,16 +149,25 @@ def test_cancel_and_restart_from_checkpoint_is_exactly_once(
     partial = _windows(engine)
     emitted = first.metrics["source"]["items_out"]
     assert 0 < emitted < max_items  # stopped mid-stream
+    assert first.metrics["__job__"]["resumed_from_snapshot"] == 0
+    latest = first.last_epoch_id + 1
 
-    second = engine.new_job(
-        window_dag(max_items, None),
-        config,
-        streaming=True,
-        epoch_ms=200,
-        checkpoint_location=str(tmp_path),
-    )
+    with caplog.at_level("WARNING", logger="slipstream.spark.streaming"):
+        second = engine.new_job(
+            window_dag(max_items, None),
+            config,
+            streaming=True,
+            epoch_ms=200,
+            checkpoint_location=str(tmp_path),
+        )
     second.join(120)
     assert second.status is ss.JobStatus.COMPLETED
+    # the resume is visible: one warning naming the snapshot and the checkpoint, a metric
+    assert [r.getMessage() for r in caplog.records if "resuming" in r.getMessage()] == [
+        f"job 'mb-restart': resuming from snapshot {latest} (after epoch {latest - 1}) in "
+        f"checkpoint_location {tmp_path}"
+    ]
+    assert second.metrics["__job__"]["resumed_from_snapshot"] == latest
     # the second job continued from the committed offsets: no item lost or repeated
     assert second.metrics["source"]["items_out"] == max_items - emitted
     got = _windows(engine)

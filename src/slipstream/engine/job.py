@@ -275,6 +275,10 @@ class Job(JobHandle):
             except BaseException:
                 self.store.unlock()
                 raise
+        #: the id of the snapshot this submission started from (0: it started fresh)
+        self.resumed_from_snapshot = 0
+        if self._restore_from is not None:
+            self._report_resume(restore_from)
 
     # -- public API --------------------------------------------------------------------
     def cancel(self) -> None:
@@ -342,7 +346,8 @@ class Job(JobHandle):
     @property
     def metrics(self) -> dict[str, dict[str, int]]:
         """Per vertex: ``items_in``, ``items_out`` and the processors' own counters (of
-        the current execution), plus job-level ``__job__``: ``restarts``, ``snapshots``;
+        the current execution), plus job-level ``__job__``: ``restarts``, ``snapshots``,
+        ``resumed_from_snapshot`` (the id of the snapshot the job started from, 0 if none);
         with a processing guarantee ``snapshot_failures`` (consecutive; sources pause
         while it is not 0) and ``snapshot_failures_total``; once a snapshot committed,
         the figures of the last one, ``snapshot_duration_us`` (request to commit), ``snapshot_bytes``,
@@ -358,7 +363,11 @@ class Job(JobHandle):
             for k, v in t.context.metrics.items():
                 m[k] = m.get(k, 0) + v
         c = ex.coordinator if ex else None
-        job = {"restarts": self.restarts, "snapshots": 0}
+        job = {
+            "restarts": self.restarts,
+            "snapshots": 0,
+            "resumed_from_snapshot": self.resumed_from_snapshot,
+        }
         if self.store is not None:  # the same keys as the Spark engine's without snapshots
             job["snapshot_failures"] = c.consecutive_failures if c else 0
             job["snapshot_failures_total"] = c.failed_snapshots if c else 0
@@ -436,13 +445,6 @@ class Job(JobHandle):
         owner = store.owner()
         if restore is None and self.config.resume and owner is not None and not owner.completed:
             restore = store.latest()  # raises if the store cannot prove what it committed
-            log.info(
-                "job %s: resuming from snapshot %d of execution %s in %s",
-                self.name,
-                restore.snapshot_id if restore else 0,
-                owner.execution,
-                store.directory,
-            )
         if owner is not None and restore is None:
             if owner.execution == "?":
                 raise SnapshotStoreInUseError(
@@ -472,6 +474,23 @@ class Job(JobHandle):
             store.clean_up()
         self.next_snapshot_id = max(store.file_ids(), default=0) + 1
         return restore
+
+    def _report_resume(self, spec: Any) -> None:
+        """One visible line (a WARNING: a resumed job's output continues an earlier
+        run's, which the user must know) and ``metrics["__job__"]["resumed_from_snapshot"]``."""
+        data = self._restore_from
+        assert data is not None
+        self.resumed_from_snapshot = data.snapshot_id
+        if spec is None:
+            assert self.store is not None
+            where = f"{os.path.abspath(self.store.directory)} (JobConfig(resume=True))"
+        elif isinstance(spec, str | os.PathLike):
+            where = f"{os.path.abspath(spec)} (restore_from=)"
+        elif hasattr(spec, "directory"):
+            where = f"{os.path.abspath(spec.directory)} (restore_from=)"
+        else:
+            where = f"the snapshot of job {data.job_name!r} passed as restore_from="
+        log.warning("job %r: resuming from snapshot %d in %s", self.name, data.snapshot_id, where)
 
     def _start_execution(
         self, restore: SnapshotData | None, culprit: ProcessorTasklet | None = None

@@ -382,5 +382,5 @@ def sum_metrics(results: list[dict[str, Any]], order: list[str]) -> dict[str, di
             m[k] = m.get(k, 0) + v
     # as on the embedded engine; a batch job on Spark never restarts or snapshots
     # (Spark retries failed tasks itself)
-    out["__job__"] = {"restarts": 0, "snapshots": 0}
+    out["__job__"] = {"restarts": 0, "snapshots": 0, "resumed_from_snapshot": 0}
     return out

@@ -151,6 +151,8 @@ class _EpochJob(SparkJobBase):
         )
         self.epochs_committed = 0
         self.epochs_skipped = 0
+        #: the id of the snapshot of ``checkpoint_location`` the job started from (0: none)
+        self.resumed_from_snapshot = 0
         self.last_epoch_id: int | None = None
         # for watchers (JobHandle.watch): the last committed epoch and its watermarks
         self._last_epoch: dict[str, Any] | None = None
@@ -169,7 +171,11 @@ class _EpochJob(SparkJobBase):
     def metrics(self) -> dict[str, dict[str, int]]:
         with self._lock:
             out = {k: dict(v) for k, v in self._metrics.items()}
-        out["__job__"] = {"restarts": 0, "snapshots": self.epochs_committed}
+        out["__job__"] = {
+            "restarts": 0,
+            "snapshots": self.epochs_committed,
+            "resumed_from_snapshot": self.resumed_from_snapshot,
+        }
         return out
 
     def watch(self) -> dict[str, Any]:
@@ -200,6 +206,17 @@ class _EpochJob(SparkJobBase):
         validate(self.dag, self._lp, self._members)
         self._plans = plan_vertices(self.dag, self._members, self._lp)
         os.makedirs(self.checkpoint_location, exist_ok=True)
+        committed = self.store.committed_ids()
+        if committed:
+            # a resume must be visible: the output continues an earlier run's
+            self.resumed_from_snapshot = committed[-1]
+            log.warning(
+                "job %r: resuming from snapshot %d (after epoch %d) in checkpoint_location %s",
+                self.name,
+                committed[-1],
+                committed[-1] - 1,
+                self.checkpoint_location,
+            )
         self._services = self.engine.services_broadcast()
 
     def _load_state(self, snapshot_id: int) -> dict[str, Any] | None:
