@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
+APT_GET ?= apt-get
 
 .PHONY: demo test test-fast lint bench clean venv system-deps
 
@@ -37,13 +38,19 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # servers the connector tests start, and the headless Chromium (Debian's package) the
-# dashboard's browser test drives (never skipped: installed here when missing)
+# dashboard's browser test drives (never skipped: installed here when missing). apt-get
+# needs root: the target says what it installs and why before it runs apt-get, and the
+# README says so too.
 system-deps:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
-		(echo "installing PostgreSQL for the connector tests"; apt-get update -q && apt-get install -y -q postgresql)
-	@test -x $(CHROMIUM) && test -x /usr/bin/chromedriver || \
-		(echo "installing chromium and chromium-driver for the dashboard's browser test"; \
-		 apt-get update -q && apt-get install -y -q chromium chromium-driver)
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	{ test -x $(CHROMIUM) && test -x /usr/bin/chromedriver; } || missing="$$missing chromium chromium-driver"; \
+	if [ -n "$$missing" ]; then \
+		echo "make test: installing Debian packages with apt-get (as root):$$missing"; \
+		case "$$missing" in *postgresql*) echo "  postgresql: the connector tests start a private PostgreSQL cluster on 127.0.0.1";; esac; \
+		case "$$missing" in *chromium*) echo "  chromium, chromium-driver: the dashboard's browser test drives headless Chromium";; esac; \
+		$(APT_GET) update -q && $(APT_GET) install -y -q $$missing; \
+	fi
 
 test: lint system-deps
 	$(BIN)/python -m pytest -q

@@ -130,8 +130,8 @@ def local(cooperative_threads: int | None = None, members: int = 1, **kwargs: An
 
 
 def spark_engine(spark_session: Any = None, **kwargs: Any) -> SparkEngine:
-    """The Spark engine (needs ``pip install 'slipstream[spark]'`` and Java); also
-    ``ss.spark(...)``. See :class:`slipstream.spark.engine.SparkEngine` for the
+    """The Spark engine (needs pyspark, ``pip install -e '.[spark]'`` in a checkout,
+    and Java); also ``ss.spark(...)``. See :class:`slipstream.spark.engine.SparkEngine` for the
     arguments."""
     from slipstream.spark.engine import SparkEngine
 

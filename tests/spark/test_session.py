@@ -70,7 +70,7 @@ def test_importing_session_module_does_not_import_pyspark() -> None:
 
 def test_missing_pyspark_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyspark", None)  # makes `import pyspark` fail
-    with pytest.raises(SparkUnavailableError, match=r"pip install 'slipstream\[spark\]'"):
+    with pytest.raises(SparkUnavailableError, match=r"pip install -e '\.\[spark\]' in the slipstream checkout"):
         check_spark_available()
 
 

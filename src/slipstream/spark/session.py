@@ -108,7 +108,8 @@ def check_spark_available() -> None:
     except ImportError as exc:
         raise SparkUnavailableError(
             "The Spark engine needs pyspark, which cannot be imported "
-            f"({exc}). Install it with: pip install 'slipstream[spark]'"
+            f"({exc}). Install it with: pip install -e '.[spark]' in the slipstream checkout "
+            "(or pip install pyspark)"
         ) from exc
     if _find_java() is None:
         java_home = os.environ.get("JAVA_HOME")
@@ -143,7 +144,8 @@ def spark_home() -> str:
         import pyspark
     except ImportError as exc:
         raise SparkUnavailableError(
-            "pyspark cannot be imported; install it with: pip install 'slipstream[spark]'"
+            "pyspark cannot be imported; install it with: pip install -e '.[spark]' in the "
+            "slipstream checkout (or pip install pyspark)"
         ) from exc
     origin = pyspark.__file__
     if origin is None:  # pragma: no cover - namespace-package oddity
