@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections import Counter, defaultdict
 
 import pytest
@@ -10,7 +11,9 @@ from engine_test_procs import Collect, ListSource, Tagger
 
 import slipstream as ss
 from slipstream import DAG, Edge
+from slipstream.core.items import Watermark
 from slipstream.core.partition import default_partitioner
+from slipstream.engine.queues import CrossMemberQueue, SpscQueue
 
 
 def run(dag: DAG, members: int = 1, threads: int = 2) -> ss.LocalEngine:
@@ -154,3 +157,56 @@ def test_meta_supplier_sees_every_member() -> None:
     engine = run(dag, members=3)
     assert len(calls) == 1 and len(calls[0]) == 3
     assert len(engine.get_list("out")) == 2  # 3 processors split each list of 2 by global index
+
+
+class _EmitsLocks(ss.AbstractProcessor):
+    """Processor 0 emits items that hold a lock (they cannot be pickled)."""
+
+    def init_processor(self, context: ss.Context) -> None:
+        mine = context.global_processor_index == 0
+        self._it = iter([(n, threading.Lock()) for n in range(3)] if mine else [])
+
+    def complete(self) -> bool:
+        return self.emit_from(self._it)
+
+
+def _lock_dag(distributed: bool) -> DAG:
+    dag = DAG()
+    src = dag.new_vertex("maker", _EmitsLocks).local_parallelism(1)
+    out = dag.new_vertex("sink", functools.partial(Collect, "out")).local_parallelism(1)
+    e = Edge.between(src, out).broadcast()
+    dag.edge(e.distributed() if distributed else e)
+    return dag
+
+
+def test_an_unpicklable_item_between_members_fails_as_on_spark() -> None:
+    """On main the job completed here, and the same DAG failed on Spark."""
+    job = ss.local(members=2).new_job(_lock_dag(True), ss.JobConfig(name="locks"))
+    with pytest.raises(ss.JobFailedError) as info:
+        job.join(30)
+    assert info.value.args[0] == (
+        "job 'locks' failed: vertex 'maker', processor 0: PicklingError: edge 'maker' -> "
+        "'sink' (ordinal 0), processor 0 (member 0) -> 1 (member 1): an item of type tuple "
+        "cannot be pickled (TypeError: cannot pickle '_thread.lock' object); items that "
+        "travel between members (distributed edges) must pickle, as between Spark tasks "
+        "(ss.local(members=...) checks the first item between each two processors)"
+    )
+    assert info.value.vertex == "maker" and info.value.processor_index == 0
+
+
+@pytest.mark.parametrize("members,distributed", [(2, False), (1, True)])
+def test_unpicklable_items_that_stay_on_their_member_are_fine(
+    members: int, distributed: bool
+) -> None:
+    engine = run(_lock_dag(distributed), members=members)
+    assert sorted(n for (_g, _o, (n, _lock)) in engine.get_list("out")) == [0, 1, 2]
+
+
+def test_a_cross_member_queue_checks_its_first_item_only() -> None:
+    q = CrossMemberQueue(4, "edge 'a' -> 'b' (ordinal 0), processor 0 (member 0) -> 1 (member 1)")
+    assert q.offer(Watermark(5), 1)  # special items are not data: not checked
+    assert type(q) is CrossMemberQueue
+    assert q.offer([1, threading.Lock()], 2)  # the first item pickles
+    assert type(q) is SpscQueue  # checked: the plain queue from now on
+    assert q.offer([threading.Lock()], 1)
+    assert list(q.entries)[0] == Watermark(5) and q.size() == 4

@@ -25,7 +25,7 @@ from slipstream.core.suppliers import (
 )
 from slipstream.engine.collectors import Collector, PerTargetCollector, RoundRobinCollector
 from slipstream.engine.inbound import InboundEdgeStream
-from slipstream.engine.queues import SpscQueue
+from slipstream.engine.queues import CrossMemberQueue, SpscQueue
 
 
 def member_addresses(member_count: int) -> list[MemberAddress]:
@@ -166,12 +166,19 @@ def wire(
             src = plans[e.source.name]
             dst = plans[e.dest.name]  # type: ignore[union-attr]
             feeding: dict[int, list[SpscQueue]] = {c: [] for c in range(dst.total_parallelism)}
+            label = f"edge {e.source.name!r} -> {dst.vertex.name!r} (ordinal {e.dest_ordinal})"
             for producer in range(src.total_parallelism):
                 targets = edge_targets(e, src, dst, producer)
                 queues = []
                 for c in targets:
                     if queue_factory is not None:
                         q = queue_factory(e, producer, c)
+                    elif src.member_of(producer) != dst.member_of(c):
+                        q = CrossMemberQueue(
+                            e.get_queue_size(),
+                            f"{label}, processor {producer} (member {src.member_of(producer)}) "
+                            f"-> {c} (member {dst.member_of(c)})",
+                        )
                     else:
                         q = SpscQueue(
                             e.get_queue_size(),
@@ -191,7 +198,7 @@ def wire(
                         e.get_priority(),
                         qs,
                         exactly_once=exactly_once,
-                        label=f"edge {e.source.name!r} -> {dst.vertex.name!r} (ordinal {e.dest_ordinal})",
+                        label=label,
                     )
                 )
     return list(specs.values())
