@@ -24,6 +24,7 @@ from typing import IO, Any
 from slipstream.core.files import require_pyarrow
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import Context
+from slipstream.core.records import as_record
 from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_callable, check_csv_dialect, check_path, int_value
 from slipstream.sinks.basic import _SinkP
@@ -386,11 +387,13 @@ def _commit_files(pairs: list[tuple[str, str]]) -> None:
 
 
 class WriteCsvP(WriteFilesP):
-    """Writes items as CSV rows. Dict items are written in the order of the file's
-    columns: the ``header`` given, else the keys of the first dict of the file; a dict
-    with other keys fails the job naming it. Tuples and lists are written as they are;
-    any other item as a one-field row. Every part file starts with its header row when
-    there is one (``header=None``: only for dicts; ``False``: never)."""
+    """Writes items as CSV rows. Dict items, named tuples and dataclass instances
+    (records: :mod:`slipstream.core.records`) are written in the order of the file's
+    columns: the ``header`` given, else the field names of the first record of the
+    file; a record with other fields fails the job naming it. Plain tuples and lists are
+    written as they are; any other item as a one-field row. Every part file starts with
+    its header row when there is one (``header=None``: only for records; ``False``:
+    never)."""
 
     factory = "write_csv"
     suffix = ".csv"
@@ -430,20 +433,21 @@ class WriteCsvP(WriteFilesP):
             self._header_written = True
         rows: list[Sequence[Any]] = []
         for item in items:
-            if isinstance(item, dict):
+            record = item if isinstance(item, dict) else as_record(item)
+            if record is not None:
                 fields = self._fields
                 if fields is None:
-                    fields = self._fields = list(item)
+                    fields = self._fields = list(record)
                     # a header only at the top of the file
                     if header is not False and self._size == 0 and not rows:
                         writer.writerow(fields)
                         self._header_written = True
-                if len(item) != len(fields) or any(f not in item for f in fields):
+                if len(record) != len(fields) or any(f not in record for f in fields):
                     raise ValueError(
                         f"write_csv (vertex {self.context.vertex_name!r}): item {item!r} "
                         f"does not have the file's columns {fields}"
                     )
-                rows.append([item[f] for f in fields])
+                rows.append([record[f] for f in fields])
             elif isinstance(item, (tuple, list)):
                 rows.append(item)
             else:
@@ -453,8 +457,9 @@ class WriteCsvP(WriteFilesP):
 
 
 class WriteJsonlP(WriteFilesP):
-    """Writes every item as one line of JSON (UTF-8, not ASCII-escaped). An item JSON
-    cannot represent fails the job naming it."""
+    """Writes every item as one line of JSON (UTF-8, not ASCII-escaped); a named tuple
+    or dataclass instance as an object of its fields (as a dict). An item JSON cannot
+    represent fails the job naming it."""
 
     factory = "write_jsonl"
     suffix = ".jsonl"
@@ -469,12 +474,13 @@ class WriteJsonlP(WriteFilesP):
 
     def _encode(self, items: Sequence[Any]) -> bytes:
         dumps = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
+        records = [_as_mapping(item) for item in items]
         try:
-            text = "\n".join([dumps(item) for item in items])
+            text = "\n".join([dumps(record) for record in records])
         except (TypeError, ValueError):
-            for item in items:
+            for item, record in zip(items, records, strict=True):
                 try:
-                    dumps(item)
+                    dumps(record)
                 except (TypeError, ValueError) as e:
                     raise TypeError(
                         f"write_jsonl (vertex {self.context.vertex_name!r}): item {item!r} "
@@ -485,8 +491,10 @@ class WriteJsonlP(WriteFilesP):
 
 
 class WriteParquetP(WriteFilesP):
-    """Writes items as the rows of Parquet files: dicts (column name -> value), or
-    tuples whose fields become columns ``f0, f1, ...``. The schema of a file is inferred
+    """Writes items as the rows of Parquet files: dicts (column name -> value), named
+    tuples and dataclass instances (their fields are the columns: a
+    ``KeyedWindowResult`` gives ``start, end, key, value``), or plain tuples and lists
+    whose elements become columns ``f0, f1, ...``. The schema of a file is inferred
     from its first batch of items; a later item that does not fit it fails the job
     naming the item. Parquet files cannot be continued after a restart, so under
     snapshots a file is published at every snapshot that has new items."""
@@ -504,14 +512,7 @@ class WriteParquetP(WriteFilesP):
 
     def _write_items(self, fh: IO[bytes], items: Sequence[Any]) -> int:
         pa = require_pyarrow(self.factory)
-        rows = [
-            item
-            if isinstance(item, dict)
-            else {f"f{i}": v for i, v in enumerate(item)}
-            if isinstance(item, (tuple, list))
-            else {"f0": item}
-            for item in items
-        ]
+        rows = [_parquet_row(item) for item in items]
         if not rows:
             return 0
         writer = self._writer
@@ -541,6 +542,25 @@ class WriteParquetP(WriteFilesP):
     def close(self) -> None:
         self._writer = None
         super().close()
+
+
+def _as_mapping(item: Any) -> Any:
+    """A named tuple or dataclass instance as the dict of its fields; else ``item``."""
+    record = as_record(item)
+    return item if record is None else record
+
+
+def _parquet_row(item: Any) -> dict[Any, Any]:
+    """The column -> value dict of a Parquet row: a dict as it is, a record's fields, a
+    plain tuple's or list's elements as ``f0, f1, ...``, anything else as ``f0``."""
+    if isinstance(item, dict):
+        return item
+    record = as_record(item)
+    if record is not None:
+        return record
+    if isinstance(item, (tuple, list)):
+        return {f"f{i}": v for i, v in enumerate(item)}
+    return {"f0": item}
 
 
 # -- factories -----------------------------------------------------------------------

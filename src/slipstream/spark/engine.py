@@ -39,7 +39,7 @@ from typing import Any
 from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, as_dag
 from slipstream.core.services import InMemoryServices
-from slipstream.spark.io import SparkStreamSource
+from slipstream.spark.io import SparkStreamSource, spark_rows
 from slipstream.spark.jobs import (
     SparkJob,
     SparkJobBase,
@@ -255,7 +255,7 @@ class SparkEngine:
                 f"spark_dataframe_sink {name!r} received no items and has no schema, so "
                 "Spark cannot infer one; pass schema= to spark_dataframe_sink"
             )
-        return self.session.createDataFrame(rows, schema)
+        return self.session.createDataFrame(spark_rows(rows, schema), schema)
 
     def set_dataframes(self, frames: Mapping[str, tuple[Any, Any, Any]]) -> None:
         with self._merge_lock:

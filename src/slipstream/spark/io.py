@@ -32,6 +32,7 @@ from typing import Any
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.records import as_record
 from slipstream.core.suppliers import (
     FactorySupplier,
     MemberAddress,
@@ -50,6 +51,8 @@ __all__ = [
     "spark_dataframe_sink",
     "EPOCH_COLUMN",
     "write_rows",
+    "named_row",
+    "spark_rows",
 ]
 
 #: The partition column a streaming job's writing DataFrame sink adds: the epoch id.
@@ -281,8 +284,10 @@ def spark_dataframe_sink(
 ) -> SparkDataFrameSink:
     """A sink whose items become a DataFrame: ``engine.get_dataframe(name)`` on the Spark
     engine (``schema`` as for ``SparkSession.createDataFrame``: a DDL string, a
-    ``StructType`` or column names; ``None`` infers it from the rows). ``to_row``
-    converts each item first (items must be tuples, dicts or Rows for Spark). On the
+    ``StructType`` or column names; ``None`` infers it from the rows, whose columns are
+    then a dict's keys or a named tuple's or dataclass's fields, in their order, as
+    ``write_parquet`` writes them). ``to_row`` converts each item first (items must be
+    tuples, dicts, named tuples, dataclass instances or Rows for Spark). On the
     embedded engine the (converted) items go to ``engine.get_list(name)``.
 
     With ``path`` (or ``table``) the Spark engine also writes the rows with
@@ -297,12 +302,33 @@ def spark_dataframe_sink(
     )
 
 
+def named_row(item: Any) -> Any:
+    """``item`` as Spark should infer its columns: a dict with string keys, a named tuple
+    or a dataclass instance becomes a ``Row`` of its fields in their order (the columns
+    ``write_parquet`` and ``write_csv`` give it); anything else stays as it is. Spark's
+    own inference sorts a dict's keys and an object's attributes by name, and cannot
+    read a dataclass with ``__slots__``."""
+    fields = item if isinstance(item, dict) else as_record(item)
+    if fields is None or not all(type(k) is str for k in fields):
+        return item
+    from pyspark.sql import Row
+
+    return Row(**fields)
+
+
+def spark_rows(rows: Any, schema: Any) -> Any:
+    """The RDD to hand ``createDataFrame`` with ``schema``: without a schema, records
+    and dicts as :func:`named_row` (so the inferred columns are their fields, in
+    order); with one, the items as they are (Spark matches them to it)."""
+    return rows.map(named_row) if schema is None else rows
+
+
 def write_rows(session: Any, rows: Any, sink: SparkDataFrameSink, epoch_id: int | None) -> None:
     """Write a writing DataFrame sink's rows (an RDD) as its spec says (see
     :func:`spark_dataframe_sink`); ``epoch_id`` for one epoch of a streaming job."""
     if sink.schema is None and rows.isEmpty():
         return  # nothing to write, and Spark could not infer a schema
-    df = session.createDataFrame(rows, sink.schema)
+    df = session.createDataFrame(spark_rows(rows, sink.schema), sink.schema)
     if epoch_id is None:
         writer = df.write.mode(sink.mode)
     else:
