@@ -93,3 +93,22 @@ def test_csv_jsonl_parquet_same_output_on_both_engines(spark_session: Any, tmp_p
         map(repr, oracle_rows)
     )
     assert sum(read_back(tmp_path / "spark" / "parquet", sources.read_parquet).values()) == 250
+
+
+def test_a_glob_matching_no_file_fails_on_spark_too(spark_session: Any, tmp_path: Path) -> None:
+    """Issue 21, item 6: the same error as on the embedded engine (the same processor)."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "data.CSV").write_text("id,word\n1,a\n")
+    engine = ss.spark(spark_session, local_parallelism=LP)
+    dag = chain(sources.read_csv(tmp_path / "in"), typed, sinks.list_sink("never"))
+    with pytest.raises(ss.JobFailedError) as info:
+        engine.new_job(dag).join(120)
+    assert (
+        f"read_csv (vertex 'read'): no file in '{tmp_path / 'in'}' matches glob '*.csv'; the "
+        "directory holds data.CSV (globs are case-sensitive: glob='*.CSV' matches data.CSV)"
+    ) in str(info.value)
+    # and a glob written into the directory argument reads the files it names
+    engine.new_job(
+        chain(sources.read_csv(f"{tmp_path / 'in'}/*.CSV"), typed, sinks.list_sink("csv"))
+    ).join(120)
+    assert engine.get_list("csv") == [{"id": 1, "word": "a", "half": 0.5}]

@@ -13,6 +13,13 @@ neither ``"."`` nor ``"_"``. The file sinks keep their temporary and in-progress
 under such names (``.part-...tmp``), so a reader pointed at a sink's directory sees
 committed output only, even while the sink is writing.
 
+**Empty matches are not silent.** A glob that matches no file while the directory holds
+data files fails the job, naming the directory, the glob and the files that are there
+(``data.CSV`` is not ``*.csv``: globs are case-sensitive); a directory with no data file at
+all is read as empty input, with a warning. A glob in the directory argument
+(``read_files("data/*.txt")``, as Spark and shells take paths) is understood: the path is
+split where its first wildcard is (:func:`split_glob`).
+
 Text is UTF-8 (``read_files`` takes another ``encoding``). A malformed record fails the
 job with an error naming the file and line (CSV, JSON lines) or the file (Parquet).
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import fnmatch
 import functools
 import json
 import os
@@ -41,6 +49,7 @@ __all__ = [
     "ReadJsonlP",
     "ReadParquetP",
     "list_data_files",
+    "split_glob",
     "read_files",
     "read_csv",
     "read_jsonl",
@@ -53,6 +62,59 @@ def list_data_files(directory: str, glob: str) -> list[str]:
     module docstring for which files are data)."""
     return sorted(
         str(p) for p in Path(directory).glob(glob) if p.is_file() and is_data_file_name(p.name)
+    )
+
+
+_WILDCARDS = ("*", "?", "[")
+_SHOWN_NAMES = 5
+
+
+def split_glob(directory: str, glob: str, default: str, factory: str) -> tuple[str, str]:
+    """``(directory, glob)``, understanding a glob written into the directory argument
+    (``"data/*.txt"`` is ``("data", "*.txt")``, ``"logs/2024-*/*.log"`` is ``("logs",
+    "2024-*/*.log")``): the path is cut before its first component with a wildcard. An
+    existing directory whose name has wildcard characters is taken as it is. A pattern in
+    both arguments is a ``ValueError`` that shows the call to write instead."""
+    if not any(w in directory for w in _WILDCARDS) or os.path.isdir(directory):
+        return directory, glob
+    parts = Path(directory).parts
+    i = next(i for i, part in enumerate(parts) if any(w in part for w in _WILDCARDS))
+    base = str(Path(*parts[:i])) if i else "."
+    pattern = "/".join(parts[i:])
+    if glob != default:
+        raise ValueError(
+            f"{factory}(): the directory argument {directory!r} holds a glob pattern and "
+            f"glob={glob!r} is given too; pass the directory and the pattern apart, e.g. "
+            f"{factory}({base!r}, {pattern!r})"
+        )
+    return base, pattern
+
+
+def _no_match(directory: str, glob: str, where: str) -> str | None:
+    """The error for a glob matching no data file in ``directory``: it names the glob and
+    the data files that are there, with a hint when one matches ignoring case or sits in
+    a subdirectory. ``None`` when the directory holds no data file at all (empty input)."""
+    names = sorted(n for n in os.listdir(directory) if is_data_file_name(n))
+    if not names:
+        return None
+    shown = [n + "/" if os.path.isdir(os.path.join(directory, n)) else n for n in names]
+    listing = ", ".join(shown[:_SHOWN_NAMES])
+    if len(shown) > _SHOWN_NAMES:
+        listing += f" and {len(shown) - _SHOWN_NAMES} more"
+    hint = ""
+    folded = [n for n in names if fnmatch.fnmatchcase(n.lower(), glob.lower())]
+    if folded:
+        name = folded[0]
+        hint = f" (globs are case-sensitive: {name} matches only ignoring case)"
+        star = glob.startswith("*") and not any(w in glob[1:] for w in _WILDCARDS)
+        if star and len(glob) > 1 and name.lower().endswith(glob[1:].lower()):
+            fixed = "*" + name[len(name) - len(glob) + 1 :]
+            hint = f" (globs are case-sensitive: glob={fixed!r} matches {name})"
+    elif "/" not in glob and any(s.endswith("/") for s in shown):
+        hint = f" (files in subdirectories match glob={'**/' + glob!r})"
+    return (
+        f"{where}: no file in {directory!r} matches glob {glob!r}; the directory holds "
+        f"{listing}{hint}"
     )
 
 
@@ -86,6 +148,18 @@ class FileSourceP(_PositionedSource):
                 f"{self._directory!r} {what}"
             )
         files = list_data_files(self._directory, self._glob)
+        if not files:
+            where = f"{self.factory} (vertex {context.vertex_name!r})"
+            error = _no_match(self._directory, self._glob, where)
+            if error is not None:
+                raise FileNotFoundError(error)
+            if context.global_processor_index == 0:
+                context.logger.warning(
+                    "%s: directory %r holds no data file (names starting with '.' or '_' "
+                    "are never read): the source emits nothing",
+                    where,
+                    self._directory,
+                )
         self._files = files[context.global_processor_index :: context.total_parallelism]
         self._sizes = [os.path.getsize(f) for f in self._files]
 
@@ -345,14 +419,18 @@ def read_files(
 ) -> functools.partial[ReadFilesP]:
     """A source emitting the lines (without line endings) of the data files in
     ``directory`` whose names match ``glob`` (``pathlib`` glob syntax, relative to
-    ``directory``; names starting with ``.`` or ``_`` are never read).
+    ``directory``; names starting with ``.`` or ``_`` are never read). A glob in
+    ``directory`` itself (``read_files("data/*.txt")``) is understood (:func:`split_glob`).
 
     The sorted file list is split across all processors of all members: global
     processor ``i`` of ``n`` reads files ``i, i + n, ...``. The directory is checked when
-    the job starts: a missing one fails the job with an error naming it.
+    the job starts: a missing one fails the job with an error naming it, and so does a
+    glob that matches none of the data files it holds (a directory without any data
+    file is empty input, with a warning).
     """
     check_path(directory, "read_files")
     _check_glob(glob, "read_files")
+    directory, glob = split_glob(os.fspath(directory), glob, "*", "read_files")
     try:
         codecs.lookup(encoding)
     except (LookupError, TypeError):
@@ -378,6 +456,7 @@ def read_csv(
     """
     check_path(directory, "read_csv")
     _check_glob(glob, "read_csv")
+    directory, glob = split_glob(os.fspath(directory), glob, "*.csv", "read_csv")
     if as_dicts and not header:
         raise ValueError("read_csv(): as_dicts=True needs header=True (dict keys come from it)")
     check_csv_dialect(dialect, "read_csv")
@@ -393,6 +472,7 @@ def read_jsonl(
     ``directory`` matching ``glob`` (UTF-8; blank lines skipped)."""
     check_path(directory, "read_jsonl")
     _check_glob(glob, "read_jsonl")
+    directory, glob = split_glob(os.fspath(directory), glob, "*.jsonl", "read_jsonl")
     return functools.partial(ReadJsonlP, os.fspath(directory), glob)
 
 
@@ -403,5 +483,6 @@ def read_parquet(
     ``glob`` as dicts. Needs pyarrow (``pip install -e '.[parquet]'``)."""
     check_path(directory, "read_parquet")
     _check_glob(glob, "read_parquet")
+    directory, glob = split_glob(os.fspath(directory), glob, "*.parquet", "read_parquet")
     require_pyarrow("read_parquet")
     return functools.partial(ReadParquetP, os.fspath(directory), glob)

@@ -662,7 +662,8 @@ def stream_files(
     bad_lines: str = "fail",
 ) -> Callable[[], Processor]:
     """A source that watches ``directory`` and emits, as ``str`` lines without line
-    breaks, the lines of the files matching ``glob``: those already there, new ones, and
+    breaks, the lines of the files matching ``glob`` (or a glob in ``directory``, as
+    :func:`~slipstream.sources.files.split_glob` reads it): those already there, new ones, and
     lines appended later (a line is emitted once its line break was written). Never
     completes. Files are tracked by identity (device and inode), so log rotation by
     rename or copytruncate neither re-reads lines nor emits fragments, and spread over
@@ -671,6 +672,9 @@ def stream_files(
     with ``bad_lines="skip"`` is skipped and counted (``bad_lines_skipped``). See
     :class:`StreamFilesP` for the rotation, snapshot and encoding rules.
     """
+    from slipstream.sources.files import split_glob
+
+    directory, glob = split_glob(os.fspath(directory), glob, "*", "stream_files")
     _check_line_encoding("stream_files", encoding)
     if not poll_interval_ms >= 0:
         raise ValueError(f"stream_files: poll_interval_ms must be >= 0, got {poll_interval_ms!r}")
