@@ -132,6 +132,56 @@ def test_plain_progress_lines_without_a_terminal(tmp_path: Path) -> None:
     assert "\x1b[" not in r.stderr  # no terminal control codes in logs
 
 
+def test_a_source_feeding_two_branches_says_its_out_count_sums_both_edges(tmp_path: Path) -> None:
+    """items_out counts an item once per outbound edge: the source of a 30,000-item job
+    with two branches handed out 60,000 items, and the progress says so (issue 21: it
+    showed a bare figure larger than the input, with nothing to explain it)."""
+    (tmp_path / "branches.py").write_text(
+        textwrap.dedent(
+            """
+            import slipstream as ss
+            from slipstream import sinks, sources
+
+            def build():
+                p = ss.Pipeline()
+                src = p.read_from(sources.items(range(30_000))).set_name("numbers")
+                src.map(lambda x: x * 2).write_to(sinks.list_sink("doubled"))
+                src.filter(lambda x: x % 3 == 0).write_to(sinks.list_sink("thirds"))
+                return p
+            """
+        )
+    )
+    r = run(tmp_path, "run", "branches:build")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    last = max(i for i, ln in enumerate(lines) if ln.startswith("[completed"))
+    assert lines[last + 1 : last + 6] == [
+        "  numbers  out  60.0k      0/s (sum of 2 edges)  100% ETA 0:00",
+        "  map      in  30.0k      0/s  out  30.0k      0/s",
+        "  filter   in  30.0k      0/s  out  10.0k      0/s",
+        "  sink     in  30.0k      0/s",
+        "  sink-2   in  10.0k      0/s",
+    ]
+
+
+def test_the_terminal_table_says_it_too() -> None:
+    import io
+
+    from rich.console import Console
+
+    from slipstream.dashboard.console import Progress
+
+    vertex = {"name": "numbers", "parallelism": 1, "in_rate": 0.0, "out_rate": 0.0,
+              "items_in": 0, "items_out": 60_000, "out_edges": 2, "watermark_lag_ms": None,
+              "queue_fill": None, "late_items_dropped": 0}
+    doc = {"name": "build", "status": "completed", "elapsed_s": 0.1, "vertices": [vertex]}
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(Progress(None, stream=io.StringIO()).table(doc))
+    row = [ln for ln in buf.getvalue().splitlines() if ln.startswith("numbers")]
+    assert row[0].split() == ["numbers", "1", "0", "0", "60.0k", "(sum", "of", "2", "edges)",
+                              "-", "-", "0"]
+
+
 def test_progress_bar_with_eta_for_files(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     for i in range(2):

@@ -40,6 +40,14 @@ def fmt_eta(seconds: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def _edges_note(vertex: dict[str, Any]) -> str:
+    """``" (sum of 2 edges)"`` for a vertex with several outbound edges: ``items_out``
+    counts an item once per edge it is sent on, so a source feeding two branches shows
+    twice as many items out as it read."""
+    n = vertex.get("out_edges", 0)
+    return f" (sum of {n} edges)" if n > 1 else ""
+
+
 class _Eta:
     """ETA of a bounded source from the rate of its progress since the first reading."""
 
@@ -99,6 +107,9 @@ class Progress:
             [running 12s] trades, snapshot #3 (2s ago)
               trades      out 12.8k  3.0k/s
               windows     in 12.8k  3.0k/s  out 80  20/s  wm lag 1.2s  late 3
+
+        A vertex with several outbound edges says so after its ``out`` figures, which
+        count each item once per edge (``out 25.6k 6.0k/s (sum of 2 edges)``).
         """
         head = f"[{doc['status']} {doc['elapsed_s'] or 0:.0f}s] {doc['name']}"
         if doc.get("snapshot"):
@@ -118,6 +129,7 @@ class Progress:
                 p += f"  in {fmt_count(v['items_in']):>6} {fmt_count(v['in_rate']):>6}/s"
             if v["items_out"] or v["out_rate"]:
                 p += f"  out {fmt_count(v['items_out']):>6} {fmt_count(v['out_rate']):>6}/s"
+                p += _edges_note(v)
             if v["watermark_lag_ms"] is not None:
                 p += f"  wm lag {fmt_ms(v['watermark_lag_ms'])}"
             if v["late_items_dropped"]:
@@ -156,7 +168,7 @@ class Progress:
                 str(v["parallelism"] or "-"),
                 fmt_count(v["in_rate"]),
                 fmt_count(v["out_rate"]),
-                fmt_count(v["items_out"]),
+                fmt_count(v["items_out"]) + _edges_note(v),
                 fmt_ms(v["watermark_lag_ms"]),
                 "-" if fill is None else f"{fill * 100:.0f}%",
                 fmt_count(v["late_items_dropped"]),

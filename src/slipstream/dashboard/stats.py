@@ -51,6 +51,7 @@ class Sampler:
         par = watch.get("parallelism", {})
         progress = watch.get("progress", {})
         names = _vertex_names(job, metrics)
+        out_edges = _out_edges(job)
         vertices = []
         for name in names:
             m = metrics.get(name, {})
@@ -62,6 +63,8 @@ class Sampler:
                 "parallelism": par.get(name),
                 "items_in": int(m.get("items_in", 0)),
                 "items_out": int(m.get("items_out", 0)),
+                # items_out counts an item once per outbound edge: views say how many
+                "out_edges": out_edges.get(name, 0),
                 "in_rate": round(in_rate, 1),
                 "out_rate": round(out_rate, 1),
                 "queue_fill": round(float(fills[name]), 3) if name in fills else None,
@@ -128,6 +131,18 @@ def _vertex_names(job: Any, metrics: dict[str, Any]) -> list[str]:
         if not v.startswith("__") and v not in names:
             names.append(v)
     return names
+
+
+def _out_edges(job: Any) -> dict[str, int]:
+    """Vertex name -> number of its outbound edges in the job's DAG (empty if unknown)."""
+    dag = getattr(job, "dag", None)
+    counts: dict[str, int] = {}
+    try:
+        for e in dag.edges if dag is not None else []:
+            counts[e.source.name] = counts.get(e.source.name, 0) + 1
+    except Exception:  # noqa: BLE001 - a watcher must never fail
+        return {}
+    return counts
 
 
 def _is_terminal(job: Any) -> bool:
