@@ -57,6 +57,12 @@ class JobConfig:
     fails (until then sources pause, so held-back output stays bounded); so it does at
     its end, under exactly-once, when its final snapshot cannot be written (its last
     output stays uncommitted: a ``resume`` writes it once).
+
+    ``validate_keys``: a partitioned edge into a single processor does not need its key
+    function, so it calls it only on the first item of each chunk (a key function that
+    fails on every item fails the job at parallelism 1 too); ``True`` calls it on every
+    item, so that a key function failing on some items fails the same way at any
+    parallelism. It costs a Python call per item on such edges (docs/performance.md).
     """
 
     name: str | None = None
@@ -70,6 +76,7 @@ class JobConfig:
     max_snapshot_failures: int = 3
     restart_delay_ms: float = 100.0
     restart_delay_max_ms: float = 10_000.0
+    validate_keys: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):

@@ -60,3 +60,10 @@ class SnapshotStoreDamagedError(SnapshotError):
 class SnapshotStoreInUseError(SnapshotError):
     """A snapshot store holds another execution's snapshots and the job did not ask to
     resume from them (``JobConfig(resume=True)`` or ``restore_from=``)."""
+
+
+class KeyFunctionError(SlipstreamError, ValueError):
+    """The key function (or the partitioner) of a partitioned edge raised. The message
+    names the edge, the function and the item; the function's own exception is chained
+    as ``__cause__``. The key function runs in the processors that send on the edge, so
+    a job failing with it names the edge's source vertex as the failing one."""

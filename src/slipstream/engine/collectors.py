@@ -10,6 +10,13 @@ drained, so the backlog is bounded by one outbox bucket.
 * :class:`PerTargetCollector` (partitioned, broadcast): chunks are split per consumer by
   key (or copied to all); each consumer has its own backlog.
 
+A key function (or partitioner) that raises fails the job with a
+:class:`~slipstream.core.errors.KeyFunctionError` naming the edge, the function and the
+item. With one consumer the key is not needed; the key function is then called on the
+first item of each chunk only (a broken key function shows at parallelism 1, not only
+when the job is scaled out), or on every item when ``validate_keys`` is set
+(``JobConfig(validate_keys=True)``: a Python call per item, see docs/performance.md).
+
 Special items are always broadcast to every consumer of the collector.
 """
 
@@ -19,6 +26,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from slipstream.core.describe import describe_fn, short_repr
+from slipstream.core.errors import KeyFunctionError
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner
 from slipstream.engine.queues import SpscQueue
 
@@ -131,7 +140,10 @@ class _Special:
 
 
 class PerTargetCollector(Collector):
-    """Partitioned (``key_fn`` given) or broadcast (``key_fn`` is ``None``) routing."""
+    """Partitioned (``key_fn`` given) or broadcast (``key_fn`` is ``None``) routing.
+
+    ``label`` names the edge in errors; ``validate_keys``: with one consumer, call the
+    key function on every item instead of on each chunk's first (module docstring)."""
 
     __slots__ = (
         "queues",
@@ -145,6 +157,8 @@ class PerTargetCollector(Collector):
         "progress",
         "pending",
         "max_chunk",
+        "label",
+        "validate_keys",
     )
 
     def __init__(
@@ -154,6 +168,8 @@ class PerTargetCollector(Collector):
         partitioner: Callable[[Any, int], int] | None = None,
         partition_to_target: Sequence[int] | None = None,
         partition_count: int = DEFAULT_PARTITION_COUNT,
+        label: str = "a partitioned edge",
+        validate_keys: bool = False,
     ) -> None:
         self.queues = list(queues)
         self.backlogs: list[deque[Any]] = [deque() for _ in self.queues]
@@ -166,6 +182,8 @@ class PerTargetCollector(Collector):
         self.progress = False
         self.pending = 0
         self.max_chunk = min((q.capacity for q in self.queues), default=1)
+        self.label = label
+        self.validate_keys = validate_keys
 
     def is_empty(self) -> bool:
         return self.pending == 0
@@ -194,6 +212,8 @@ class PerTargetCollector(Collector):
                 self._append(i, chunk)
             return
         if n == 1:
+            # the key is not needed; check that it can be had (module docstring)
+            self._check_keys(chunk if self.validate_keys else (chunk[0],))
             self._append(0, chunk)
             return
         parts = self._split(chunk, n)
@@ -221,12 +241,65 @@ class PerTargetCollector(Collector):
                 if t is None:
                     t = cache[k] = table[partitioner(k, pc)]
                 appends[t](item)
-        except TypeError:
-            # an unhashable key: route without the cache
-            parts = [[] for _ in range(n)]
-            for item in chunk:
-                parts[table[partitioner(key_fn(item), pc)]].append(item)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - an unhashable key, or a failing function
+            parts = self._route_carefully(chunk, n)
         return parts
+
+    def _check_keys(self, items: Sequence[Any]) -> None:
+        """Take the key of every item (and the partition of every new key) as ``_split``
+        does, keeping nothing but the key cache."""
+        key_fn = self.key_fn
+        cache = self.key_cache
+        get = cache.get
+        table = self.partition_to_target
+        partitioner = self.partitioner
+        pc = self.partition_count
+        if len(cache) > _KEY_CACHE_LIMIT:
+            cache.clear()
+        try:
+            for item in items:
+                k = key_fn(item)  # type: ignore[misc]
+                if get(k) is None:
+                    cache[k] = table[partitioner(k, pc)]
+        except Exception:  # noqa: BLE001 - an unhashable key, or a failing function
+            self._route_carefully(list(items), 1)
+
+    def _route_carefully(self, chunk: list[Any], n: int) -> list[list[Any]]:
+        """Split ``chunk`` without the key cache (an unhashable key routes fine this
+        way), raising :class:`KeyFunctionError` for the first item whose key function or
+        partitioner fails."""
+        parts: list[list[Any]] = [[] for _ in range(n)]
+        key_fn = self.key_fn
+        assert key_fn is not None
+        table = self.partition_to_target
+        for item in chunk:
+            try:
+                k = key_fn(item)
+            except Exception as e:
+                raise self._error("key function", key_fn, item, e) from e
+            try:
+                p = self.partitioner(k, self.partition_count)
+            except Exception as e:
+                raise self._error("partitioner", self.partitioner, item, e, k) from e
+            try:
+                t = table[p]
+            except (IndexError, TypeError) as e:
+                raise KeyFunctionError(
+                    f"{self.label}: partitioner {describe_fn(self.partitioner)} returned "
+                    f"{short_repr(p)} for the key {short_repr(k)} of item {short_repr(item)}, "
+                    f"not a partition number in 0..{self.partition_count - 1}"
+                ) from e
+            parts[t].append(item)
+        return parts
+
+    def _error(
+        self, role: str, fn: Any, item: Any, e: Exception, key: Any = None
+    ) -> KeyFunctionError:
+        of_key = f" (its key {short_repr(key)})" if role == "partitioner" else ""
+        return KeyFunctionError(
+            f"{self.label}: {role} {describe_fn(fn)} raised {type(e).__name__}: {e} on "
+            f"item {short_repr(item)}{of_key}"
+        )
 
     def flush(self) -> bool:
         if not self.pending:

@@ -40,6 +40,9 @@ class VertexPlan:
     suppliers: list[ProcessorSupplier] = field(default_factory=list)
     processors: list[Processor] = field(default_factory=list)  # by global index
     contexts: list[Context] = field(default_factory=list)
+    #: ``JobConfig.validate_keys``: the vertex's partitioned outbound edges call their
+    #: key function on every item even with one consumer
+    validate_keys: bool = False
 
     @property
     def total_parallelism(self) -> int:
@@ -67,6 +70,29 @@ def edge_targets(edge: Edge, src: VertexPlan, dst: VertexPlan, producer: int) ->
     return [member * d + i for i in range(d)]
 
 
+def edge_label(edge: Edge) -> str:
+    """How errors name an edge: ``edge 'a' -> 'b' (ordinal 0)`` (the ordinal at ``b``)."""
+    dest = edge.dest.name if edge.dest is not None else "?"
+    return f"edge {edge.source.name!r} -> {dest!r} (ordinal {edge.dest_ordinal})"
+
+
+def single_target_collector(edge: Edge, src: VertexPlan, queue: SpscQueue) -> Collector:
+    """The collector of an edge whose producer sends to one consumer only, through
+    ``queue`` (the Spark engine's narrow edges): round robin over that queue, except
+    that a partitioned edge still checks its key function as :func:`make_collector`'s
+    collectors do with one consumer."""
+    if edge.routing is RoutingPolicy.PARTITIONED:
+        return PerTargetCollector(
+            [queue],
+            key_fn=edge.key_fn,
+            partitioner=edge.partitioner,
+            partition_to_target=[0] * DEFAULT_PARTITION_COUNT,
+            label=edge_label(edge),
+            validate_keys=src.validate_keys,
+        )
+    return RoundRobinCollector([queue])
+
+
 def make_collector(
     edge: Edge, src: VertexPlan, dst: VertexPlan, producer: int, queues: Sequence[SpscQueue]
 ) -> Collector:
@@ -86,6 +112,8 @@ def make_collector(
             key_fn=edge.key_fn,
             partitioner=edge.partitioner,
             partition_to_target=[position[t] for t in table],
+            label=edge_label(edge),
+            validate_keys=src.validate_keys,
         )
     if routing is RoutingPolicy.BROADCAST:
         return PerTargetCollector(queues)
@@ -125,7 +153,7 @@ def build_vertex_plans(
     plans: dict[str, VertexPlan] = {}
     for v in dag.topological_order():
         lp = effective_parallelism(v, default_parallelism)
-        vp = VertexPlan(v, lp, member_count)
+        vp = VertexPlan(v, lp, member_count, validate_keys=config.validate_keys)
         sctx = SupplierContext(v.name, job_name, lp, lp * member_count, member_count)
         for m, (supplier, procs) in enumerate(processors_of(v.meta_supplier, sctx, addresses)):
             vp.suppliers.append(supplier)
@@ -166,7 +194,7 @@ def wire(
             src = plans[e.source.name]
             dst = plans[e.dest.name]  # type: ignore[union-attr]
             feeding: dict[int, list[SpscQueue]] = {c: [] for c in range(dst.total_parallelism)}
-            label = f"edge {e.source.name!r} -> {dst.vertex.name!r} (ordinal {e.dest_ordinal})"
+            label = edge_label(e)
             for producer in range(src.total_parallelism):
                 targets = edge_targets(e, src, dst, producer)
                 queues = []

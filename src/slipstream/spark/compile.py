@@ -45,7 +45,7 @@ from slipstream.core.suppliers import (
     ProcessorSupplier,
     SupplierContext,
 )
-from slipstream.engine.plan import VertexPlan, edge_targets, effective_parallelism
+from slipstream.engine.plan import VertexPlan, edge_label, edge_targets, effective_parallelism
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG
 from slipstream.spark.io import SparkDataFrameSink, SparkRowSource, SparkStreamSource
 from slipstream.spark.shuffle import ordered_shuffle
@@ -121,11 +121,6 @@ def is_narrow(edge: Edge, src: VertexPlan, dst: VertexPlan, in_degree: int) -> b
     return dst.local_parallelism == 1
 
 
-def _edge_label(edge: Edge) -> str:
-    dest = edge.dest.name  # type: ignore[union-attr]
-    return f"edge {edge.source.name!r} -> {dest!r} (ordinal {edge.dest_ordinal})"
-
-
 def _member_suppliers(
     vertex: Vertex,
     meta: ProcessorMetaSupplier,
@@ -195,13 +190,17 @@ def validate(dag: DAG, default_parallelism: int, member_count: int = 1) -> None:
         )
 
 
-def plan_vertices(dag: DAG, member_count: int, default_parallelism: int) -> dict[str, VertexPlan]:
+def plan_vertices(
+    dag: DAG, member_count: int, default_parallelism: int, validate_keys: bool = False
+) -> dict[str, VertexPlan]:
     """Parallelism of every vertex (topological order), as routing-only plans whose
-    vertices are stubs (no suppliers)."""
+    vertices are stubs (no suppliers); ``validate_keys`` is ``JobConfig.validate_keys``."""
     plans: dict[str, VertexPlan] = {}
     for v in dag.topological_order():
         lp = effective_parallelism(v, default_parallelism)
-        plans[v.name] = VertexPlan(_stub_vertex(v, lp), lp, member_count)
+        plans[v.name] = VertexPlan(
+            _stub_vertex(v, lp), lp, member_count, validate_keys=validate_keys
+        )
     return plans
 
 
@@ -266,7 +265,7 @@ class _Compiler:
         self.epoch = epoch
         self.mode = epoch.mode if epoch is not None else RunMode.BATCH
         self.edge_ids = {id(e): i for i, e in enumerate(dag.edges)}
-        self.plans = plan_vertices(dag, member_count, default_parallelism)
+        self.plans = plan_vertices(dag, member_count, default_parallelism, config.validate_keys)
         self.stubs = {name: p.vertex for name, p in self.plans.items()}
         self.rdds: dict[str, Any] = {}
 
@@ -286,7 +285,7 @@ class _Compiler:
                     self.edge_ids[id(e)],
                     e.dest_ordinal,
                     e.get_priority(),
-                    _edge_label(e),
+                    edge_label(e),
                     producers,
                 )
             )
@@ -310,7 +309,7 @@ class _Compiler:
                     plan,
                     dst,
                     is_narrow(e, plan, dst, in_degree),
-                    _edge_label(e),
+                    edge_label(e),
                 )
             )
         return specs

@@ -48,8 +48,13 @@ from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.services import InMemoryServices
 from slipstream.core.suppliers import FactorySupplier, ProcessorSupplier, SupplierContext
 from slipstream.engine.coalescer import WatermarkCoalescer
-from slipstream.engine.collectors import Collector, RoundRobinCollector
-from slipstream.engine.plan import VertexPlan, edge_targets, make_collector
+from slipstream.engine.collectors import Collector
+from slipstream.engine.plan import (
+    VertexPlan,
+    edge_targets,
+    make_collector,
+    single_target_collector,
+)
 from slipstream.engine.queues import UNBOUNDED, SpscQueue
 from slipstream.engine.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
 from slipstream.spark.failures import ProcessorFailure, encode_failure
@@ -456,7 +461,7 @@ class VertexTask:
             if spec.narrow:
                 targets = [index]
                 queues = [SpscQueue(UNBOUNDED)]
-                collector: Collector = RoundRobinCollector(queues)
+                collector: Collector = single_target_collector(spec.edge, spec.src, queues[0])
             else:
                 targets = edge_targets(spec.edge, spec.src, spec.dst, index)
                 queues = [SpscQueue(UNBOUNDED) for _ in targets]
