@@ -1,14 +1,207 @@
-"""The README and docs/ hold what a new user reads first: the README links every page of
-docs/, and no page tells users to install a package that does not exist."""
+"""The README and docs/ hold what a new user reads first: every ```python block runs as
+written, the README links every page of docs/, and no page tells users to install a
+package that does not exist.
+
+How a block runs: alone in a fresh ``python`` process (a script file), with a timeout,
+in a new temporary directory holding ``data/`` with two text files (the word counts of
+the README and the guide read ``data/*.txt``). It must exit 0. An HTML comment on the
+line before the fence changes that; its words, separated by ``;``:
+
+* ``fragment``: a piece of a larger program (an API shape, a few lines of a DAG); not
+  run. Fragments must stay a minority of the blocks, and the test names them.
+* ``continues``: the block goes on from the previous block of the same page (it runs
+  after that block, in the same script, as a reader following the page would).
+* ``needs: spark``: runs only where pyspark and Java are (a slow test: the block starts
+  its own local Spark session, ~15-30 s; the suite's shared session lives in another
+  process, which a fresh process cannot use).
+* ``needs: lines at HOST:PORT``: a TCP server that sends a few lines and closes. The test
+  serves them on a free port and puts that port for ``PORT`` in the block (the only
+  change made to a block), so parallel runs never collide.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+
+#: What the ``needs: lines at ...`` server sends: ticker,timestamp_ms,price
+TICKER_LINES = "".join(
+    f"{ticker},{ts},{price}\n"
+    for ts in range(0, 30_000, 500)
+    for ticker, price in (("AAPL", 190.5), ("MSFT", 420.0))
+)
+
+#: What some blocks print (found by the job name in the block), from the data above.
+EXPECTED_STDOUT = {
+    "wordcount": "[('to', 3), ('be', 2), ('the', 2), ('or', 1), ('not', 1), ('that', 1),",
+    "wordcount-dag": "[('to', 3), ('be', 2), ('the', 2), ('or', 1), ('not', 1), ('that', 1),",
+    "wordcount-guide": "incomprehensibilities",
+    "prices": "KeyedWindowResult(start=0, end=10000, key='AAPL', value=3810.0)",
+    "spark-wordcount": "[('be', 2), ('not', 1), ('or', 1), ('to', 2)]",
+}
+
+_MARKER = re.compile(r"^<!--\s*(.*?)\s*-->$")
+_WORDS = re.compile(r"^(fragment|continues|needs: spark|needs: lines at 127\.0\.0\.1:(\d+))$")
+
+
+@dataclass
+class Block:
+    page: str  # relative to the repository
+    line: int  # of the opening fence
+    code: str
+    words: list[str] = field(default_factory=list)
+    #: the code of the blocks this one continues, then its own
+    program: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    @property
+    def fragment(self) -> bool:
+        return "fragment" in self.words
+
+    def needs(self) -> list[str]:
+        return [w.removeprefix("needs: ") for w in self.words if w.startswith("needs: ")]
+
+
+def _blocks(page: Path) -> list[Block]:
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            end = i + 1
+            while end < len(lines) and lines[end].strip() != "```":
+                end += 1
+            words: list[str] = []
+            m = _MARKER.match(lines[i - 1].strip()) if i > 0 else None
+            if m is not None:
+                words = [w.strip() for w in m.group(1).split(";") if w.strip()]
+            code = "\n".join(lines[i + 1 : end]) + "\n"
+            found.append(Block(str(page.relative_to(ROOT)), i + 1, code, words))
+            i = end
+        i += 1
+    for n, block in enumerate(found):
+        block.program = block.code
+        if "continues" in block.words and n > 0 and not found[n - 1].fragment:
+            block.program = found[n - 1].program + "\n" + block.code
+    return found
+
+
+BLOCKS = [b for page in PAGES for b in _blocks(page)]
+RUNNABLE = [b for b in BLOCKS if not b.fragment]
+
+
+def test_the_markers_are_known_words() -> None:
+    bad = [(b.where, w) for b in BLOCKS for w in b.words if not _WORDS.match(w)]
+    assert bad == [], "unknown words in the comment before a ```python block (the module docstring lists them)"
+    first = [b.where for b in BLOCKS if "continues" in b.words and b.program == b.code]
+    assert first == [], "'continues' on a block with no runnable block before it on its page"
+
+
+def test_fragments_are_a_minority() -> None:
+    fragments = [b.where for b in BLOCKS if b.fragment]
+    assert len(BLOCKS) >= 20, f"only {len(BLOCKS)} python blocks found: is the parser broken?"
+    assert 2 * len(fragments) < len(BLOCKS), (
+        f"{len(fragments)} of {len(BLOCKS)} python blocks are fragments: {fragments}"
+    )
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("to be or not to be\nthat is the question\n", encoding="utf-8")
+    (data / "b.txt").write_text("whether tis nobler in the mind to suffer\nincomprehensibilities\n", encoding="utf-8")
+    return tmp_path
+
+
+@pytest.fixture
+def line_server() -> Iterator[int]:
+    """A TCP server on a free loopback port: each connection gets TICKER_LINES, then EOF."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.sendall(TICKER_LINES.encode("ascii"))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        server.close()
+
+
+def _params() -> list[object]:
+    params: list[object] = []
+    for b in RUNNABLE:
+        marks = [pytest.mark.slow] if "spark" in b.needs() else []
+        params.append(pytest.param(b, id=b.where, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("block", _params())
+def test_block_runs_as_written(block: Block, workdir: Path, request: pytest.FixtureRequest) -> None:
+    program = block.program
+    timeout = 120.0
+    for need in block.needs():
+        if need == "spark":
+            from slipstream.spark.session import SparkUnavailableError, check_spark_available
+
+            try:
+                check_spark_available()
+            except SparkUnavailableError as exc:
+                pytest.skip(str(exc))
+            timeout = 300.0
+        else:
+            m = re.fullmatch(r"lines at 127\.0\.0\.1:(\d+)", need)
+            assert m is not None, need
+            port: int = request.getfixturevalue("line_server")
+            assert re.search(rf"\b{m.group(1)}\b", program), f"{block.where} never uses port {m.group(1)}"
+            program = re.sub(rf"\b{m.group(1)}\b", str(port), program)
+    script = workdir / "example.py"
+    script.write_text(program, encoding="utf-8")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert r.returncode == 0, f"{block.where} failed (exit {r.returncode}):\n{r.stderr[-3000:]}"
+    for name in re.findall(r'JobConfig\(name="([^"]+)"', block.code):
+        if name in EXPECTED_STDOUT:
+            assert EXPECTED_STDOUT[name] in r.stdout, f"{block.where} printed:\n{r.stdout[-3000:]}"
 
 
 def test_the_readme_links_every_page_of_docs() -> None:
@@ -23,7 +216,7 @@ def test_no_page_installs_slipstream_from_pypi() -> None:
     installs its extras with ``pip install -e '.[...]'``."""
     wrong = [
         f"{page.relative_to(ROOT)}:{n}"
-        for page in [README, *sorted(DOCS.glob("*.md"))]
+        for page in PAGES
         for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
         if re.search(r"pip install\s+['\"]?slipstream\b", line)
     ]
