@@ -11,7 +11,6 @@ import pytest
 
 import slipstream as ss
 from slipstream import DAG, DagError, Edge
-from slipstream.core.dag import DagWarning
 
 
 class P(ss.AbstractProcessor):
@@ -187,19 +186,75 @@ def test_edge_returns_dag_for_chaining_and_dot_and_str() -> None:
     assert [v.name for v in dag] == ["a", "b", "c"]
 
 
-def test_priority_diamond_warns() -> None:
+def _diamond(hi_path: Any = None, lo_path: Any = None) -> DAG:
+    """``s`` feeds ``j`` twice: ordinal 0 at priority -1 (through ``hi_path`` if given),
+    ordinal 1 at priority 0 (through ``lo_path`` if given)."""
     dag = DAG()
-    s, x, j = dag.new_vertex("s", P), dag.new_vertex("x", P), dag.new_vertex("j", P)
-    dag.edge(Edge.from_(s, 0).to(j, 0).priority(-1))
-    dag.edge(Edge.from_(s, 1).to(x)).edge(Edge.from_(x).to(j, 1))
-    with pytest.warns(DagWarning, match="vertex 'j'.*deadlock"):
+    s, j = dag.new_vertex("s", P), dag.new_vertex("j", P)
+    for ordinal, (supplier, name) in enumerate(((hi_path, "h"), (lo_path, "l"))):
+        edge_to_j = Edge.from_(s, ordinal)
+        if supplier is not None:
+            mid = dag.new_vertex(name, supplier)
+            dag.edge(Edge.from_(s, ordinal).to(mid))
+            edge_to_j = Edge.from_(mid)
+        dag.edge(edge_to_j.to(j, ordinal).priority(-1 if ordinal == 0 else 0))
+    return dag
+
+
+def _diamond_error(lo: str, hi: str, path: str) -> str:
+    return (
+        f"vertex 'j' can hang (a priority diamond): it reads {lo} (priority 0) only after "
+        f"{hi} (priority -1) has ended, but vertex 's' feeds both, and nothing on the path "
+        f"{path} takes its whole input: once that path's queues are full, 's' waits for "
+        "'j', which waits for 's' to end. Put a vertex that takes its whole input before it "
+        "emits (an aggregation, P.sort) on that path, or give the two edges the same "
+        "priority; if fewer items ever take that path than its queues hold, call "
+        f".allow_priority_diamond() on {lo}"
+    )
+
+
+def test_priority_diamond_is_refused() -> None:
+    """On main these only warned, and the job hung once the lower-priority path's
+    queues filled (tests/engine/test_engine_routing.py runs the shapes)."""
+    for dag, lo, hi, path in (
+        (_diamond(), "edge 's'[1] -> 'j'[1]", "edge 's'[0] -> 'j'[0]", "'s' -> 'j'"),
+        (_diamond(lo_path=P), "edge 'l'[0] -> 'j'[1]", "edge 's'[0] -> 'j'[0]", "'s' -> 'l' -> 'j'"),
+        # buffering on the higher-priority path does not help: s still waits for j
+        (_diamond(hi_path=ss.processors.sort()), "edge 's'[1] -> 'j'[1]", "edge 'h'[0] -> 'j'[0]",
+         "'s' -> 'j'"),
+    ):
+        with pytest.raises(DagError) as info:
+            dag.validate()
+        assert str(info.value) == _diamond_error(lo, hi, path)
+    # one level further up: the shared vertex is two steps away on both paths
+    dag = DAG()
+    a, s, h, j = (dag.new_vertex(n, P) for n in "ashj")
+    dag.edge(Edge.between(a, s)).edge(Edge.from_(s, 0).to(h)).edge(Edge.from_(s, 1).to(j, 1))
+    dag.edge(Edge.between(h, j).priority(-5))
+    with pytest.raises(DagError, match=r"vertex 'j' can hang .* vertex 's' feeds both"):
         dag.validate()
+
+
+def test_priority_diamond_with_a_buffering_lower_path_and_independent_inputs_pass() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        for buffering in (
+            ss.processors.sort(),
+            ss.processors.aggregate(ss.aggregate.counting()),
+            ss.processors.accumulate_by_key(lambda x: x, ss.aggregate.counting()),
+        ):
+            _diamond(lo_path=buffering).validate()
+        # a hash join: the build side (higher priority) from a source of its own
         ok = DAG()
         a, b, c = ok.new_vertex("a", P), ok.new_vertex("b", P), ok.new_vertex("c", P)
         ok.edge(Edge.from_(a).to(c, 0).priority(-1)).edge(Edge.from_(b).to(c, 1))
         ok.validate()
+        # the user's word that the lower-priority path stays small
+        dag = _diamond(lo_path=P)
+        dag.inbound_edges("j")[1].allow_priority_diamond()
+        dag.validate()
+        # Spark's queues are unbounded: its validation lets the diamond through
+        _diamond().validate(bounded_queues=False)
 
 
 class _Counted:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import Counter, defaultdict
+from typing import Any
 
 import pytest
 from engine_test_procs import Collect, ListSource, Tagger
@@ -112,6 +113,33 @@ def test_priority_edge_is_drained_first() -> None:
     engine = run(dag)
     ordinals = [o for (_g, o, _i) in engine.get_list("out")]
     assert ordinals == [0] * 3000 + [1] * 3000
+
+
+def _diamond(lower_path: Any) -> DAG:
+    """``src`` feeds ``join`` at priority -1 directly and at priority 0 through
+    ``lower_path``; 5,000 items, queues of 16."""
+    dag = DAG()
+    s = dag.new_vertex("src", functools.partial(ListSource, list(range(5000)))).local_parallelism(1)
+    mid = dag.new_vertex("mid", lower_path).local_parallelism(1)
+    j = dag.new_vertex("join", functools.partial(Collect, "out")).local_parallelism(1)
+    dag.edge(Edge.from_(s, 0).to(j, 0).priority(-1).queue_size(16))
+    dag.edge(Edge.from_(s, 1).to(mid).queue_size(16))
+    dag.edge(Edge.from_(mid).to(j, 1).queue_size(16))
+    return dag
+
+
+def test_priority_diamond_is_refused_at_new_job() -> None:
+    """On main new_job warned and started the job, which hung for good once the 16-item
+    queues of the lower-priority path filled."""
+    with pytest.raises(ss.DagError, match=r"^vertex 'join' can hang \(a priority diamond\)"):
+        ss.local().new_job(_diamond(ss.processors.map(abs)))
+
+
+def test_priority_diamond_through_a_buffering_vertex_runs() -> None:
+    engine = run(_diamond(ss.processors.sort(reverse=True)))
+    assert [(o, i) for (_g, o, i) in engine.get_list("out")] == [
+        (0, i) for i in range(5000)
+    ] + [(1, i) for i in reversed(range(5000))]
 
 
 def test_multiple_outbound_ordinals_and_offer_to_all() -> None:

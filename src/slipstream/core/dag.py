@@ -6,7 +6,8 @@ to a vertex not in the DAG, a reused ordinal); ``DAG.validate`` checks the whole
 cannot be pickled) and, from the vertices' traits (:mod:`slipstream.core.traits`), the
 graphs that would run but give silently wrong results: a keyed processor fed so that a
 key reaches several processors, an edge out of a sink (errors), a window with no
-watermark source upstream (a :class:`DagWarning`). Both engines call ``validate`` at
+watermark source upstream (a :class:`DagWarning`), and one that would hang: a *priority
+diamond* (:meth:`DAG._check_priority_diamonds`). Both engines call ``validate`` at
 ``new_job``. Every error is a :class:`DagError` naming the vertex, edge or ordinal.
 """
 
@@ -22,7 +23,14 @@ from typing import Any
 from slipstream.core.errors import DagError
 from slipstream.core.partition import Partitioner
 from slipstream.core.suppliers import ProcessorMetaSupplier, to_meta_supplier
-from slipstream.core.traits import KEYED, SINK, WATERMARK_SOURCE, WINDOWED, traits_of
+from slipstream.core.traits import (
+    BUFFERS_INPUT,
+    KEYED,
+    SINK,
+    WATERMARK_SOURCE,
+    WINDOWED,
+    traits_of,
+)
 
 __all__ = [
     "DAG",
@@ -37,7 +45,7 @@ __all__ = [
 
 
 class DagWarning(UserWarning):
-    """A DAG that is valid but likely to misbehave (e.g. a priority diamond)."""
+    """A DAG that is valid but likely to misbehave (e.g. a window no watermark reaches)."""
 
 DEFAULT_QUEUE_SIZE = 1024
 
@@ -103,6 +111,7 @@ class Edge:
         self.partitioner: Partitioner | None = None
         self.is_distributed = False
         self.unpartitioned_ok = False
+        self.priority_diamond_ok = False
         self._priority = 0
         self._queue_size = DEFAULT_QUEUE_SIZE
 
@@ -173,6 +182,15 @@ class Edge:
         self.unpartitioned_ok = True
         return self
 
+    def allow_priority_diamond(self) -> Edge:
+        """Opt out of the priority diamond check (see :meth:`DAG.validate`) for this
+        edge, the lower-priority one: use it when fewer items ever take the path to it
+        from the vertex the two edges share upstream than the queues on that path hold
+        (``queue_size`` per edge), so they wait there while the higher-priority edge is
+        drained. With more the job hangs."""
+        self.priority_diamond_ok = True
+        return self
+
     def distributed(self) -> Edge:
         """Consumers on every member, not just the producer's own."""
         self.is_distributed = True
@@ -184,7 +202,9 @@ class Edge:
 
     def priority(self, n: int) -> Edge:
         """Lower numbers are consumed first: a consumer drains all edges of the highest
-        priority before it looks at lower ones (e.g. the build side of a hash join)."""
+        priority before it looks at lower ones (e.g. the build side of a hash join).
+        Two edges of different priority into one vertex that share an upstream vertex
+        can hang the job: :meth:`DAG.validate` refuses that (a priority diamond)."""
         if not isinstance(n, int):
             raise DagError(f"{self._label()}: priority must be an int, got {n!r}")
         self._priority = n
@@ -350,11 +370,14 @@ class DAG:
         check_pickle: bool = True,
         member_count: int = 1,
         sample_data: bool = False,
+        bounded_queues: bool = True,
     ) -> None:
         """Check the whole graph; raises :class:`DagError` naming what is wrong (and
         warns, :class:`DagWarning`, about what is likely wrong). ``default_parallelism``
         and ``member_count`` are the engine's: some checks depend on a vertex's global
-        parallelism. ``sample_data`` is :meth:`check_picklable`'s."""
+        parallelism. ``sample_data`` is :meth:`check_picklable`'s. ``bounded_queues``
+        says that the engine's queues between processors are bounded, so that a priority
+        diamond can hang it (the embedded engine; Spark's are not)."""
         if not self._vertices:
             raise DagError("the DAG has no vertices")
         self.topological_order()
@@ -386,7 +409,8 @@ class DAG:
                         f"{e.dest.name!r}: {b})"  # type: ignore[union-attr]
                     )
         self._check_traits(default_parallelism, member_count)
-        self._warn_priority_diamonds()
+        if bounded_queues:
+            self._check_priority_diamonds()
         if check_pickle:
             self.check_picklable(sample_data=sample_data)
 
@@ -431,30 +455,70 @@ class DAG:
                     todo.append(e.source.name)
         return seen
 
-    def _warn_priority_diamonds(self) -> None:
-        """Warn where inbound edges of different priority share an upstream vertex: the
-        consumer drains the higher-priority branch to the end first, so unless the other
-        branch fits in its queues the job deadlocks (a known Jet pitfall)."""
+    def _check_priority_diamonds(self) -> None:
+        """Refuse a vertex whose inbound edges of different priority are fed by a shared
+        upstream vertex ``u``, unless every path from ``u`` to the lower-priority edge
+        passes a vertex that buffers its whole input (:data:`BUFFERS_INPUT`).
+
+        The consumer reads the lower-priority edge only once the higher-priority one has
+        ended, which needs ``u`` to end; but ``u`` also feeds the lower-priority path, and
+        once that path's bounded queues are full ``u`` waits for the consumer: a
+        deadlock (a documented Jet pitfall), unless everything ``u`` sends that way fits
+        in the queues. A buffering vertex on the path takes all of ``u``'s output
+        whatever the consumer does, so the path cannot hold ``u`` back."""
+        order: list[str] = []
         for v in self._vertices.values():
             inbound = self.inbound_edges(v)
             if len({e.get_priority() for e in inbound}) < 2:
                 continue
-            lineages = [self._ancestors(e.source) | {e.source.name} for e in inbound]
-            for i in range(len(inbound)):
-                for j in range(i + 1, len(inbound)):
-                    if inbound[i].get_priority() == inbound[j].get_priority():
+            order = order or [u.name for u in self.topological_order()]
+            for lo in inbound:
+                if lo.priority_diamond_ok:
+                    continue
+                toward_v = self._unbuffered_feeders(lo)
+                for hi in inbound:
+                    if hi.get_priority() >= lo.get_priority():
                         continue
-                    common = lineages[i] & lineages[j]
-                    if common:
-                        warnings.warn(
-                            f"vertex {v.name!r}: inbound edges {inbound[i].dest_ordinal} and "
-                            f"{inbound[j].dest_ordinal} have different priorities but share "
-                            f"upstream vertex {sorted(common)[0]!r}; this can deadlock unless "
-                            "the lower-priority branch fits in its queues",
-                            DagWarning,
-                            stacklevel=3,
-                        )
-                        return
+                    feeds_hi = self._ancestors(hi.source) | {hi.source.name}
+                    # the shared vertex nearest to v: the shortest path to show
+                    shared = [u for u in order if u in feeds_hi and u in toward_v]
+                    if shared:
+                        self._refuse_diamond(v, hi, lo, shared[-1], toward_v)
+
+    def _unbuffered_feeders(self, lo: Edge) -> dict[str, str | None]:
+        """The vertices from which a path reaches edge ``lo`` with no buffering vertex
+        after its start, each mapped to its next vertex on such a path (``lo``'s source
+        to ``None``)."""
+        nxt: dict[str, str | None] = {lo.source.name: None}
+        todo = [lo.source.name]
+        while todo:
+            n = todo.pop()
+            if BUFFERS_INPUT in (traits_of(self._vertices[n].supplier) or ()):
+                continue
+            for e in self._edges:
+                if e.dest.name == n and e.source.name not in nxt:  # type: ignore[union-attr]
+                    nxt[e.source.name] = n
+                    todo.append(e.source.name)
+        return nxt
+
+    def _refuse_diamond(
+        self, v: Vertex, hi: Edge, lo: Edge, shared: str, toward_v: dict[str, str | None]
+    ) -> None:
+        path = [shared]
+        while (n := toward_v[path[-1]]) is not None:
+            path.append(n)
+        path.append(v.name)
+        raise DagError(
+            f"vertex {v.name!r} can hang (a priority diamond): it reads {lo._label()} "
+            f"(priority {lo.get_priority()}) only after {hi._label()} (priority "
+            f"{hi.get_priority()}) has ended, but vertex {shared!r} feeds both, and nothing "
+            f"on the path {' -> '.join(repr(n) for n in path)} takes its whole input: once "
+            f"that path's queues are full, {shared!r} waits for {v.name!r}, which waits "
+            f"for {shared!r} to end. Put a vertex that takes its whole input before it "
+            "emits (an aggregation, P.sort) on that path, or give the two edges the same "
+            "priority; if fewer items ever take that path than its queues hold, call "
+            f".allow_priority_diamond() on {lo._label()}"
+        )
 
     def check_picklable(self, *, sample_data: bool = False) -> None:
         """Every supplier and edge function must survive cloudpickle, so the same DAG can

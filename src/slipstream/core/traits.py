@@ -8,7 +8,10 @@ each vertex's supplier:
 * :data:`KEYED` - keeps state per key, so every key must reach exactly one processor;
 * :data:`WINDOWED` - emits only when watermarks arrive;
 * :data:`WATERMARK_SOURCE` - creates watermarks (``insert_watermarks``);
-* :data:`SINK` - the end of the line: it has no outbound edges.
+* :data:`SINK` - the end of the line: it has no outbound edges;
+* :data:`BUFFERS_INPUT` - takes all of its input before it emits anything (batch
+  aggregations, sort), so it never makes the vertices upstream of it wait (the priority
+  diamond check).
 
 A processor class declares them as ``slipstream_traits = frozenset({...})``; a factory
 whose processors' traits depend on its arguments marks the supplier it returns with
@@ -22,12 +25,21 @@ from __future__ import annotations
 import functools
 from typing import Any, TypeVar
 
-__all__ = ["KEYED", "WINDOWED", "WATERMARK_SOURCE", "SINK", "declare", "traits_of"]
+__all__ = [
+    "KEYED",
+    "WINDOWED",
+    "WATERMARK_SOURCE",
+    "SINK",
+    "BUFFERS_INPUT",
+    "declare",
+    "traits_of",
+]
 
 KEYED = "keyed"
 WINDOWED = "windowed"
 WATERMARK_SOURCE = "watermark-source"
 SINK = "sink"
+BUFFERS_INPUT = "buffers-input"
 
 #: Modules whose processors declare every trait they have (no declaration: none).
 _KNOWN_MODULES = (

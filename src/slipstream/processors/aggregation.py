@@ -46,7 +46,7 @@ from typing import Any
 from slipstream.aggregate import AggregateOperation, counting, identity, is_identity
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.traits import KEYED, declare
+from slipstream.core.traits import BUFFERS_INPUT, KEYED, declare
 from slipstream.core.validation import per_input_fns
 
 __all__ = [
@@ -122,6 +122,8 @@ class AggregateP(AbstractProcessor):
     on some input and before the snapshot was taken are replayed, so they are counted
     twice. Exactly-once (or no restore) counts every item once.
     """
+
+    slipstream_traits = frozenset({BUFFERS_INPUT})
 
     def __init__(self, op: Op, mode: str) -> None:
         self._op = op
@@ -202,6 +204,8 @@ class GroupByKeyP(AbstractProcessor):
     some input but before the snapshot was taken are replayed and accumulated twice for
     their keys. Exactly-once (or no restore) accumulates every item once.
     """
+
+    slipstream_traits = frozenset({BUFFERS_INPUT})
 
     def __init__(self, key_fn: Any, op: Op, mode: str) -> None:
         # one key function per input ordinal (co-grouping), or None for combine
@@ -421,7 +425,7 @@ def aggregate_by_key(key_fn: KeyFns, op: Op) -> Callable[[], GroupByKeyP]:
     """
     _check_op(op, "aggregate_by_key")
     key_fns = per_input_fns(key_fn, "key_fn", "aggregate_by_key()", op.arity)
-    return declare(functools.partial(GroupByKeyP, key_fns, op, "aggregate"), KEYED)
+    return declare(functools.partial(GroupByKeyP, key_fns, op, "aggregate"), KEYED, BUFFERS_INPUT)
 
 
 def accumulate_by_key(key_fn: KeyFns, op: Op) -> Callable[[], GroupByKeyP]:
@@ -437,4 +441,4 @@ def combine_by_key(op: Op) -> Callable[[], GroupByKeyP]:
     emits ``(key, op.finish(combined acc))`` per key. Put it behind a distributed edge
     partitioned by ``slipstream.entry_key``."""
     _check_op(op, "combine_by_key", needs_combine=True)
-    return declare(functools.partial(GroupByKeyP, None, op, "combine"), KEYED)
+    return declare(functools.partial(GroupByKeyP, None, op, "combine"), KEYED, BUFFERS_INPUT)

@@ -23,6 +23,7 @@ from typing import Any
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.core.traits import BUFFERS_INPUT
 
 __all__ = ["SortP", "sort"]
 
@@ -31,6 +32,8 @@ _CHUNK = 1024
 
 class SortP(AbstractProcessor):
     """Collects items, sorts them in ``complete()`` and emits them in order."""
+
+    slipstream_traits = frozenset({BUFFERS_INPUT})
 
     def __init__(self, key_fn: Callable[[Any], Any] | None, reverse: bool) -> None:
         self._key_fn = key_fn

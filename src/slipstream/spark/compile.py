@@ -29,13 +29,12 @@ DAG's terminal vertices by one ``collect()``, so a Spark task retry never counts
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.core.config import JobConfig
-from slipstream.core.dag import DAG, DagWarning, Edge, RoutingPolicy, Vertex
+from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex
 from slipstream.core.errors import DagError
 from slipstream.core.pickling import cloudpickle
 from slipstream.core.suppliers import (
@@ -179,15 +178,16 @@ class EpochInput:
 
 
 def validate(dag: DAG, default_parallelism: int, member_count: int = 1) -> None:
-    """``dag.validate`` with the pickle check, minus the priority-diamond warning: a
+    """``dag.validate`` with the pickle check, minus the priority-diamond check: a
     diamond can deadlock the embedded engine's bounded queues, but here every shuffle
     has all of its producers' output before its consumers start and a task's own
     queues are unbounded, so it cannot."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*different priorities", category=DagWarning)
-        dag.validate(
-            default_parallelism=default_parallelism, check_pickle=True, member_count=member_count
-        )
+    dag.validate(
+        default_parallelism=default_parallelism,
+        check_pickle=True,
+        member_count=member_count,
+        bounded_queues=False,
+    )
 
 
 def plan_vertices(
