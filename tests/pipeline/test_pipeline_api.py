@@ -155,6 +155,21 @@ def test_hash_join_left_outer_and_inner() -> None:
     )
 
 
+def test_self_join_holds_its_probe_side() -> None:
+    """Both sides of the join from one source: before the hold vertex, 5,000 items (more
+    than a queue holds) hung the job (main since the priority diamond check: refused)."""
+    p = ss.Pipeline()
+    src = p.read_from(sources.items([(i, i % 10) for i in range(5000)]))
+    negated = src.map(lambda x: (x[0], -x[1]))
+    negated.hash_join(src, key0, key0, lambda a, b: (a[0], a[1] + b[1])).write_to(
+        sinks.list_sink("joined")
+    )
+    assert [v.name for v in p.to_dag()] == ["source", "map+hash_join-probe-held", "hash_join", "sink"]
+    for members in (1, 2):
+        (joined,) = run(p, "joined", members=members)
+        assert sorted(joined) == [(i, 0) for i in range(5000)]
+
+
 def test_merge_and_peek() -> None:
     seen: list[int] = []
     p = ss.Pipeline()

@@ -21,7 +21,9 @@ The choices a Core API user has to get right, made once here:
   ``set_local_parallelism``); the unkeyed combining stage funnels into one processor;
   vertices that follow their producer through an isolated edge inherit its parallelism.
 * **Joins.** The build side of ``hash_join`` reaches every joining processor (broadcast,
-  distributed) at a higher priority, so it is complete before the first probe item.
+  distributed) at a higher priority, so it is complete before the first probe item. A
+  self-join (both sides from one vertex) holds the probe side in a vertex of its own
+  until it is complete, or the shared vertex would wait for the join for good.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from slipstream import processors as P
 from slipstream.core.dag import DAG, Edge, Vertex
+from slipstream.core.traits import BUFFERS_INPUT, declare
 from slipstream.pipeline.fused import STATELESS_KINDS, ChainFn, fused_chain, input_fused, pipe
 from slipstream.pipeline.stages import Pipeline, PipelineError, Stage
 
@@ -72,6 +75,11 @@ class LagPolicy:
 
     def __repr__(self) -> str:
         return f"LagPolicy(lag={self.lag}, frame={self.frame})"
+
+
+def _same_key(item: Any) -> int:
+    """Every item's sort key when a sort only holds items (a stable sort keeps order)."""
+    return 0
 
 
 def two_stage_window(stage: Stage) -> bool:
@@ -434,10 +442,31 @@ class _Compiler:
         p = s.params
         supplier = keyed.hash_join([p["key_fn"]], [p["other_key_fn"]], p["output_fn"], p["inner"])
         name = self._chain_name(main, s) + self.names[id(s)]
-        v = self.local_inputs(s, self._inputs(main, s), name, supplier)
-        for producer, _fn in self._inputs(other, s):
+        probes, builds = self._inputs(main, s), self._inputs(other, s)
+        if self._lineage([v for v, _ in probes]) & self._lineage([v for v, _ in builds]):
+            name, held = self.names[id(s)], f"{name}-probe-held"
+            # both sides come from one vertex (a self-join): the join reads the probe side
+            # only once the build side has ended, so the shared vertex would wait on the
+            # full probe queues for good (a priority diamond). A vertex that holds the
+            # whole probe side (a stable sort on a constant key keeps the order) frees it.
+            hold = self.local_inputs(s, probes, held, P.sort(_same_key))
+            declare(hold.supplier, BUFFERS_INPUT)  # also when a chain runs inside it
+            probes = [(hold, None)]
+        v = self.local_inputs(s, probes, name, supplier)
+        for producer, _fn in builds:
             self.connect(producer, v, lambda e: e.broadcast().distributed().priority(-1))
         self.out[id(s)] = v
+
+    def _lineage(self, vertices: list[Vertex]) -> set[str]:
+        """The names of ``vertices`` and of every vertex upstream of them."""
+        seen: set[str] = set()
+        todo = [v.name for v in vertices]
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(e.source.name for e in self.dag.inbound_edges(n))
+        return seen
 
     def _build_sink(self, s: Stage) -> None:
         lp = s.local_parallelism if s.local_parallelism != -1 else 1
