@@ -36,6 +36,7 @@ _EXPORTS = {
     "SnapshotError": "slipstream.core.errors:SnapshotError",
     "SnapshotStoreDamagedError": "slipstream.core.errors:SnapshotStoreDamagedError",
     "SnapshotStoreInUseError": "slipstream.core.errors:SnapshotStoreInUseError",
+    "SnapshotStoreRolledBackError": "slipstream.core.errors:SnapshotStoreRolledBackError",
     "Inbox": "slipstream.core.inbox:Inbox",
     "Watermark": "slipstream.core.items:Watermark",
     "Outbox": "slipstream.core.outbox:Outbox",
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
         SnapshotError,
         SnapshotStoreDamagedError,
         SnapshotStoreInUseError,
+        SnapshotStoreRolledBackError,
     )
     from slipstream.core.inbox import Inbox
     from slipstream.core.items import Watermark
@@ -173,6 +175,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotStoreDamagedError",
     "SnapshotStoreInUseError",
+    "SnapshotStoreRolledBackError",
     "MemberAddress",
     "ProcessorMetaSupplier",
     "ProcessorSupplier",

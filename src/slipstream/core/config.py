@@ -50,6 +50,15 @@ class JobConfig:
     ``snapshot_key`` signs the snapshot files (default: ``$SLIPSTREAM_SNAPSHOT_KEY``, else
     a random key per store kept in a private key directory).
 
+    A resume never publishes again what the store's job already published: resuming
+    from an older snapshot than the newest one committed in the store (a store restored
+    from a backup, its newest snapshot and manifest removed) raises
+    ``SnapshotStoreRolledBackError``; ``allow_rollback=True`` resumes all the same and
+    accepts that replay (a warning says so). A store resumed with ``resume=True`` must
+    have been written by a job of the same name, and a snapshot is restored only into
+    the same DAG (vertex names and edges; parallelism may change);
+    ``allow_job_change=True`` takes over another job's store or a changed DAG.
+
     ``max_restarts`` bounds automatic restarts after a processor failure when
     ``auto_restart`` is on; the n-th restart in a row waits ``restart_delay_ms * 2**(n-1)``
     (at most ``restart_delay_max_ms``; a committed snapshot resets the count). After
@@ -77,6 +86,8 @@ class JobConfig:
     restart_delay_ms: float = 100.0
     restart_delay_max_ms: float = 10_000.0
     validate_keys: bool = False
+    allow_rollback: bool = False
+    allow_job_change: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):

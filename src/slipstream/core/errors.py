@@ -67,3 +67,11 @@ class KeyFunctionError(SlipstreamError, ValueError):
     names the edge, the function and the item; the function's own exception is chained
     as ``__cause__``. The key function runs in the processors that send on the edge, so
     a job failing with it names the edge's source vertex as the failing one."""
+
+
+class SnapshotStoreRolledBackError(SnapshotError):
+    """The snapshot store would resume from an older snapshot than one already committed
+    in it (the store was restored from a backup, or its newest snapshot and manifest were
+    removed): the sinks may have published the output after that older snapshot, so
+    resuming would publish it again. The message names the store and both snapshot ids;
+    ``JobConfig(allow_rollback=True)`` resumes anyway and accepts the replay."""

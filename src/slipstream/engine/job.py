@@ -9,7 +9,9 @@ starts a new one from it, ``restart()`` does both.
 The snapshot store belongs to one submission of the job (``Job.execution_id``, a
 random id written into every snapshot file and the manifest): a new submission never
 restores or prunes another one's snapshots unless it asked to resume
-(``JobConfig(resume=True)`` or ``restore_from=``).
+(``JobConfig(resume=True)`` or ``restore_from=``). A resume checks that the store was not
+rolled back, that ``resume=True`` continues the store of a job of the same name and that
+the snapshot fits the DAG (:mod:`~slipstream.engine.snapshot_lineage`).
 """
 
 from __future__ import annotations
@@ -85,8 +87,10 @@ class _Execution:
                 recovering_completed,
                 restore_plan,
             )
+            from slipstream.engine.snapshot_lineage import check_same_dag, dag_shape
 
             routed, completed = restore_plan(restore, self.plans, custom_partitioners(job.dag))
+            check_same_dag(restore, dag_shape(job.dag), config.allow_job_change)
             recovering = recovering_completed(restore, self.plans, completed)
         self.tasklets: list[ProcessorTasklet] = []
         for s in specs:
@@ -264,7 +268,7 @@ class Job(JobHandle):
         #: unique id of this submission: the snapshot store belongs to it
         self.execution_id = os.urandom(16).hex()
         self.store: DirectorySnapshotStore | None = None
-        self._restore_from = _load_snapshot(restore_from, config.snapshot_key)
+        self._restore_from = _load_snapshot(restore_from, config, self.name)
         if config.processing_guarantee is not ProcessingGuarantee.NONE:
             self.store = _make_store(
                 config, engine.work_dir, self.name, f"{self.name}-{self.execution_id[:12]}"
@@ -442,8 +446,18 @@ class Job(JobHandle):
         """Make ``store`` this submission's, returning what to restore from. Another
         submission's unfinished snapshots are used only when asked (``resume``,
         ``restore_from``); a finished submission's are removed on a fresh start."""
+        from slipstream.engine.snapshot_lineage import (
+            check_not_rolled_back,
+            check_same_job,
+            dag_shape,
+            recorded_generation,
+        )
+
+        config = self.config
         owner = store.owner()
-        if restore is None and self.config.resume and owner is not None and not owner.completed:
+        if restore is None and config.resume and owner is not None and not owner.completed:
+            if config.name is not None:  # a generated name differs in every process
+                check_same_job(store.directory, owner.job, self.name, config.allow_job_change)
             restore = store.latest()  # raises if the store cannot prove what it committed
         if owner is not None and restore is None:
             if owner.execution == "?":
@@ -469,10 +483,20 @@ class Job(JobHandle):
                 store.directory,
             )
             store.clear()
-        store.bind(self.name, self.execution_id)
+        if restore is not None or config.resume:
+            generation = check_not_rolled_back(
+                store.directory,
+                self.name,
+                (restore.snapshot_id, restore.job_name) if restore is not None else None,
+                config.allow_rollback,
+            )
+        else:
+            generation = recorded_generation(store.directory)
+        store.bind(self.name, self.execution_id, dag_shape(self.dag))
         if restore is not None or owner is None:
             store.clean_up()
-        self.next_snapshot_id = max(store.file_ids(), default=0) + 1
+        # snapshot ids only grow in a store (its generation), also across submissions
+        self.next_snapshot_id = max(max(store.file_ids(), default=0), generation) + 1
         return restore
 
     def _report_resume(self, spec: Any) -> None:
@@ -527,7 +551,17 @@ class Job(JobHandle):
             return None
         if not self._committed_here:
             return self._restore_from
-        return self.store.latest()
+        data = self.store.latest()
+        if data is not None:  # the store may have been rolled back under the running job
+            from slipstream.engine.snapshot_lineage import check_not_rolled_back
+
+            check_not_rolled_back(
+                self.store.directory,
+                self.name,
+                (data.snapshot_id, data.job_name),
+                self.config.allow_rollback,
+            )
+        return data
 
     def _restart_delay(self) -> float:
         """Seconds before the next restart: doubles with each restart in a row."""
@@ -655,16 +689,25 @@ def _make_store(
     raise TypeError(f"snapshot_store must be a directory path or a DirectorySnapshotStore, got {spec!r}")
 
 
-def _load_snapshot(spec: Any, key: bytes | str | None) -> SnapshotData | None:
-    """``restore_from``: a SnapshotData, a store, or a store directory."""
+def _load_snapshot(spec: Any, config: JobConfig, job_name: str) -> SnapshotData | None:
+    """``restore_from``: a SnapshotData, a store, or a store directory (its newest
+    snapshot, checked not to be older than the store's recorded generation)."""
     if spec is None:
         return None
+    from slipstream.engine.snapshot_lineage import check_not_rolled_back
     from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
 
     if isinstance(spec, SnapshotData):
         return spec
-    store = spec if isinstance(spec, DirectorySnapshotStore) else DirectorySnapshotStore(spec, key=key)
+    store = (
+        spec
+        if isinstance(spec, DirectorySnapshotStore)
+        else DirectorySnapshotStore(spec, key=config.snapshot_key)
+    )
     data = store.latest()
     if data is None:
         raise SnapshotError(f"no committed snapshot found in {store.directory}")
+    check_not_rolled_back(
+        store.directory, job_name, (data.snapshot_id, data.job_name), config.allow_rollback
+    )
     return data

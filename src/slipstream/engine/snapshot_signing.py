@@ -45,11 +45,17 @@ def key_dir() -> str:
     return os.path.join(state, "slipstream", "snapshot-keys")
 
 
-def store_key_path(store_dir: str) -> str:
-    """Where the default key of the store in ``store_dir`` lives."""
+def store_file_path(store_dir: str, suffix: str) -> str:
+    """A file about the store in ``store_dir`` kept in the private key directory, named
+    after the store's real path (``<digest><suffix>``): its key, its generation."""
     real = os.path.realpath(os.path.abspath(store_dir))
     digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return os.path.join(key_dir(), f"{digest}.key")
+    return os.path.join(key_dir(), f"{digest}{suffix}")
+
+
+def store_key_path(store_dir: str) -> str:
+    """Where the default key of the store in ``store_dir`` lives."""
+    return store_file_path(store_dir, ".key")
 
 
 def _as_key(value: bytes | str, origin: str) -> bytes:
@@ -71,6 +77,14 @@ def _check_private(path: str, st: os.stat_result, what: str, mode: int) -> None:
             f"{what} {path} is accessible by other users (mode "
             f"{stat.S_IMODE(st.st_mode):o}); run: chmod {mode:o} {path}"
         )
+
+
+def ensure_key_dir() -> str:
+    """Create the private key directory (``0700``) or check the existing one: a
+    :class:`SnapshotError` if it is not private, ``OSError`` if it cannot be created."""
+    path = key_dir()
+    _private_dir(path)
+    return path
 
 
 def _private_dir(path: str) -> None:

@@ -4,13 +4,17 @@ Each committed snapshot is one file ``snapshot-<id:010d>.bin``::
 
     SLIPSTREAM-SNAPSHOT 2\\n
     <HMAC-SHA256 hex of header + "\\n" + payload>\\n
-    <header: JSON {snapshot_id, job, execution, size, created}>\\n
+    <header: JSON {snapshot_id, job, execution, size, created, dag}>\\n
     <payload: the pickled SnapshotData>
 
 It is written to a temporary name (``.tmp-*``), fsynced and renamed; then ``MANIFEST.json``
-(also signed, temp + fsync + rename) names the committed ids and the execution that owns
-the store. If the manifest cannot be written the new snapshot file is removed again, so a
-snapshot counts as committed only once both are in place.
+(also signed, temp + fsync + rename) names the committed ids, the job and execution that
+own the store and the fingerprint of their DAG. If the manifest cannot be written the new
+snapshot file is removed again, so a snapshot counts as committed only once both are in
+place. Then the store's *generation* (the id of its newest committed snapshot) is
+recorded outside the store, where restoring the directory from a backup cannot take it
+back (:mod:`~slipstream.engine.snapshot_lineage`); only then may sinks publish the
+snapshot's output.
 
 Reading verifies the signature *before* unpickling (see
 :mod:`~slipstream.engine.snapshot_signing`). The manifest is not a single point of
@@ -42,6 +46,7 @@ from typing import Any
 from slipstream.core.errors import SnapshotError, SnapshotStoreDamagedError, SnapshotStoreInUseError
 from slipstream.core.files import atomic_write
 from slipstream.core.pickling import cloudpickle
+from slipstream.engine.snapshot_lineage import DagShape, dag_fingerprint, record_generation
 from slipstream.engine.snapshot_signing import resolve_key, sign, verify
 
 log = logging.getLogger("slipstream.snapshot")
@@ -73,6 +78,10 @@ class SnapshotData:
     snapshot_id: int
     job_name: str
     vertices: dict[str, VertexState] = field(default_factory=dict)
+    #: the shape of the job's DAG (vertex names and edges, see
+    #: :func:`~slipstream.engine.snapshot_lineage.dag_shape`); ``None`` in snapshots of
+    #: older versions (the class default answers for them)
+    dag_shape: Any = None
 
     def entry_count(self) -> int:
         return sum(len(es) for v in self.vertices.values() for es in v.entries.values())
@@ -118,6 +127,7 @@ class DirectorySnapshotStore:
         self.key_origin = ""
         self.job_name: str | None = None
         self.execution_id = ""
+        self.dag_shape: DagShape | None = None
         self._warned_rebuild = False
         self.last_write_bytes: int | None = None  # size of the last committed file
         self._lock_fd: int | None = None
@@ -191,6 +201,8 @@ class DirectorySnapshotStore:
             "latest": ids[-1] if ids else None,
             "completed": completed,
         }
+        if self.dag_shape is not None:
+            manifest["dag"] = dag_fingerprint(self.dag_shape)
         manifest["mac"] = sign(self.key, self._manifest_body(manifest))
         atomic_write(os.path.join(self.directory, MANIFEST), json.dumps(manifest).encode("utf-8"))
 
@@ -263,10 +275,13 @@ class DirectorySnapshotStore:
             os.close(fd)  # releases the flock
 
     # -- writing ------------------------------------------------------------------------------
-    def bind(self, job_name: str, execution_id: str) -> None:
-        """Record the execution that writes the following snapshots."""
+    def bind(self, job_name: str, execution_id: str, dag_shape: DagShape | None = None) -> None:
+        """Record the execution that writes the following snapshots (and its DAG's shape,
+        stamped on each snapshot)."""
         self.job_name = job_name
         self.execution_id = execution_id
+        if dag_shape is not None:
+            self.dag_shape = dag_shape
 
     def ensure_directory(self) -> None:
         """Create the store directory (``0700``); refuse one owned by another user."""
@@ -290,23 +305,28 @@ class DirectorySnapshotStore:
         """Commit ``data`` durably."""
         if self.job_name is None:
             self.job_name = data.job_name
+        if data.dag_shape is None and self.dag_shape is not None:
+            data.dag_shape = self.dag_shape
         self.write_encoded(data.snapshot_id, self.encode(data))
 
     def write_encoded(self, snapshot_id: int, payload: bytes) -> None:
-        """Commit an encoded snapshot (:meth:`encode`): signed file, then manifest; the
-        oldest snapshots beyond ``keep`` are removed. Raises ``OSError`` (disk full,
-        read-only, ...) with nothing committed."""
+        """Commit an encoded snapshot (:meth:`encode`): signed file, then manifest, then
+        the generation outside the store; the oldest snapshots beyond ``keep`` are
+        removed. Raises ``OSError`` (disk full, read-only, ...) with nothing committed,
+        or, when only the generation could not be recorded, with the snapshot in the
+        store but not to be published yet (as after a crash before its sinks commit:
+        the next snapshot names its output too)."""
         self.ensure_directory()
-        header = json.dumps(
-            {
-                "snapshot_id": snapshot_id,
-                "job": self.job_name or "",
-                "execution": self.execution_id,
-                "size": len(payload),
-                "created": time.time(),
-            },
-            sort_keys=True,
-        ).encode("utf-8")
+        info: dict[str, Any] = {
+            "snapshot_id": snapshot_id,
+            "job": self.job_name or "",
+            "execution": self.execution_id,
+            "size": len(payload),
+            "created": time.time(),
+        }
+        if self.dag_shape is not None:
+            info["dag"] = dag_fingerprint(self.dag_shape)
+        header = json.dumps(info, sort_keys=True).encode("utf-8")
         mac = sign(self.key, header, b"\n", payload).encode("ascii")
         path = self._path(snapshot_id)
         previous = self.committed_ids()
@@ -319,6 +339,7 @@ class DirectorySnapshotStore:
         except BaseException:
             _unlink(path)  # not committed: the manifest does not name it
             raise
+        record_generation(self.directory, self.job_name or "", self.execution_id, snapshot_id)
         for i in stale:
             _unlink(self._path(i))
 
@@ -327,6 +348,9 @@ class DirectorySnapshotStore:
         ids = self.committed_ids()
         if ids:
             self._write_manifest(ids, completed=True)
+            record_generation(
+                self.directory, self.job_name or "", self.execution_id, ids[-1], completed=True
+            )
 
     def clean_up(self) -> list[str]:
         """Remove leftover temporary files and snapshot files the manifest does not name
@@ -434,7 +458,8 @@ class DirectorySnapshotStore:
             older = (
                 f"Intact older snapshots: {intact}. To restore one and accept that output "
                 f"published after it is published again, pass restore_from="
-                f"DirectorySnapshotStore({self.directory!r}).read({intact[0]})"
+                f"DirectorySnapshotStore({self.directory!r}).read({intact[0]}) and "
+                f"JobConfig(allow_rollback=True)"
                 if intact
                 else "No older snapshot is intact either"
             )
