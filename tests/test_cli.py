@@ -264,9 +264,9 @@ def test_dot_svg_draws_the_picture(tmp_path: Path) -> None:
     r = run(tmp_path, "dot", "mydag.py:build", "--svg", "dag.svg")
     assert r.returncode == 0, r.stderr
     root = ET.parse(tmp_path / "dag.svg").getroot()
-    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    texts = [" ".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert {"numbers", "square", "out"} <= set(texts)
-    assert "partitioned by lambda" in texts and "unicast" in texts
+    assert "partitioned by lambda x: x % 3" in texts and "unicast" in texts  # the key's source
 
 
 def test_run_a_function_returning_a_pipeline(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ bend around the vertices in between, and the SVG is well-formed and names everyt
 
 from __future__ import annotations
 
+import functools
+import operator
 import xml.etree.ElementTree as ET
 
 from hypothesis import given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from slipstream import DAG, Edge
 from slipstream.dashboard import dag_svg, layout_dag
+from slipstream.dashboard.layout import LABEL_LINE_H, label_width
 
 
 def noop() -> None:
@@ -83,3 +86,60 @@ def test_labels_show_routing_partitioning_priority_and_distribution() -> None:
     assert labels == ["1\u21921 \u00b7 broadcast", "partitioned by by_user \u00b7 distributed \u00b7 priority 2"]
     svg = dag_svg(dag)
     assert "\u00d73 per member" in svg and 'class="edge distributed"' in svg
+
+
+def test_key_functions_are_named_by_what_they_do() -> None:
+    first, second = (lambda t: t[0]), (lambda t: t.symbol)  # two on a line: told apart
+    long = lambda trade: (trade.symbol, trade.exchange, trade.venue, trade.currency)  # noqa: E731
+
+    def by_venue(t: object) -> object:
+        return t
+
+    dag = DAG()
+    targets = {
+        "itemgetter(0)": operator.itemgetter(0),
+        "attrgetter('symbol')": operator.attrgetter("symbol"),
+        "methodcaller('lower')": operator.methodcaller("lower"),
+        "lambda t: t[0]": first,
+        "lambda t: t.symbol": second,
+        f"<lambda> at test_layout.py:{long.__code__.co_firstlineno}": long,
+        "by_venue": by_venue,
+        "partial(by_venue)": functools.partial(by_venue),
+        "str.lower": str.lower,
+    }
+    for i, fn in enumerate(targets.values()):
+        dag.edge(Edge.between(dag.new_vertex(f"s{i}", noop), dag.new_vertex(f"t{i}", noop)).partitioned(fn))
+    labels = [e.label for e in layout_dag(dag).edges]
+    assert labels == [f"partitioned by {name}" for name in targets]
+
+
+def test_labels_fit_between_the_columns_and_inside_the_picture() -> None:
+    # the browser test's DAG: long names, a lambda key; and two parallel edges whose
+    # labels stack, the upper one above the top row (the picture grows to hold it)
+    dag = DAG()
+    a = dag.new_vertex("read-trades-from-kafka", noop)
+    b = dag.new_vertex("count-trades-per-symbol-window", noop).local_parallelism(2)
+    c = dag.new_vertex("write-counts-to-postgres", noop)
+    dag.edge(Edge.between(a, b).partitioned(lambda t: (t.symbol, t.exchange), operator.itemgetter(0)).distributed())
+    dag.edge(Edge.from_(a, 1).to(b, 1).broadcast().priority(1))
+    dag.edge(Edge.between(b, c))
+    lay = layout_dag(dag)
+    first = lay.edges[0]
+    assert first.label_lines == [
+        "partitioned by",
+        "lambda t: (t.symbol, t.exchange)",
+        "(itemgetter(0) partitioner)",
+        "distributed",
+    ]
+    assert first.label == (
+        "partitioned by lambda t: (t.symbol, t.exchange) (itemgetter(0) partitioner) · distributed"
+    )
+    for e in lay.edges:
+        w = label_width(e.label_lines)
+        left, right = e.label_x - w / 2, e.label_x + w / 2
+        top, bottom = e.label_y - len(e.label_lines) * LABEL_LINE_H, e.label_y + 3
+        assert 0 <= left and right <= lay.width and 0 <= top and bottom <= lay.height, e
+        for n in lay.nodes.values():
+            assert right <= n.x or n.x + n.w <= left or bottom <= n.y or n.y + n.h <= top, (e, n)
+    tops = sorted(e.label_y for e in lay.edges[:2])
+    assert tops[1] - tops[0] >= LABEL_LINE_H  # stacked, not on top of each other

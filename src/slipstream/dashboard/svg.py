@@ -3,7 +3,9 @@
 Each vertex is a ``<g class="vertex" data-vertex="NAME">`` with its name and
 parallelism as text and empty slots (``.m-rate``, ``.m-wm``, the ``.m-fill`` bar) that
 the dashboard page fills in live; ``slipstream dot --svg`` leaves them empty.
-Distributed edges are dashed; every edge carries its routing label.
+Distributed edges are dashed; every edge carries its routing label (wrapped to lines,
+placed by the layout in the gap after the source's column) and the whole label as a
+tooltip.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from html import escape
 
 from slipstream.core.dag import DAG
-from slipstream.dashboard.layout import Layout, layout_dag
+from slipstream.dashboard.layout import LABEL_LINE_H, Layout, layout_dag
 
 _STYLE = """
 .vertex rect.box{fill:#f4f7fb;stroke:#35608f;stroke-width:1.5}
@@ -40,21 +42,23 @@ def render_svg(layout: Layout, title: str = "") -> str:
     ]
     if title:
         out.append(f'<text x="12" y="16" class="title" font-size="12">{escape(title)}</text>')
-    seen: dict[tuple[str, str], int] = {}
     for e in layout.edges:
-        k = seen[(e.source, e.dest)] = seen.get((e.source, e.dest), -1) + 1
         cls = "edge distributed" if e.distributed else "edge"
         pts = e.points
         d = f"M{pts[0][0]:.1f},{pts[0][1]:.1f}"
         for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
             mx = (x0 + x1) / 2
             d += f" C{mx:.1f},{y0:.1f} {mx:.1f},{y1:.1f} {x1:.1f},{y1:.1f}"
-        (x0, y0), (x1, y1) = pts[0], pts[1]
-        lx, ly = (x0 + x1) / 2, (y0 + y1) / 2 - 6 - 14 * k
+        nl = len(e.label_lines)
+        spans = "".join(
+            f'<tspan x="{e.label_x:.1f}" y="{e.label_y - (nl - 1 - i) * LABEL_LINE_H:.1f}">{escape(line)}</tspan>'
+            for i, line in enumerate(e.label_lines)
+        )
         out.append(
             f'<g class="{cls}" data-source="{escape(e.source)}" data-dest="{escape(e.dest)}">'
+            f"<title>{escape(e.source)} \u2192 {escape(e.dest)}: {escape(e.label)}</title>"
             f'<path d="{d}" marker-end="url(#arrow)"/>'
-            f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="middle">{escape(e.label)}</text></g>'
+            f'<text text-anchor="middle">{spans}</text></g>'
         )
     for n in layout.nodes.values():
         x, y = n.x, n.y
