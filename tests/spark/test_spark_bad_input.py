@@ -1,6 +1,7 @@
 """Bad input on the Spark engine fails with the embedded engine's messages (the tasks
 run the same collectors and sources): a raising key function names the edge, the
-function and the item, also on a narrow edge (parallelism 1, no shuffle)."""
+function and the item, also on a narrow edge (parallelism 1, no shuffle); a CSV field
+with an unclosed quote and undecodable bytes name the file and line."""
 
 from __future__ import annotations
 
@@ -47,7 +48,36 @@ def test_a_raising_key_function_is_named_with_edge_and_item(spark_session: Any, 
     config = JobConfig(validate_keys=True) if lp == 1 else None
     err = failure(engine, word_dag(lp), config)
     line = key_of.__code__.co_firstlineno
-    assert str(err).split("\n")[0].split(" failed: ", 1)[1] == (
+    assert first_line(err) == (
         "vertex 'words', processor 0: KeyFunctionError: edge 'words' -> 'upper' (ordinal 0): "
         f"key function key_of ({THIS}:{line}) raised KeyError: 'no key for fig' on item 'fig'"
+    )
+
+
+def first_line(err: ss.JobFailedError) -> str:
+    return str(err).split("\n")[0].split(" failed: ", 1)[1]
+
+
+def read_dag(src: Any) -> DAG:
+    dag = DAG()
+    s = dag.new_vertex("src", src).local_parallelism(1)
+    out = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
+    dag.edge(Edge.between(s, out))
+    return dag
+
+
+def test_an_unclosed_csv_quote_and_undecodable_bytes_name_file_and_line(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    engine = ss.spark(spark_session)
+    (tmp_path / "f.csv").write_bytes(b'a,b\r\n1,"x\r\n2,y\r\n3,z\r\n')
+    assert first_line(failure(engine, read_dag(sources.read_csv(tmp_path)))) == (
+        f"vertex 'src', processor 0: ValueError: read_csv (vertex 'src'): {tmp_path / 'f.csv'}:2: "
+        "unclosed quote: the quoted field that starts on this line runs to the end of the file "
+        "(line 4)"
+    )
+    (tmp_path / "x.txt").write_bytes(b"ok\nfine\nab\xffcd\n")
+    assert first_line(failure(engine, read_dag(sources.read_files(tmp_path, "*.txt")))) == (
+        f"vertex 'src', processor 0: ValueError: read_files (vertex 'src'): {tmp_path / 'x.txt'}:3: "
+        "invalid UTF-8 (byte 0xff at column 3, offset 10 in the file: invalid start byte)"
     )

@@ -21,7 +21,10 @@ all is read as empty input, with a warning. A glob in the directory argument
 split where its first wildcard is (:func:`split_glob`).
 
 Text is UTF-8 (``read_files`` takes another ``encoding``). A malformed record fails the
-job with an error naming the file and line (CSV, JSON lines) or the file (Parquet).
+job with an error naming the file and line (CSV, JSON lines) or the file (Parquet); a CSV
+field whose quote is never closed, the line where it opens (``csv`` itself would read the
+rest of the file into that field); bytes that do not decode, the file, line, column and
+byte offset of the first bad byte (:mod:`slipstream.sources.decoding`).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import fnmatch
 import functools
 import json
 import os
+import re
 from collections.abc import Iterator
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from slipstream.core.files import is_data_file_name, require_pyarrow
 from slipstream.core.processor import Context
 from slipstream.core.validation import check_csv_dialect, check_path
 from slipstream.sources.batch import _emit_chunk, _emit_room, _PositionedSource
+from slipstream.sources.decoding import describe_decode_error, locate_decode_error
 
 __all__ = [
     "FileSourceP",
@@ -128,6 +133,7 @@ class FileSourceP(_PositionedSource):
 
     snapshot_tag = "files-offset"
     factory = "read_files"
+    _encoding = "utf-8"
 
     def __init__(self, directory: str, glob: str) -> None:
         self._directory = directory
@@ -195,9 +201,12 @@ class FileSourceP(_PositionedSource):
             room = _emit_room(outbox)
             if room <= 0:
                 return False
-            if self._it is None:
-                self._start_file()
-            chunk = self._read(room)
+            try:
+                if self._it is None:
+                    self._start_file()
+                chunk = self._read(room)
+            except UnicodeDecodeError as e:
+                raise self._decode_error(e) from e
             if chunk:
                 _emit_chunk(outbox, chunk)
                 self._record += len(chunk)
@@ -231,6 +240,21 @@ class FileSourceP(_PositionedSource):
 
     def close(self) -> None:
         self._close_file()
+
+    def _decode_error(self, error: UnicodeDecodeError) -> ValueError:
+        """The file, line, column and byte offset where the current file stops being
+        text in the reader's encoding (found again by reading it from its start: blocks
+        are decoded whole, so ``error`` alone does not know the line)."""
+        path = self._files[self._file_index]
+        encoding = self._encoding
+        try:
+            place = locate_decode_error(path, encoding)
+        except OSError:
+            place = None
+        if place is None:  # gone or rewritten meanwhile: say what the reader saw
+            return ValueError(f"{self._where()}: {describe_decode_error(error, encoding)}")
+        text = describe_decode_error(place.error, encoding, place.column, place.offset)
+        return ValueError(f"{self._where(place.line)}: {text}")
 
     def _where(self, line: int | None = None) -> str:
         path = self._files[self._file_index]
@@ -336,11 +360,18 @@ class ReadCsvP(FileSourceP):
 
     def _records(self, path: str) -> Iterator[Any]:
         fh = self._fh = open(path, encoding="utf-8", newline="")  # closed in _close_file
-        reader = csv.reader(fh, self._dialect)
+        # set when the reader asks for a line after the last one: a row it returns then
+        # was cut by the end of the file (an unclosed quote), which csv does not report
+        # (chain + iter(callable, sentinel): no Python code per line)
+        at_end: list[bool] = []
+        lines = chain(fh, iter(functools.partial(at_end.append, True), None))
+        reader = csv.reader(lines, self._dialect)
         names: list[str] | None = None
         as_dicts = self._as_dicts
         try:
             for row in reader:
+                if at_end:
+                    raise self._unclosed(row, reader)
                 if not row:
                     continue
                 if self._header and names is None:
@@ -357,8 +388,25 @@ class ReadCsvP(FileSourceP):
                     yield tuple(row)
         except csv.Error as e:
             raise ValueError(f"{self._where(reader.line_num)}: malformed CSV row: {e}") from e
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{self._where(reader.line_num + 1)}: not UTF-8: {e}") from e
+
+    def _unclosed(self, row: list[str], reader: Any) -> ValueError:
+        """The error for a row the end of the file cut: its last field is the one left
+        open, so the line it starts on is the file's last line less the line breaks in
+        that field (each line's own break included)."""
+        last = reader.line_num
+        field = row[-1] if row else ""
+        breaks = len(_LINE_BREAK.findall(field))
+        start = last - breaks + (1 if _LINE_BREAK.search(field[-1:] or "x") else 0)
+        if reader.dialect.quoting == csv.QUOTE_NONE:
+            what = "a field continued by an escaped line break"
+        else:
+            what = "unclosed quote: the quoted field that starts on this line"
+        return ValueError(
+            f"{self._where(start)}: {what} runs to the end of the file (line {last})"
+        )
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 class ReadJsonlP(FileSourceP):
@@ -371,20 +419,16 @@ class ReadJsonlP(FileSourceP):
     def _records(self, path: str) -> Iterator[Any]:
         fh = self._fh = open(path, encoding="utf-8", newline=None)  # closed in _close_file
         loads = json.loads
-        lineno = 0
-        try:
-            for lineno, line in enumerate(fh, 1):  # noqa: B007 - used after the loop
-                try:
-                    yield loads(line)
-                except json.JSONDecodeError as e:
-                    if not line.strip():
-                        continue
-                    raise ValueError(
-                        f"{self._where(lineno)}: malformed JSON line: {e.msg} "
-                        f"(column {e.colno}): {line.rstrip()[:200]!r}"
-                    ) from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{self._where(lineno + 1)}: not UTF-8: {e}") from e
+        for lineno, line in enumerate(fh, 1):
+            try:
+                yield loads(line)
+            except json.JSONDecodeError as e:
+                if not line.strip():
+                    continue
+                raise ValueError(
+                    f"{self._where(lineno)}: malformed JSON line: {e.msg} "
+                    f"(column {e.colno}): {line.rstrip()[:200]!r}"
+                ) from None
 
 
 class ReadParquetP(FileSourceP):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from slipstream.sources.decoding import describe_decode_error
+
 __all__ = [
     "BAD_LINES",
     "DEFAULT_MAX_LINE_BYTES",
@@ -135,10 +137,13 @@ class LineAssembler:
 BAD_LINES_METRIC = "bad_lines_skipped"
 
 
-def decode_line(raw: Any, encoding: str, where: str, line_no: int, skip: bool) -> str | None:
+def decode_line(
+    raw: Any, encoding: str, where: str, line_no: int, skip: bool, offset: int | None = None
+) -> str | None:
     """``raw`` (bytes or :class:`SkippedLine`) as text without a trailing ``\r``; ``None``
     for a line to skip (too long, or not decodable when ``skip``). ``where`` names the
-    file or connection in the error, with ``line_no``."""
+    connection in the error (``<where>, line <n>``), or, given the byte ``offset`` where
+    the line starts, the file (``<where>:<n>``, the offset of the bad byte too)."""
     if type(raw) is SkippedLine:
         return None
     try:
@@ -146,8 +151,11 @@ def decode_line(raw: Any, encoding: str, where: str, line_no: int, skip: bool) -
     except UnicodeDecodeError as e:
         if skip:
             return None
+        column = len(raw[: e.start].decode(encoding, "replace")) + 1
+        at = f"{where}, line {line_no}" if offset is None else f"{where}:{line_no}"
+        bad_at = None if offset is None else offset + e.start
         raise ValueError(
-            f"{where}, line {line_no}: cannot decode it as {encoding}: {e} "
+            f"{at}: {describe_decode_error(e, encoding, column, bad_at)} "
             "(bad_lines='skip' skips and counts such lines)"
         ) from e
     if line and line[-1] == "\r":

@@ -430,12 +430,11 @@ class StreamFilesP(_IdleMarkingSource):
         encoding = self.encoding
         skipped = 0
         first = i
+        where = self._where(f)
         try:
             while i < n:
                 raw = batch[i]
-                line = decode_line(
-                    raw, encoding, f"stream_files: {self._path(f)}", line_no + 1, self._skip
-                )
+                line = decode_line(raw, encoding, where, line_no + 1, self._skip, offset)
                 if line is not None and not offer(line):
                     break
                 if line is None:
@@ -460,6 +459,10 @@ class StreamFilesP(_IdleMarkingSource):
 
     def _path(self, f: _TrackedFile) -> str:
         return os.path.join(self.directory, f.name)
+
+    def _where(self, f: _TrackedFile) -> str:
+        """How errors name file ``f`` (followed by ``:<line>``)."""
+        return f"stream_files (vertex {self.context.vertex_name!r}): {self._path(f)}"
 
     def _read(self, identity: tuple[int, int]) -> bool:
         """Read the next chunk of ``identity`` and queue its complete lines. ``True`` if
@@ -501,7 +504,7 @@ class StreamFilesP(_IdleMarkingSource):
             lines = f.assembler.feed(data)
         except LineTooLongError as e:
             raise ValueError(
-                f"stream_files: {path}, line {f.line + e.complete_before + 1}: {e} (max_line_length; "
+                f"{self._where(f)}:{f.line + e.complete_before + 1}: {e} (max_line_length; "
                 "bad_lines='skip' skips and counts such lines)"
             ) from e
         if lines:
