@@ -22,14 +22,27 @@ def event(seq: int) -> tuple[int, int]:
     return (now - 60_000 if seq % 10 == 9 else now, seq)
 
 
-def streaming_dag(rate: float = 400.0) -> DAG:
+#: The vertex names of :func:`streaming_dag` with ``long_names``: as long as a real job's
+#: (the dashboard must fit them at 1280 px without a horizontal scrollbar).
+LONG_NAMES = {
+    "events": "read-trades-from-kafka",
+    "timestamps": "parse-and-timestamp-trades",
+    "count-per-window": "count-trades-per-symbol-window",
+    "sink": "write-counts-to-postgres",
+}
+
+
+def streaming_dag(rate: float = 400.0, long_names: bool = False) -> DAG:
+    def name(short: str) -> str:
+        return LONG_NAMES[short] if long_names else short
+
     dag = DAG()
-    src = dag.new_vertex("events", sources.generator(event, rate)).local_parallelism(1)
+    src = dag.new_vertex(name("events"), sources.generator(event, rate)).local_parallelism(1)
     wm = dag.new_vertex(
-        "timestamps", P.insert_watermarks(lambda e: e[0], lambda: with_fixed_lag(50))
+        name("timestamps"), P.insert_watermarks(lambda e: e[0], lambda: with_fixed_lag(50))
     ).local_parallelism(1)
     win = dag.new_vertex(
-        "count-per-window",
+        name("count-per-window"),
         P.aggregate_to_sliding_window(
             key_fn=lambda e: e[1] % 4,
             timestamp_fn=lambda e: e[0],
@@ -37,7 +50,7 @@ def streaming_dag(rate: float = 400.0) -> DAG:
             agg_op=counting(),
         ),
     ).local_parallelism(2)
-    out = dag.new_vertex("sink", sinks.noop()).local_parallelism(1)
+    out = dag.new_vertex(name("sink"), sinks.noop()).local_parallelism(1)
     dag.edge(Edge.between(src, wm))
     dag.edge(Edge.between(wm, win).partitioned(lambda e: e[1] % 4))
     dag.edge(Edge.between(win, out))

@@ -2,19 +2,21 @@
 ``make test``) loads the page while a job runs; the DAG and live counters must appear.
 
 Driven through Selenium with Debian's chromedriver, so nothing is downloaded. The
-screenshot goes to the test's temp dir; with SLIPSTREAM_DOCS_SCREENSHOT=path it is also
-copied there (that is how docs/images/dashboard.png is made, see docs/watching.md).
+screenshots go to the test's temp dir; with SLIPSTREAM_DOCS_SCREENSHOT=path the one of
+the whole page at 1280 px is also copied there (that is how docs/images/dashboard.png is
+made, see docs/watching.md).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dashboard_support import streaming_dag, wait_for
+from dashboard_support import LONG_NAMES, streaming_dag, wait_for
 
 import slipstream as ss
 from slipstream import JobConfig, ProcessingGuarantee
@@ -96,6 +98,110 @@ def test_page_shows_dag_and_live_counters(browser: Any, tmp_path: Path) -> None:
         assert rate.startswith("in ")
         updates = int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
         wait_for(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-updates")) > updates)
+        shot = tmp_path / "dashboard.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+#: Keeps the page's first /api/jobs answer (set before the page's own script runs).
+FIRST_ANSWER = """
+(function(){var f=window.fetch;window.fetch=function(u,o){var p=f.apply(this,arguments);
+  if(String(u).indexOf('api/jobs')===0&&!window.__firstJobs){p.then(function(r){return r.clone().json();})
+    .then(function(d){if(!window.__firstJobs)window.__firstJobs=d;});}
+  return p;};})();
+"""
+
+#: Per edge label: its box (getBBox, in the SVG's user units), and the boxes of the vertices.
+LABEL_BOXES = """
+var svg=document.querySelector('section.job svg.dag'), vb=svg.viewBox.baseVal;
+function box(e){var b=e.getBBox();return [b.x,b.y,b.x+b.width,b.y+b.height];}
+return {view:[vb.x,vb.y,vb.x+vb.width,vb.y+vb.height],
+  labels:Array.from(svg.querySelectorAll('g.edge text')).map(function(t){return [t.textContent,box(t)];}),
+  vertices:Array.from(svg.querySelectorAll('g.vertex')).map(function(g){return [
+    g.getAttribute('data-vertex'),box(g.querySelector('rect.box')),box(g.querySelector('text.name')),
+    box(g.querySelector('text.par'))];})};
+"""
+
+
+def overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+@pytest.mark.slow
+def test_charts_snapshots_and_a_dag_that_fits_1280_px(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.set_window_size(1280, 800)
+    browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": FIRST_ANSWER})
+    names = LONG_NAMES
+    with ss.local(dashboard=0) as engine:
+        job = engine.new_job(
+            streaming_dag(long_names=True),
+            JobConfig(
+                name="trades",
+                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                snapshot_interval_ms=300,
+                snapshot_store=str(tmp_path / "snaps"),
+            ),
+        )
+        wait_for(lambda: job.metrics.get(names["events"], {}).get("items_out", 0) >= 100, what="output")
+        browser.get(engine.dashboard_url)
+
+        def js(script: str) -> Any:
+            return browser.execute_script(script)
+
+        # rates from the first load of a running job (on main the first answer said 0/s)
+        first = wait_for(lambda: js("return window.__firstJobs"), what="the first answer")
+        (j,) = first["jobs"]
+        rates = {v["name"]: (v["in_rate"], v["out_rate"]) for v in j["vertices"]}
+        assert rates[names["events"]][1] > 0 and rates[names["timestamps"]][0] > 0, rates
+        events_row = f'tr[data-vertex="{names["events"]}"] [data-f=out_rate]'
+        shown = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, events_row).text, what="a rate")
+        assert shown.endswith("/s") and shown != "0/s"
+
+        # no horizontal scrolling at 1280 px, neither the page nor the DAG's box
+        wait_for(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-updates")) >= 1)
+        page_w = js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert page_w[0] <= page_w[1], page_w
+        dag_w = js("var b=document.querySelector('.dagbox');return [b.scrollWidth, b.clientWidth]")
+        assert dag_w[0] <= dag_w[1], dag_w
+
+        # every edge label inside the picture and clear of every box; names inside theirs
+        boxes = js(LABEL_BOXES)
+        view = boxes["view"]
+        assert any("partitioned by" in text and "lambda e: e[1] % 4" in text for text, _ in boxes["labels"])
+        for text, b in boxes["labels"]:
+            assert view[0] <= b[0] and b[2] <= view[2] and view[1] <= b[1] and b[3] <= view[3], (text, b, view)
+            for name, rect, _, _ in boxes["vertices"]:
+                assert not overlap(b, rect), (text, b, name, rect)
+        for name, rect, name_text, par_text in boxes["vertices"]:
+            assert rect[0] <= name_text[0] and name_text[2] <= par_text[0] and par_text[2] <= rect[2], name
+
+        # the sparklines fill in from the server's history: a line of several points
+        def points(vertex: str, cls: str) -> int:
+            path = browser.find_element(By.CSS_SELECTOR, f'.vchart[data-vertex="{vertex}"] path.{cls}')
+            return len(re.findall(r"[ML][-\d.]+,[-\d.]+", path.get_attribute("d") or ""))
+
+        wait_for(lambda: points(names["events"], "out") >= 4, what="the rate sparkline")
+        assert points(names["timestamps"], "lag") >= 4 and points(names["sink"], "fill") >= 4
+        assert points(names["events"], "lag") == 0  # a source has no watermark to lag
+
+        # the snapshot table: a row per commit the dashboard saw, newest first
+        def rows() -> list[list[str]]:
+            trs = browser.find_elements(By.CSS_SELECTOR, "table.snapshots tbody tr")
+            return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in trs]
+
+        table = wait_for(lambda: len(r := rows()) >= 3 and r[0][0].isdigit() and r, what="snapshot rows")
+        ids = [int(r[0]) for r in table]
+        assert ids == sorted(ids, reverse=True)
+        for _id, committed, duration, size, entries, pause in table:
+            assert re.fullmatch(r"\d+:\d\d:\d\d( [AP]M)?", committed), committed
+            assert re.fullmatch(r"[\d.]+ (ms|s)", duration) and re.fullmatch(r"[\d.]+ (B|KiB|MiB)", size)
+            assert entries.isdigit() and int(entries) > 0 and re.fullmatch(r"[\d.]+ ms|\u2013", pause)
+        assert any(r[5] != "\u2013" for r in table)  # pauses known
+
+        # one screenshot of the whole page at 1280 px (docs/images/dashboard.png is made this way)
+        height = js("return document.documentElement.scrollHeight")
+        browser.set_window_size(1280, height + 140)
         shot = tmp_path / "dashboard.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         target = os.environ.get("SLIPSTREAM_DOCS_SCREENSHOT")

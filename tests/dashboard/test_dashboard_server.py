@@ -192,3 +192,49 @@ def test_host_allowed_rules() -> None:
     assert host_allowed("[2001:db8::7]", names, any_ip=True)
     assert not host_allowed("10.1.2.3.nip.io", names, any_ip=True)
     assert not host_allowed("10.1.2.3:http", names, any_ip=True)
+
+
+def test_first_request_has_rates_and_the_server_keeps_history(tmp_path: Any) -> None:
+    with ss.local(dashboard=0) as engine:
+        job = engine.new_job(
+            streaming_dag(),
+            JobConfig(
+                name="kept",
+                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                snapshot_interval_ms=200,
+                snapshot_store=str(tmp_path / "snaps"),
+            ),
+        )
+        wait_for(lambda: job.metrics.get("events", {}).get("items_out", 0) >= 100, what="the job to emit")
+        api = engine.dashboard_url + "api/jobs"
+        # the page's first request: rates from the server's readings (on main: 0/s)
+        first = get_json(api)
+        assert vertex(first, "events")["out_rate"] > 0 and vertex(first, "timestamps")["in_rate"] > 0
+
+        def kept() -> Any:
+            (j,) = get_json(api)["jobs"]
+            return len(j["history"]["t"]) >= 3 and len(j["snapshot_history"]) >= 2 and j
+
+        j = wait_for(kept, what="three history points and two snapshot commits")
+        hist = j["history"]
+        assert hist["span_s"] == 300.0 and hist["interval_s"] == 1.0
+        assert hist["t"] == sorted(hist["t"])
+        assert list(hist["vertices"]) == ["events", "timestamps", "count-per-window", "sink"]
+        n = len(hist["t"])
+        for series in hist["vertices"].values():
+            assert sorted(series) == ["in_rate", "out_rate", "queue_fill", "watermark_lag_ms"]
+            assert all(len(values) == n for values in series.values())
+        assert max(hist["vertices"]["events"]["out_rate"]) > 0
+        assert hist["vertices"]["events"]["watermark_lag_ms"] == [None] * n  # a source: none
+        ids = [s["id"] for s in j["snapshot_history"]]
+        assert ids == sorted(set(ids))
+        for s in j["snapshot_history"]:
+            assert sorted(s) == ["bytes", "committed_at", "duration_ms", "entries", "id", "pause_ms"]
+            assert s["bytes"] > 0 and s["entries"] > 0 and s["duration_ms"] >= 0
+        # a page asks only for the points after the newest it has
+        newer = get_json(f"{api}?since={hist['t'][-1]}")["jobs"][0]["history"]
+        assert all(t > hist["t"][-1] for t in newer["t"])
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(api + "?since=yesterday", timeout=10)
+        assert ei.value.code == 400
+        assert ei.value.read().decode() == "since='yesterday': expected seconds since the epoch\n"

@@ -1,9 +1,12 @@
 """The dashboard's HTML: one self-contained page (inline CSS and script, no CDN).
 
-The server renders a section per job (header, the DAG as SVG, a table per vertex); the
-script polls ``/api/jobs`` every second and writes the numbers into elements marked
-with ``data-*`` attributes, fetching the section of a job that appeared since. Data is
-written with ``textContent`` only, so nothing a job reports can inject markup.
+The server renders a section per job (header, the DAG as SVG, a card of small charts
+per vertex, a table per vertex, the snapshot history); the script polls ``/api/jobs``
+every second and writes the numbers into elements marked with ``data-*`` attributes,
+fetching the section of a job that appeared since. The charts draw the server's history
+(:mod:`slipstream.dashboard.history`): the first poll brings the last minutes, later ones
+only the points after the newest the page has (``?since=``). Data is written with
+``textContent`` and SVG attributes only, so nothing a job reports can inject markup.
 """
 
 from __future__ import annotations
@@ -29,7 +32,24 @@ section.job h2{font-size:16px;margin:0 0 6px 0}
 .facts{font-size:13px;color:#3c4a5c;margin:4px 0 8px 0}
 .facts span{margin-right:16px}
 .error{color:#b3261e;font-family:monospace;white-space:pre-wrap}
-.dagbox{overflow-x:auto;border:1px solid #dde3ea;border-radius:6px;margin:6px 0 10px 0}
+.dagbox{overflow-x:auto;border:1px solid #dde3ea;border-radius:6px;margin:6px 0 10px 0;cursor:zoom-in}
+.dagbox svg{display:block;max-width:100%;height:auto}
+.dagbox.natural{cursor:zoom-out}.dagbox.natural svg{max-width:none}
+h3{font-size:14px;margin:12px 0 6px 0;color:#14233a}
+h3 .note{font-weight:normal;font-size:12px;color:#5a6b80;margin-left:8px}
+.key{display:inline-block;width:14px;height:3px;vertical-align:middle;margin:0 3px 0 8px}
+.k-in{background:#35608f}.k-out{background:#3a9a5b}.k-lag{background:#8a5fb0}.k-fill{background:#c47a1c}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(280px,1fr));gap:8px;margin-bottom:10px}
+.vchart{border:1px solid #dde3ea;border-radius:6px;padding:6px 8px;min-width:0}
+.vchart .vname{font-weight:600;font-size:13px;margin-bottom:2px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.chart{display:flex;align-items:center;gap:6px;font-size:11px;color:#5a6b80;height:34px}
+.chart .lbl{width:52px;flex:none}
+.chart svg.spark{flex:1 1 auto;min-width:0;height:30px;background:#f4f7fb;border-radius:3px}
+.chart .val{width:78px;flex:none;text-align:right;font-family:monospace;color:#14233a;line-height:1.2}
+.chart .val small{display:block;color:#5a6b80}
+svg.spark path{fill:none;stroke-width:1.5;vector-effect:non-scaling-stroke;stroke-linejoin:round}
+svg.spark path.in{stroke:#35608f}svg.spark path.out{stroke:#3a9a5b}
+svg.spark path.lag{stroke:#8a5fb0}svg.spark path.fill{stroke:#c47a1c}
 table{border-collapse:collapse;font-size:13px;width:100%}
 th,td{padding:3px 8px;text-align:right;border-bottom:1px solid #e4e9ef}
 th:first-child,td:first-child{text-align:left}
@@ -41,17 +61,75 @@ td.num{font-family:monospace}
 
 _SCRIPT = """
 (function(){
-  var POLL=%(poll)d, updates=0;
+  var POLL=%(poll)d, updates=0, since=null, hist={};
+  var SVGNS='http://www.w3.org/2000/svg', W=300, H=30;
   function fmtN(x){if(x===null||x===undefined)return '\\u2013';
     var a=Math.abs(x);if(a>=1e9)return (x/1e9).toFixed(1)+'G';if(a>=1e6)return (x/1e6).toFixed(1)+'M';
     if(a>=1e4)return (x/1e3).toFixed(1)+'k';return String(Math.round(x*10)/10);}
   function fmtMs(ms){if(ms===null||ms===undefined)return '\\u2013';
+    if(Math.abs(ms)<10)return ms.toFixed(2)+' ms';
     if(Math.abs(ms)<1000)return Math.round(ms)+' ms';return (ms/1000).toFixed(1)+' s';}
   function fmtB(b){if(b===null||b===undefined)return '\\u2013';
     if(b>=1048576)return (b/1048576).toFixed(1)+' MiB';if(b>=1024)return (b/1024).toFixed(1)+' KiB';return b+' B';}
+  function fmtPct(f){return f===null||f===undefined?'\\u2013':Math.round(f*100)+'%%';}
   function set(root,sel,text){var els=root.querySelectorAll(sel);
     for(var i=0;i<els.length;i++){if(els[i].textContent!==text)els[i].textContent=text;}}
   function esc(s){return (window.CSS&&CSS.escape)?CSS.escape(s):s.replace(/["\\\\]/g,'\\\\$&');}
+  // the server's history of a job, kept here for the charts: new points appended,
+  // points older than the span dropped
+  function merge(jid,h){
+    var k=hist[jid];if(!k){k=hist[jid]={t:[],v:{},span:h.span_s};}
+    var n=h.t.length;if(!n)return k;
+    var old=k.t.length;k.t=k.t.concat(h.t);
+    Object.keys(h.vertices).forEach(function(name){
+      var src=h.vertices[name],dst=k.v[name];
+      if(!dst){dst=k.v[name]={};Object.keys(src).forEach(function(s){
+        dst[s]=new Array(old).fill(null);});}
+      Object.keys(src).forEach(function(s){dst[s]=dst[s].concat(src[s]);});});
+    Object.keys(k.v).forEach(function(name){Object.keys(k.v[name]).forEach(function(s){
+      var a=k.v[name][s];while(a.length<k.t.length)a.push(null);});});
+    var last=k.t[k.t.length-1],cut=0;while(cut<k.t.length&&k.t[cut]<last-k.span)cut++;
+    if(cut){k.t=k.t.slice(cut);Object.keys(k.v).forEach(function(name){
+      Object.keys(k.v[name]).forEach(function(s){k.v[name][s]=k.v[name][s].slice(cut);});});}
+    return k;}
+  function maxOf(arrs){var m=0;arrs.forEach(function(a){a.forEach(function(x){
+    if(x!==null&&x>m)m=x;});});return m;}
+  // a line from the oldest kept point (at most span seconds back) to the newest; no
+  // line where a figure is unknown
+  function pathD(ts,vs,span,max){
+    var t1=ts[ts.length-1],d='',pen=false;
+    for(var i=0;i<ts.length;i++){var v=vs[i];
+      if(v===null||v===undefined){pen=false;continue;}
+      var x=W-(t1-ts[i])/span*W, y=H-1-(H-2)*(max>0?Math.min(v/max,1):0);
+      d+=(pen?'L':'M')+x.toFixed(1)+','+y.toFixed(1);pen=true;}
+    return d;}
+  function range(k){return Math.max(k.t.length?k.t[k.t.length-1]-k.t[0]:0,1);}
+  function fmtRange(s){return s<90?Math.round(s)+' s':Math.round(s/60)+' min';}
+  function draw(card,k,name){
+    var v=k.v[name];if(!v||!k.t.length)return;
+    var span=range(k);
+    var rmax=maxOf([v.in_rate,v.out_rate]), lmax=maxOf([v.watermark_lag_ms]);
+    var lines={'in':[v.in_rate,rmax],'out':[v.out_rate,rmax],'lag':[v.watermark_lag_ms,lmax],'fill':[v.queue_fill,1]};
+    Object.keys(lines).forEach(function(c){var p=card.querySelector('path.'+c);
+      if(p)p.setAttribute('d',pathD(k.t,lines[c][0],span,lines[c][1]));});
+    set(card,'[data-f=rate_max]','max '+fmtN(rmax)+'/s');
+    set(card,'[data-f=lag_max]',lmax>0?'max '+fmtMs(lmax):'');
+    set(card,'[data-f=fill_max]','max '+fmtPct(maxOf([v.queue_fill])));}
+  function snapRows(sec,j){
+    var body=sec.querySelector('table.snapshots tbody');if(!body)return;
+    var list=(j.snapshot_history||[]).slice().reverse();
+    set(sec,'[data-f=snapcount]',j.snapshots?(j.snapshots+' committed'+(list.length<j.snapshots?
+      '; listed: the last '+list.length+' the dashboard saw (it reads the last commit once a second)':'')):'');
+    var key=list.map(function(s){return s.id+':'+s.committed_at+':'+s.pause_ms;}).join(',');
+    if(body.getAttribute('data-key')===key)return;
+    body.setAttribute('data-key',key);while(body.firstChild)body.removeChild(body.firstChild);
+    if(!list.length){var tr=document.createElement('tr'),td=document.createElement('td');
+      td.colSpan=6;td.className='empty';td.textContent='none yet';tr.appendChild(td);body.appendChild(tr);return;}
+    list.forEach(function(s){var tr=document.createElement('tr');
+      [String(s.id),new Date(s.committed_at*1000).toLocaleTimeString(),fmtMs(s.duration_ms),fmtB(s.bytes),
+       s.entries===undefined||s.entries===null?'\\u2013':String(s.entries),fmtMs(s.pause_ms)].forEach(function(t,i){
+        var td=document.createElement('td');if(i)td.className='num';td.textContent=t;tr.appendChild(td);});
+      body.appendChild(tr);});}
   function updateJob(sec,j){
     var st=sec.querySelector('.status');st.textContent=j.status;st.className='status '+j.status;
     set(sec,'[data-f=elapsed]',j.elapsed_s===null?'\\u2013':j.elapsed_s+' s');
@@ -63,6 +141,8 @@ _SCRIPT = """
     if(sg&&j.stages&&j.stages.length){sg.parentNode.style.display='';
       set(sec,'[data-f=stages]',j.stages.slice(-3).map(function(x){
         return '#'+x.id+' '+x.tasks_done+'/'+x.tasks_total+(x.tasks_active?' ('+x.tasks_active+' running)':'');}).join(', '));}
+    var k=merge(j.id,j.history);
+    set(sec,'[data-f=range]',k.t.length?fmtRange(range(k)):'');
     j.vertices.forEach(function(v){
       var row=sec.querySelector('tr[data-vertex="'+esc(v.name)+'"]');
       if(row){
@@ -70,13 +150,20 @@ _SCRIPT = """
         set(row,'[data-f=out_rate]',fmtN(v.out_rate)+'/s');
         set(row,'[data-f=items_in]',String(v.items_in));
         set(row,'[data-f=items_out]',String(v.items_out));
-        set(row,'[data-f=queue_fill]',v.queue_fill===null?'\\u2013':Math.round(v.queue_fill*100)+'%%');
+        set(row,'[data-f=queue_fill]',fmtPct(v.queue_fill));
         var bar=row.querySelector('.bar i');if(bar)bar.style.width=Math.round((v.queue_fill||0)*100)+'%%';
         set(row,'[data-f=watermark]',v.watermark===null?'\\u2013':
             (v.watermark_lag_ms!==null?new Date(v.watermark).toISOString().substr(11,12):String(v.watermark)));
         set(row,'[data-f=watermark_lag]',fmtMs(v.watermark_lag_ms));
         set(row,'[data-f=late]',String(v.late_items_dropped));
         set(row,'[data-f=parallelism]',v.parallelism===null?'\\u2013':String(v.parallelism));
+      }
+      var card=sec.querySelector('.vchart[data-vertex="'+esc(v.name)+'"]');
+      if(card){
+        set(card,'[data-f=rate_now]',(v.items_in||!v.items_out?fmtN(v.in_rate):fmtN(v.out_rate))+'/s');
+        set(card,'[data-f=lag_now]',fmtMs(v.watermark_lag_ms));
+        set(card,'[data-f=fill_now]',fmtPct(v.queue_fill));
+        draw(card,k,v.name);
       }
       var g=sec.querySelector('g.vertex[data-vertex="'+esc(v.name)+'"]');
       if(g){
@@ -87,12 +174,17 @@ _SCRIPT = """
         if(f)f.setAttribute('width',String(Math.round((v.queue_fill||0)*parseFloat(f.getAttribute('data-full')))));
       }
     });
+    snapRows(sec,j);
   }
+  document.addEventListener('click',function(e){
+    var box=e.target.closest&&e.target.closest('.dagbox');if(box)box.classList.toggle('natural');});
   function poll(){
-    fetch('api/jobs',{cache:'no-store'}).then(function(r){return r.json();}).then(function(d){
+    var url='api/jobs'+(since===null?'':'?since='+since);
+    fetch(url,{cache:'no-store'}).then(function(r){return r.json();}).then(function(d){
       var main=document.querySelector('main'), pending=[];
       var empty=main.querySelector('.empty');if(empty&&d.jobs.length)empty.remove();
       d.jobs.forEach(function(j){
+        var ts=j.history.t;if(ts.length&&(since===null||ts[ts.length-1]>since))since=ts[ts.length-1];
         var sec=document.getElementById('job-'+j.id);
         if(sec){updateJob(sec,j);return;}
         pending.push(fetch('api/jobs/'+encodeURIComponent(j.id)+'/section').then(function(r){return r.text();})
@@ -125,6 +217,27 @@ def page_html(sections: list[str]) -> str:
     )
 
 
+def _spark(lbl: str, paths: str, now: str, peak: str) -> str:
+    return (
+        f'<div class="chart"><span class="lbl">{lbl}</span>'
+        f'<svg class="spark" viewBox="0 0 300 30" preserveAspectRatio="none">{paths}</svg>'
+        f'<span class="val"><span data-f="{now}"></span><small data-f="{peak}"></small></span></div>'
+    )
+
+
+def _chart_card(vertex: str) -> str:
+    """A vertex's small charts of the last minutes: items per second (in and out),
+    watermark lag, queue fill; each with its current value and its maximum (the scale's
+    top; queue fill's scale is 0-100 %)."""
+    return (
+        f'<div class="vchart" data-vertex="{escape(vertex)}"><div class="vname">{escape(vertex)}</div>'
+        + _spark("items/s", '<path class="in"/><path class="out"/>', "rate_now", "rate_max")
+        + _spark("wm lag", '<path class="lag"/>', "lag_now", "lag_max")
+        + _spark("queue fill", '<path class="fill"/>', "fill_now", "fill_max")
+        + "</div>"
+    )
+
+
 def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
     """One job's section; the numbers are filled in by the script."""
     jid = escape(job_id)
@@ -139,6 +252,7 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         '<td class="num" data-f="late"></td></tr>'
         for v in vertices
     )
+    charts = "".join(_chart_card(v) for v in vertices)
     return (
         f'<section class="job" id="job-{jid}" data-job="{jid}">'
         f'<h2>{escape(name)} <span class="status"></span></h2>'
@@ -147,9 +261,18 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         '<span>last snapshot <b data-f="snapshot"></b></span>'
         '<span style="display:none">Spark stages (tasks done/total) <b data-f="stages"></b></span></div>'
         '<div class="error" data-f="error"></div>'
-        f'<div class="dagbox">{svg}</div>'
-        "<table><thead><tr><th>vertex</th><th>processors</th><th>in/s</th><th>out/s</th>"
+        f'<div class="dagbox" title="click: actual size / fit the page">{svg}</div>'
+        '<h3>History <span class="note">last <span data-f="range"></span>, a point a second'
+        '<i class="key k-in"></i>items in/s'
+        '<i class="key k-out"></i>items out/s<i class="key k-lag"></i>watermark lag'
+        '<i class="key k-fill"></i>queue fill (0-100 %)</span></h3>'
+        f'<div class="charts">{charts}</div>'
+        "<table class=\"vertices\"><thead><tr><th>vertex</th><th>processors</th><th>in/s</th><th>out/s</th>"
         "<th>items in</th><th>items out</th><th>queue fill</th><th>watermark</th>"
         "<th>watermark lag</th><th>late dropped</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></section>"
+        f"<tbody>{rows}</tbody></table>"
+        '<h3>Snapshots<span class="note" data-f="snapcount"></span></h3>'
+        '<table class="snapshots"><thead><tr><th>id</th><th>committed</th><th>duration</th>'
+        "<th>size</th><th>entries</th><th>longest pause</th></tr></thead><tbody></tbody></table>"
+        "</section>"
     )

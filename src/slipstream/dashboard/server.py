@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from slipstream.dashboard.history import History, Poller
 from slipstream.dashboard.page import job_section, page_html
 from slipstream.dashboard.prometheus import CONTENT_TYPE as PROM_TYPE
 from slipstream.dashboard.prometheus import metrics_text
@@ -88,6 +89,7 @@ class DashboardServer:
         self.any_ip = host in _WILDCARDS
         self._refused_before = False
         self.sampler = Sampler()
+        self.history = History()
         self._svg: dict[str, str] = {}
         self._svg_lock = threading.Lock()
         outer = self
@@ -103,6 +105,7 @@ class DashboardServer:
             target=self._httpd.serve_forever, name="slipstream-dashboard", daemon=True
         )
         self._thread.start()
+        self._poller = Poller(self.describe_all, self.history)
 
     @property
     def url(self) -> str:
@@ -111,6 +114,7 @@ class DashboardServer:
 
     def close(self) -> None:
         """Stop serving and release the port."""
+        self._poller.close()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
@@ -124,7 +128,9 @@ class DashboardServer:
             return []
 
     def describe_all(self) -> list[dict[str, Any]]:
-        return [self.sampler.describe(j, _job_id(j)) for j in self.job_list()]
+        jobs = self.job_list()
+        self.sampler.retain({_job_id(j) for j in jobs})
+        return [self.sampler.describe(j, _job_id(j)) for j in jobs]
 
     def find(self, job_id: str) -> Any:
         for j in self.job_list():
@@ -156,6 +162,13 @@ class DashboardServer:
         return job_section(_job_id(job), job.name, self.svg_of(job), names)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        return float(text) == float(text)  # not NaN
+    except ValueError:
+        return False
+
+
 def _job_id(job: Any) -> str:
     return str(getattr(job, "id", None) or id(job))
 
@@ -169,7 +182,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         d = self.server_ref
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         try:
             if not host_allowed(self.headers.get("Host"), d.allowed_hosts, d.any_ip):
                 self._refuse(self.headers.get("Host", ""))
@@ -177,8 +191,12 @@ class _Handler(BaseHTTPRequestHandler):
                 sections = [d.section_of(j) for j in d.job_list()]
                 self._send(200, "text/html; charset=utf-8", page_html(sections).encode())
             elif path == "/api/jobs":
-                doc = {"time": time.time(), "jobs": d.describe_all()}
-                self._send(200, "application/json", json.dumps(doc).encode())
+                since = parse_qs(url.query).get("since", [None])[-1]
+                if since is not None and not _is_number(since):
+                    self._send(400, "text/plain", f"since={since!r}: expected seconds since the epoch\n".encode())
+                    return
+                jobs = d.history.attach(d.describe_all(), float(since) if since is not None else None)
+                self._send(200, "application/json", json.dumps({"time": time.time(), "jobs": jobs}).encode())
             elif path == "/metrics":
                 self._send(200, PROM_TYPE, metrics_text(d.describe_all))
             elif path.startswith("/api/jobs/"):

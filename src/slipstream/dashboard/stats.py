@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 #: Watermarks at or above this (1 Jan 2000 in epoch milliseconds) are taken as wall-clock
@@ -20,17 +21,27 @@ EPOCH_MS_FLOOR = 946_684_800_000
 _KNOWN = ("items_in", "items_out", "late_items_dropped")
 
 
+#: Readings of a job's counters kept to compute rates from (the newest few seconds').
+_READINGS_KEPT = 16
+
+Totals = dict[str, tuple[int, int]]  # vertex -> (items_in, items_out)
+
+
 class Sampler:
-    """Keeps the previous reading of each job's counters to turn totals into rates.
-    A reading younger than ``min_interval`` seconds is reused, so many viewers polling at
-    once see steady rates. Thread safe."""
+    """Keeps recent readings of each job's counters to turn totals into rates: a rate
+    is the growth since the newest kept reading at least ``min_interval`` seconds old,
+    and a reading is kept only ``min_interval`` after the previous one, so many viewers
+    polling at once see steady rates. A job's first reading has no earlier one: its
+    rates are then its totals over the time since submission, never a blank 0/s. The
+    dashboard's poller reads every job once a second, so a page's first request already
+    has rates from the server's own readings. Thread safe."""
 
     def __init__(self, min_interval: float = 0.5, clock: Any = time.time) -> None:
         self.min_interval = min_interval
         self._clock = clock
         self._lock = threading.Lock()
-        # job key -> (time, {vertex: (items_in, items_out)}, {vertex: (in_rate, out_rate)})
-        self._prev: dict[Any, tuple[float, dict[str, tuple[int, int]], dict[str, tuple[float, float]]]] = {}
+        # job key -> readings (time, totals), oldest first
+        self._readings: dict[Any, deque[tuple[float, Totals]]] = {}
 
     def describe(self, job: Any, job_key: Any = None) -> dict[str, Any]:
         """A JSON-ready description of ``job`` (see docs/watching.md for the fields)."""
@@ -45,7 +56,8 @@ class Sampler:
             if not v.startswith("__")
         }
         # an unreadable moment (no totals) must not turn the next reading into a spike
-        rates = self._rates(key, now, totals, terminal=_is_terminal(job)) if totals else {}
+        submitted = getattr(job, "submission_time", None)
+        rates = self._rates(key, now, totals, _is_terminal(job), submitted) if totals else {}
         wms = watch.get("watermarks", {})
         fills = watch.get("queue_fill", {})
         par = watch.get("parallelism", {})
@@ -77,12 +89,12 @@ class Sampler:
                 done, total = progress[name]
                 entry["progress"] = {"done": int(done), "total": int(total)}
             vertices.append(entry)
+        job_metrics = metrics.get("__job__", {})
         snap = watch.get("snapshot")
         if snap is not None:
             snap = dict(snap)
             snap["age_s"] = round(max(0.0, now - snap.get("committed_at", now)), 1)
-        job_metrics = metrics.get("__job__", {})
-        submitted = getattr(job, "submission_time", None)
+            snap.setdefault("pause_ms", _pause_ms(snap, job_metrics))
         ended = getattr(job, "completion_time", None)
         return {
             "id": str(getattr(job, "id", key)),
@@ -100,21 +112,54 @@ class Sampler:
         }
 
     def _rates(
-        self, key: Any, now: float, totals: dict[str, tuple[int, int]], terminal: bool
+        self, key: Any, now: float, totals: Totals, terminal: bool, submitted: float | None
     ) -> dict[str, tuple[float, float]]:
+        if terminal:
+            return {}
         with self._lock:
-            prev = self._prev.get(key)
-            if prev is not None and now - prev[0] < self.min_interval:
-                return prev[2]
-            rates: dict[str, tuple[float, float]] = {}
-            if prev is not None and not terminal:
-                dt = now - prev[0]
-                for v, (i, o) in totals.items():
-                    pi, po = prev[1].get(v, (0, 0))
-                    # a restart resets counters: never show a negative rate
-                    rates[v] = (max(0, i - pi) / dt, max(0, o - po) / dt)
-            self._prev[key] = (now, totals, rates)
-            return rates
+            readings = self._readings.setdefault(key, deque(maxlen=_READINGS_KEPT))
+            ref = next(
+                (r for r in reversed(readings) if now - r[0] >= self.min_interval and now > r[0]), None
+            )
+            if ref is None and readings and now > readings[0][0]:
+                ref = readings[0]  # only younger readings: the oldest of them
+            if not readings or now - readings[-1][0] >= self.min_interval:
+                readings.append((now, totals))
+        if ref is None:
+            if submitted is None or now <= submitted:
+                return {}
+            ref = (submitted, {})  # counters start at 0 when the job is submitted
+        t0, prev = ref
+        dt = now - t0
+        rates: dict[str, tuple[float, float]] = {}
+        for v, (i, o) in totals.items():
+            pi, po = prev.get(v, (0, 0))
+            # a restart resets counters: never show a negative rate
+            rates[v] = (max(0, i - pi) / dt, max(0, o - po) / dt)
+        return rates
+
+    def retain(self, keys: set[Any]) -> None:
+        """Forget the readings of jobs not in ``keys`` (the engine dropped them)."""
+        with self._lock:
+            for k in [k for k in self._readings if k not in keys]:
+                del self._readings[k]
+
+
+def _pause_ms(snap: dict[str, Any], job_metrics: dict[str, Any]) -> float | None:
+    """The longest processor pause of the commit ``snap`` describes, from the job's
+    metrics (``snapshot_pause_us`` is the last commit's), or ``None`` while those
+    describe another commit (one that committed between the two reads): the figures
+    must match the commit's duration, size and entries."""
+    pause = job_metrics.get("snapshot_pause_us")
+    dur_us = job_metrics.get("snapshot_duration_us")
+    if pause is None or dur_us is None or snap.get("duration_ms") is None:
+        return None
+    same = (
+        abs(dur_us / 1000.0 - float(snap["duration_ms"])) <= 0.1
+        and job_metrics.get("snapshot_bytes") == (snap.get("bytes") or 0)
+        and job_metrics.get("snapshot_entries") == snap.get("entries")
+    )
+    return round(pause / 1000.0, 3) if same else None
 
 
 def _vertex_names(job: Any, metrics: dict[str, Any]) -> list[str]:
