@@ -230,7 +230,12 @@ def _engine(a: argparse.Namespace, module: ModuleType) -> tuple[Any, Any]:
                 pass  # slipstream.spark() below says what to install
             else:
                 spark_cloudpickle.register_pickle_by_value(module)
-        engine = slipstream.spark(master=a.master) if a.master else slipstream.spark()
+        from slipstream.spark.session import SparkUnavailableError
+
+        try:
+            engine = slipstream.spark(master=a.master) if a.master else slipstream.spark()
+        except SparkUnavailableError as e:  # no pyspark or Java, a master not there
+            raise CliError(str(e)) from None
         server = None
         if a.dashboard is not None:
             from slipstream.dashboard.server import DashboardServer

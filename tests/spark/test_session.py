@@ -57,6 +57,7 @@ def test_importing_session_module_does_not_import_pyspark() -> None:
     code = (
         "import sys\n"
         "import slipstream.spark.session\n"
+        "import slipstream.spark.gateway\n"
         "import slipstream.spark.standalone\n"
         "bad = sorted(m for m in sys.modules if m == 'pyspark' or m.startswith('pyspark.'))\n"
         "print(bad)\n"
