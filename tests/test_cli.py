@@ -295,3 +295,41 @@ def test_the_demo_dag_make_demo_points_to_loads(tmp_path: Path) -> None:
     r = run(tmp_path, "dot", f"{example}:watch_dag", "--svg", "-", "--", "--rate", "100")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("<svg") and 'data-vertex="trades"' in r.stdout
+
+
+LATE_MODULE = textwrap.dedent(
+    """
+    import slipstream as ss
+    from slipstream import sinks, sources
+    from slipstream.aggregate import counting
+    from slipstream.window import tumbling_window_def
+
+    def ticks(n: int = 3000):
+        p = ss.Pipeline()
+        (
+            p.read_from(sources.generator(lambda i: (i % 3, 10 * i + (i * 7919) % 1500), None, max_items=n))
+            .with_timestamps(lambda e: e[1], allowed_lag_ms=100)
+            .group_by(lambda e: e[0])
+            .window(tumbling_window_def(1000))
+            .aggregate(counting())
+            .write_to(sinks.noop())
+        )
+        return p
+    """
+)
+
+
+def test_the_summary_says_how_many_late_items_were_dropped(tmp_path: Path) -> None:
+    """Issue 21, item 1: on main the CLI said only "completed" after dropping items."""
+    (tmp_path / "late.py").write_text(LATE_MODULE)
+    r = subprocess.run(
+        [sys.executable, "-m", "slipstream", "run", "late:ticks", "--quiet", "--threads", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    final = [x for x in lines if " late items in all " in x]
+    assert len(final) == 1 and final[0].startswith("job 'ticks' dropped ")
+    late = int(final[0].split()[3])
+    assert lines[-1].startswith("job 'ticks' completed in ")
+    assert lines[-1].endswith(f" s, dropping {late} late items")

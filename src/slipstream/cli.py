@@ -36,6 +36,7 @@ from typing import Any
 from slipstream.core.config import JobConfig, ProcessingGuarantee
 from slipstream.core.dag import DAG
 from slipstream.core.errors import SlipstreamError
+from slipstream.core.late_items import LATE_METRIC
 
 
 class CliError(Exception):
@@ -334,7 +335,13 @@ def cmd_run(a: argparse.Namespace) -> int:
         if server is not None:
             server.close()
         engine.shutdown()
-    print(f"job {job.name!r} completed in {time.monotonic() - start:.2f} s", file=sys.stderr)
+    # the summary says what the job dropped (the engine warned about it, too)
+    late = sum(m.get(LATE_METRIC, 0) for n, m in job.metrics.items() if n != "__job__")
+    dropped = f", dropping {late} late item{'s' if late != 1 else ''}" if late else ""
+    print(
+        f"job {job.name!r} completed in {time.monotonic() - start:.2f} s{dropped}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -362,6 +362,7 @@ def test_windows_under_exactly_once_snapshots(tmp_path: Any) -> None:
         processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
         snapshot_interval_ms=5,
         snapshot_store=str(tmp_path),
+        batch_watermarks=True,  # watermarks flow (a batch job would hold them)
     )
     engine = ss.local(outbox_capacity=64)
     # the portable two-stage DAG: new_job(p) on this one-processor engine compiles one

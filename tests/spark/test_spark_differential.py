@@ -44,15 +44,15 @@ LP = 2
 
 
 def run_both(
-    spark_session: Any, build: Callable[[], DAG], members: int = 1
+    spark_session: Any, build: Callable[[], DAG], members: int = 1, config: Any = None
 ) -> tuple[Any, Any, Any, Any]:
     """Run ``build()`` on both engines (same members and default local parallelism);
     returns ``(local engine, local job, spark engine, spark job)``."""
     local = ss.local(cooperative_threads=LP, members=members)
-    local_job = local.new_job(build())
+    local_job = local.new_job(build(), config)
     local_job.join(60)
     spark = ss.spark(spark_session, members=members, local_parallelism=LP)
-    spark_job = spark.new_job(build())
+    spark_job = spark.new_job(build(), config)
     spark_job.join(180)
     return local, local_job, spark, spark_job
 
@@ -361,7 +361,9 @@ def test_library_two_stage_sliding_window(spark_session: Any) -> None:
         dag.edge(Edge.between(comb, out).distributed().all_to_one())
         return dag
 
-    local, lj, spark, sj = run_both(spark_session, build, members=2)
+    # watermarks flow through both stages (a batch job would hold them)
+    flowing = ss.JobConfig(batch_watermarks=True)
+    local, lj, spark, sj = run_both(spark_session, build, members=2, config=flowing)
     got_local = sorted(tuple(r) for r in local.get_list("windows"))
     got_spark = sorted(tuple(r) for r in spark.get_list("windows"))
     assert got_spark == got_local
@@ -405,7 +407,8 @@ def test_library_session_windows(spark_session: Any) -> None:
         dag.edge(Edge.between(sess, out).distributed().all_to_one())
         return dag
 
-    local, _lj, spark, _sj = run_both(spark_session, build, members=2)
+    flowing = ss.JobConfig(batch_watermarks=True)
+    local, _lj, spark, _sj = run_both(spark_session, build, members=2, config=flowing)
     got_local = sorted(tuple(r) for r in local.get_list("sessions"))
     got_spark = sorted(tuple(r) for r in spark.get_list("sessions"))
     assert got_spark == got_local

@@ -72,6 +72,15 @@ class JobConfig:
     fails on every item fails the job at parallelism 1 too); ``True`` calls it on every
     item, so that a key function failing on some items fails the same way at any
     parallelism. It costs a Python call per item on such edges (docs/performance.md).
+
+    ``batch_watermarks``: in a *batch* job (every source bounded: items, lists, files, SQL
+    queries, Spark DataFrames) watermark inserters hold their watermarks back by default
+    (``False``), as Spark's and Flink's batch modes ignore watermarks: no item is late, and
+    the windows, emitted when the input ends, hold every item, as if the input had been
+    sorted by time. Memory then holds every window until the end. ``True`` lets
+    watermarks flow as in a stream (windows emitted as the input advances, memory bounded
+    by the open windows): items behind the watermark are then dropped, counted
+    (``late_items_dropped``) and reported in a warning, as in every streaming job.
     """
 
     name: str | None = None
@@ -88,6 +97,7 @@ class JobConfig:
     validate_keys: bool = False
     allow_rollback: bool = False
     allow_job_change: bool = False
+    batch_watermarks: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):

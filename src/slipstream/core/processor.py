@@ -46,6 +46,8 @@ class Context:
         "metrics",
         "current_snapshot_id",
         "snapshot_hooks",
+        "hold_watermarks",
+        "metric_listener",
     )
 
     def __init__(
@@ -85,6 +87,12 @@ class Context:
         self.current_snapshot_id = 0
         # the engine's snapshot coordinator, when the job takes snapshots
         self.snapshot_hooks: Any = None
+        # a batch job (every source bounded): watermark inserters emit no watermark, so
+        # windows see every item and emit at the end (see JobConfig.batch_watermarks)
+        self.hold_watermarks = False
+        # the engine's listener(vertex_name, metric, delta) of increment_metric, if any:
+        # the job reports dropped late items from it (slipstream.core.late_items)
+        self.metric_listener: Callable[[str, str, int], None] | None = None
 
     @property
     def snapshotting_enabled(self) -> bool:
@@ -114,6 +122,9 @@ class Context:
 
     def increment_metric(self, name: str, delta: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + delta
+        listener = self.metric_listener
+        if listener is not None:
+            listener(self.vertex_name, name, delta)
 
     def __repr__(self) -> str:
         return (

@@ -11,7 +11,9 @@ each vertex's supplier:
 * :data:`SINK` - the end of the line: it has no outbound edges;
 * :data:`BUFFERS_INPUT` - takes all of its input before it emits anything (batch
   aggregations, sort), so it never makes the vertices upstream of it wait (the priority
-  diamond check).
+  diamond check);
+* :data:`BOUNDED` - a source whose input ends (items, lists, files, SQL queries): a job
+  whose every source is bounded is a *batch* job (:func:`all_sources_bounded`).
 
 A processor class declares them as ``slipstream_traits = frozenset({...})``; a factory
 whose processors' traits depend on its arguments marks the supplier it returns with
@@ -26,11 +28,13 @@ import functools
 from typing import Any, TypeVar
 
 __all__ = [
+    "BOUNDED",
     "KEYED",
     "WINDOWED",
     "WATERMARK_SOURCE",
     "SINK",
     "BUFFERS_INPUT",
+    "all_sources_bounded",
     "declare",
     "traits_of",
 ]
@@ -40,6 +44,7 @@ WINDOWED = "windowed"
 WATERMARK_SOURCE = "watermark-source"
 SINK = "sink"
 BUFFERS_INPUT = "buffers-input"
+BOUNDED = "bounded"
 
 #: Modules whose processors declare every trait they have (no declaration: none).
 _KNOWN_MODULES = (
@@ -72,3 +77,11 @@ def traits_of(supplier: Any) -> frozenset[str] | None:
     if isinstance(module, str) and module.startswith(_KNOWN_MODULES):
         return frozenset()
     return None
+
+
+def all_sources_bounded(dag: Any) -> bool:
+    """Whether every source vertex of ``dag`` (no inbound edge) declares :data:`BOUNDED`:
+    the job is then a batch job. A source of unknown traits (a custom processor that
+    declares none) counts as unbounded."""
+    sources = [v for v in dag.vertices if not dag.inbound_edges(v)]
+    return bool(sources) and all(BOUNDED in (traits_of(v.supplier) or ()) for v in sources)

@@ -28,6 +28,8 @@ from slipstream.core.dag import DAG
 from slipstream.core.errors import JobFailedError, SnapshotError, SnapshotStoreInUseError
 from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.job_handle import JobHandle
+from slipstream.core.late_items import LateItemsReport
+from slipstream.core.traits import all_sources_bounded
 from slipstream.engine import gc_tuning
 from slipstream.engine.plan import build_vertex_plans, wire
 from slipstream.engine.tasklet import ProcessorTasklet
@@ -96,6 +98,7 @@ class _Execution:
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
             s.context.snapshot_hooks = self.coordinator
+            s.context.metric_listener = job.late_items.on_metric
             restore_entries = None
             if restore is not None and (key not in completed or key in recovering):
                 restore_entries = routed.get(key, [])
@@ -269,6 +272,12 @@ class Job(JobHandle):
         self.execution_id = os.urandom(16).hex()
         self.store: DirectorySnapshotStore | None = None
         self._restore_from = _load_snapshot(restore_from, config, self.name)
+        #: every source is bounded (items, lists, files, SQL): a batch job
+        self.bounded = all_sources_bounded(dag)
+        #: warns about items the windows drop as late (never silently)
+        self.late_items = LateItemsReport(
+            self.name, log, batch=self.bounded and config.batch_watermarks
+        )
         if config.processing_guarantee is not ProcessingGuarantee.NONE:
             self.store = _make_store(
                 config, engine.work_dir, self.name, f"{self.name}-{self.execution_id[:12]}"
@@ -649,6 +658,7 @@ class Job(JobHandle):
                     )
             self.store.unlock()
         self.completion_time = time.time()
+        self.late_items.finish()
         self._status = status
         self._terminal.set()
         self._suspended.set()

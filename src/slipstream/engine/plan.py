@@ -23,6 +23,7 @@ from slipstream.core.suppliers import (
     SupplierContext,
     processors_of,
 )
+from slipstream.core.traits import all_sources_bounded
 from slipstream.engine.collectors import Collector, PerTargetCollector, RoundRobinCollector
 from slipstream.engine.inbound import InboundEdgeStream
 from slipstream.engine.queues import CrossMemberQueue, SpscQueue
@@ -150,6 +151,8 @@ def build_vertex_plans(
         sample_data=True,
     )
     addresses = member_addresses(member_count)
+    # a batch job's watermark inserters hold their watermarks (JobConfig.batch_watermarks)
+    hold_watermarks = not config.batch_watermarks and all_sources_bounded(dag)
     plans: dict[str, VertexPlan] = {}
     for v in dag.topological_order():
         lp = effective_parallelism(v, default_parallelism)
@@ -173,6 +176,7 @@ def build_vertex_plans(
                         services=services,
                     )
                 )
+                vp.contexts[-1].hold_watermarks = hold_watermarks
         plans[v.name] = vp
     return plans
 

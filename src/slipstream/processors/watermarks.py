@@ -6,6 +6,10 @@ The processor passes every item through unchanged and, in front of the items, in
 windowing processors downstream, which can count what they drop. Keeping the two concerns
 apart also means an item is never lost just because a policy was tuned too tight.
 
+In a batch job (every source bounded) it emits no watermark at all unless
+``JobConfig(batch_watermarks=True)``: the windows then see every item and emit when the
+input ends, as Spark's and Flink's batch modes do (``Context.hold_watermarks``).
+
 During a lull (empty inbox) the engine calls ``try_process()``; time-based policies
 (``limiting_lag_and_delay`` and friends) then move the watermark forward without events,
 which is what lets the last windows of a paused stream be emitted.
@@ -32,7 +36,7 @@ from operator import ge, sub
 from typing import Any
 
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
+from slipstream.core.items import IDLE_MESSAGE, MAX_TIMESTAMP, NO_WATERMARK, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey
@@ -122,6 +126,11 @@ class InsertWatermarksP(AbstractProcessor):
                 "report_event(ts) and current_watermark())"
             )
         self._policy = policy
+        if context.hold_watermarks:
+            # a batch job: no watermark before the input ends, so no item is late
+            # (JobConfig.batch_watermarks); the items still go through the checks above
+            self._policy = _HeldPolicy()
+            self._idle_timeout = None
         if self._idle_timeout is not None:
             self._last_item_at = self._clock()
 
@@ -367,6 +376,20 @@ class InsertWatermarksP(AbstractProcessor):
 
     def __repr__(self) -> str:
         return f"InsertWatermarksP(last_emitted={self._last_emitted}, idle={self._idle})"
+
+
+class _HeldPolicy:
+    """The policy of an inserter in a batch job: it never advances. Its report threshold
+    is above every timestamp, so chunks of items move at C speed."""
+
+    def report_event(self, timestamp: int) -> int:
+        return NO_WATERMARK
+
+    def current_watermark(self) -> int:
+        return NO_WATERMARK
+
+    def report_threshold(self) -> int:
+        return MAX_TIMESTAMP + 1
 
 
 def _raises(fn: Callable[[Any], Any], item: Any) -> bool:

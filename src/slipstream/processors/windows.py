@@ -57,6 +57,7 @@ from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.errors import SnapshotError
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
+from slipstream.core.late_items import LATE_METRIC
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
 from slipstream.core.traits import KEYED, WINDOWED, declare
@@ -79,8 +80,8 @@ __all__ = [
 NEXT_WIN_TO_EMIT_KEY = BroadcastKey("window.next_win_to_emit")
 """Snapshot key of the emission cursor (broadcast: restore takes the minimum)."""
 
-LATE_METRIC = "late_items_dropped"
-"""The metric counting the items a window processor dropped as late."""
+# the metric counting the items a window processor dropped as late: the engines warn
+# about them (slipstream.core.late_items)
 
 _MISSING: Any = object()
 _KWR = KeyedWindowResult

@@ -27,6 +27,7 @@ from typing import Any
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
+from slipstream.core.traits import BOUNDED
 from slipstream.core.validation import check_name
 
 __all__ = ["items", "list_source", "map_source"]
@@ -63,6 +64,8 @@ class _PositionedSource(AbstractProcessor):
     """
 
     snapshot_tag = "offset"
+    #: its input ends: a job whose every source is bounded is a batch job
+    slipstream_traits = frozenset({BOUNDED})
 
     def _position(self) -> Any:
         raise NotImplementedError

@@ -44,6 +44,7 @@ from slipstream.core.suppliers import (
     ProcessorSupplier,
     SupplierContext,
 )
+from slipstream.core.traits import all_sources_bounded
 from slipstream.engine.plan import VertexPlan, edge_label, edge_targets, effective_parallelism
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG
 from slipstream.spark.io import SparkDataFrameSink, SparkRowSource, SparkStreamSource
@@ -264,6 +265,13 @@ class _Compiler:
         self.services = services
         self.epoch = epoch
         self.mode = epoch.mode if epoch is not None else RunMode.BATCH
+        # a batch job's watermark inserters hold their watermarks, as on the embedded
+        # engine (JobConfig.batch_watermarks)
+        self.hold_watermarks = (
+            self.mode is RunMode.BATCH
+            and not config.batch_watermarks
+            and all_sources_bounded(dag)
+        )
         self.edge_ids = {id(e): i for i, e in enumerate(dag.edges)}
         self.plans = plan_vertices(dag, member_count, default_parallelism, config.validate_keys)
         self.stubs = {name: p.vertex for name, p in self.plans.items()}
@@ -348,6 +356,7 @@ class _Compiler:
             if epoch is not None and self.mode is RunMode.MICRO_EPOCH
             else None,
             failure_key=self.failure_key,
+            hold_watermarks=self.hold_watermarks,
         )
 
     def input_rdd(self, v: Vertex, inbound: list[Edge]) -> Any:

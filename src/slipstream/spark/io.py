@@ -39,7 +39,7 @@ from slipstream.core.suppliers import (
     ProcessorMetaSupplier,
     ProcessorSupplier,
 )
-from slipstream.core.traits import SINK
+from slipstream.core.traits import BOUNDED, SINK
 
 __all__ = [
     "SparkRowSource",
@@ -106,6 +106,9 @@ class _DriverRowSupplier(ProcessorSupplier):
 class SparkRowSource(ProcessorMetaSupplier):
     """Meta-supplier of a source vertex reading a DataFrame or an RDD (see module doc)."""
 
+    #: a DataFrame or RDD ends (a job whose every source is bounded is a batch job)
+    slipstream_traits = frozenset({BOUNDED})
+
     def __init__(self, data: Any, map_fn: Callable[[Any], Any] | None, kind: str) -> None:
         if map_fn is not None and not callable(map_fn):
             raise TypeError(f"map_fn must be callable, got {type(map_fn).__name__}")
@@ -140,6 +143,8 @@ class SparkRowSource(ProcessorMetaSupplier):
 class SparkStreamSource(SparkRowSource):
     """Meta-supplier of a source vertex fed by a *streaming* DataFrame: each micro-batch's
     rows feed the source processors of that epoch (Spark engine only)."""
+
+    slipstream_traits: frozenset[str] = frozenset()  # a stream never ends
 
     def __init__(self, df: Any, map_fn: Callable[[Any], Any] | None) -> None:
         super().__init__(df, map_fn, "stream")

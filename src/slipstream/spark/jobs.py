@@ -21,6 +21,8 @@ from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
 from slipstream.core.errors import JobFailedError
 from slipstream.core.job_handle import JobHandle
+from slipstream.core.late_items import LATE_METRIC, LateItemsReport
+from slipstream.core.traits import all_sources_bounded
 from slipstream.engine.plan import member_addresses
 from slipstream.spark.compile import CompiledDag, compile_dag
 from slipstream.spark.failures import (
@@ -95,6 +97,20 @@ class SparkJobBase(JobHandle):
         self.failure_key = new_failure_key()
         self.submission_time = time.time()
         self.completion_time: float | None = None
+        #: warns about items the windows drop as late (from the counts the tasks return)
+        self.late_items = LateItemsReport(self.name, log, batch=self._is_batch())
+
+    def _is_batch(self) -> bool:
+        """A batch job that let its watermarks flow (``batch_watermarks=True``): the
+        late-item warning then says that the default keeps every item."""
+        return False
+
+    def _report_late(self, results: list[dict[str, Any]], warn: bool = True) -> None:
+        """Feed the late items the tasks of ``results`` dropped to :attr:`late_items`."""
+        for r in results:
+            count = r["metrics"].get(LATE_METRIC, 0)
+            if count:
+                self.late_items.add(r["vertex"], count, warn=warn)
 
     def _join_error(self) -> JobFailedError:
         assert self._error is not None
@@ -194,6 +210,9 @@ class SparkJob(SparkJobBase):
     def __init__(self, engine: JobHost, dag: DAG, config: JobConfig) -> None:
         super().__init__(engine, dag, config)
         self._compiled: CompiledDag | None = None
+
+    def _is_batch(self) -> bool:
+        return self.config.batch_watermarks and all_sources_bounded(self.dag)
         self._broadcast: Any = None
         self._thread: threading.Thread | None = None
 
@@ -257,6 +276,9 @@ class SparkJob(SparkJobBase):
             write_all(self.engine.session, compiled, None)
             self.engine.merge_results(results)
             self._metrics = sum_metrics(results, compiled.order)
+            # the counts arrive with the results: one warning, with the total
+            self._report_late(results, warn=False)
+            self.late_items.finish()
             self.engine.set_dataframes(compiled.dataframes)
         except BaseException as exc:  # noqa: BLE001 - reported through join()
             error = exc

@@ -308,6 +308,7 @@ class _EpochJob(SparkJobBase):
         self.store.write(snapshot)  # the commit point of the epoch
         committed_at = time.time()
         engine.merge_results(results)
+        self._report_late(results)
         if self.max_list_items is not None:
             engine.trim_lists({name for r in results for name in r["lists"]}, self.max_list_items)
         with self._lock:
@@ -434,6 +435,7 @@ class SparkStreamingJob(_EpochJob):
             self._status = JobStatus.FAILED
         else:
             self._status = JobStatus.COMPLETED  # e.g. trigger availableNow
+        self.late_items.finish()
         self._terminal.set()
 
     def _epoch(self, batch_df: Any, epoch_id: int) -> None:
@@ -617,4 +619,5 @@ class SparkMicroBatchJob(_EpochJob):
             assert error is not None
             self._error = self._failure(error)
             self._status = JobStatus.FAILED
+        self.late_items.finish()
         self._terminal.set()

@@ -246,6 +246,8 @@ class VertexTask:
     epoch_ms: float | None = None
     #: the job's key for signing failure markers (:mod:`slipstream.spark.failures`)
     failure_key: bytes = b""
+    #: a batch job: watermark inserters emit no watermark (``Context.hold_watermarks``)
+    hold_watermarks: bool = False
 
     def __call__(self, index: int, records: Iterator[Any]) -> Iterator[Record]:
         return self._run(index, records)
@@ -305,7 +307,7 @@ class VertexTask:
         services: TaskServices,
     ) -> Context:
         lp = self.local_parallelism
-        return Context(
+        context = Context(
             vertex_name=self.vertex,
             global_processor_index=index,
             local_processor_index=local,
@@ -317,6 +319,8 @@ class VertexTask:
             job_name=self.job_name,
             services=services,
         )
+        context.hold_watermarks = self.hold_watermarks
+        return context
 
     def _processor(
         self, member: int, local: int, records: Iterator[Any], run: _RunState
