@@ -16,6 +16,9 @@ import operator
 import os
 from typing import Any
 
+from slipstream.core.describe import short_repr
+from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
+
 __all__ = [
     "check_callable",
     "check_csv_dialect",
@@ -27,7 +30,9 @@ __all__ = [
     "int_value",
     "check_invalid_timestamps",
     "only_int_timestamps",
+    "timestamp_out_of_range",
     "valid_timestamps",
+    "LATE_COUNTS",
 ]
 
 
@@ -150,23 +155,41 @@ def valid_timestamps(
     items: list[Any], timestamps: list[Any], where: str, invalid: str
 ) -> tuple[list[Any], list[int], int]:
     """The slow path for a batch whose timestamps are not all plain ints: integer-like
-    ones (numpy integers) become ints; any other one fails with an error naming ``where``
-    and the item, or (``invalid == "late"``) its item is left out and counted. Returns
-    the kept items, their timestamps and the number left out."""
+    ones (numpy integers) become ints; any other one, or one outside the 64-bit range
+    (:func:`timestamp_out_of_range`), fails with an error naming ``where`` and the item,
+    or (``invalid == "late"``) its item is left out and counted. Returns the kept items,
+    their timestamps and the number left out."""
     kept: list[Any] = []
     stamps: list[int] = []
     dropped = 0
     for item, ts in zip(items, timestamps, strict=True):
         v = int_value(ts)
-        if v is None:
+        if v is None or not NO_WATERMARK <= v <= MAX_TIMESTAMP:
             if invalid == "late":
                 dropped += 1
                 continue
+            if v is not None:
+                raise timestamp_out_of_range(where, item, v, LATE_COUNTS)
             raise TypeError(
                 f"{where}: item {item!r} has timestamp {ts!r}; timestamps must be integers "
                 "(e.g. milliseconds), not NaN, infinite, fractional or of another type "
-                "(invalid_timestamps='late' counts such items as late instead)"
+                f"{LATE_COUNTS}"
             )
         kept.append(item)
         stamps.append(v)
     return kept, stamps, dropped
+
+LATE_COUNTS = "(invalid_timestamps='late' counts such items as late instead)"
+"""The hint the windowing processors end a timestamp error with."""
+
+
+def timestamp_out_of_range(where: str, item: Any, ts: int, hint: str) -> ValueError:
+    """The error for ``item`` whose timestamp ``ts`` is an int outside the 64-bit range
+    of timestamps (``NO_WATERMARK`` .. ``MAX_TIMESTAMP``, Jet's ``long``; a larger one
+    would become a watermark beyond every later item, which would all be dropped as
+    late): ``where`` names the processor and vertex, ``hint`` says what else can be done
+    (``""`` for nothing)."""
+    return ValueError(
+        f"{where}: item {short_repr(item)} has timestamp {ts}, outside the range of "
+        "timestamps (64-bit: -2**63 .. 2**63 - 1)" + (f" {hint}" if hint else "")
+    )

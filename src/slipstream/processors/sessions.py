@@ -49,6 +49,7 @@ from slipstream.aggregate import AggregateOperation
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.core.time import MAX_TIMESTAMP
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
     check_invalid_timestamps,
@@ -120,7 +121,10 @@ class SessionWindowP(WindowingP):
         items, stamps, late = self._timestamped(inbox, ts_fn)
         try:
             for item, t in zip(items, stamps, strict=True):
-                if t < wm:
+                if not wm <= t <= MAX_TIMESTAMP:  # late, or outside the 64-bit range
+                    if t > MAX_TIMESTAMP or t < NO_WATERMARK:
+                        if self._invalid_timestamps != "late":
+                            raise self._out_of_range(item, t)
                     late += 1
                     continue
                 e = t + timeout

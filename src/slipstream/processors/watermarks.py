@@ -46,6 +46,7 @@ from slipstream.core.validation import (
     check_invalid_timestamps,
     int_value,
     only_int_timestamps,
+    timestamp_out_of_range,
 )
 
 __all__ = ["IDLE", "InsertWatermarksP", "insert_watermarks"]
@@ -199,6 +200,12 @@ class InsertWatermarksP(AbstractProcessor):
             top = max(blocks[0])
         else:
             top = max(tss)
+        if top > MAX_TIMESTAMP:
+            # beyond the 64-bit range it would be a watermark no later item could pass:
+            # the careful path rejects it (or passes it on unreported, as late)
+            self._blockwise = False
+            self._process_items(inbox)
+            return
         if top < threshold:
             # no event can move the watermark (the usual case with a throttled policy):
             # move the items at C speed
@@ -290,7 +297,7 @@ class InsertWatermarksP(AbstractProcessor):
                     reported = False
                 else:
                     ts: Any = ts_fn(item)
-                    if type(ts) is not int:
+                    if type(ts) is not int or not NO_WATERMARK <= ts <= MAX_TIMESTAMP:
                         ts = self._integer_timestamp(item, ts)
                     wm = last if ts is None else report(ts)
                     if wm > last:
@@ -308,10 +315,20 @@ class InsertWatermarksP(AbstractProcessor):
         self._head_reported = reported
 
     def _integer_timestamp(self, item: Any, ts: Any) -> int | None:
-        """An integer-like timestamp as an int. Any other (NaN, infinite, fractional, not
-        a number) fails, or with ``invalid_timestamps="late"`` gives ``None``: the item
-        goes on without moving the watermark (the windows downstream count it)."""
+        """An integer-like timestamp in the 64-bit range as an int. Any other (NaN,
+        infinite, fractional, not a number, too large or too small) fails, or with
+        ``invalid_timestamps="late"`` gives ``None``: the item goes on without moving the
+        watermark (the windows downstream count it)."""
         v = int_value(ts)
+        if v is not None and not NO_WATERMARK <= v <= MAX_TIMESTAMP:
+            if self._invalid_timestamps == "fail":
+                raise timestamp_out_of_range(
+                    f"insert_watermarks (vertex {self.context.vertex_name!r})",
+                    item,
+                    v,
+                    "(invalid_timestamps='late' passes such items on to be counted as late)",
+                )
+            return None
         if v is None and self._invalid_timestamps == "fail":
             raise self._bad_timestamp(item, TypeError("not an integer"))
         return v

@@ -60,11 +60,14 @@ from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.late_items import LATE_METRIC
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
+from slipstream.core.time import MAX_TIMESTAMP
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
+    LATE_COUNTS,
     check_invalid_timestamps,
     only_int_timestamps,
     per_input_fns,
+    timestamp_out_of_range,
     valid_timestamps,
 )
 from slipstream.window import KeyedWindowResult, SlidingWindowDef
@@ -97,6 +100,15 @@ def _single_index(fn: Any) -> Any:
         if len(args) == 1:
             return args
     return None
+
+
+class _OutOfRange(Exception):
+    """A timestamp outside the 64-bit range reached a frame: the loop that met it turns
+    it into :func:`timestamp_out_of_range` naming the item."""
+
+    def __init__(self, ts: int) -> None:
+        super().__init__(ts)
+        self.ts = ts
 
 
 def _failing_item(items: Any, *fns: Callable[[Any], Any]) -> Any:
@@ -184,6 +196,9 @@ class WindowingP(AbstractProcessor):
 
     def _bad_item(self, item: Any, e: Exception) -> TypeError:
         return TypeError(f"{self._where()}: cannot process item {item!r}: {type(e).__name__}: {e}")
+
+    def _out_of_range(self, item: Any, ts: int) -> ValueError:
+        return timestamp_out_of_range(self._where(), item, ts, LATE_COUNTS)
 
     def _timestamped(self, inbox: Inbox, ts_fn: Callable[[Any], Any]) -> tuple[Any, list[int], int]:
         """The inbox's items, their timestamps and how many were left out: the timestamps
@@ -349,7 +364,6 @@ class SlidingWindowP(WindowingP):
             ts_fn, key_fn, accumulate = self._input_fns(ordinal)
             additive = None
         create = self._op.create
-        fs = self._fs
         enter = self._enter_frame
         item: Any = None
         if not ordinal and self._indices is not None:
@@ -365,11 +379,11 @@ class SlidingWindowP(WindowingP):
             if additive is None:
                 for item, ts in zip(items, stamps, strict=True):
                     if not lo <= ts < hi:
-                        f, entered = enter(ts)
+                        entered = enter(ts)
                         if entered is None:
                             late += 1
                             continue
-                        d, lo, hi = entered, f - fs, f
+                        lo, hi, d = entered
                     k = key_fn(item)
                     acc = d.get(k, _MISSING)
                     d[k] = accumulate(create() if acc is _MISSING else acc, item)
@@ -377,20 +391,20 @@ class SlidingWindowP(WindowingP):
                 # the item functions run at C speed through map (itemgetters stay in C)
                 for ts, k, v in zip(stamps, map(key_fn, items), map(additive, items), strict=True):
                     if not lo <= ts < hi:
-                        f, entered = enter(ts)
+                        entered = enter(ts)
                         if entered is None:
                             late += 1
                             continue
-                        d, lo, hi = entered, f - fs, f
+                        lo, hi, d = entered
                     d[k] = d.get(k, 0) + v
             else:  # counting
                 for ts, k in zip(stamps, map(key_fn, items), strict=True):
                     if not lo <= ts < hi:
-                        f, entered = enter(ts)
+                        entered = enter(ts)
                         if entered is None:
                             late += 1
                             continue
-                        d, lo, hi = entered, f - fs, f
+                        lo, hi, d = entered
                     d[k] = d.get(k, 0) + additive
         except TypeError as e:
             if item is None:  # a map-based loop: find the item whose key or value failed
@@ -399,24 +413,39 @@ class SlidingWindowP(WindowingP):
                     fns.append(lambda x: 0 + additive(x))
                 item = _failing_item(items, *fns)
             raise self._bad_item(item, e) from e
+        except _OutOfRange as e:
+            raise self._out_of_range(items[stamps.index(e.ts)], e.ts) from None
         inbox.clear()
         if late:
             self.context.increment_metric(LATE_METRIC, late)
 
-    def _enter_frame(self, ts: int) -> tuple[int, dict[Any, Any] | None]:
-        """The frame of ``ts`` (its exclusive end: ``higher_frame_ts`` inlined) and its
-        dict, created on first use; the dict is ``None`` when the frame is late (it ends
-        at or below the last watermark). The loops call it only when an item leaves the
-        current frame's bounds (~3 % of the items of the windowing benchmark)."""
-        f = ts - (ts - self._offset) % self._fs + self._fs
+    def _enter_frame(self, ts: int) -> tuple[int, int, dict[Any, Any]] | None:
+        """The bounds ``[lo, hi)`` of the frame of ``ts`` (``hi`` is the frame's end,
+        ``higher_frame_ts`` inlined) and its dict, created on first use; ``None`` when
+        the frame is late (it ends at or below the last watermark). The loops call it
+        only when an item leaves the current frame's bounds (~3 % of the items of the
+        windowing benchmark), so the range check of ``ts`` is here: the bounds are cut
+        to the 64-bit range, so that every timestamp outside it comes here, and raises
+        :class:`_OutOfRange` (or, under ``invalid_timestamps="late"``, is late)."""
+        if not NO_WATERMARK <= ts <= MAX_TIMESTAMP:
+            if self._invalid_timestamps == "late":
+                return None
+            raise _OutOfRange(ts)
+        fs = self._fs
+        f = ts - (ts - self._offset) % fs + fs
         if f < self._next_win:
-            return f, None
+            return None
         d = self._frames.get(f)
         if d is None:
             d = self._frames[f] = {}
             if f > self._top:
                 self._top = f
-        return f, d
+        lo = f - fs
+        return (
+            lo if lo >= NO_WATERMARK else NO_WATERMARK,
+            f if f <= MAX_TIMESTAMP else MAX_TIMESTAMP + 1,
+            d,
+        )
 
     def _process_indexed(self, inbox: Inbox, indices: tuple[Any, Any, Any]) -> None:
         """``process`` for a sum whose timestamp, key and value are ``item[i]``: one
@@ -425,7 +454,6 @@ class SlidingWindowP(WindowingP):
         takes the careful conversion of :func:`valid_timestamps`); the frame logic is
         ``process``'s."""
         ti, ki, vi = indices
-        fs = self._fs
         enter = self._enter_frame
         late = 0
         lo = hi = 0
@@ -446,17 +474,19 @@ class SlidingWindowP(WindowingP):
                             late += 1
                             continue
                         ts = stamps[0]
-                    f, entered = enter(ts)
+                    entered = enter(ts)
                     if entered is None:
                         late += 1
                         continue
-                    d, lo, hi = entered, f - fs, f
+                    lo, hi, d = entered
                 k = item[ki]
                 d[k] = d.get(k, 0) + item[vi]
         except TypeError as e:
             if checking:
                 raise
             raise self._bad_item(item, e) from e
+        except _OutOfRange as e:
+            raise self._out_of_range(item, e.ts) from None
         inbox.clear()
         if late:
             self.context.increment_metric(LATE_METRIC, late)

@@ -71,11 +71,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from slipstream.core.describe import short_repr
 from slipstream.core.items import IDLE_MESSAGE, Watermark
 from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
-from slipstream.core.validation import int_value
+from slipstream.core.validation import int_value, timestamp_out_of_range
 
-__all__ = ["DEFAULT_IDLE_TIMEOUT_MS", "EventTimeMapper"]
+__all__ = ["DEFAULT_IDLE_TIMEOUT_MS", "EventTimeMapper", "checked_timestamp"]
 
 DEFAULT_IDLE_TIMEOUT_MS = 60_000
 """Jet's default: a partition with no event for a minute no longer holds the watermark
@@ -88,6 +89,28 @@ Clock = Callable[[], int]
 
 def _monotonic_millis() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+_NO_ITEM: Any = object()
+
+
+def checked_timestamp(ts: Any, where: str, item: Any = _NO_ITEM) -> int:
+    """``ts`` as an int timestamp: integer-like values (numpy integers) convert; one that
+    is not an integer (``TypeError``) or lies outside the 64-bit range (``ValueError``)
+    fails naming ``where`` and, when given, ``item``. The caller's hot path calls this
+    only when ``type(ts) is not int`` or the value is out of range."""
+    v = int_value(ts)
+    if v is None:
+        of = "" if item is _NO_ITEM else f" of item {short_repr(item)}"
+        raise TypeError(f"{where}: bad timestamp {ts!r}{of}: not an integer (timestamps are ints)")
+    if not NO_WATERMARK <= v <= MAX_TIMESTAMP:
+        if item is _NO_ITEM:
+            raise ValueError(
+                f"{where}: timestamp {v} is outside the range of timestamps "
+                "(64-bit: -2**63 .. 2**63 - 1)"
+            )
+        raise timestamp_out_of_range(where, item, v, "")
+    return v
 
 
 class EventTimeMapper:
@@ -205,6 +228,8 @@ class EventTimeMapper:
                 "EventTimeMapper: neither timestamp_fn nor a native timestamp given for "
                 f"item {item!r} of partition {partition}"
             )
+        if type(ts) is not int or not NO_WATERMARK <= ts <= MAX_TIMESTAMP:
+            ts = checked_timestamp(ts, f"EventTimeMapper: partition {partition}", item)
         wm = self.observe_event(partition, ts)
         return [item] if wm is None else [wm, item]
 
@@ -214,6 +239,8 @@ class EventTimeMapper:
         the caller has the time already."""
         if now is None:
             now = self._clock()
+        if type(timestamp) is not int or not NO_WATERMARK <= timestamp <= MAX_TIMESTAMP:
+            timestamp = checked_timestamp(timestamp, f"EventTimeMapper: partition {partition}")
         try:
             self._policies[partition].report_event(timestamp)
         except IndexError:

@@ -40,10 +40,15 @@ from typing import Any
 
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
+from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.traits import WATERMARK_SOURCE, declare
 from slipstream.core.validation import check_callable
 from slipstream.sources.batch import _emit_room
-from slipstream.sources.event_time import DEFAULT_IDLE_TIMEOUT_MS, EventTimeMapper
+from slipstream.sources.event_time import (
+    DEFAULT_IDLE_TIMEOUT_MS,
+    EventTimeMapper,
+    checked_timestamp,
+)
 
 __all__ = ["kafka", "KafkaSourceP", "partition_owner"]
 
@@ -250,7 +255,16 @@ class KafkaSourceP(AbstractProcessor):
 
     def _event_time(self, message: Any, item: Any) -> int:
         if self._timestamp_fn is not None:
-            return self._timestamp_fn(item)
+            ts = self._timestamp_fn(item)
+            if type(ts) is not int or not NO_WATERMARK <= ts <= MAX_TIMESTAMP:
+                ts = checked_timestamp(
+                    ts,
+                    f"kafka (vertex {self.context.vertex_name!r}): the record at topic "
+                    f"{message.topic()!r}, partition {message.partition()}, offset "
+                    f"{message.offset()}",
+                    item,
+                )
+            return ts
         ts_type, ts = message.timestamp()
         if ts_type == 0:  # TIMESTAMP_NOT_AVAILABLE
             raise ValueError(
