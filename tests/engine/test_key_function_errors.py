@@ -131,3 +131,12 @@ def test_a_long_item_is_cut_in_the_message() -> None:
         "unsupported operand type(s) for divmod(): 'int' and 'str' on item "
         f"'{'x' * 199}... (1002 characters)"
     )
+
+
+def test_an_empty_chunk_to_one_consumer_checks_nothing() -> None:
+    from slipstream.engine.collectors import PerTargetCollector
+    from slipstream.engine.queues import SpscQueue
+
+    c = PerTargetCollector([SpscQueue(16)], key_fn=always_fails, partition_to_target=[0] * 271)
+    c.add_chunk([])  # the engine never hands one over, but a collector must take it
+    assert c.flush() and c.items_out == 0

@@ -213,7 +213,7 @@ class PerTargetCollector(Collector):
             return
         if n == 1:
             # the key is not needed; check that it can be had (module docstring)
-            self._check_keys(chunk if self.validate_keys else (chunk[0],))
+            self._check_keys(chunk if self.validate_keys else chunk[:1])
             self._append(0, chunk)
             return
         parts = self._split(chunk, n)
