@@ -208,3 +208,24 @@ def test_cli_on_an_unreachable_master_prints_one_line(closed_port: int, tmp_path
     )
     assert r.returncode == 2
     assert r.stderr == f"error: {_message(closed_port)}\n"
+
+
+@pytest.mark.spark
+def test_a_jvm_that_cannot_start_still_says_why() -> None:
+    """The filter reads the JVM's stderr from its first byte: Spark's own reason for not
+    starting reaches the user (it was lost while the pipe was read only once the gateway
+    was up), not only PySpark's JAVA_GATEWAY_EXITED."""
+    pytest.importorskip("pyspark")
+    r = _run(
+        """
+        from slipstream.spark.session import create_session
+        create_session("local[1]", "bad", {"spark.driver.extraJavaOptions": "-Xmx1k"})
+        """
+    )
+    assert r.returncode == 1
+    assert (
+        "Error: Not allowed to specify max heap(Xmx) memory settings through java options "
+        "(was -Xmx1k). Use the corresponding --driver-memory or spark.driver.memory "
+        "configuration instead." in r.stderr.splitlines()
+    ), r.stderr
+    assert "JAVA_GATEWAY_EXITED" in r.stderr.splitlines()[-1]

@@ -69,20 +69,35 @@ class StderrFilter:
 
     def run(self) -> None:
         """Copy until end of file (the thread's body)."""
-        while not self._eof:
-            try:
-                select.select([self._in], [], [])
-            except (OSError, ValueError):
-                return
-            with self._lock:
-                self._pump()
+        try:
+            poller = select.poll()  # not select(): no limit on the descriptor's number
+            poller.register(self._in, select.POLLIN)
+            while not self._eof:
+                poller.poll()
+                with self._lock:
+                    self._pump()
+        except Exception:  # noqa: BLE001 - never leave the JVM with a full pipe
+            log.debug("JVM stderr filter failed; discarding the rest", exc_info=True)
+            self._discard()
 
     def drain(self) -> None:
         """Copy what can be read now, including a last line without its line break."""
         with self._lock:
+            if self._eof:
+                return
             self._pump()
             self._flush(self._pending)
             self._pending = b""
+
+    def _discard(self) -> None:
+        with self._lock:
+            self._eof = True  # drain() does nothing from now on
+        try:
+            os.set_blocking(self._in, True)
+            while os.read(self._in, 65536):
+                pass
+        except OSError:
+            pass
 
     def _pump(self) -> None:
         while not self._eof:
@@ -133,8 +148,6 @@ def launch_gateway(master: str, app_name: str, settings: Mapping[str, str]) -> b
     """
     if os.name != "posix" or "PYSPARK_GATEWAY_PORT" in os.environ:
         return False
-    from subprocess import PIPE
-
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway as pyspark_launch_gateway
 
@@ -146,12 +159,16 @@ def launch_gateway(master: str, app_name: str, settings: Mapping[str, str]) -> b
         conf.set("spark.app.name", app_name)
         for key, value in settings.items():
             conf.set(key, value)
-        gateway: Any = pyspark_launch_gateway(conf, popen_kwargs={"stderr": PIPE})
-        proc = gateway.proc
-        stream = StderrFilter(os.dup(proc.stderr.fileno()))
-        proc.stderr.close()
+        # the thread reads from the start: a JVM that fails to start says why (and one
+        # that writes a lot before its gateway is up never blocks on a full pipe)
+        read_end, write_end = os.pipe()
+        stream = StderrFilter(read_end)
         threading.Thread(target=stream.run, name="slipstream-jvm-stderr", daemon=True).start()
         atexit.register(stream.drain)
+        try:
+            gateway: Any = pyspark_launch_gateway(conf, popen_kwargs={"stderr": write_end})
+        finally:
+            os.close(write_end)  # the JVM holds its own copy: EOF when it exits
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
     return True
