@@ -48,6 +48,7 @@ class Context:
         "snapshot_hooks",
         "hold_watermarks",
         "metric_listener",
+        "allow_rollback",
     )
 
     def __init__(
@@ -93,6 +94,11 @@ class Context:
         # the engine's listener(vertex_name, metric, delta) of increment_metric, if any:
         # the job reports dropped late items from it (slipstream.core.late_items)
         self.metric_listener: Callable[[str, str, int], None] | None = None
+        # a restored sink that finds its own output of a newer snapshot than the restored
+        # one (the snapshot store was rolled back): True resumes all the same, replaying
+        # (JobConfig.allow_rollback), False fails with SnapshotStoreRolledBackError; None:
+        # not checked (no snapshots, or an engine whose sinks commit before the snapshot)
+        self.allow_rollback: bool | None = None
 
     @property
     def snapshotting_enabled(self) -> bool:

@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
-from slipstream.core.errors import JobFailedError, SnapshotError, SnapshotStoreInUseError
+from slipstream.core.errors import (
+    JobFailedError,
+    SnapshotError,
+    SnapshotStoreInUseError,
+    SnapshotStoreRolledBackError,
+)
 from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LateItemsReport
@@ -608,6 +613,8 @@ class Job(JobHandle):
                 if (
                     self.store is not None
                     and ex.failure.restartable
+                    # a sink found the store rolled back: every restart would find it again
+                    and not isinstance(ex.failure.error, SnapshotStoreRolledBackError)
                     and self.config.auto_restart
                     and self.restarts < self.config.max_restarts
                 ):

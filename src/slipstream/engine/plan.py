@@ -177,6 +177,9 @@ def build_vertex_plans(
                     )
                 )
                 vp.contexts[-1].hold_watermarks = hold_watermarks
+                if config.processing_guarantee is not ProcessingGuarantee.NONE:
+                    # sinks commit after the store: their own records show a rollback
+                    vp.contexts[-1].allow_rollback = config.allow_rollback
         plans[v.name] = vp
     return plans
 

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from slipstream.core.errors import SnapshotStoreRolledBackError
 from slipstream.core.files import require_pyarrow
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import Context
@@ -306,6 +307,7 @@ class WriteFilesP(_SinkP):
         if me == 0:
             mine |= {i for i, _, _ in self._restored if i >= ctx.total_parallelism}
         d = self._directory
+        rolled_back = ctx.allow_rollback is not None and self._rolled_back()
         keep: set[str] = set()
         for index, prepared, unfinished in self._restored:
             if index not in mine:
@@ -315,6 +317,8 @@ class WriteFilesP(_SinkP):
                 continue
             temp, final, length, state = unfinished
             path = os.path.join(d, temp)
+            if rolled_back and index == me and not os.path.exists(path):
+                continue  # published under its final name by a newer snapshot's commit
             if index == me and self._fh is None:
                 self._fh = _reopen_at(path, length, self.factory)
                 self._temp = path
@@ -336,6 +340,48 @@ class WriteFilesP(_SinkP):
                 if index in mine:
                     os.remove(os.path.join(d, n))
         self._restored = []
+        return True
+
+    def _rolled_back(self) -> bool:
+        """Whether this processor already published a part file at or after the sequence
+        the restored snapshot continues at: a newer snapshot committed it, so the snapshot
+        store was rolled back (restored from a backup) and a replay would write its items
+        again. :class:`SnapshotStoreRolledBackError` unless ``JobConfig(allow_rollback=True)``,
+        which continues after the newest published part (published files are never
+        replaced)."""
+        ctx = self.context
+        me = ctx.global_processor_index
+        if not any(i == me for i, _, _ in self._restored):
+            return False  # a new index (another parallelism): no sequence to compare
+        prefix, published = f"part-{me:05d}-", -1
+        for n in os.listdir(self._directory):
+            if n.startswith(prefix) and n.endswith(self.suffix):
+                seq = n[len(prefix) : len(n) - len(self.suffix)]
+                if seq.isdigit():
+                    published = max(published, int(seq))
+        if published < self._sequence:
+            return False
+        text = (
+            f"{self.factory} (vertex {ctx.vertex_name!r}): the snapshot store was rolled back: "
+            f"{self._directory} holds the published part file "
+            f"{prefix}{published:06d}{self.suffix} of processor {me}, newer than the snapshot "
+            f"the job resumes from (which continues at part {self._sequence:06d})"
+        )
+        if not ctx.allow_rollback:
+            raise SnapshotStoreRolledBackError(
+                f"{text}: resuming would write the items after it again. Put the store's "
+                f"newest snapshots back, or pass JobConfig(allow_rollback=True) to accept "
+                f"that replay (into new part files: duplicates downstream)."
+            )
+        ctx.logger.warning(
+            "%s; allow_rollback=True: the items after it are written again, into new part "
+            "files from %s%06d%s on",
+            text,
+            prefix,
+            published + 1,
+            self.suffix,
+        )
+        self._sequence = published + 1
         return True
 
     def close(self) -> None:

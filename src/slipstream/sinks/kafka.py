@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slipstream.core.config import ProcessingGuarantee
+from slipstream.core.errors import SnapshotStoreRolledBackError
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
@@ -324,6 +325,8 @@ class KafkaSinkP(AbstractProcessor):
         """Write again the transactions of the restored snapshot that did not commit;
         processor ``i`` handles old processors ``j`` with ``j % parallelism == i``."""
         ctx = self.context
+        if ctx.allow_rollback is not None:
+            self._check_not_rolled_back()
         for index, lineage, sid, records in sorted(self._restored, key=lambda r: r[2]):
             self._lineage = lineage
             if index % ctx.total_parallelism != ctx.global_processor_index:
@@ -334,6 +337,45 @@ class KafkaSinkP(AbstractProcessor):
                 self._txn_producer(lineage, index)  # fences what a dead producer left open
         self._restored = []
         return True
+
+    def _check_not_rolled_back(self) -> None:
+        """A marker newer than every transaction of the restored snapshot means a newer
+        snapshot committed its records: the snapshot store was rolled back (restored from
+        a backup), and a replay would write those records again. Fails with
+        :class:`SnapshotStoreRolledBackError` unless ``JobConfig(allow_rollback=True)``."""
+        ctx = self.context
+        newest: dict[int, tuple[str, int]] = {}
+        for index, lineage, sid, _records in self._restored:
+            if index % ctx.total_parallelism == ctx.global_processor_index:
+                if sid > newest.get(index, ("", -1))[1]:
+                    newest[index] = (lineage, sid)
+        for index, (lineage, sid) in sorted(newest.items()):
+            marker = self._committed_marker(lineage, index)
+            if marker <= sid:
+                continue
+            what = (
+                "the final transaction"
+                if marker == FINAL_MARKER
+                else f"the transaction of snapshot {marker}"
+            )
+            text = (
+                f"vertex {ctx.vertex_name!r}: the snapshot store was rolled back: Kafka holds "
+                f"{what} of processor {index} (committed offset of consumer group "
+                f"{self._marker_group(lineage, index)!r}), newer than the snapshot the job "
+                f"resumes from ({sid})"
+            )
+            if ctx.allow_rollback:
+                ctx.logger.warning(
+                    "%s; allow_rollback=True: the records after it are written to %r again",
+                    text,
+                    self._topic,
+                )
+                continue
+            raise SnapshotStoreRolledBackError(
+                f"{text}: resuming would write the records after it to topic {self._topic!r} "
+                f"again. Put the store's newest snapshots back, or pass "
+                f"JobConfig(allow_rollback=True) to accept that replay (duplicates downstream)."
+            )
 
     def close(self) -> None:
         producers = list(self._txn_producers.values())
