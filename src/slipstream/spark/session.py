@@ -104,8 +104,10 @@ def log4j2_properties(
 # frames) and the scheduler logs that it aborts the job. The same failure reaches the
 # driver as the action's exception, which the engine turns into one JobFailedError line
 # naming the vertex and the processor's exception (the Spark text stays chained as its
-# cause), so these two messages are dropped; every other ERROR still prints. Executors on
-# this host read this file too (Spark puts SPARK_CONF_DIR on their class path).
+# cause), so these two messages are dropped; every other ERROR still prints. Executors
+# that this process starts (local-cluster) read this file too: Spark puts SPARK_CONF_DIR
+# on their class path. A standalone cluster's executors use their worker's configuration
+# and log to the worker's directory, not to the user's terminal.
 _LOG4J2_PROPERTIES = log4j2_properties(
     "slipstream.spark.session: keep Spark quiet (errors only)",
     "error",
