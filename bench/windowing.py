@@ -21,9 +21,9 @@ frame (Jet 4.x always throttles by frame).
                  -> combine_to_sliding_window (distributed partitioned) -> list sink
     pipeline     the same job with the Pipeline API: read_from(items)
                  .with_timestamps(ts, 100).group_by(key).window(wd)
-                 .aggregate(summing(value)).write_to(list sink); on the default
-                 engine (one member, one thread) new_job compiles it to the
-                 single-stage shape, elsewhere to two stages
+                 .aggregate(summing(value)).write_to(list sink), which compiles to
+                 two stages on every engine (watermark insertion fused into stage
+                 1: one vertex less than the hand-wired two-stage DAG)
     single-stage-unthrottled (tumbling only): single-stage with a plain
                  ``with_fixed_lag(100)`` policy, not throttled by frame: nearly every
                  event advances the watermark, and insert_watermarks emits at most one

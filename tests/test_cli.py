@@ -244,6 +244,77 @@ def test_resume_continues_from_the_committed_snapshot(tmp_path: Path) -> None:
     assert output(tmp_path) == list(range(1200))
 
 
+SCRIPT = textwrap.dedent(
+    """
+    import operator
+
+    import slipstream as ss
+    from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+    from slipstream.aggregate import summing
+    from slipstream.window import tumbling_window_def
+
+    def event(seq):
+        return (seq % 5, seq * 3, seq % 7)
+
+    def line(r):
+        return f"{r.start} {r.key} {r.value}"
+
+    def build(n: int = 6000, rate: float = 1000.0):
+        p = ss.Pipeline()
+        p.read_from(sources.generator(event, rate, max_items=n)).with_timestamps(
+            operator.itemgetter(1), 0
+        ).group_by(operator.itemgetter(0)).window(tumbling_window_def(300)).aggregate(
+            summing(operator.itemgetter(2))
+        ).write_to(sinks.write_files("out", line))
+        return p
+
+    if __name__ == "__main__":
+        config = JobConfig(
+            name="windows",
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_ms=200,
+            snapshot_store="snaps",
+        )
+        ss.local().new_job(build(), config).join()
+    """
+)
+
+
+def test_a_store_written_by_a_script_resumes_with_the_cli(tmp_path: Path) -> None:
+    """A windowed pipeline run by a script (ss.local().new_job) and killed resumes with
+    `slipstream run --resume` on its store, exactly once (issue 21, item 8: on main the
+    script compiled the window to one stage and the CLI to two, so the resume failed
+    with a SnapshotError naming the vertices 'window' and 'with_timestamps')."""
+    (tmp_path / "windows.py").write_text(SCRIPT)
+    script = subprocess.Popen(
+        [sys.executable, "windows.py"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "snaps" / "MANIFEST.json").exists():
+        assert time.monotonic() < deadline and script.poll() is None, "no snapshot committed"
+        time.sleep(0.02)
+    script.kill()  # SIGKILL: no final snapshot, no clean-up
+    script.communicate(timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "slipstream", "run", "windows.py:build", "--name", "windows",
+         "--snapshot-store", "snaps", "--resume", "--snapshot-interval-ms", "200", "--quiet"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "resuming from snapshot" in r.stderr
+    sums: dict[tuple[int, int], int] = {}
+    for seq in range(6000):
+        k, t, v = seq % 5, seq * 3, seq % 7
+        sums[(t - t % 300, k)] = sums.get((t - t % 300, k), 0) + v
+    got = sorted(
+        line
+        for p in (tmp_path / "out").iterdir()
+        if not p.name.startswith((".", "_"))
+        for line in p.read_text().splitlines()
+    )
+    assert got == sorted(f"{s} {k} {v}" for (s, k), v in sums.items())
+
+
 def test_resume_needs_a_store(tmp_path: Path) -> None:
     r = run(tmp_path, "run", "mydag:build", "--resume")
     assert r.returncode == 2 and "--snapshot-store" in r.stderr

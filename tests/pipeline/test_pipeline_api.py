@@ -435,55 +435,120 @@ def window_pipeline(source: Any) -> ss.Pipeline:
     return p
 
 
-def test_window_compiles_to_one_stage_where_one_processor_runs_it() -> None:
-    """Without an engine shape (any engine) a window has two stages, as in Jet; where
-    the embedded engine runs it in one processor it has one: the same DAG as the
-    hand-wired single-stage job, which is faster there (docs/performance.md)."""
+TWO_STAGE = ["source", "with_timestamps+window-accumulate", "window-combine", "sink"]
+
+
+def test_window_compiles_to_the_same_dag_on_every_engine() -> None:
+    """One shape per pipeline (issue 21, item 8): the window has two stages whatever
+    engine runs it, so vertex names and metric keys are the same everywhere (on main a
+    one-member, one-thread engine compiled it to one stage, 'with_timestamps' and
+    'window'). The keywords of the earlier signature are accepted and change nothing."""
     p = window_pipeline(sources.items(events()))
-    two = ["source", "with_timestamps+window-accumulate", "window-combine", "sink"]
-    one = ["source", "with_timestamps", "window", "sink"]
-    assert [v.name for v in p.to_dag().vertices] == two
-    assert [v.name for v in p.to_dag(members=1, default_parallelism=1).vertices] == one
-    assert [v.name for v in p.to_dag(members=2, default_parallelism=1).vertices] == two
-    assert [v.name for v in p.to_dag(members=1, default_parallelism=2).vertices] == two
-    # the single-stage DAG runs on any engine, with the same results
-    want = run(p, "w")[0]
-    engine = ss.local(members=2, cooperative_threads=2)
-    engine.new_job(p.to_dag(members=1, default_parallelism=1)).join(timeout=60)
-    assert sorted(engine.get_list("w")) == sorted(want)
+    assert [v.name for v in p.to_dag().vertices] == TWO_STAGE
+    assert [v.name for v in p.to_dag(members=1, default_parallelism=1).vertices] == TWO_STAGE
     expected: dict[tuple[int, int], int] = collections.Counter()
     for k, t, v in events():
         expected[(t - t % 1000, k)] += v
-    assert sorted(want) == sorted(
+    want = sorted(KeyedWindowResult(s, s + 1000, k, v) for (s, k), v in expected.items())
+    shapes = {}
+    for members, threads in [(1, 1), (1, 2), (2, 1), (2, 2)]:
+        engine = ss.local(members=members, cooperative_threads=threads)
+        job = engine.new_job(p, JobConfig(name="one-shape"))
+        job.join(timeout=60)
+        assert sorted(engine.get_list("w")) == want
+        assert [v.name for v in job.dag.vertices] == TWO_STAGE
+        shapes[(members, threads)] = {v: sorted(m) for v, m in job.metrics.items() if v != "__job__"}
+    assert all(keys == shapes[(1, 1)] for keys in shapes.values()), shapes
+    assert sorted(shapes[(1, 1)]) == sorted(TWO_STAGE)
+
+
+def test_snapshot_of_one_engine_restores_on_another(tmp_path: Any) -> None:
+    """A snapshot of the window pipeline on one member with one thread restores into
+    the same pipeline on two members (on main it was refused: the one-thread job had a
+    single-stage window, whose vertices the two-member DAG does not have), and the two
+    runs together give each window result exactly once."""
+    n = 60_000
+    p = window_pipeline(sources.generator(Event(), 50_000, max_items=n))
+    first = ss.local(outbox_capacity=16, cooperative_threads=1)
+    snapshot = suspended_snapshot(first, p, "pipeline-shape", tmp_path / "a")
+    second = ss.local(members=2, cooperative_threads=1)
+    second.new_job(
+        p,
+        JobConfig(name="pipeline-shape", snapshot_store=str(tmp_path / "b")),
+        restore_from=snapshot,
+    ).join(timeout=120)
+    expected: dict[tuple[int, int], int] = collections.Counter()
+    for k, t, v in map(Event(), range(n)):
+        expected[(t - t % 1000, k)] += v
+    assert sorted(first.get_list("w") + second.get_list("w")) == sorted(
         KeyedWindowResult(s, s + 1000, k, v) for (s, k), v in expected.items()
     )
 
 
-def test_snapshot_of_one_shape_is_refused_by_another(tmp_path: Any) -> None:
-    """A snapshot of the single-stage window job (one member, one thread) restored on
-    two members, where the pipeline compiles two stages: refused, naming the vertices
-    whose state has nowhere to go (instead of dropping it silently)."""
+def test_snapshot_of_another_dag_is_refused_naming_its_vertices(tmp_path: Any) -> None:
+    """A store written by another DAG (here: the one-stage window that a one-member,
+    one-thread engine compiled before every engine got the same shape) is refused,
+    naming the vertices whose state has nowhere to go, instead of dropping it."""
+    from slipstream import DAG, Edge
+    from slipstream import processors as P
+
+    old = DAG()
+    s = old.new_vertex("source", sources.generator(Event(), 50_000, max_items=10**9))
+    w = old.new_vertex("with_timestamps", P.insert_watermarks(ts1, _lag0))
+    win = old.new_vertex(
+        "window",
+        P.aggregate_to_sliding_window(
+            key_fn=key0, timestamp_fn=ts1, window_def=tumbling_window_def(1000), agg_op=summing(val2)
+        ),
+    )
+    k = old.new_vertex("sink", sinks.list_sink("w")).local_parallelism(1)
+    old.edge(Edge.between(s, w).isolated()).edge(
+        Edge.between(w, win).distributed().partitioned(key0)
+    ).edge(Edge.between(win, k))
+    snapshot = suspended_snapshot(ss.local(), old, "old-shape", tmp_path / "a")
+    assert snapshot.vertices["window"].entries
+    with pytest.raises(SnapshotError) as err:
+        ss.local().new_job(
+            window_pipeline(sources.generator(Event(), 50_000, max_items=10**9)),
+            JobConfig(name="old-shape", snapshot_store=str(tmp_path / "b")),
+            restore_from=snapshot,
+        ).join(timeout=60)
+    assert "holds state of vertices ['window', 'with_timestamps'] that this DAG does not have" in str(
+        err.value
+    )
+    assert "Restore into the DAG that wrote it, or start fresh with another snapshot store" in str(
+        err.value
+    )
+
+
+def suspended_snapshot(engine: ss.LocalEngine, job_def: Any, name: str, store: Any) -> Any:
+    """Run ``job_def`` with exactly-once snapshots every 20 ms until two committed, then
+    suspend it and return its last snapshot (the job is cancelled)."""
     import time
 
-    p = window_pipeline(sources.generator(Event(), 50_000, max_items=10**9))
     cfg = JobConfig(
-        name="pipeline-shape",
+        name=name,
         processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
         snapshot_interval_ms=20,
-        snapshot_store=str(tmp_path / "a"),
+        snapshot_store=str(store),
     )
-    job = ss.local(cooperative_threads=1).new_job(p, cfg)
+    job = engine.new_job(job_def, cfg)
     deadline = time.monotonic() + 60
-    while job.metrics.get("__job__", {}).get("snapshots", 0) < 1:
+    while job.metrics.get("__job__", {}).get("snapshots", 0) < 2 and not job.status.is_terminal:
         assert time.monotonic() < deadline, "no snapshot within 60 s"
         time.sleep(0.01)
+    assert not job.status.is_terminal, "the job ended before it could be suspended"
+    job.suspend()
+    snapshot = job.export_snapshot()
+    assert snapshot is not None
     job.cancel()
-    with pytest.raises(SnapshotError, match=r"'window'.*does not have"):
-        ss.local(members=2, cooperative_threads=1).new_job(
-            p,
-            JobConfig(name="pipeline-shape", snapshot_store=str(tmp_path / "b")),
-            restore_from=str(tmp_path / "a"),
-        ).join(timeout=60)
+    return snapshot
+
+
+def _lag0() -> Any:
+    from slipstream.watermark import with_fixed_lag
+
+    return with_fixed_lag(0)
 
 
 def test_merged_stages_feed_aggregations_and_windows() -> None:

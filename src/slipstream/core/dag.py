@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -592,18 +591,16 @@ class DAG:
         return len(self._vertices)
 
 
-def as_dag(job: Any, **shape: int) -> DAG:
+def as_dag(job: Any) -> DAG:
     """What ``new_job`` runs: a :class:`DAG` as it is, or anything with ``to_dag()`` (a
     ``slipstream.Pipeline``) compiled. Both engines call this, so a pipeline runs
-    wherever a DAG does. Duck-typed: the core layer does not import the pipeline layer.
-    ``shape`` (``members``, ``default_parallelism``) describes the engine to a
-    ``to_dag`` that takes those keywords (``Pipeline.to_dag``)."""
+    wherever a DAG does, as the same DAG. Duck-typed: the core layer does not import
+    the pipeline layer."""
     if isinstance(job, DAG):
         return job
     to_dag = getattr(job, "to_dag", None)
     if callable(to_dag):
-        params = inspect.signature(to_dag).parameters
-        dag = to_dag(**{k: v for k, v in shape.items() if k in params})
+        dag = to_dag()
         if isinstance(dag, DAG):
             return dag
     raise TypeError(f"new_job() needs a DAG or a Pipeline, got {type(job).__name__}")

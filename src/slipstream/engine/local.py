@@ -144,9 +144,9 @@ class LocalEngine:
         ``restore_from`` starts from a snapshot: a ``SnapshotData`` (``job.export_snapshot()``),
         a ``DirectorySnapshotStore`` or a snapshot directory (its latest intact snapshot).
         """
-        # a pipeline is compiled for this engine's shape (a window that runs in one
-        # processor here compiles to one stage)
-        dag = as_dag(dag, members=self.member_count, default_parallelism=self.cooperative_threads)
+        # a pipeline compiles to the same DAG on every engine (stores and metric keys
+        # carry over between engines and entry points)
+        dag = as_dag(dag)
         config = config or JobConfig()
         job = Job(self, dag, config, restore_from=restore_from)
         with self._lock:

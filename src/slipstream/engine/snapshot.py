@@ -586,9 +586,12 @@ def restore_plan(
         raise SnapshotError(
             f"snapshot {data.snapshot_id} of job {data.job_name!r} holds state of "
             f"vertices {lost} that this DAG does not have (its vertices: "
-            f"{sorted(plans)}); the DAG changed since the snapshot. A Pipeline compiles a "
-            "window to one stage on an embedded engine with one member and one cooperative "
-            "thread and to two stages otherwise: restore on an engine of the same shape"
+            f"{sorted(plans)}); the DAG changed since the snapshot. Restore into the DAG "
+            "that wrote it, or start fresh with another snapshot store. A Pipeline "
+            "compiles to the same vertices on every engine and entry point; they change "
+            "with its stages and stage names (a store written by an earlier slipstream on "
+            "one member with one thread holds a one-stage window: vertices "
+            "'with_timestamps' and 'window')"
         )
     routed: dict[tuple[str, int], list[Any]] = {}
     completed: set[tuple[str, int]] = set()

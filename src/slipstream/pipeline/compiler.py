@@ -14,6 +14,10 @@ The choices a Core API user has to get right, made once here:
   ``combine_to_sliding_window`` the same way. Without ``combine`` (and for session
   windows, ``map_stateful`` and ``rolling_aggregate``) one keyed stage sits behind a
   distributed partitioned edge.
+* **One shape everywhere.** The DAG depends on the pipeline alone, never on the engine
+  that runs it: the same vertices and names on the embedded engine with any members and
+  threads, in the CLI and on Spark, so metric keys agree and a snapshot store written
+  by one entry point resumes in another.
 * **Watermarks** are inserted where ``with_timestamps`` stands, with a fixed lag
   throttled to the frame of the windows downstream (the GCD of their slides): windows
   change only at frame boundaries, so finer watermarks would be wasted work.
@@ -90,16 +94,8 @@ def two_stage_window(stage: Stage) -> bool:
 
 
 class _Compiler:
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        members: int | None = None,
-        default_parallelism: int | None = None,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline) -> None:
         self.stages = pipeline.stages
-        # the engine's shape, when new_job knows it (None: any engine)
-        self.members = members
-        self.default_parallelism = default_parallelism
         self.dag = DAG()
         self.names = self._stage_names()
         self.out: dict[int, Vertex] = {}  # id(stage) -> the vertex emitting its items
@@ -167,21 +163,13 @@ class _Compiler:
                 self.fused_into[id(chain[0])] = consumer
 
     def two_stage(self, window: Stage) -> bool:
-        """Whether ``window`` compiles to two stages: when it can (a sliding window with
-        ``combine``), unless the engine is known to run it in one processor (one member,
-        local parallelism 1). There stage 2 would only redo per frame and key what a
-        single stage does once, behind one more queue hop, and no data crosses a network
-        for stage 1 to save; the single-stage DAG is valid on any engine, only its state
-        is laid out differently (a snapshot names its vertices, so it restores into a
-        job of the same shape; see docs/pipeline.md)."""
-        if not two_stage_window(window):
-            return False
-        if self.members is None or self.default_parallelism is None:
-            return True
-        lp = window.local_parallelism
-        if lp == -1:
-            lp = self.default_parallelism
-        return not (self.members == 1 and lp == 1)
+        """Whether ``window`` compiles to two stages: whenever it can (a sliding or
+        tumbling window whose operation has ``combine``), on every engine. A snapshot
+        names its vertices, so a shape that followed the engine (it once did: one stage
+        on one member with one thread) would keep a store written by one entry point
+        from resuming in another, and metric keys would differ by engine. Measured cost
+        of the second stage on one thread: docs/performance.md, "One shape"."""
+        return two_stage_window(window)
 
     def _fusible(self, chain: list[Stage], consumer: Stage) -> bool:
         kind = consumer.kind
@@ -481,8 +469,8 @@ class _Compiler:
 def compile_pipeline(
     pipeline: Pipeline, *, members: int | None = None, default_parallelism: int | None = None
 ) -> DAG:
-    """The Core API DAG of ``pipeline`` (a new one on every call). ``members`` and
-    ``default_parallelism`` describe the engine it will run on, when known (``new_job``
-    of the embedded engine passes them): a window that runs in one processor there
-    compiles to one stage."""
-    return _Compiler(pipeline, members, default_parallelism).build()
+    """The Core API DAG of ``pipeline`` (a new one on every call), the same whatever
+    engine runs it. ``members`` and ``default_parallelism`` are accepted for callers of
+    the earlier signature and do not change the DAG."""
+    del members, default_parallelism
+    return _Compiler(pipeline).build()

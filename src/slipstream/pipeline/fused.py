@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import IdleMessage, Watermark
-from slipstream.core.outbox import Outbox
+from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
@@ -326,7 +326,14 @@ class PipeP(Processor):
                 continue
             if not bucket:
                 return True
-            if mid.specials:
+            if mid.specials is SPECIAL_AT_TAIL:
+                # insert_watermarks' usual chunk: items, then one watermark, found
+                # without a scan (the queue and the inbox are empty here, so the items
+                # go straight to the inbox, handed over before the watermark)
+                mid.specials = False
+                queue.append(bucket.pop())
+                inbox.extend(bucket)
+            elif mid.specials:
                 mid.specials = False
                 # split around the watermarks (idle marks), found by C-speed index scans
                 types = list(map(type, bucket))

@@ -456,11 +456,12 @@ class Pipeline:
     ) -> DAG:
         """Compile to a new Core API DAG (a fresh one on every call).
 
-        Without arguments the DAG suits any engine (windows in two stages, as Jet
-        compiles them). ``members`` and ``default_parallelism`` describe the engine the
-        DAG will run on; the embedded engine's ``new_job`` passes its own, and a window
-        that runs in a single processor there compiles to one stage (see
-        docs/pipeline.md, "What the compiler builds")."""
+        The DAG is the same on every engine and entry point (windows in two stages, as
+        Jet compiles them; see docs/guide.md, "What the compiler builds"), so metrics
+        and snapshot stores carry over between them. ``members`` and
+        ``default_parallelism`` are accepted for callers of the earlier signature (when
+        the embedded engine compiled a one-processor window to one stage) and do not
+        change the DAG."""
         from slipstream.pipeline.compiler import compile_pipeline
 
         return compile_pipeline(
