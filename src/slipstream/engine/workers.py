@@ -1,9 +1,14 @@
 """Threads that run tasklets: cooperative workers take turns over many tasklets, each
 non-cooperative tasklet gets a thread of its own.
 
-Idle strategy: a pass over a worker's tasklets in which none made progress is followed
-by a pause that doubles from ~20 µs up to 1 ms; any progress resets it. The pause always
-sleeps (never spins) so an idle worker releases the GIL to busy ones.
+Idle strategy (:func:`idle_pause`): a pass over a worker's tasklets in which none made
+progress is followed by a pause that doubles from ~20 µs up to 1 ms; once the worker has
+been idle for longer, the pause grows with the idle time (a twentieth of it) up to
+10 ms; any progress resets it. The pause always sleeps (never spins) so an idle worker
+releases the GIL to busy ones. The first item after a lull of ``L`` seconds therefore
+waits up to ``min(L / 20, 10 ms)`` longer than it would with a busy worker: the price
+of a streaming job that sits idle costing a fraction of a percent of a core instead of
+several (docs/performance.md, bench/latency.py).
 
 A watchdog thread per pool notes which tasklet each worker is calling since when. A
 cooperative call that runs longer than ``slow_call_s`` gets a warning naming the vertex,
@@ -28,6 +33,10 @@ from slipstream.engine.tasklet import DONE, MADE_PROGRESS, ProcessorTasklet, _Ca
 
 MIN_IDLE_S = 0.00002
 MAX_IDLE_S = 0.001
+#: After about ``MAX_IDLE_S / IDLE_SHARE`` idle, the pause is this share of the idle time...
+IDLE_SHARE = 0.05
+#: ...up to this.
+MAX_LONG_IDLE_S = 0.01
 #: A cooperative call longer than this is reported (``ss.local(slow_call_ms=...)``).
 SLOW_CALL_S = 1.0
 #: How long a stopped pool waits for workers stuck in a call before it gives up on them
@@ -49,6 +58,16 @@ _CALLBACKS = {
     "COMPLETE": "complete",
     "CLOSE": "close",
 }
+
+
+def idle_pause(idle_passes: int, idle_s: float) -> float:
+    """How long a worker sleeps after its ``idle_passes``-th pass in a row without
+    progress, idle for ``idle_s`` seconds: doubling from 2 x ``MIN_IDLE_S`` to
+    ``MAX_IDLE_S`` (a short gap between items costs little latency), then
+    ``IDLE_SHARE`` of the idle time up to ``MAX_LONG_IDLE_S`` (a long lull costs little
+    CPU; the first item after it waits at most that share of the lull longer)."""
+    short = min(MAX_IDLE_S, MIN_IDLE_S * (1 << min(idle_passes, 7)))
+    return min(MAX_LONG_IDLE_S, max(short, idle_s * IDLE_SHARE))
 
 
 class TaskletFailure:
@@ -136,6 +155,7 @@ class WorkerPool:
         now = time.monotonic
         try:
             idle = 0
+            idle_since = 0.0  # when the current run of idle passes began
             live = list(tasklets)
             sleep = time.sleep
             while live and not self.stopping:
@@ -162,8 +182,10 @@ class WorkerPool:
                 if progress:
                     idle = 0
                 else:
+                    if not idle:
+                        idle_since = since[slot]
                     idle += 1
-                    sleep(min(MAX_IDLE_S, MIN_IDLE_S * (1 << min(idle, 7))))
+                    sleep(idle_pause(idle, since[slot] - idle_since))
         finally:
             with self._lock:
                 self._live -= 1
