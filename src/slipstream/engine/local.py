@@ -13,6 +13,7 @@ from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, as_dag
 from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY
 from slipstream.core.services import InMemoryServices
+from slipstream.engine import at_exit
 from slipstream.engine.job import Job
 
 
@@ -123,6 +124,9 @@ class LocalEngine:
         self.services = InMemoryServices()
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
+        # jobs still running at interpreter exit are waited for or cancelled, and
+        # reported (slipstream.engine.at_exit)
+        at_exit.watch(self)
         # dashboard=PORT serves the live job page (0 picks a free port); see docs/watching.md
         self.dashboard: Any = None
         if dashboard is not None:

@@ -278,6 +278,16 @@ class WriteFilesP(_SinkP):
             ),
         )
 
+    def uncommitted_files(self) -> list[str]:
+        """This processor's hidden temporary part files that exist and are not published:
+        what a job stopped before its end leaves for a resume to publish (under
+        snapshots). The engine names them when it stops a job at interpreter exit."""
+        with self._outstanding_lock:
+            paths = [temp for temp, _final in self._outstanding]
+        if self._temp and self._temp not in paths:
+            paths.append(self._temp)
+        return [p for p in paths if os.path.exists(p)]
+
     def _commit_prepared(self, pairs: list[tuple[str, str]]) -> None:
         """Publish prepared files (where their snapshot commits)."""
         _commit_files(pairs)
