@@ -246,3 +246,60 @@ def test_microbatch_rejects_bad_options(spark_session: Any, tmp_path: Path) -> N
             trigger={"once": True},
             checkpoint_location=str(tmp_path),
         )
+
+
+def test_rolled_back_checkpoint_fails_loudly_unless_allowed(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    """As on the embedded engine (docs/fault-tolerance.md, "A rolled-back store"): a
+    backup of the checkpoint's state restored after later epochs committed is refused
+    naming both snapshots; on main the job resumed from the backup's snapshot and emitted
+    the windows after it a second time. allow_rollback=True resumes from it."""
+    import shutil
+
+    from slipstream.engine.snapshot_store import DirectorySnapshotStore
+
+    engine = ss.spark(spark_session)
+    checkpoint = tmp_path / "ckpt"
+    state, backup = checkpoint / "slipstream-state", tmp_path / "backup"
+
+    def run(config: ss.JobConfig, epochs: int | None) -> Any:
+        job = engine.new_job(
+            window_dag(3000, 3000),
+            config,
+            streaming=True,
+            epoch_ms=200,
+            checkpoint_location=str(checkpoint),
+        )
+        if epochs is None:
+            job.join(120)
+            return job
+        deadline = time.monotonic() + 90
+        while job.epochs_committed < epochs and not job.status.is_terminal:
+            assert time.monotonic() < deadline, "the job committed no epochs"
+            time.sleep(0.02)
+        job.cancel()
+        with pytest.raises(ss.JobCancelledError):
+            job.join(60)
+        return job
+
+    config = ss.JobConfig(name="mb-rollback")
+    run(config, 2)
+    shutil.copytree(state, backup)
+    run(config, 2)
+    newest = DirectorySnapshotStore(str(state)).committed_ids()[-1]
+    shutil.rmtree(state)
+    shutil.copytree(backup, state)
+    older = DirectorySnapshotStore(str(state)).committed_ids()[-1]
+    assert older < newest
+    with pytest.raises(ss.SnapshotStoreRolledBackError) as ei:
+        run(config, None)
+    text = str(ei.value)
+    assert text.startswith(
+        f"snapshot store {state} was rolled back: snapshot {newest} of job 'mb-rollback' "
+        f"was committed in it (recorded outside the store in "
+    ), text
+    assert f"but the job would resume from snapshot {older}. " in text, text
+    job = run(ss.JobConfig(name="mb-rollback", allow_rollback=True), None)
+    assert job.status is ss.JobStatus.COMPLETED
+    assert job.metrics["__job__"]["resumed_from_snapshot"] == older

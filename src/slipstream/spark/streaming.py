@@ -45,7 +45,10 @@ applied to the state once).
 
 Micro-batch limits: every source is a slipstream processor; a source task that Spark
 recomputes after it finished (lost shuffle output) may emit a different amount than its
-first attempt (a retried *failed* task is safe); one job per checkpoint location.
+first attempt (a retried *failed* task is safe); one job per checkpoint location. A
+checkpoint whose state was rolled back (a backup restored, the newest snapshot removed,
+the directory lost after epochs committed) is refused at the start, as the embedded
+engine refuses a rolled-back store (:mod:`slipstream.engine.snapshot_lineage`).
 
 Structured Streaming: any number of ``spark_stream_source`` vertices (one query over
 the union of their DataFrames, see :meth:`SparkStreamingJob._streaming_df`) and no other
@@ -72,6 +75,7 @@ from slipstream.core.errors import DagError
 from slipstream.core.pickling import cloudpickle
 from slipstream.engine.plan import VertexPlan, member_addresses
 from slipstream.engine.snapshot import custom_partitioners, restore_plan
+from slipstream.engine.snapshot_lineage import check_not_rolled_back, check_same_dag, dag_shape
 from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
@@ -207,6 +211,17 @@ class _EpochJob(SparkJobBase):
         self._plans = plan_vertices(self.dag, self._members, self._lp)
         os.makedirs(self.checkpoint_location, exist_ok=True)
         committed = self.store.committed_ids()
+        # as on the embedded engine: state rolled back (a backup of the checkpoint restored,
+        # its newest snapshot removed, the directory lost) is never resumed silently, and
+        # a snapshot is restored only into the same DAG
+        owner = self.store.owner() if committed else None
+        check_not_rolled_back(
+            self.store.directory,
+            self.name,
+            (committed[-1], owner.job if owner is not None else self.name) if committed else None,
+            self.config.allow_rollback,
+        )
+        self.store.dag_shape = dag_shape(self.dag)
         if committed:
             # a resume must be visible: the output continues an earlier run's
             self.resumed_from_snapshot = committed[-1]
@@ -228,6 +243,7 @@ class _EpochJob(SparkJobBase):
             return None
         data = self.store.read(previous[-1])
         routed, _completed = restore_plan(data, self._plans, custom_partitioners(self.dag))
+        check_same_dag(data, dag_shape(self.dag), self.config.allow_job_change)
         watermarks = {}
         if isinstance(data, EpochSnapshot):
             same = {
