@@ -177,6 +177,35 @@ def test_a_resume_after_the_run_completed_starts_fresh_without_an_error(tmp_path
     assert Counter(completed(store_dir, resume=True)) == stp.expected_running_sums(N)
 
 
+def test_store_removed_while_the_job_runs_is_taken_again(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the next snapshot re-created the directory without a word, and the job's
+    lock stayed on the removed lock file, so a second job given the store with
+    resume=True took it while the first one was still writing there."""
+    store_dir = str(tmp_path / "store")
+    engine = ss.local(cooperative_threads=2)
+    job = engine.new_job(stp.running_sum_dag(N, rate=2000.0), config(store_dir))
+    stp.wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 3, what="snapshots")
+    with caplog.at_level("WARNING", logger="slipstream.snapshot"):
+        n = job.metrics["__job__"]["snapshots"]
+        os.rename(store_dir, str(tmp_path / "gone"))  # the directory vanishes at once
+        shutil.rmtree(str(tmp_path / "gone"))
+        stp.wait_for(lambda: job.metrics["__job__"]["snapshots"] >= n + 2, what="snapshots")
+    assert (
+        f"snapshot store {store_dir} was removed or replaced while job svc held it (its lock "
+        f"file {os.path.join(store_dir, '.lock')} is gone): the snapshots it held are lost; "
+        f"taking the store again and writing the next snapshots there"
+    ) in caplog.text
+    with pytest.raises(ss.SnapshotStoreInUseError, match="in use by another running job"):
+        ss.local().new_job(stp.running_sum_dag(N), config(store_dir, resume=True))
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(30)
+    second = completed(store_dir, resume=True)  # from the snapshots written after
+    assert Counter(engine.get_list("out")) + Counter(second) == stp.expected_running_sums(N)
+
+
 # -- another job's store, another DAG ----------------------------------------------------------
 def test_resume_refuses_another_jobs_store(tmp_path: Any) -> None:
     """Issue 20: job 'payments' pointed at the unfinished store of job 'orders' with

@@ -269,6 +269,35 @@ class DirectorySnapshotStore:
             ) from e
         self._lock_fd = fd
 
+    def _keep_lock(self) -> None:
+        """Before a write: if the store directory was removed or replaced while the job
+        holds it (its lock file is gone), take the new directory's lock, with a warning.
+        Each snapshot is complete, so the job goes on writing whole snapshots there; but
+        the lock it held was on a file nobody else sees, and another job could have taken
+        the store. Raises :class:`SnapshotStoreInUseError` if one did."""
+        fd = self._lock_fd
+        if fd is None:
+            return
+        path = os.path.join(self.directory, LOCK)
+        held = os.fstat(fd)
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+                return
+        except FileNotFoundError:
+            pass
+        log.warning(
+            "snapshot store %s was removed or replaced while job %s held it (its lock file "
+            "%s is gone): the snapshots it held are lost; taking the store again and writing "
+            "the next snapshots there",
+            self.directory,
+            self.job_name,
+            path,
+        )
+        self._lock_fd = None
+        os.close(fd)
+        self.lock()
+
     def unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
@@ -316,6 +345,7 @@ class DirectorySnapshotStore:
         or, when only the generation could not be recorded, with the snapshot in the
         store but not to be published yet (as after a crash before its sinks commit:
         the next snapshot names its output too)."""
+        self._keep_lock()
         self.ensure_directory()
         info: dict[str, Any] = {
             "snapshot_id": snapshot_id,
