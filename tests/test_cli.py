@@ -404,3 +404,43 @@ def test_the_summary_says_how_many_late_items_were_dropped(tmp_path: Path) -> No
     late = int(final[0].split()[3])
     assert lines[-1].startswith("job 'ticks' completed in ")
     assert lines[-1].endswith(f" s, dropping {late} late items")
+
+
+FAILING_MODULE = textwrap.dedent(
+    """
+    from slipstream import DAG, Edge
+    from slipstream import processors as P, sinks, sources
+
+    def invert(x):
+        return 1 / x
+
+    def boom():
+        dag = DAG()
+        s = dag.new_vertex("numbers", sources.items([1, 2, 0, 4])).local_parallelism(1)
+        m = dag.new_vertex("invert", P.map(invert)).local_parallelism(1)
+        out = dag.new_vertex("out", sinks.noop())
+        dag.edge(Edge.between(s, m)).edge(Edge.between(m, out))
+        return dag
+    """
+)
+
+
+def test_a_failing_job_prints_the_processor_traceback_once(tmp_path: Path) -> None:
+    """Issue 21, item 3: on main the error line carried the whole traceback after a
+    '--- processor traceback ---' line, starting at the engine's worker loop."""
+    (tmp_path / "failing.py").write_text(FAILING_MODULE)
+    r = subprocess.run(
+        [sys.executable, "-m", "slipstream", "run", "failing:boom", "--quiet"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    files = [x.split('"')[1].rsplit("/", 1)[-1] for x in lines if x.startswith('  File "')]
+    assert files == ["basic.py", "failing.py"]  # the processor's frame, then the user's
+    assert lines[-2] == "ZeroDivisionError: division by zero"
+    assert lines[-1] == (
+        "error: job 'boom' failed: vertex 'invert', processor 0: ZeroDivisionError: "
+        "division by zero"
+    )
+    assert r.stderr.count("Traceback") == 1

@@ -35,7 +35,7 @@ from typing import Any
 
 from slipstream.core.config import JobConfig, ProcessingGuarantee
 from slipstream.core.dag import DAG
-from slipstream.core.errors import SlipstreamError
+from slipstream.core.errors import JobFailedError, SlipstreamError
 from slipstream.core.late_items import LATE_METRIC
 
 
@@ -276,6 +276,15 @@ def _check_resume(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> None
         print(f"no snapshot to resume in {a.snapshot_store}: starting from the beginning", file=sys.stderr)
 
 
+def _print_job_error(e: SlipstreamError) -> None:
+    """A failed job: the processor's traceback (from its own code on), once, then the
+    one ``error:`` line that says which vertex failed."""
+    tb = e.processor_traceback() if isinstance(e, JobFailedError) else None
+    if tb:
+        print(tb.rstrip("\n"), file=sys.stderr)
+    print(f"error: {e}", file=sys.stderr)
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     dag, module = build_dag(a)
     guarantee = _guarantee(a)
@@ -319,7 +328,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 pass
             return 130
     except SlipstreamError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _print_job_error(e)
         return 1
     finally:
         if progress is not None:

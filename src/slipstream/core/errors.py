@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import traceback
+from types import TracebackType
+
+# The engine's driver loop: the worker threads and the tasklet that calls the processor
+# (and the Spark task running the same tasklet). Their frames head every processor
+# traceback and say nothing about the failure: :func:`trim_driver_frames` drops them.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DRIVER_FILES = frozenset(
+    os.path.join(_PACKAGE, *parts)
+    for parts in (("engine", "workers.py"), ("engine", "tasklet.py"), ("spark", "task.py"))
+)
+
 
 class SlipstreamError(Exception):
     """Base class of every slipstream error."""
@@ -14,7 +27,12 @@ class DagError(SlipstreamError, ValueError):
 class JobFailedError(SlipstreamError):
     """A job failed. ``vertex`` and ``processor_index`` name the processor that raised
     (``None`` when the failure was not a processor's); the original exception is chained
-    as ``__cause__`` and kept in ``cause``."""
+    as ``__cause__`` and kept in ``cause``.
+
+    The processor's traceback is shown once: Python prints the chained cause's own
+    traceback, so the message adds ``remote_traceback`` (the text of a traceback
+    that came from elsewhere, e.g. a Spark executor) only when the cause carries none.
+    :meth:`processor_traceback` gives it as text either way."""
 
     def __init__(
         self,
@@ -33,9 +51,36 @@ class JobFailedError(SlipstreamError):
 
     def __str__(self) -> str:
         text = super().__str__()
-        if self.remote_traceback:
+        if self.remote_traceback and not _has_traceback(self.cause):
             text += "\n--- processor traceback ---\n" + self.remote_traceback
         return text
+
+    def processor_traceback(self) -> str | None:
+        """The traceback of the processor's exception as text (the engine's own frames
+        left out), or ``None`` when the failure was not a processor's."""
+        cause = self.cause
+        if _has_traceback(cause):
+            assert cause is not None
+            return "".join(traceback.format_exception(cause))
+        return self.remote_traceback
+
+
+def _has_traceback(error: BaseException | None) -> bool:
+    return error is not None and error.__traceback__ is not None
+
+
+def trim_driver_frames(error: BaseException) -> BaseException:
+    """Drop the engine's driver frames (worker loop, tasklet) from the head of
+    ``error``'s traceback, so that it starts at the processor's code; returns ``error``.
+    A traceback made only of driver frames (an error of the engine itself) keeps them.
+    Chained exceptions (``__cause__``, ``__context__``) are left as they are."""
+    tb: TracebackType | None = error.__traceback__
+    first = tb
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _DRIVER_FILES:
+        tb = tb.tb_next
+    if tb is not None and tb is not first:
+        error.__traceback__ = tb
+    return error
 
 
 class JobCancelledError(SlipstreamError):

@@ -29,6 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
+from slipstream.core.errors import trim_driver_frames
 from slipstream.engine.tasklet import DONE, MADE_PROGRESS, ProcessorTasklet, _Cancelled
 
 MIN_IDLE_S = 0.00002
@@ -81,6 +82,8 @@ class TaskletFailure:
         self.tasklet = tasklet
         self.error = error
         self.restartable = restartable
+        if tasklet is not None:  # a processor's error: its traceback starts at its code
+            trim_driver_frames(error)
         self.traceback = "".join(traceback.format_exception(error))
 
 

@@ -35,7 +35,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from slipstream.core.errors import JobFailedError
+from slipstream.core.errors import JobFailedError, trim_driver_frames
 
 __all__ = [
     "FailureInfo",
@@ -131,7 +131,9 @@ def encode_failure(
         "type": type(error).__qualname__,
         "module": type(error).__module__,
         "message": _clip(message, _MAX_MESSAGE),
-        "traceback": _clip("".join(traceback.format_exception(error)), _MAX_TRACEBACK),
+        "traceback": _clip(
+            "".join(traceback.format_exception(trim_driver_frames(error))), _MAX_TRACEBACK
+        ),
     }
     raw = json.dumps(payload, ensure_ascii=True).encode("ascii")
     blob = base64.urlsafe_b64encode(zlib.compress(raw)).decode("ascii")
