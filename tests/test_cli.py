@@ -440,7 +440,7 @@ def test_a_failing_job_prints_the_processor_traceback_once(tmp_path: Path) -> No
     assert files == ["basic.py", "failing.py"]  # the processor's frame, then the user's
     assert lines[-2] == "ZeroDivisionError: division by zero"
     assert lines[-1] == (
-        "error: job 'boom' failed: vertex 'invert', processor 0: ZeroDivisionError: "
+        "error: job 'boom' failed: vertex 'invert', processor 0, on item 0: ZeroDivisionError: "
         "division by zero"
     )
     assert r.stderr.count("Traceback") == 1

@@ -36,6 +36,7 @@ from typing import Any
 from slipstream.core.config import JobConfig, ProcessingGuarantee
 from slipstream.core.dag import DAG
 from slipstream.core.errors import JobFailedError, SlipstreamError
+from slipstream.core.item_errors import SKIPPED_METRIC
 from slipstream.core.late_items import LATE_METRIC
 
 
@@ -278,7 +279,7 @@ def _check_resume(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> None
 
 def _print_job_error(e: SlipstreamError) -> None:
     """A failed job: the processor's traceback (from its own code on), once, then the
-    one ``error:`` line that says which vertex failed."""
+    one ``error:`` line that says which vertex failed on which item."""
     tb = e.processor_traceback() if isinstance(e, JobFailedError) else None
     if tb:
         print(tb.rstrip("\n"), file=sys.stderr)
@@ -301,6 +302,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         snapshot_interval_ms=a.snapshot_interval_ms,
         snapshot_store=a.snapshot_store,
         resume=a.resume,
+        on_item_error=a.on_item_error,
     )
     start = time.monotonic()
     from slipstream.dashboard.console import Progress
@@ -345,10 +347,13 @@ def cmd_run(a: argparse.Namespace) -> int:
             server.close()
         engine.shutdown()
     # the summary says what the job dropped (the engine warned about it, too)
-    late = sum(m.get(LATE_METRIC, 0) for n, m in job.metrics.items() if n != "__job__")
+    metrics = [m for n, m in job.metrics.items() if n != "__job__"]
+    late = sum(m.get(LATE_METRIC, 0) for m in metrics)
     dropped = f", dropping {late} late item{'s' if late != 1 else ''}" if late else ""
+    bad = sum(m.get(SKIPPED_METRIC, 0) for m in metrics)
+    skipped = f", skipping {bad} item{'s' if bad != 1 else ''} that raised" if bad else ""
     print(
-        f"job {job.name!r} completed in {time.monotonic() - start:.2f} s{dropped}",
+        f"job {job.name!r} completed in {time.monotonic() - start:.2f} s{dropped}{skipped}",
         file=sys.stderr,
     )
     return 0
@@ -421,6 +426,13 @@ def parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue from the last committed snapshot in --snapshot-store, if there is one",
+    )
+    run.add_argument(
+        "--on-item-error",
+        choices=["fail", "skip"],
+        default="fail",
+        help="when user code raises on an item: fail the job (default) or skip the item "
+        "(counted, warned about; JobConfig(on_item_error=...))",
     )
     run.add_argument(
         "--dashboard", type=int, metavar="PORT", help="serve the live dashboard on 127.0.0.1:PORT"

@@ -238,3 +238,36 @@ def test_first_request_has_rates_and_the_server_keeps_history(tmp_path: Any) -> 
             urllib.request.urlopen(api + "?since=yesterday", timeout=10)
         assert ei.value.code == 400
         assert ei.value.read().decode() == "since='yesterday': expected seconds since the epoch\n"
+
+
+def half_bad(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd {x}")
+    return x
+
+
+def test_items_set_aside_by_on_item_error_are_shown_per_vertex() -> None:
+    """Issue 21, item 4: the skipped items are counted per vertex in the JSON, the
+    Prometheus text, the page and the console's progress line."""
+    from slipstream.dashboard.console import Progress
+
+    with ss.local(dashboard=0) as engine:
+        dag = DAG()
+        s = dag.new_vertex("src", sources.items(range(10)))
+        m = dag.new_vertex("parse", P.map(half_bad))
+        dag.edge(Edge.between(s, m)).edge(Edge.between(m, dag.new_vertex("out", sinks.noop())))
+        job = engine.new_job(dag, JobConfig(name="skips", on_item_error="skip"))
+        job.join(30)
+        d = get_json(engine.dashboard_url + "api/jobs")
+        assert vertex(d, "parse")["items_skipped"] == 5
+        assert vertex(d, "src")["items_skipped"] == 0
+        with urllib.request.urlopen(engine.dashboard_url + "metrics") as r:
+            families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+        samples = {s.labels["vertex"]: s.value for s in families["slipstream_vertex_items_skipped"].samples}
+        assert samples["parse"] == 5.0
+        with urllib.request.urlopen(engine.dashboard_url + f"api/jobs/{job.id}/section") as r:
+            assert '<td class="num" data-f="skipped">' in r.read().decode()
+        line = Progress(job, interval=1.0).line(d["jobs"][0])
+        assert [x for x in line.splitlines() if x.strip().startswith("parse")][0].endswith(
+            "skipped 5"
+        )

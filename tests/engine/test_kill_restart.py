@@ -108,3 +108,72 @@ def test_sigkill_then_restart_from_store_gives_same_output(tmp_path: Any) -> Non
         expected[(3 * i) % 10] = expected.get((3 * i) % 10, 0) + 3 * i
     assert sums == expected
     assert not [n for n in os.listdir(os.path.join(out, "items")) if n.endswith(".tmp")]
+
+
+DEAD_LETTER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import slipstream as ss
+    from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee
+    from slipstream import processors as P, sinks, sources
+
+    def triple(x):
+        if x % 97 == 0:
+            raise ValueError(f"no {x}")
+        return x * 3
+
+    store, out, mode, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    dag = DAG()
+    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 4000, max_items=n))
+    work = dag.new_vertex("map", P.map(triple))
+    items = dag.new_vertex("items-out", sinks.write_files(out + "/items", roll_interval_ms=100))
+    dag.edge(Edge.between(src, work)).edge(Edge.between(work, items))
+    cfg = JobConfig(name="dead-letters", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                    snapshot_interval_ms=50, snapshot_store=store,
+                    on_item_error=sinks.write_files(out + "/dead", roll_interval_ms=100))
+    job = ss.local().new_job(dag, cfg, restore_from=store if mode == "restore" else None)
+    print("started", flush=True)
+    job.join(120)
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_dead_letters_exactly_once_across_a_kill_and_restore(tmp_path: Any) -> None:
+    """Issue 21, item 4: dead letters go through the DAG, so the snapshots cover them: a
+    job killed with SIGKILL and restored writes each one once, as its other output."""
+    script = tmp_path / "job.py"
+    script.write_text(DEAD_LETTER_SCRIPT)
+    store, out = str(tmp_path / "store"), str(tmp_path / "out")
+    args = [sys.executable, str(script), store, out]
+    p = subprocess.Popen([*args, "fresh", str(N)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+
+        def published(kind: str) -> bool:
+            d = os.path.join(out, kind)
+            return os.path.isdir(d) and any(n.startswith("part-") for n in os.listdir(d))
+
+        while not (len(committed(store)) >= 3 and published("dead")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert published("dead"), "no dead letter was published before the kill"
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == -signal.SIGKILL
+    before = len(read_lines(os.path.join(out, "dead")))
+    r = subprocess.run([*args, "restore", str(N)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "done" in r.stdout
+    bad = [i for i in range(N) if i % 97 == 0]
+    dead = read_lines(os.path.join(out, "dead"))
+    assert 0 < before < len(dead)  # some before the kill, the rest after the restore
+    assert sorted(dead) == sorted(
+        f"DeadLetter(vertex='map', item={i}, error='ValueError: no {i}', source=None)"
+        for i in bad
+    )
+    items = read_lines(os.path.join(out, "items"))
+    assert sorted(int(x) for x in items) == [3 * i for i in range(N) if i % 97]

@@ -102,3 +102,67 @@ def test_a_failure_elsewhere_also_ends_a_job_with_a_stuck_processor() -> None:
         assert job.status is JobStatus.FAILED
     finally:
         release.set()
+
+
+def block_once(name: str, x: int) -> int:
+    """Blocks on its first item until the test releases it (a slow remote call)."""
+    entered, release = events(name)
+    if not entered.is_set():
+        entered.set()
+        release.wait(60)
+    return x
+
+
+def slow_call_warning(name: str, job: Any, caplog: Any) -> str:
+    entered, release = events(name)
+    try:
+        with caplog.at_level(logging.WARNING, logger="slipstream"):
+            engine = ss.local(slow_call_ms=50)
+            running = engine.new_job(job)
+            assert entered.wait(60)
+            wait_for(lambda: "cooperative call to process()" in caplog.text, "the warning")
+    finally:
+        release.set()
+    running.join(60)
+    return next(r.getMessage() for r in caplog.records if "cooperative call" in r.getMessage())
+
+
+SLOW = "cooperative processors must return within about a millisecond. "
+
+
+def test_the_advice_fits_a_pipeline_stage(caplog: Any) -> None:
+    """Issue 21, item 3: on main a Pipeline user was told to override is_cooperative()."""
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(3))).map(functools.partial(block_once, "pipeline")).write_to(
+        sinks.noop()
+    )
+    warning = slow_call_warning("pipeline", p, caplog)
+    assert warning.endswith(
+        f"{SLOW}It runs the Pipeline stage map 'map': move a blocking call (I/O, a remote "
+        "service, a model) into stage.map_using_service(P.service_factory(create), fn) (or "
+        "filter_/flat_map_using_service), which gets a thread of its own"
+    )
+
+
+def test_the_advice_fits_a_library_processor_of_the_core_api(caplog: Any) -> None:
+    dag = DAG()
+    src = dag.new_vertex("src", sources.items(range(3))).local_parallelism(1)
+    m = dag.new_vertex("lookup", P.map(functools.partial(block_once, "core"))).local_parallelism(1)
+    dag.edge(Edge.between(src, m)).edge(Edge.between(m, dag.new_vertex("sink", sinks.noop())))
+    warning = slow_call_warning("core", dag, caplog)
+    assert "vertex 'lookup', processor 0 (MapP)" in warning
+    assert warning.endswith(
+        f"{SLOW}Move a blocking call (I/O, a remote service, a model) out of its function "
+        "into P.map_using_service(P.service_factory(create), fn) (or filter_/"
+        "flat_map_using_service, or an _async variant), which gets a thread of its own"
+    )
+
+
+def test_the_advice_fits_a_processor_of_ones_own(caplog: Any) -> None:
+    dag = blocking_dag("own")
+    events("own")  # Blocker blocks on every item until released
+    warning = slow_call_warning("own", dag, caplog)
+    assert warning.endswith(
+        f"{SLOW}Make it non-cooperative (is_cooperative() -> False) to give it a thread of "
+        "its own"
+    )

@@ -567,3 +567,49 @@ def test_merged_stages_feed_aggregations_and_windows() -> None:
     counts, windows = run(p, "c", "w")
     assert sorted(counts) == [("A", 3), ("B", 1), ("C", 1)]
     assert sorted(windows) == [WindowResult(0, 2, 15), WindowResult(2, 4, 27)]
+
+
+def test_service_stages_run_in_a_vertex_and_thread_of_their_own() -> None:
+    """A blocking call belongs in a service stage (the advice of the slow-call warning):
+    a vertex of its own whose processors are non-cooperative (a thread each)."""
+    from slipstream import processors as P
+
+    rates = P.service_factory(lambda ctx: {"a": 2, "b": 3})
+    p = ss.Pipeline()
+    letters = p.read_from(sources.items(["a", "b", "c", "a"]))
+    looked_up = letters.map_using_service(rates, lambda svc, x: svc.get(x))  # None: dropped
+    looked_up.filter_using_service(rates, lambda svc, v: v > 2).write_to(sinks.list_sink("big"))
+    letters.flat_map_using_service(rates, lambda svc, x: [x] * svc.get(x, 0)).set_name(
+        "repeat"
+    ).write_to(sinks.list_sink("repeated"))
+    dag = p.to_dag()
+    assert [v.name for v in dag.vertices] == [
+        "source",
+        "map_using_service",
+        "filter_using_service",
+        "sink",
+        "repeat",
+        "sink-2",
+    ]
+    engine = ss.local()
+    engine.new_job(p).join(60)
+    assert engine.get_list("big") == [3]
+    assert sorted(engine.get_list("repeated")) == ["a", "a", "a", "a", "b", "b", "b"]
+    with pytest.raises(TypeError, match="expected a ServiceFactory"):
+        letters.map_using_service(lambda ctx: None, lambda svc, x: x)
+
+
+def test_a_service_stage_is_not_cooperative() -> None:
+    from slipstream import processors as P
+    from slipstream.core.suppliers import SupplierContext, processors_of
+    from slipstream.engine.plan import member_addresses
+
+    p = ss.Pipeline()
+    p.read_from(sources.items([1])).map_using_service(
+        P.service_factory(lambda ctx: None), lambda svc, x: x
+    ).write_to(sinks.noop())
+    v = p.to_dag().vertex("map_using_service")
+    ((_, (proc,)),) = processors_of(
+        v.meta_supplier, SupplierContext("s", "j", 1, 1, 1), member_addresses(1)
+    )
+    assert proc.is_cooperative() is False

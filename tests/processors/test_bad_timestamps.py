@@ -210,3 +210,97 @@ def test_itemgetter_fast_path_matches_the_general_one(events: list[Any], invalid
     """A sum whose functions are itemgetters runs a path of its own (one pass, a type
     check per item): same results, late counts and errors as with lambdas."""
     assert _window_run(events, True, invalid) == _window_run(events, False, invalid)
+
+
+def ts_pipeline(rows: list[Any], ts_fn: Any) -> Any:
+    from slipstream.window import tumbling_window_def as tumbling
+
+    p = ss.Pipeline()
+    stage = p.read_from(sources.items(rows)).with_timestamps(ts_fn, 100)
+    stage.window(tumbling(1000)).aggregate(counting()).write_to(sinks.list_sink("out"))
+    return p
+
+
+PIPELINE_VERTEX = "with_timestamps+window-accumulate"
+WHERE = f"insert_watermarks (vertex '{PIPELINE_VERTEX}')"
+
+
+@pytest.mark.parametrize(
+    ("value", "advice"),
+    [
+        (
+            1.5,
+            ", so a float of seconds needs int(seconds * 1000) in the timestamp function "
+            "(a float of milliseconds: int(ms))",
+        ),
+        (
+            "1700000000",
+            "; parse the string in the timestamp function (int(s) for digits, "
+            "int(datetime.fromisoformat(s).timestamp() * 1000) for an ISO date)",
+        ),
+        (
+            __import__("datetime").datetime(2024, 1, 1),
+            ", so a datetime needs int(dt.timestamp() * 1000) in the timestamp function",
+        ),
+        (
+            math.nan,
+            " (filter out the items without a time before with_timestamps(), or set "
+            "on_item_error='skip')",
+        ),
+    ],
+    ids=["float", "str", "datetime", "nan"],
+)
+def test_a_timestamp_that_is_no_int_gets_advice_that_fits_it(value: Any, advice: str) -> None:
+    """Issue 21, item 3: on main a float timestamp's error held itself in its own message
+    and advised invalid_timestamps='late', which would drop every item."""
+    row = {"t": value, "k": "a"}
+    with pytest.raises(ss.JobFailedError) as info:
+        ss.local().new_job(ts_pipeline([row], lambda r: r["t"]), ss.JobConfig(name="t")).join(60)
+    assert str(info.value) == (
+        f"job 't' failed: vertex '{PIPELINE_VERTEX}', processor 0: TypeError: {WHERE}: the "
+        f"timestamp of item {row!r} is {value!r}, not an int: timestamps are int "
+        f"milliseconds{advice}"
+    )
+
+
+def test_the_core_api_advice_names_its_own_option() -> None:
+    p, _ = _inserter()
+    with pytest.raises(TypeError) as info:
+        p.process(0, Inbox([("k", math.inf, 1)]))
+    assert str(info.value) == (
+        "insert_watermarks (vertex 'wm'): the timestamp of item ('k', inf, 1) is inf, not an "
+        "int: timestamps are int milliseconds (invalid_timestamps='late' passes such items on "
+        "to be counted as late)"
+    )
+
+
+def _inserter() -> tuple[Any, Outbox]:
+    proc = P.insert_watermarks(ts_of, wm_policy)()
+    outbox = Outbox(1, 100)
+    proc.init(outbox, Context("wm"))
+    return proc, outbox
+
+
+def test_a_raising_timestamp_function_names_the_item_unwrapped() -> None:
+    with pytest.raises(ss.JobFailedError) as info:
+        ss.local().new_job(
+            ts_pipeline([{"t": 1}, {"k": "b"}], lambda r: r["t"]), ss.JobConfig(name="t")
+        ).join(60)
+    assert str(info.value) == (
+        f"job 't' failed: vertex '{PIPELINE_VERTEX}', processor 0, on item {{'k': 'b'}}: "
+        "KeyError: 't'"
+    )
+
+
+def test_items_without_a_time_are_skipped_under_on_item_error() -> None:
+    rows: list[Any] = [{"t": i * 100, "k": "a"} for i in range(50)]
+    rows[10]["t"] = math.nan
+    rows[20] = {"k": "b"}
+    rows[30]["t"] = 3000.5
+    engine = ss.local()
+    job = engine.new_job(
+        ts_pipeline(rows, lambda r: r["t"]), ss.JobConfig(on_item_error="skip")
+    )
+    job.join(60)
+    assert [r.value for r in engine.get_list("out")] == [10, 9, 9, 9, 10]
+    assert job.metrics[PIPELINE_VERTEX]["items_skipped"] == 3

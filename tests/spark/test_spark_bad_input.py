@@ -81,3 +81,26 @@ def test_an_unclosed_csv_quote_and_undecodable_bytes_name_file_and_line(
         f"vertex 'src', processor 0: ValueError: read_files (vertex 'src'): {tmp_path / 'x.txt'}:3: "
         "invalid UTF-8 (byte 0xff at column 3, offset 10 in the file: invalid start byte)"
     )
+
+
+def shout(word: str) -> str:
+    if word == "fig":
+        raise ValueError("no figs")
+    return word.upper()
+
+
+def test_a_failing_function_names_the_item_and_a_policy_is_refused(spark_session: Any) -> None:
+    """Issue 21, items 3 and 4 on Spark: the item travels in the failure marker; a
+    bad-record policy, which the Spark engine does not apply, is refused, not ignored."""
+    engine = ss.spark(spark_session)
+    dag = DAG()
+    src = dag.new_vertex("words", sources.items(WORDS)).local_parallelism(1)
+    m = dag.new_vertex("shout", P.map(shout)).local_parallelism(1)
+    dag.edge(Edge.between(src, m)).edge(Edge.between(m, dag.new_vertex("sink", sinks.noop())))
+    err = failure(engine, dag, JobConfig(name="spark-items"))
+    assert str(err).split("\n")[0] == (
+        "job 'spark-items' failed: vertex 'shout', processor 0, on item 'fig': ValueError: "
+        "no figs"
+    )
+    with pytest.raises(ss.DagError, match=r"^on_item_error is set \(the job\), but the Spark"):
+        engine.new_job(dag, JobConfig(on_item_error="skip"))

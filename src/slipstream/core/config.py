@@ -81,6 +81,19 @@ class JobConfig:
     watermarks flow as in a stream (windows emitted as the input advances, memory bounded
     by the open windows): items behind the watermark are then dropped, counted
     (``late_items_dropped``) and reported in a warning, as in every streaming job.
+
+    ``on_item_error``: what a vertex does when user code raises on an item. ``"fail"``
+    (default): the job fails, naming the vertex and the item. ``"skip"``: the item is
+    dropped and the job goes on. A sink (a sink supplier such as
+    ``sinks.list_sink("bad")`` or ``sinks.write_jsonl("bad/")``, or a sink vertex of
+    the DAG): the item is dropped and a :class:`~slipstream.core.item_errors.DeadLetter`
+    (vertex, item, error, source) goes to that sink, through the DAG (snapshots cover
+    it: exactly once under an exactly-once job). Skipped items are counted per vertex
+    (``items_skipped``) and reported in a rate-limited warning. It applies to the
+    vertices whose processors handle item errors (map, filter, flat_map, the Pipeline's
+    fused stages, service calls, aggregations' key and accumulate functions,
+    ``map_stateful``, ``rolling_aggregate``; docs/fault-tolerance.md); a vertex's own
+    setting (``Vertex.on_item_error``, ``Stage.on_item_error``) overrides it.
     """
 
     name: str | None = None
@@ -98,6 +111,7 @@ class JobConfig:
     allow_rollback: bool = False
     allow_job_change: bool = False
     batch_watermarks: bool = False
+    on_item_error: Any = "fail"
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):
@@ -110,6 +124,9 @@ class JobConfig:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.max_snapshot_failures < 1:
             raise ValueError(f"max_snapshot_failures must be >= 1, got {self.max_snapshot_failures}")
+        from slipstream.core.item_errors import check_policy
+
+        check_policy(self.on_item_error, "JobConfig")
         if self.restart_delay_ms < 0 or self.restart_delay_max_ms < self.restart_delay_ms:
             raise ValueError(
                 "need 0 <= restart_delay_ms <= restart_delay_max_ms, got "

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from slipstream.core.describe import short_repr
 from slipstream.core.errors import DagError
 from slipstream.core.partition import Partitioner
 from slipstream.core.suppliers import ProcessorMetaSupplier, to_meta_supplier
@@ -72,6 +73,33 @@ class Vertex:
         except TypeError as e:
             raise DagError(f"vertex {name!r}: {e}") from None
         self._local_parallelism = -1
+        self._on_item_error: Any = None
+
+    def on_item_error(self, policy: Any) -> Vertex:
+        """This vertex's bad-record policy, overriding ``JobConfig.on_item_error``:
+        ``"fail"``, ``"skip"`` or a sink (a sink supplier, or a sink vertex of the DAG) to
+        send :class:`~slipstream.core.item_errors.DeadLetter` records to. Only for
+        vertices whose processors handle item errors (``P.map``, ``P.filter``,
+        ``P.flat_map``, service calls, aggregations, ...). Returns the vertex."""
+        from slipstream.core.item_errors import check_policy, handles_item_errors
+
+        try:
+            check_policy(policy, f"vertex {self.name!r}")
+        except (TypeError, ValueError) as e:
+            raise DagError(str(e)) from None
+        if not handles_item_errors(self.supplier):
+            raise DagError(
+                f"vertex {self.name!r}: on_item_error needs processors that handle item "
+                f"errors (map, filter, flat_map, service calls, aggregations, a Pipeline's "
+                f"stages; a processor of your own declares handles_item_errors = True), "
+                f"and {short_repr(self.supplier)} does not"
+            )
+        self._on_item_error = policy
+        return self
+
+    def get_on_item_error(self) -> Any:
+        """The vertex's own ``on_item_error`` (``None``: the job's)."""
+        return self._on_item_error
 
     def local_parallelism(self, n: int) -> Vertex:
         """Processors per member; -1 means the engine's default (its cooperative thread

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any
 
 
@@ -49,3 +50,16 @@ class Inbox(deque):  # type: ignore[type-arg]
 
     def add_all(self, items: Iterable[Any]) -> None:
         self.extend(items)
+
+
+def drop_head(inbox: Inbox, n: int) -> None:
+    """Remove the first ``n`` items of ``inbox`` at C speed (a deque has no slice
+    deletion, and ``popleft`` in a Python loop costs ~40 ns per item)."""
+    if n == 1:
+        inbox.popleft()
+    elif n >= len(inbox):
+        inbox.clear()
+    else:
+        rest = list(islice(inbox, n, None))
+        inbox.clear()
+        inbox.extend(rest)

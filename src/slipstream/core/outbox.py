@@ -6,6 +6,10 @@ processor must then return and offer the same item again on its next call. Betwe
 processor calls the engine moves bucket contents into the edge queues. Watermarks
 offered here are broadcast downstream by the engine.
 
+An outbox may have a *side ordinal* (:meth:`Outbox.reserve_side_ordinal`, the
+dead-letter edge of ``on_item_error=<sink>``): ``offer(item)`` to "every ordinal" leaves it
+out, so only what a processor sends there on purpose goes there.
+
 A non-cooperative processor gets a *blocking* outbox (``flush_fn`` set): instead of
 refusing, a full bucket is flushed by the processor's own thread, waiting for room.
 """
@@ -41,6 +45,7 @@ class Outbox:
         "snapshot_capacity",
         "_all",
         "_flush_fn",
+        "side_ordinal",
     )
 
     def __init__(
@@ -58,6 +63,8 @@ class Outbox:
         self.snapshot_capacity = capacity if snapshot_capacity is None else snapshot_capacity
         self._all = tuple(range(ordinal_count))
         self._flush_fn = flush_fn
+        #: an ordinal that ``offer(item)`` (to every ordinal) leaves out, if any
+        self.side_ordinal: int | None = None
         # set when a watermark or idle mark was offered: the engine then looks for special
         # items while moving buckets downstream (it skips that scan otherwise);
         # SPECIAL_AT_TAIL when the only one is a watermark at the end of the only bucket
@@ -70,6 +77,22 @@ class Outbox:
     def bucket_count(self) -> int:
         return len(self.buckets)
 
+    @property
+    def data_ordinal_count(self) -> int:
+        """How many ordinals ``offer(item)`` (``ordinal=None``) reaches: every one but
+        the side ordinal. Bulk paths that write into ``buckets[0]`` check that it is 1."""
+        return len(self._all)
+
+    def reserve_side_ordinal(self, ordinal: int) -> None:
+        """Make ``ordinal`` (the last one) a side output: ``offer(item)`` and watermarks
+        no longer reach it; only offers to it by number (or writes into its bucket) do."""
+        if ordinal != len(self.buckets) - 1:
+            raise ValueError(
+                f"the side ordinal must be the last one ({len(self.buckets) - 1}), got {ordinal}"
+            )
+        self.side_ordinal = ordinal
+        self._all = tuple(range(ordinal))
+
     def offer(self, item: Any, ordinal: int | Sequence[int] | None = None) -> bool:
         """Add ``item`` to the bucket of ``ordinal`` (``None``: every outbound ordinal; a
         sequence: those ordinals). All-or-nothing: returns ``False`` without adding
@@ -80,7 +103,7 @@ class Outbox:
         if t is Watermark or t is IdleMessage:
             self.specials = True
         if ordinal is None:
-            if len(buckets) == 1:
+            if len(self._all) == 1:
                 b = buckets[0]
                 if len(b) >= cap:
                     if self._flush_fn is None:

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
+from slipstream.core.item_errors import ItemErrors
 from slipstream.core.items import NO_WATERMARK, IdleMessage, Watermark
 from slipstream.core.outbox import Outbox
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["Processor", "AbstractProcessor", "Context", "FlatMapper"]
+__all__ = ["Processor", "AbstractProcessor", "Context", "FlatMapper", "blocking_call_advice"]
 
 
 class Context:
@@ -49,6 +50,8 @@ class Context:
         "hold_watermarks",
         "metric_listener",
         "allow_rollback",
+        "item_errors",
+        "pipeline_stage",
     )
 
     def __init__(
@@ -99,6 +102,12 @@ class Context:
         # (JobConfig.allow_rollback), False fails with SnapshotStoreRolledBackError; None:
         # not checked (no snapshots, or an engine whose sinks commit before the snapshot)
         self.allow_rollback: bool | None = None
+        # what to do when user code raises on an item (JobConfig.on_item_error): the
+        # engine sets it per vertex; by default the job fails naming the item
+        self.item_errors = ItemErrors(self)
+        # the Pipeline stage this vertex was compiled from ("map 'parse'"), None for a
+        # vertex of the Core API: advice to the user names what they can change
+        self.pipeline_stage: str | None = None
 
     @property
     def snapshotting_enabled(self) -> bool:
@@ -139,6 +148,27 @@ class Context:
         )
 
 
+def blocking_call_advice(processor: Any, context: Context) -> str:
+    """What to do about a cooperative call that blocks, in terms of the API the user
+    wrote the vertex with: a Pipeline stage moves the call into ``map_using_service``
+    (a thread of its own), a library processor of the Core API likewise into
+    ``P.map_using_service``, a processor of the user's own becomes non-cooperative."""
+    stage = context.pipeline_stage
+    if stage is not None:
+        return (
+            f"It runs the Pipeline stage {stage}: move a blocking call (I/O, a remote "
+            "service, a model) into stage.map_using_service(P.service_factory(create), fn) "
+            "(or filter_/flat_map_using_service), which gets a thread of its own"
+        )
+    if type(processor).__module__.startswith("slipstream."):
+        return (
+            "Move a blocking call (I/O, a remote service, a model) out of its function into "
+            "P.map_using_service(P.service_factory(create), fn) (or filter_/"
+            "flat_map_using_service, or an _async variant), which gets a thread of its own"
+        )
+    return "Make it non-cooperative (is_cooperative() -> False) to give it a thread of its own"
+
+
 class Processor:
     """Base of every processor. All callbacks have Jet's defaults; override what you need.
 
@@ -153,12 +183,19 @@ class Processor:
     #: ``KeyError`` just because nothing happened yet.
     metric_names: tuple[str, ...] = ()
 
+    #: The processor applies the bad-record policy (``JobConfig.on_item_error``): when
+    #: user code raises on an item it calls ``context.item_errors.handle(item, error)``
+    #: and re-raises only if that returns ``False`` (see :mod:`slipstream.core.item_errors`).
+    #: Vertices of other processors fail on such an error whatever the policy.
+    handles_item_errors = False
+
     def init(self, outbox: Outbox, context: Context) -> None:
         """Called once before any other callback."""
         self.outbox = outbox
         self.context = context
         for name in self.metric_names:
             context.metrics.setdefault(name, 0)
+        context.item_errors.bind(outbox)
 
     def is_cooperative(self) -> bool:
         """``False`` asks for a dedicated thread and a blocking outbox."""
@@ -265,7 +302,7 @@ class AbstractProcessor(Processor):
 
     def init(self, outbox: Outbox, context: Context) -> None:
         super().init(outbox, context)
-        if type(outbox) is Outbox and len(outbox.buckets) == 1:
+        if type(outbox) is Outbox and outbox.data_ordinal_count == 1:
             self._emit_bucket = outbox.buckets[0]
             self._emit_capacity = outbox.capacity
         else:
@@ -327,7 +364,7 @@ class AbstractProcessor(Processor):
             if not offer(self._pending_item, ordinal):
                 return False
             self._pending_it = self._pending_item = None
-        if ordinal is None and len(outbox.buckets) == 1:
+        if ordinal is None and outbox.data_ordinal_count == 1:
             # one bucket: move a bucketful at C speed
             rest = outbox.offer_many(iterator, 0)
             if rest is None:

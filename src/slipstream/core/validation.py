@@ -12,6 +12,8 @@ callable, ..."`` (:func:`check_fn`, used by the streaming ones).
 from __future__ import annotations
 
 import codecs
+import datetime
+import math
 import operator
 import os
 from typing import Any
@@ -170,17 +172,43 @@ def valid_timestamps(
                 continue
             if v is not None:
                 raise timestamp_out_of_range(where, item, v, LATE_COUNTS)
-            raise TypeError(
-                f"{where}: item {item!r} has timestamp {ts!r}; timestamps must be integers "
-                "(e.g. milliseconds), not NaN, infinite, fractional or of another type "
-                f"{LATE_COUNTS}"
-            )
+            raise not_a_timestamp(where, item, ts, LATE_COUNTS)
         kept.append(item)
         stamps.append(v)
     return kept, stamps, dropped
 
 LATE_COUNTS = "(invalid_timestamps='late' counts such items as late instead)"
 """The hint the windowing processors end a timestamp error with."""
+
+
+def not_a_timestamp(where: str, item: Any, ts: Any, late_hint: str) -> TypeError:
+    """The error for ``item`` whose timestamp function gave ``ts``, which is not an
+    integer (see :func:`timestamp_advice`)."""
+    return TypeError(
+        f"{where}: the timestamp of item {short_repr(item)} is {short_repr(ts)}, not an "
+        f"int: timestamps are int milliseconds{timestamp_advice(ts, late_hint)}"
+    )
+
+
+def timestamp_advice(ts: Any, late_hint: str) -> str:
+    """What to do about a timestamp ``ts`` that is not an integer, fitting the value: a
+    float or a datetime is converted to int milliseconds in the timestamp function
+    (dropping such items would drop them all), a string is parsed; ``late_hint`` (how to
+    count such items as late) is offered only for values that carry no time at all
+    (NaN, infinite, ``None``, other types)."""
+    if isinstance(ts, float) and math.isfinite(ts):
+        return (
+            ", so a float of seconds needs int(seconds * 1000) in the timestamp function "
+            "(a float of milliseconds: int(ms))"
+        )
+    if isinstance(ts, str):
+        return (
+            "; parse the string in the timestamp function (int(s) for digits, "
+            "int(datetime.fromisoformat(s).timestamp() * 1000) for an ISO date)"
+        )
+    if isinstance(ts, datetime.datetime):
+        return ", so a datetime needs int(dt.timestamp() * 1000) in the timestamp function"
+    return f" {late_hint}" if late_hint else ""
 
 
 def timestamp_out_of_range(where: str, item: Any, ts: int, hint: str) -> ValueError:

@@ -107,6 +107,7 @@ class Progress:
             [running 12s] trades, snapshot #3 (2s ago)
               trades      out 12.8k  3.0k/s
               windows     in 12.8k  3.0k/s  out 80  20/s  wm lag 1.2s  late 3
+              parse       in 12.8k  3.0k/s  out 12.7k  3.0k/s  skipped 17
 
         A vertex with several outbound edges says so after its ``out`` figures, which
         count each item once per edge (``out 25.6k 6.0k/s (sum of 2 edges)``).
@@ -134,6 +135,8 @@ class Progress:
                 p += f"  wm lag {fmt_ms(v['watermark_lag_ms'])}"
             if v["late_items_dropped"]:
                 p += f"  late {fmt_count(v['late_items_dropped'])}"
+            if v.get("items_skipped"):
+                p += f"  skipped {fmt_count(v['items_skipped'])}"
             if v["queue_fill"]:
                 p += f"  queue {v['queue_fill'] * 100:.0f}%"
             if "progress" in v:
@@ -158,7 +161,11 @@ class Progress:
                 f"#{x['id']} {x['tasks_done']}/{x['tasks_total']}" for x in doc["stages"][-3:]
             )
         t = Table(title=title, title_justify="left", box=None, pad_edge=False)
-        for col in ("vertex", "procs", "in/s", "out/s", "total out", "wm lag", "queue", "late"):
+        cols = ["vertex", "procs", "in/s", "out/s", "total out", "wm lag", "queue", "late"]
+        skipping = any(v.get("items_skipped") for v in doc["vertices"])
+        if skipping:  # on_item_error set items aside
+            cols.append("skipped")
+        for col in cols:
             t.add_column(col, justify="left" if col == "vertex" else "right")
         bars = []
         for v in doc["vertices"]:
@@ -172,6 +179,7 @@ class Progress:
                 fmt_ms(v["watermark_lag_ms"]),
                 "-" if fill is None else f"{fill * 100:.0f}%",
                 fmt_count(v["late_items_dropped"]),
+                *([fmt_count(v.get("items_skipped", 0))] if skipping else []),
             )
             if "progress" in v:
                 done, total = v["progress"]["done"], v["progress"]["total"]

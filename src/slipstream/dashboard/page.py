@@ -156,6 +156,7 @@ _SCRIPT = """
             (v.watermark_lag_ms!==null?new Date(v.watermark).toISOString().substr(11,12):String(v.watermark)));
         set(row,'[data-f=watermark_lag]',fmtMs(v.watermark_lag_ms));
         set(row,'[data-f=late]',String(v.late_items_dropped));
+        set(row,'[data-f=skipped]',String(v.items_skipped||0));
         set(row,'[data-f=parallelism]',v.parallelism===null?'\\u2013':String(v.parallelism));
       }
       var card=sec.querySelector('.vchart[data-vertex="'+esc(v.name)+'"]');
@@ -249,7 +250,7 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         '<td class="num"><span class="bar"><i style="width:0"></i></span>'
         '<span data-f="queue_fill"></span></td>'
         '<td class="num" data-f="watermark"></td><td class="num" data-f="watermark_lag"></td>'
-        '<td class="num" data-f="late"></td></tr>'
+        '<td class="num" data-f="late"></td><td class="num" data-f="skipped"></td></tr>'
         for v in vertices
     )
     charts = "".join(_chart_card(v) for v in vertices)
@@ -269,7 +270,9 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         f'<div class="charts">{charts}</div>'
         "<table class=\"vertices\"><thead><tr><th>vertex</th><th>processors</th><th>in/s</th><th>out/s</th>"
         "<th>items in</th><th>items out</th><th>queue fill</th><th>watermark</th>"
-        "<th>watermark lag</th><th>late dropped</th></tr></thead>"
+        "<th>watermark lag</th><th>late dropped</th>"
+        '<th title="items set aside because user code raised on them (on_item_error)">'
+        "skipped</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
         '<h3>Snapshots<span class="note" data-f="snapcount"></span></h3>'
         '<table class="snapshots"><thead><tr><th>id</th><th>committed</th><th>duration</th>'

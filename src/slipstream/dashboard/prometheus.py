@@ -44,6 +44,11 @@ class JobsCollector(Collector):
         late = CounterMetricFamily(
             "slipstream_vertex_late_items_dropped", "Late items dropped", labels=vlabels
         )
+        skipped = CounterMetricFamily(
+            "slipstream_vertex_items_skipped",
+            "Items set aside because user code raised on them (on_item_error)",
+            labels=vlabels,
+        )
         in_rate = GaugeMetricFamily("slipstream_vertex_items_in_per_second", "Items received per second", labels=vlabels)
         out_rate = GaugeMetricFamily("slipstream_vertex_items_out_per_second", "Items emitted per second", labels=vlabels)
         fill = GaugeMetricFamily(
@@ -78,6 +83,7 @@ class JobsCollector(Collector):
                 items_in.add_metric(vl, v["items_in"])
                 items_out.add_metric(vl, v["items_out"])
                 late.add_metric(vl, v["late_items_dropped"])
+                skipped.add_metric(vl, v.get("items_skipped", 0))
                 in_rate.add_metric(vl, v["in_rate"])
                 out_rate.add_metric(vl, v["out_rate"])
                 if v["queue_fill"] is not None:
@@ -87,7 +93,7 @@ class JobsCollector(Collector):
                 if v["watermark_lag_ms"] is not None:
                     lag.add_metric(vl, v["watermark_lag_ms"] / 1000.0)
         yield from (status, restarts, snaps, snap_id, snap_dur, snap_bytes, snap_age, stage_tasks)
-        yield from (items_in, items_out, late, in_rate, out_rate, fill, wm, lag)
+        yield from (items_in, items_out, late, skipped, in_rate, out_rate, fill, wm, lag)
 
 
 def metrics_text(describe_all: Callable[[], list[dict[str, Any]]]) -> bytes:

@@ -18,7 +18,7 @@ from typing import Any
 EPOCH_MS_FLOOR = 946_684_800_000
 
 #: Counters that get their own column rather than going to ``counters``.
-_KNOWN = ("items_in", "items_out", "late_items_dropped")
+_KNOWN = ("items_in", "items_out", "late_items_dropped", "items_skipped")
 
 
 #: Readings of a job's counters kept to compute rates from (the newest few seconds').
@@ -83,6 +83,8 @@ class Sampler:
                 "watermark": wm,
                 "watermark_lag_ms": round(lag, 1) if lag is not None else None,
                 "late_items_dropped": int(m.get("late_items_dropped", 0)),
+                # items set aside by JobConfig.on_item_error (skipped or dead-lettered)
+                "items_skipped": int(m.get("items_skipped", 0)),
                 "counters": {k: v for k, v in m.items() if k not in _KNOWN},
             }
             if name in progress:

@@ -31,6 +31,7 @@ from slipstream.core.errors import (
     SnapshotStoreInUseError,
     SnapshotStoreRolledBackError,
 )
+from slipstream.core.item_errors import ItemErrorReport, on_item
 from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LateItemsReport
@@ -67,7 +68,13 @@ class _Execution:
         engine = job.engine
         config = job.config
         self.plans = build_vertex_plans(
-            job.dag, config, engine.member_count, engine.default_parallelism, engine.services, job.name
+            job.dag,
+            config,
+            engine.member_count,
+            engine.default_parallelism,
+            engine.services,
+            job.name,
+            job.item_errors,
         )
         specs = wire(job.dag, self.plans, config.processing_guarantee)
         self.coordinator: SnapshotCoordinator | None = None
@@ -283,6 +290,8 @@ class Job(JobHandle):
         self.late_items = LateItemsReport(
             self.name, log, batch=self.bounded and config.batch_watermarks
         )
+        #: warns about items set aside by JobConfig.on_item_error
+        self.item_errors = ItemErrorReport(self.name, log)
         if config.processing_guarantee is not ProcessingGuarantee.NONE:
             self.store = _make_store(
                 config, engine.work_dir, self.name, f"{self.name}-{self.execution_id[:12]}"
@@ -423,7 +432,7 @@ class Job(JobHandle):
             out["snapshot"] = dict(ex.coordinator.last_commit)
         if failure is not None:
             ft = failure.tasklet
-            where = f"vertex {ft.vertex_name!r}, processor {ft.index}: " if ft else ""
+            where = f"vertex {ft.vertex_name!r}, processor {ft.index}{on_item(failure.error)}: " if ft else ""
             out["error"] = f"{where}{type(failure.error).__name__}: {failure.error}"
         elif self.snapshot_error is not None:
             out["error"] = self.snapshot_error
@@ -625,7 +634,7 @@ class Job(JobHandle):
                         "job %s: %s failed (%s: %s); restart %d of %d from the last snapshot "
                         "in %.3f s",
                         self.name,
-                        f"{t.vertex_name}#{t.index}" if t else "the job",
+                        f"{t.vertex_name}#{t.index}{on_item(ex.failure.error)}" if t else "the job",
                         type(ex.failure.error).__name__,
                         ex.failure.error,
                         self.restarts,
@@ -666,6 +675,7 @@ class Job(JobHandle):
             self.store.unlock()
         self.completion_time = time.time()
         self.late_items.finish()
+        self.item_errors.finish()
         self._status = status
         self._terminal.set()
         self._suspended.set()
@@ -675,7 +685,7 @@ class Job(JobHandle):
         assert f is not None
         t = f.tasklet
         restarts = f" after {self.restarts} restart(s)" if self.restarts else ""
-        where = f"vertex {t.vertex_name!r}, processor {t.index}: " if t is not None else ""
+        where = f"vertex {t.vertex_name!r}, processor {t.index}{on_item(f.error)}: " if t else ""
         err = JobFailedError(
             f"job {self.name!r} failed{restarts}: {where}{type(f.error).__name__}: {f.error}",
             vertex=t.vertex_name if t is not None else None,

@@ -11,6 +11,7 @@ from typing import Any
 
 from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, as_dag
+from slipstream.core.dead_letters import with_dead_letters
 from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import at_exit
@@ -152,6 +153,8 @@ class LocalEngine:
         # carry over between engines and entry points)
         dag = as_dag(dag)
         config = config or JobConfig()
+        # on_item_error=<sink>: dead letters reach their sink on edges of their own
+        dag = with_dead_letters(dag, config.on_item_error)
         job = Job(self, dag, config, restore_from=restore_from)
         with self._lock:
             self._jobs.append(job)

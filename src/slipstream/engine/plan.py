@@ -15,6 +15,9 @@ from typing import Any
 
 from slipstream.core.config import JobConfig, ProcessingGuarantee
 from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex, effective_parallelism
+from slipstream.core.dead_letters import is_dead_letter_edge, policy_of
+from slipstream.core.errors import DagError
+from slipstream.core.item_errors import FAIL, ItemErrorReport, ItemErrors
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, partition_table
 from slipstream.core.processor import Context, Processor
 from slipstream.core.suppliers import (
@@ -142,6 +145,7 @@ def build_vertex_plans(
     default_parallelism: int,
     services: Any,
     job_name: str,
+    item_error_report: ItemErrorReport | None = None,
 ) -> dict[str, VertexPlan]:
     # the embedded engine ships nothing: the data a supplier holds is sampled, not pickled
     dag.validate(
@@ -180,8 +184,35 @@ def build_vertex_plans(
                 if config.processing_guarantee is not ProcessingGuarantee.NONE:
                     # sinks commit after the store: their own records show a rollback
                     vp.contexts[-1].allow_rollback = config.allow_rollback
+                vp.contexts[-1].pipeline_stage = getattr(v, "pipeline_stage", None)
+                set_item_errors(vp.contexts[-1], dag, v, config.on_item_error, item_error_report)
         plans[v.name] = vp
     return plans
+
+
+def set_item_errors(
+    context: Context, dag: DAG, vertex: Vertex, default: Any, report: ItemErrorReport | None
+) -> None:
+    """Give a processor of ``vertex`` its bad-record policy (``context.item_errors``):
+    the vertex's own ``on_item_error`` or the job's; a sink means the vertex's
+    dead-letter edge (added by :func:`~slipstream.core.dead_letters.with_dead_letters`)."""
+    policy = policy_of(vertex, default)
+    if isinstance(policy, str) and policy == FAIL:
+        return
+    side = None
+    target = None
+    if not isinstance(policy, str):
+        for e in dag.outbound_edges(vertex):
+            if is_dead_letter_edge(e):
+                side, target = e.source_ordinal, e.dest.name  # type: ignore[union-attr]
+        if side is None:
+            raise DagError(
+                f"vertex {vertex.name!r} sends dead letters (on_item_error={policy!r}) but "
+                "has no dead-letter edge: the DAG was not prepared with with_dead_letters()"
+            )
+    context.item_errors = ItemErrors(
+        context, skip=side is None, side_ordinal=side, target=target, report=report
+    )
 
 
 def wire(

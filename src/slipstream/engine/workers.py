@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from slipstream.core.errors import trim_driver_frames
+from slipstream.core.processor import blocking_call_advice
 from slipstream.engine.tasklet import DONE, MADE_PROGRESS, ProcessorTasklet, _Cancelled
 
 MIN_IDLE_S = 0.00002
@@ -215,14 +216,14 @@ class WorkerPool:
                     log.warning(
                         "job %s: vertex %r, processor %d (%s): a cooperative call to %s() has "
                         "been running for %.1f s; cooperative processors must return within "
-                        "about a millisecond (make it non-cooperative, is_cooperative() -> "
-                        "False, to give it a thread of its own)",
+                        "about a millisecond. %s",
                         self.name,
                         t.vertex_name,
                         t.index,
                         type(t.processor).__name__,
                         _CALLBACKS.get(t.state_name, t.state_name.lower()),
                         now - started,
+                        blocking_call_advice(t.processor, t.context),
                     )
             if self.stopping and now - self._stopped_at > self.stop_grace_s:
                 self._abandon()

@@ -39,6 +39,7 @@ from typing import Any
 
 from slipstream import processors as P
 from slipstream.core.dag import DAG, Edge, Vertex
+from slipstream.core.item_errors import handles_item_errors
 from slipstream.core.traits import BUFFERS_INPUT, declare
 from slipstream.pipeline.fused import STATELESS_KINDS, ChainFn, fused_chain, input_fused, pipe
 from slipstream.pipeline.stages import Pipeline, PipelineError, Stage
@@ -105,6 +106,7 @@ class _Compiler:
         self.piped_into: dict[int, Stage] = {}
         self._in_ordinal: dict[str, int] = {}
         self._out_ordinal: dict[str, int] = {}
+        self._building: Stage | None = None  # the stage whose vertices are being made
 
     # -- checks and names ----------------------------------------------------------------
     def check(self) -> None:
@@ -126,7 +128,8 @@ class _Compiler:
                 base = names.get(id(owner)) or owner.name or owner.kind
                 base = f"{base}-result"
             else:
-                base = s.name or _DEFAULT_NAMES.get(s.kind, s.kind)
+                default = s.params["kind"] if s.kind == "service" else s.kind
+                base = s.name or _DEFAULT_NAMES.get(s.kind, default)
             n = seen.get(base, 0) + 1
             seen[base] = n
             names[id(s)] = base if n == 1 else f"{base}-{n}"
@@ -144,6 +147,7 @@ class _Compiler:
                     chain is not None
                     and len(u.downstream) == 1
                     and u.local_parallelism == s.local_parallelism
+                    and same_policy(u, s)
                 ):
                     chain.append(s)
                     self.chain_of[id(s)] = chain
@@ -152,7 +156,12 @@ class _Compiler:
         for s in self.stages:
             if s.kind == "timestamps" and len(s.downstream) == 1:
                 w = s.downstream[0]
-                if w.kind == "window" and self.two_stage(w) and w.local_parallelism == -1:
+                if (
+                    w.kind == "window"
+                    and self.two_stage(w)
+                    and w.local_parallelism == -1
+                    and same_policy(s, w)
+                ):
                     self.piped_into[id(s)] = w
         for chain in {id(c[0]): c for c in self.chain_of.values()}.values():
             tail = chain[-1]
@@ -173,6 +182,8 @@ class _Compiler:
 
     def _fusible(self, chain: list[Stage], consumer: Stage) -> bool:
         kind = consumer.kind
+        if not same_policy(chain[0], consumer):
+            return False  # a vertex runs one bad-record policy
         if consumer.local_parallelism != -1 or chain[0].kind == "merge":
             # a merge stays a vertex of its own: processors treat their inbound ordinals
             # as different inputs (co-aggregation takes one function per ordinal)
@@ -216,6 +227,13 @@ class _Compiler:
         v = self.dag.new_vertex(name, supplier)
         if lp != -1:
             v.local_parallelism(lp)
+        building = self._building
+        if building is not None:
+            # what advice names when the vertex blocks (Context.pipeline_stage)
+            v.pipeline_stage = f"{building.kind} {self.names[id(building)]!r}"  # type: ignore[attr-defined]
+            policy = building._owner.item_error
+            if policy is not None and handles_item_errors(supplier):
+                v.on_item_error(policy)  # Stage.on_item_error: the stage's vertices
         return v
 
     def connect(self, src: Vertex, dst: Vertex, configure: Callable[[Edge], Edge]) -> int:
@@ -294,7 +312,9 @@ class _Compiler:
         self.check()
         self.find_chains()
         for s in self.stages:
+            self._building = s
             getattr(self, f"_build_{s.kind}" if s.kind not in _CHAIN_KINDS else "_build_chain")(s)
+        self._building = None
         return self.dag
 
     def _build_source(self, s: Stage) -> None:
@@ -314,6 +334,15 @@ class _Compiler:
         v = self.local_inputs(s, inputs, name, fused_chain(ChainFn(steps)))
         for c in chain:
             self.out[id(c)] = v
+
+    def _build_service(self, s: Stage) -> None:
+        """A service call (``map_using_service`` ...): a vertex of its own, fed like a
+        chain (isolated from its producer where the parallelism allows), so that its
+        thread, not the cooperative ones, waits for the calls."""
+        inputs: list[tuple[Vertex, ChainFn | None]] = []
+        for u in s.upstream:
+            inputs.extend(self._inputs(u, s))
+        self.out[id(s)] = self.local_inputs(s, inputs, self.names[id(s)], s.params["supplier"])
 
     def _build_timestamps(self, s: Stage) -> None:
         if id(s) in self.piped_into:
@@ -464,6 +493,12 @@ class _Compiler:
             assert fn is None
             self.connect(producer, v, lambda e: e)
         self.out[id(s)] = v
+
+
+def same_policy(a: Stage, b: Stage) -> bool:
+    """Whether two stages run under the same ``on_item_error`` (a vertex runs one)."""
+    pa, pb = a._owner.item_error, b._owner.item_error
+    return pa is pb or (isinstance(pa, str) and pa == pb)
 
 
 def compile_pipeline(

@@ -29,10 +29,11 @@ import functools
 import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain
+from itertools import chain, islice
 from typing import Any, NamedTuple
 
 from slipstream.core.inbox import Inbox
+from slipstream.core.item_errors import ItemErrors, failed_position
 from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor
@@ -66,18 +67,24 @@ class ChainFn:
     Steps are ``(kind, fn)`` with kind in :data:`STATELESS_KINDS`. ``map`` drops a
     ``None`` result (as Jet's pipeline ``map`` does); ``flat_map``'s ``fn`` returns an
     iterable. A class rather than a closure so it pickles plainly where it can.
+
+    :meth:`run` applies the bad-record policy: the steps pull the input items one at a
+    time (C-level iterators all the way), so when a step raises, the input item it was
+    on is the last one the input iterator handed out.
     """
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "one_to_one")
 
     def __init__(self, steps: Sequence[tuple[str, Callable[[Any], Any]]]) -> None:
         for kind, _fn in steps:
             if kind not in STATELESS_KINDS:
                 raise ValueError(f"ChainFn: unknown step kind {kind!r}")
         self.steps = tuple(steps)
+        #: no step makes several results of one item: when a step raises on an item,
+        #: the results so far are exactly those of the items before it
+        self.one_to_one = all(kind != "flat_map" for kind, _ in self.steps)
 
-    def __call__(self, items: Iterable[Any]) -> list[Any]:
-        it: Any = items
+    def _apply(self, it: Any) -> Any:
         for kind, fn in self.steps:
             if kind == "map":
                 it = filter(_not_none, map(fn, it))
@@ -89,7 +96,47 @@ class ChainFn:
                 it = map(fn, it)
             else:
                 it = map(_Peek(fn), it)
-        return it if type(it) is list else list(it)
+        return it
+
+    def __call__(self, items: Iterable[Any]) -> list[Any]:
+        if not self.steps:
+            return list(items)
+        return list(self._apply(items))
+
+    def run(self, items: Sequence[Any], errors: ItemErrors) -> list[Any]:
+        """The results of ``items`` (a sequence: an inbox or a list). When a step raises
+        on an item: under ``"fail"`` the error goes on, naming the item; otherwise the
+        item is set aside and the others' results come out, once, in order: the chain
+        goes on with the same input iterator. In a chain with a ``flat_map`` the results
+        so far may hold some of the bad item's, so the items before it (since the last
+        bad one) go through the chain again instead."""
+        results: list[Any] = []
+        if not self.steps:
+            results.extend(items)
+            return results
+        n = len(items)
+        src = iter(items)
+        if self.one_to_one:
+            while True:
+                try:
+                    results.extend(self._apply(src))
+                    return results
+                except Exception as e:
+                    if not errors.handle(items[failed_position(n, src)], e):
+                        raise
+        start = 0
+        while True:
+            out: list[Any] = []
+            try:
+                out.extend(self._apply(src))
+                results.extend(out)
+                return results
+            except Exception as e:
+                k = failed_position(n, src)
+                if not errors.handle(items[k], e):
+                    raise
+                results.extend(self.run(list(islice(items, start, k)), errors))
+                start = k + 1
 
     def __repr__(self) -> str:
         return "ChainFn(" + ", ".join(kind for kind, _ in self.steps) + ")"
@@ -100,6 +147,8 @@ class FusedChainP(AbstractProcessor):
     outbound ordinal. Watermarks pass through (the chain keeps event time: it may drop
     items, never delay them)."""
 
+    handles_item_errors = True
+
     def __init__(self, fn: ChainFn) -> None:
         self._fn = fn
         self._out: list[Any] | None = None  # results of the inbox not handed on yet
@@ -108,7 +157,7 @@ class FusedChainP(AbstractProcessor):
     def process(self, ordinal: int, inbox: Inbox) -> None:
         out = self._out
         if out is None:
-            out = self._fn(inbox)
+            out = self._fn.run(inbox, self.context.item_errors)
             self._pos = 0
         if self._emit(out):
             self._out = None
@@ -121,7 +170,7 @@ class FusedChainP(AbstractProcessor):
         outbox = self.outbox
         pos = self._pos
         end = len(out)
-        if len(outbox.buckets) == 1 and outbox.is_cooperative_outbox():
+        if outbox.data_ordinal_count == 1 and outbox.is_cooperative_outbox():
             bucket = outbox.buckets[0]
             room = outbox.capacity - len(bucket)
             if room <= 0:
@@ -151,7 +200,12 @@ class InputFusedP(Processor):
     The results wait in a private inbox until ``inner`` took them all; only then are the
     upstream items removed, so the engine never sees an empty inbox (and never starts a
     snapshot or forwards a watermark) while results are still in between.
+
+    The chains apply the bad-record policy; the wrapped processor applies it to its own
+    functions if it handles item errors.
     """
+
+    handles_item_errors = True
 
     def __init__(
         self, inner_supplier: Callable[[], Processor], transforms: dict[int, ChainFn]
@@ -186,7 +240,7 @@ class InputFusedP(Processor):
             return
         if not inbox:
             return
-        pending.extend(fn(inbox))
+        pending.extend(fn.run(inbox, self.context.item_errors))
         if pending:
             inner.process(ordinal, pending)
             if pending:
@@ -268,8 +322,11 @@ class PipeP(Processor):
 
     Snapshots hold both processors' state; the first one's keys are wrapped
     (:class:`FirstKey`, routed as the original key) so a restore gives each its own.
-    Both processors must be cooperative.
+    Both processors must be cooperative. Each applies the bad-record policy to its own
+    functions if it handles item errors (dead letters go to this processor's outbox).
     """
+
+    handles_item_errors = True
 
     def __init__(
         self, first_supplier: Callable[[], Processor], second_supplier: Callable[[], Processor]

@@ -14,7 +14,8 @@ from itertools import islice
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, identity
-from slipstream.core.inbox import Inbox
+from slipstream.core.inbox import Inbox, drop_head
+from slipstream.core.item_errors import blame, failed_position
 from slipstream.core.processor import AbstractProcessor
 from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.core.traits import KEYED
@@ -34,6 +35,9 @@ class MapStatefulP(AbstractProcessor):
     """
 
     slipstream_traits = frozenset({KEYED})  # each key must reach one processor
+    # the key function, create, fn and the operation's functions; a fn that changed the
+    # state and then raised leaves the state as it left it
+    handles_item_errors = True
 
     def __init__(
         self,
@@ -55,7 +59,7 @@ class MapStatefulP(AbstractProcessor):
             self._op is not None
             and self._op.additive is not None
             and self._pending is _NOTHING
-            and len(outbox.buckets) == 1
+            and outbox.data_ordinal_count == 1
             and outbox.is_cooperative_outbox()
         ):
             self._rolling_additive(inbox)
@@ -70,21 +74,28 @@ class MapStatefulP(AbstractProcessor):
         key_fn = self._key_fn
         op = self._op
         missing = _NOTHING
+        errors = self.context.item_errors
         while inbox:
             item = inbox[0]
-            key = key_fn(item)
-            state = states.get(key, missing)
-            if op is not None:
-                state = op.accumulate(op.create() if state is missing else state, item)
-                states[key] = state
-                result = (key, op.finish(state))
-            else:
-                if state is missing:
-                    state = states[key] = self._create()  # type: ignore[misc]
-                result = self._fn(state, key, item)  # type: ignore[misc]
-                if result is None:
-                    inbox.popleft()
-                    continue
+            try:
+                key = key_fn(item)
+                state = states.get(key, missing)
+                if op is not None:
+                    state = op.accumulate(op.create() if state is missing else state, item)
+                    states[key] = state
+                    result = (key, op.finish(state))
+                else:
+                    if state is missing:
+                        state = states[key] = self._create()  # type: ignore[misc]
+                    result = self._fn(state, key, item)  # type: ignore[misc]
+            except Exception as e:
+                if not errors.handle(item, e):
+                    raise
+                inbox.popleft()
+                continue
+            if result is None:
+                inbox.popleft()
+                continue
             if not offer(result):
                 self._pending = result
                 return
@@ -110,20 +121,28 @@ class MapStatefulP(AbstractProcessor):
         if callable(add) and finish is identity:
             # keys and addends by C-level map over the chunk, then one tight loop
             chunk = inbox if n == len(inbox) else list(islice(inbox, n))
-            for k, v in zip(map(key_fn, chunk), map(add, chunk)):  # noqa: B905
-                acc = states[k] = get(k, 0) + v
-                append((k, acc))
-            if chunk is inbox:
-                inbox.clear()
-            else:
-                for _ in range(n):
-                    pop()
+            keys = iter(chunk)  # zip takes the key first: it is at the failing item
+            try:
+                for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
+                    acc = states[k] = get(k, 0) + v
+                    append((k, acc))
+            except Exception as e:
+                i = failed_position(n, keys)
+                if not self.context.item_errors.handle(chunk[i], e):
+                    raise
+                n = i + 1  # the items before it are done: drop them and it
+            drop_head(inbox, n)
             return
+        errors = self.context.item_errors
         for _ in range(n):
             item = pop()
-            k = key_fn(item)
-            acc = states[k] = get(k, 0) + (add(item) if callable(add) else add)
-            append((k, finish(acc)))
+            try:
+                k = key_fn(item)
+                acc = states[k] = get(k, 0) + (add(item) if callable(add) else add)
+                append((k, finish(acc)))
+            except Exception as e:
+                if not errors.handle(item, e):
+                    raise
 
     def save_to_snapshot(self) -> bool:
         return self.save_state(lambda: self.states.items())
@@ -139,7 +158,11 @@ class HashJoinP(AbstractProcessor):
     For each item of ordinal 0 the output is ``output_fn(item, match_1, ..., match_n)``
     for every combination of matches; a side without a match contributes ``None``
     (left outer join, Jet's ``hashJoin``), or drops the item when ``inner`` is set.
+    The key functions and ``output_fn`` apply the bad-record policy (a build-side item
+    set aside is missing from the table).
     """
+
+    handles_item_errors = True
 
     def __init__(
         self,
@@ -159,8 +182,14 @@ class HashJoinP(AbstractProcessor):
         if ordinal > 0:
             table = self.tables[ordinal - 1]
             key_fn = self._build_key_fns[ordinal - 1]
+            errors = self.context.item_errors
             for item in inbox:
-                k = key_fn(item)
+                try:
+                    k = key_fn(item)
+                except Exception as e:
+                    if not errors.handle(item, e):
+                        raise
+                    continue
                 found = table.get(k)
                 if found is None:
                     table[k] = [item]
@@ -168,11 +197,26 @@ class HashJoinP(AbstractProcessor):
                     found.append(item)
             inbox.clear()
             return
+        errors = self.context.item_errors
         while inbox:
             it = self._it
             if it is None:
-                it = self._it = self._joined(inbox[0])
-            if not self.emit_from(it):
+                try:
+                    it = self._joined(inbox[0])
+                    if not errors.fails:  # whole: output_fn raising emits nothing
+                        it = iter(list(it))
+                except Exception as e:
+                    if not errors.handle(inbox[0], e):
+                        raise
+                    inbox.popleft()
+                    continue
+                self._it = it
+            try:
+                done = self.emit_from(it)
+            except Exception as e:  # output_fn raised
+                blame(e, inbox[0])
+                raise
+            if not done:
                 return
             self._it = None
             inbox.popleft()

@@ -42,6 +42,21 @@ if TYPE_CHECKING:
 __all__ = ["GroupedStage", "Pipeline", "PipelineError", "SinkStage", "Stage", "WindowedStage"]
 
 
+# stage kinds whose processors apply JobConfig.on_item_error (Stage.on_item_error)
+_POLICY_KINDS = (
+    "map",
+    "filter",
+    "flat_map",
+    "peek",
+    "service",
+    "timestamps",
+    "aggregate",
+    "rolling_aggregate",
+    "map_stateful",
+    "hash_join",
+)
+
+
 class PipelineError(DagError):
     """A pipeline that cannot be compiled, or an operation used where it does not apply."""
 
@@ -115,6 +130,8 @@ class Stage:
         # the stage whose name and parallelism set_name/set_local_parallelism change
         # (an unkeyed aggregate returns a hidden projection of the keyed one)
         self._owner: Stage = self
+        # on_item_error of this stage (None: the job's)
+        self.item_error: Any = None
         for u in self.upstream:
             u.downstream.append(self)
         pipeline._stages.append(self)
@@ -133,6 +150,31 @@ class Stage:
         if not isinstance(n, int) or isinstance(n, bool) or (n < 1 and n != -1):
             raise PipelineError(f"set_local_parallelism(): expected an int >= 1, got {n!r}")
         self._owner.local_parallelism = n
+        return self
+
+    def on_item_error(self, policy: Any) -> Stage:
+        """What this stage does when its function raises on an item, overriding
+        ``JobConfig.on_item_error``: ``"fail"``, ``"skip"``, or a sink supplier (e.g.
+        ``sinks.list_sink("bad")``) to send a ``DeadLetter`` record to (vertex, item,
+        error, source). For ``map``, ``filter``, ``flat_map``, ``peek``, the service
+        stages, ``with_timestamps`` (a timestamp function that raises or gives no int),
+        ``aggregate``, ``rolling_aggregate``, ``map_stateful`` and ``hash_join`` stages;
+        stages with different policies are not fused into one processor. Returns the
+        stage."""
+        from slipstream.core.item_errors import check_policy
+
+        owner = self._owner
+        if owner.kind not in _POLICY_KINDS:
+            raise PipelineError(
+                f"on_item_error(): stage {self.describe()!r} ({owner.kind}) runs no function "
+                f"that a bad-record policy applies to; it applies to map, filter, flat_map, "
+                f"peek, the *_using_service, with_timestamps, aggregate, rolling_aggregate, "
+                f"map_stateful and hash_join stages"
+            )
+        try:
+            owner.item_error = check_policy(policy, f"stage {self.describe()!r}")
+        except (TypeError, ValueError) as e:
+            raise PipelineError(str(e)) from None
         return self
 
     def describe(self) -> str:
@@ -186,6 +228,39 @@ class Stage:
     def peek(self, fn: Callable[[Any], Any] = print) -> Stage:
         """Calls ``fn(item)`` (default ``print``) for each item and passes it on."""
         return self._stateless("peek", fn)
+
+    # -- service calls ---------------------------------------------------------------------
+    def map_using_service(self, factory: Any, fn: Callable[[Any, Any], Any]) -> Stage:
+        """``fn(service, item)`` for each item (``None``: nothing), with a service made by
+        ``factory`` (``P.service_factory(create_fn, destroy_fn)``) once per processor:
+        a client, a connection, a model. The stage runs in a vertex of its own on a
+        thread of its own (unless the factory says ``cooperative=True``), so a call that
+        blocks (network, disk) does not hold up the other stages: where a Core API
+        processor would be made non-cooperative, a Pipeline calls its service here."""
+        return self._service("map_using_service", factory, fn)
+
+    def filter_using_service(self, factory: Any, predicate: Callable[[Any, Any], Any]) -> Stage:
+        """The items for which ``predicate(service, item)`` is truthy (see
+        :meth:`map_using_service`)."""
+        return self._service("filter_using_service", factory, predicate)
+
+    def flat_map_using_service(
+        self, factory: Any, fn: Callable[[Any, Any], Iterable[Any]]
+    ) -> Stage:
+        """Every element of ``fn(service, item)`` (see :meth:`map_using_service`)."""
+        return self._service("flat_map_using_service", factory, fn)
+
+    def _service(self, kind: str, factory: Any, fn: Any) -> Stage:
+        from slipstream import processors as P
+
+        self._check_open(kind)
+        supplier = getattr(P, kind)(factory, fn)  # checks the factory and the function
+        s = Stage(self.pipeline, "service", [self], {"kind": kind, "supplier": supplier})
+        if kind == "filter_using_service":
+            s.timestamps, s.ts_lost = self.timestamps, self.ts_lost
+        elif self.timestamps is not None or self.ts_lost is not None:
+            s.ts_lost = self.ts_lost or f"{kind} stage (after with_timestamps)"
+        return s
 
     def merge(self, *others: Stage) -> Stage:
         """The items of this stage and of ``others``, interleaved."""

@@ -45,6 +45,7 @@ from typing import Any
 
 from slipstream.aggregate import AggregateOperation, counting, identity, is_identity
 from slipstream.core.inbox import Inbox
+from slipstream.core.item_errors import failed_position
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import BUFFERS_INPUT, KEYED, declare
 from slipstream.core.validation import per_input_fns
@@ -108,6 +109,13 @@ def _check_op(op: Any, factory: str, *, needs_combine: bool = False) -> None:
         )
 
 
+def _set_aside(p: AbstractProcessor, inbox: Inbox, it: Any, error: Exception) -> bool:
+    """A function raised ``error`` on the item the loop over ``it`` (an iterator of
+    ``inbox``) was on; the items before it are accumulated. ``True``: the policy set it
+    aside, go on with ``it``; ``False``: re-raise."""
+    return p.context.item_errors.handle(inbox[failed_position(len(inbox), it)], error)
+
+
 # -- unkeyed -------------------------------------------------------------------------
 
 
@@ -124,6 +132,7 @@ class AggregateP(AbstractProcessor):
     """
 
     slipstream_traits = frozenset({BUFFERS_INPUT})
+    handles_item_errors = True  # accumulate (combine) raising on an item
 
     def __init__(self, op: Op, mode: str) -> None:
         self._op = op
@@ -145,8 +154,17 @@ class AggregateP(AbstractProcessor):
         if ordinal and self._mode != "combine":  # co-aggregation: this input's function
             fold = self._op.accumulate_fn(ordinal)
         acc = self._acc
-        for item in inbox:
-            acc = fold(acc, item)
+        it = iter(inbox)
+        while True:
+            try:
+                for item in it:
+                    acc = fold(acc, item)
+            except Exception as e:  # the items before the bad one are in
+                if not _set_aside(self, inbox, it, e):
+                    self._acc = acc
+                    raise
+                continue
+            break
         self._acc = acc
         inbox.clear()
 
@@ -206,6 +224,7 @@ class GroupByKeyP(AbstractProcessor):
     """
 
     slipstream_traits = frozenset({BUFFERS_INPUT})
+    handles_item_errors = True  # the key function and accumulate raising on an item
 
     def __init__(self, key_fn: Any, op: Op, mode: str) -> None:
         # one key function per input ordinal (co-grouping), or None for combine
@@ -240,8 +259,18 @@ class GroupByKeyP(AbstractProcessor):
             self._combine_inbox(inbox)
         elif self._counting and not ordinal:
             # an identity key function (``lambda w: w``) is not called per item
-            keys = inbox if self._key_is_identity else _builtin_map(self._key_fn, inbox)
-            _count_elements(self.groups, keys)  # type: ignore[misc]
+            if self._key_is_identity:
+                _count_elements(self.groups, inbox)  # type: ignore[misc]
+            else:
+                it = iter(inbox)
+                while True:
+                    try:
+                        _count_elements(self.groups, _builtin_map(self._key_fn, it))  # type: ignore[misc]
+                    except Exception as e:  # the keys before the bad item are counted
+                        if not _set_aside(self, inbox, it, e):
+                            raise
+                        continue
+                    break
             inbox.clear()
         else:
             self._accumulate_inbox(ordinal, inbox)
@@ -261,19 +290,27 @@ class GroupByKeyP(AbstractProcessor):
             key_fn = self._key_fns[ordinal]
         assert key_fn is not None
         initial = self._initial
-        if initial is not _MISSING:
-            for item in inbox:
-                k = key_fn(item)
-                d[k] = acc_fn(get(k, initial), item)
-        else:
-            create = self._op.create
-            missing = _MISSING
-            for item in inbox:
-                k = key_fn(item)
-                acc = get(k, missing)
-                if acc is missing:
-                    acc = create()
-                d[k] = acc_fn(acc, item)
+        create = self._op.create
+        missing = _MISSING
+        it = iter(inbox)
+        while True:
+            try:
+                if initial is not _MISSING:
+                    for item in it:
+                        k = key_fn(item)
+                        d[k] = acc_fn(get(k, initial), item)
+                else:
+                    for item in it:
+                        k = key_fn(item)
+                        acc = get(k, missing)
+                        if acc is missing:
+                            acc = create()
+                        d[k] = acc_fn(acc, item)
+            except Exception as e:  # the items before the bad one are in
+                if not _set_aside(self, inbox, it, e):
+                    raise
+                continue
+            break
         inbox.clear()
 
     def _combine_inbox(self, inbox: Inbox) -> None:
@@ -321,7 +358,7 @@ class GroupByKeyP(AbstractProcessor):
         outbox = self.outbox
         buckets = outbox.buckets
         finish = self._finish
-        if len(buckets) == 1:
+        if outbox.data_ordinal_count == 1:
             bucket = buckets[0]
             room = outbox.capacity - len(bucket)
             if room <= 0:

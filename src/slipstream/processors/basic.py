@@ -17,6 +17,10 @@ Every outbound ordinal receives every result (Jet's ``offer(item)`` with ordinal
 The bulk path never puts more into a bucket than ``outbox.capacity`` allows, so it
 honours back-pressure exactly like ``offer``. The processors are stateless, so they
 save nothing to snapshots (they need no at-least-once caveats of their own).
+
+When the user function raises, the job fails naming the item, or the item is set aside
+under ``JobConfig(on_item_error=...)`` (:mod:`slipstream.core.item_errors`); finding the
+item costs nothing until then.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
-from slipstream.core.inbox import Inbox
-from slipstream.core.processor import AbstractProcessor, Context, FlatMapper
+from slipstream.core.inbox import Inbox, drop_head
+from slipstream.core.item_errors import failed_position
+from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.validation import check_callable
 
 __all__ = ["map", "filter", "flat_map", "no_op"]
@@ -45,12 +50,28 @@ _not_none = functools.partial(operator.is_not, None)
 
 class _BulkP(AbstractProcessor):
     """Takes the bulk path when there is exactly one outbound ordinal (``_single``),
-    which is only known once the outbox is there."""
+    which is only known once the outbox is there.
+
+    When the user function raises, the bulk path finds the item from how far the
+    chunk's iterator got, and hands it to the bad-record policy
+    (``context.item_errors``): under ``"fail"`` the error goes on, naming the item;
+    otherwise the results of the items before it are already in the bucket, the item is
+    dropped and the rest of the inbox goes on in the next call. No function runs twice
+    for one item."""
 
     _single = False
+    handles_item_errors = True
 
     def init_processor(self, context: Context) -> None:
-        self._single = len(self.outbox.buckets) == 1
+        self._single = self.outbox.data_ordinal_count == 1
+
+    def _drop_failed(self, inbox: Inbox, k: int, error: Exception) -> bool:
+        """User code raised ``error`` on ``inbox[k]``, the items before it are done: under
+        the policy drop them and it (``True``); ``False``: re-raise."""
+        if not self.context.item_errors.handle(inbox[k], error):
+            return False
+        drop_head(inbox, k + 1)
+        return True
 
 
 class MapP(_BulkP):
@@ -72,12 +93,21 @@ class MapP(_BulkP):
                 return
             n = len(inbox)
             if n <= room:
-                bucket.extend(_builtin_filter(_not_none, _builtin_map(self._fn, inbox)))
-                inbox.clear()
+                items: Any = inbox
             else:
                 popleft = inbox.popleft
-                fn = self._fn
-                bucket.extend(_builtin_filter(_not_none, [fn(popleft()) for _ in range(room)]))
+                items = [popleft() for _ in range(room)]
+                n = room
+            it = iter(items)
+            while True:
+                try:
+                    bucket.extend(_builtin_filter(_not_none, _builtin_map(self._fn, it)))
+                    break
+                except Exception as e:  # set aside, or raise: then on with the same iterator
+                    if not self.context.item_errors.handle(items[failed_position(n, it)], e):
+                        raise
+            if items is inbox:
+                inbox.clear()
             return
         # general path: all outbound ordinals (or none), one offer per item
         offer = self.outbox.offer
@@ -89,7 +119,12 @@ class MapP(_BulkP):
             inbox.popleft()
         fn = self._fn
         while inbox:
-            result = fn(inbox[0])
+            try:
+                result = fn(inbox[0])
+            except Exception as e:
+                if not self._drop_failed(inbox, 0, e):
+                    raise
+                continue
             if result is None:
                 inbox.popleft()
                 continue
@@ -106,6 +141,20 @@ class FilterP(_BulkP):
         self._predicate = predicate
         self._head_passed = False
 
+    def _filter_into(
+        self, extend: Callable[[Any], None], pred: Callable[[Any], Any], items: Any, n: int
+    ) -> None:
+        """``extend`` with the ``n`` items that pass ``pred`` at C speed; an item whose
+        predicate raises goes to the policy (or the error on), the rest goes on."""
+        it = iter(items)
+        while True:
+            try:
+                extend(_builtin_filter(pred, it))
+                return
+            except Exception as e:
+                if not self.context.item_errors.handle(items[failed_position(n, it)], e):
+                    raise
+
     def process(self, ordinal: int, inbox: Inbox) -> None:
         pred = self._predicate
         if self._single:
@@ -113,7 +162,7 @@ class FilterP(_BulkP):
             room = self.outbox.capacity - len(bucket)
             n = len(inbox)
             if n <= room:
-                bucket.extend(_builtin_filter(pred, inbox))
+                self._filter_into(bucket.extend, pred, inbox, n)
                 inbox.clear()
                 return
             # more items than room: each input yields at most one output, so taking
@@ -123,7 +172,7 @@ class FilterP(_BulkP):
             while room > 0 and inbox:
                 take = room if room < len(inbox) else len(inbox)
                 before = len(bucket)
-                extend(_builtin_filter(pred, [popleft() for _ in range(take)]))
+                self._filter_into(extend, pred, [popleft() for _ in range(take)], take)
                 room -= len(bucket) - before
             return
         offer = self.outbox.offer
@@ -135,7 +184,13 @@ class FilterP(_BulkP):
             inbox.popleft()
         while inbox:
             item = inbox[0]
-            if pred(item) and not offer(item):
+            try:
+                passed = pred(item)
+            except Exception as e:
+                if not self._drop_failed(inbox, 0, e):
+                    raise
+                continue
+            if passed and not offer(item):
                 self._head_passed = True
                 return
             inbox.popleft()
@@ -147,25 +202,30 @@ class FlatMapP(_BulkP):
     When the outbox fills up in the middle of one item's results, the rest of that
     item's iterator is kept and emitted first on the next call; the input item stays in
     the inbox until all its results are out, so ``fn`` runs exactly once per item.
+    Under a bad-record policy other than ``"fail"`` the results of each item are taken
+    whole (``list``) before any goes out, so an iterator that raises half-way emits
+    nothing of its item.
     """
 
     def __init__(self, fn: Callable[[Any], Iterable[Any]]) -> None:
         self._fn = fn
         self._rest: Iterator[Any] | None = None
-        self._flat_mapper: FlatMapper | None = None
+        self._it: Iterator[Any] | None = None
+        self._whole = False
 
     def init_processor(self, context: Context) -> None:
         super().init_processor(context)
-        if not self._single:
-            self._flat_mapper = self.flat_mapper(self._fn)
+        self._whole = not context.item_errors.fails
+
+    def _results(self, item: Any) -> Any:
+        results = self._fn(item)
+        if self._whole and type(results) is not list and type(results) is not tuple:
+            results = list(results)
+        return results
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._single:
-            try_process = self._flat_mapper.try_process  # type: ignore[union-attr]
-            while inbox:
-                if not try_process(inbox[0]):
-                    return
-                inbox.popleft()
+            self._process_general(inbox)
             return
         bucket = self.outbox.buckets[0]
         room = self.outbox.capacity - len(bucket)
@@ -175,7 +235,13 @@ class FlatMapP(_BulkP):
         popleft = inbox.popleft
         rest = self._rest
         if rest is not None:
-            chunk = list(islice(rest, room))
+            try:
+                chunk = list(islice(rest, room))
+            except Exception as e:  # the item's iterator raised after results went out
+                self._rest = None
+                if not self._drop_failed(inbox, 0, e):
+                    raise
+                return
             extend(chunk)
             room -= len(chunk)
             if room <= 0:
@@ -183,10 +249,19 @@ class FlatMapP(_BulkP):
                 return
             self._rest = None
             popleft()
-        fn = self._fn
+        # the function itself unless results are taken whole (no extra call per item)
+        results_of = self._results if self._whole else self._fn
         while inbox:
-            results: Any = fn(inbox[0])
-            t = type(results)
+            try:
+                results: Any = results_of(inbox[0])
+                t = type(results)
+                if t is not list and t is not tuple:
+                    it = iter(results)
+                    chunk = list(islice(it, room))
+            except Exception as e:
+                if not self._drop_failed(inbox, 0, e):
+                    raise
+                continue
             if t is list or t is tuple:
                 n = len(results)
                 if n <= room:
@@ -199,14 +274,36 @@ class FlatMapP(_BulkP):
                 extend(results[:room])
                 self._rest = iter(results[room:])
                 return
-            it = iter(results)
-            chunk = list(islice(it, room))
             extend(chunk)
             room -= len(chunk)
             if room <= 0:
                 self._rest = it
                 return
             popleft()
+
+    def _process_general(self, inbox: Inbox) -> None:
+        """Several outbound ordinals (or none): every result offered to each."""
+        while inbox:
+            it = self._it
+            if it is None:
+                try:
+                    it = iter(self._results(inbox[0]))
+                except Exception as e:
+                    if not self._drop_failed(inbox, 0, e):
+                        raise
+                    continue
+                self._it = it
+            try:
+                done = self.emit_from(it)
+            except Exception as e:  # the item's iterator raised
+                self._it = None
+                if not self._drop_failed(inbox, 0, e):
+                    raise
+                continue
+            if not done:
+                return
+            self._it = None
+            inbox.popleft()
 
 
 class NoOpP(AbstractProcessor):

@@ -30,7 +30,9 @@ The processors themselves stay cooperative: they only start calls and collect re
 - **Snapshots** wait for the calls in flight: ``save_to_snapshot`` returns ``False``
   until every started call finished and its results were emitted, so a snapshot never
   holds a call that a restore would lose or repeat. There is no other state.
-- A call that raises fails the job with that exception (chained), naming the vertex.
+- A call that raises fails the job with that exception (chained), naming the vertex
+  and the item; under ``JobConfig(on_item_error=...)`` the item is skipped or sent to
+  the dead letters instead (:mod:`slipstream.core.item_errors`).
 
 As in Jet, ``map`` variants drop ``None`` results (``None`` means "no output for this
 item") and ``filter`` variants keep the items whose predicate is truthy.
@@ -49,6 +51,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 from slipstream.core.inbox import Inbox
+from slipstream.core.item_errors import blame
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.suppliers import (
@@ -198,6 +201,8 @@ class _ServiceSupplier(ProcessorSupplier):
 class _ServiceMetaSupplier(ProcessorMetaSupplier):
     """A fresh supplier per member, so that each member has its own shared service."""
 
+    handles_item_errors = True
+
     def __init__(self, factory: ServiceFactory, make: Callable[[], _UsingServiceP]) -> None:
         self.factory = factory
         self.make = make
@@ -219,6 +224,7 @@ class _UsingServiceP(AbstractProcessor):
     """What every service processor shares: getting and closing the service."""
 
     shared_service: Any = _NO_SERVICE
+    handles_item_errors = True
 
     def __init__(self, factory: ServiceFactory, fn: Callable[[Any, Any], Any]) -> None:
         self._factory = factory
@@ -238,9 +244,6 @@ class _UsingServiceP(AbstractProcessor):
             self._owns_service = False
             service, self._service = self._service, _NO_SERVICE
             self._factory.destroy(service)
-
-    def _where(self) -> str:
-        return f"{self._kind} (vertex {self.context.vertex_name!r})"
 
     _kind = ""
 
@@ -272,19 +275,33 @@ class _SyncServiceP(_UsingServiceP):
         fn = self._fn
         service = self._service
         kind = self._kind
+        errors = self.context.item_errors
         while inbox:
             it = self._it
             if it is None:
                 item = inbox[0]
-                result = fn(service, item)
-                if kind == "map_using_service":
-                    it = iter(_map_results(result))
-                elif kind == "filter_using_service":
-                    it = iter((item,) if result else ())
-                else:
-                    it = iter(result)
+                try:
+                    result = fn(service, item)
+                    if kind == "map_using_service":
+                        it = iter(_map_results(result))
+                    elif kind == "filter_using_service":
+                        it = iter((item,) if result else ())
+                    elif errors.fails:
+                        it = iter(result)
+                    else:  # whole, so that an iterator raising half-way emits nothing
+                        it = iter(list(result))
+                except Exception as e:
+                    if not errors.handle(item, e):
+                        raise
+                    inbox.popleft()
+                    continue
                 self._it = it
-            if not self.emit_from(it):
+            try:
+                done = self.emit_from(it)
+            except Exception as e:  # flat_map's iterator raised (or the job stopped)
+                blame(e, inbox[0])
+                raise
+            if not done:
                 return
             self._it = None
             inbox.popleft()
@@ -452,19 +469,18 @@ class _AsyncServiceP(_UsingServiceP):
     def _outputs(self, call: _Call) -> Iterator[Any]:
         try:
             result = call.future.result()
+            kind = self._kind
+            if kind == "map_using_service_async":
+                return iter(_map_results(result))
+            if kind == "filter_using_service_async":
+                return iter((call.item,) if result else ())
+            return iter(result) if self.context.item_errors.fails else iter(list(result))
         except concurrent.futures.CancelledError:
             raise
-        except Exception as e:
-            raise RuntimeError(
-                f"{self._where()}: the call for item {call.item!r} failed: "
-                f"{type(e).__name__}: {e}"
-            ) from e
-        kind = self._kind
-        if kind == "map_using_service_async":
-            return iter(_map_results(result))
-        if kind == "filter_using_service_async":
-            return iter((call.item,) if result else ())
-        return iter(result)
+        except Exception as e:  # the call raised: the job's error names the item
+            if self.context.item_errors.handle(call.item, e):
+                return iter(())
+            raise
 
     def _emit_ready(self) -> bool:
         """Emit what can go out now; ``False`` if the outbox filled up."""

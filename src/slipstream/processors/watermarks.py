@@ -36,6 +36,7 @@ from operator import ge, sub
 from typing import Any
 
 from slipstream.core.inbox import Inbox
+from slipstream.core.item_errors import failed_position
 from slipstream.core.items import IDLE_MESSAGE, MAX_TIMESTAMP, NO_WATERMARK, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL
 from slipstream.core.processor import AbstractProcessor, Context
@@ -45,6 +46,7 @@ from slipstream.core.validation import (
     check_fn,
     check_invalid_timestamps,
     int_value,
+    not_a_timestamp,
     only_int_timestamps,
     timestamp_out_of_range,
 )
@@ -89,6 +91,9 @@ class InsertWatermarksP(AbstractProcessor):
     """
 
     slipstream_traits = frozenset({WATERMARK_SOURCE})
+    # a timestamp function that raises, or gives a timestamp that is not an int (with
+    # invalid_timestamps="fail"): the item is set aside under JobConfig.on_item_error
+    handles_item_errors = True
 
     def __init__(
         self,
@@ -184,11 +189,15 @@ class InsertWatermarksP(AbstractProcessor):
         if n <= 0:
             self._process_items(inbox)
             return
+        src = iter(inbox)
         try:
-            tss = list(map(ts_fn, islice(inbox, n)))
-        except TypeError as e:
-            bad = next((x for x in inbox if _raises(ts_fn, x)), inbox[0])
-            raise self._bad_timestamp(bad, e) from e
+            tss = list(map(ts_fn, islice(src, n)))
+        except Exception as e:  # the timestamp function raised: name the item
+            k = failed_position(len(inbox), src)
+            if not self.context.item_errors.handle(inbox[k], e):
+                raise
+            del inbox[k]  # set aside; the items before it go through again
+            return
         if not only_int_timestamps(tss):
             self._process_items(inbox)
             return
@@ -290,28 +299,38 @@ class InsertWatermarksP(AbstractProcessor):
         ts_fn = self._timestamp_fn
         last = self._last_emitted
         reported = self._head_reported
-        try:
-            while inbox:
-                item = inbox[0]
-                if reported:
-                    reported = False
-                else:
+        errors = self.context.item_errors
+        while inbox:
+            item = inbox[0]
+            if reported:
+                reported = False
+            else:
+                try:
                     ts: Any = ts_fn(item)
-                    if type(ts) is not int or not NO_WATERMARK <= ts <= MAX_TIMESTAMP:
+                except Exception as e:  # the timestamp function raised: name the item
+                    if not errors.handle(item, e):
+                        raise
+                    inbox.popleft()
+                    continue
+                if type(ts) is not int or not NO_WATERMARK <= ts <= MAX_TIMESTAMP:
+                    try:
                         ts = self._integer_timestamp(item, ts)
-                    wm = last if ts is None else report(ts)
-                    if wm > last:
-                        self._last_emitted = last = wm
-                        if not offer(Watermark(wm)):
-                            self._pending = Watermark(wm)
-                            reported = True
-                            break
-                if not offer(item):
-                    reported = True
-                    break
-                inbox.popleft()
-        except TypeError as e:
-            raise self._bad_timestamp(inbox[0], e) from e
+                    except (TypeError, ValueError) as e:  # its message names the item
+                        if not errors.handle(item, e, names_item=True):
+                            raise
+                        inbox.popleft()
+                        continue
+                wm = last if ts is None else report(ts)
+                if wm > last:
+                    self._last_emitted = last = wm
+                    if not offer(Watermark(wm)):
+                        self._pending = Watermark(wm)
+                        reported = True
+                        break
+            if not offer(item):
+                reported = True
+                break
+            inbox.popleft()
         self._head_reported = reported
 
     def _integer_timestamp(self, item: Any, ts: Any) -> int | None:
@@ -330,16 +349,16 @@ class InsertWatermarksP(AbstractProcessor):
                 )
             return None
         if v is None and self._invalid_timestamps == "fail":
-            raise self._bad_timestamp(item, TypeError("not an integer"))
+            raise not_a_timestamp(
+                f"insert_watermarks (vertex {self.context.vertex_name!r})",
+                item,
+                ts,
+                "(filter out the items without a time before with_timestamps(), or set "
+                "on_item_error='skip')"
+                if self.context.pipeline_stage is not None
+                else "(invalid_timestamps='late' passes such items on to be counted as late)",
+            )
         return v
-
-    def _bad_timestamp(self, item: Any, e: TypeError) -> TypeError:
-        return TypeError(
-            f"insert_watermarks (vertex {self.context.vertex_name!r}): cannot take the "
-            f"timestamp of item {item!r}: timestamp_fn gave "
-            f"{_safe_ts(self._timestamp_fn, item)}, expected an int ({e}); "
-            "invalid_timestamps='late' passes such items on to be counted as late"
-        )
 
     def _offer_pending(self) -> bool:
         if not self.outbox.offer(self._pending):
@@ -407,14 +426,6 @@ class _HeldPolicy:
 
     def report_threshold(self) -> int:
         return MAX_TIMESTAMP + 1
-
-
-def _raises(fn: Callable[[Any], Any], item: Any) -> bool:
-    try:
-        fn(item)
-    except TypeError:
-        return True
-    return False
 
 
 def _take(inbox: Inbox, n: int) -> list[Any]:
@@ -497,13 +508,6 @@ def _block_extremes(tss: list[int]) -> tuple[list[int], list[int]]:
 
 def _report_everything() -> int:
     return NO_WATERMARK
-
-
-def _safe_ts(ts_fn: Callable[[Any], Any], item: Any) -> str:
-    try:
-        return repr(ts_fn(item))
-    except Exception as e:  # noqa: BLE001 - only describing the failure
-        return f"an error ({type(e).__name__}: {e})"
 
 
 def insert_watermarks(

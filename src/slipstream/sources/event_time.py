@@ -74,7 +74,7 @@ from typing import Any
 from slipstream.core.describe import short_repr
 from slipstream.core.items import IDLE_MESSAGE, Watermark
 from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
-from slipstream.core.validation import int_value, timestamp_out_of_range
+from slipstream.core.validation import int_value, timestamp_advice, timestamp_out_of_range
 
 __all__ = ["DEFAULT_IDLE_TIMEOUT_MS", "EventTimeMapper", "checked_timestamp"]
 
@@ -102,7 +102,10 @@ def checked_timestamp(ts: Any, where: str, item: Any = _NO_ITEM) -> int:
     v = int_value(ts)
     if v is None:
         of = "" if item is _NO_ITEM else f" of item {short_repr(item)}"
-        raise TypeError(f"{where}: bad timestamp {ts!r}{of}: not an integer (timestamps are ints)")
+        raise TypeError(
+            f"{where}: bad timestamp {short_repr(ts)}{of}: not an integer (timestamps are "
+            f"int milliseconds){timestamp_advice(ts, '')}"
+        )
     if not NO_WATERMARK <= v <= MAX_TIMESTAMP:
         if item is _NO_ITEM:
             raise ValueError(

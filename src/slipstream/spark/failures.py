@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slipstream.core.errors import JobFailedError, trim_driver_frames
+from slipstream.core.item_errors import on_item
 
 __all__ = [
     "FailureInfo",
@@ -81,10 +82,12 @@ class FailureInfo:
     message: str
     traceback: str
     error: BaseException
+    #: ``", on item 'x'"`` when the processor named the item it failed on
+    on_item: str = ""
 
     def describe(self) -> str:
         return (
-            f"vertex {self.vertex!r}, processor {self.processor_index}: "
+            f"vertex {self.vertex!r}, processor {self.processor_index}{self.on_item}: "
             f"{self.error_type}: {self.message}"
         )
 
@@ -134,6 +137,7 @@ def encode_failure(
         "traceback": _clip(
             "".join(traceback.format_exception(trim_driver_frames(error))), _MAX_TRACEBACK
         ),
+        "on_item": _clip(on_item(error), _MAX_MESSAGE),
     }
     raw = json.dumps(payload, ensure_ascii=True).encode("ascii")
     blob = base64.urlsafe_b64encode(zlib.compress(raw)).decode("ascii")
@@ -173,12 +177,13 @@ def _decode(blob: str) -> FailureInfo | None:
         module = payload["module"]
         message = payload["message"]
         tb = payload["traceback"]
-    except (ValueError, KeyError, TypeError, zlib.error):
+        item = payload.get("on_item", "")
+    except (ValueError, KeyError, TypeError, AttributeError, zlib.error):
         return None
     if not (
         isinstance(vertex, str)
         and type(index) is int
-        and all(isinstance(s, str) for s in (error_type, module, message, tb))
+        and all(isinstance(s, str) for s in (error_type, module, message, tb, item))
     ):
         return None
     return FailureInfo(
@@ -188,6 +193,7 @@ def _decode(blob: str) -> FailureInfo | None:
         message=message,
         traceback=tb,
         error=_rebuild(module, error_type, message),
+        on_item=item,
     )
 
 
