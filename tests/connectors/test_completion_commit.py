@@ -39,7 +39,8 @@ SCRIPT = textwrap.dedent(
     import os, sys
     import slipstream as ss
     from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
-    from slipstream.core.processor import AbstractProcessor, Context
+    from slipstream.core.commit import AT_COMPLETION
+    from slipstream.core.processor import AbstractProcessor
     from slipstream.core.snapshot_keys import BroadcastKey
     from slipstream.engine.snapshot_store import DirectorySnapshotStore
 
@@ -50,16 +51,8 @@ SCRIPT = textwrap.dedent(
     def die(*args):
         os.kill(os.getpid(), 9)
 
-    staged_final, sinks_completed = [], []
-    if point == "final":
-        # die in place of the commit of a processor's last (completion) transaction
-        stage = Context.stage_on_commit
-        def killing_stage(self, action, at_completion=False):
-            if at_completion:
-                staged_final.append(self.global_processor_index)
-            return stage(self, die if at_completion else action, at_completion)
-        Context.stage_on_commit = killing_stage
-    elif point == "end":
+    staged_final, sinks_completed, failed = [], [], []
+    if point == "end":
         # die after the job committed its output, before the store is marked completed
         DirectorySnapshotStore.mark_completed = die
     elif point == "unwritable":
@@ -77,7 +70,7 @@ SCRIPT = textwrap.dedent(
     elif point == "failed":
         # the second snapshot cannot be written; die before the first commit that runs
         # after it (the third snapshot's commit, which also commits what the second staged)
-        write, writes, failed = DirectorySnapshotStore.write_encoded, [], []
+        write, writes = DirectorySnapshotStore.write_encoded, []
         def failing_write(self, snapshot_id, payload):
             writes.append(snapshot_id)
             if len(writes) == 2:
@@ -85,14 +78,6 @@ SCRIPT = textwrap.dedent(
                 raise OSError("injected: the disk is full")
             return write(self, snapshot_id, payload)
         DirectorySnapshotStore.write_encoded = failing_write
-        stage = Context.stage_on_commit
-        def dying_stage(self, action, at_completion=False):
-            def run(action=action):
-                if failed:
-                    die()
-                action()
-            return stage(self, run, at_completion)
-        Context.stage_on_commit = dying_stage
 
     class Numbers(AbstractProcessor):
         # (i, i*i) for i < N; with point "end", "unwritable" or "failed" the second half
@@ -135,13 +120,24 @@ SCRIPT = textwrap.dedent(
                            value_fn=lambda kv: f"{kv[0]},{kv[1]}")
 
     sink_class = sink.func
-    sink_complete = sink_class.complete
+    sink_complete, sink_finish = sink_class.complete, sink_class.snapshot_commit_finish
+    def has_final(self):  # complete() prepared a last transaction
+        return any(sid == AT_COMPLETION for sid, _ in self._prepared.entries())
     def complete(self):
         done = sink_complete(self)
         if done:
             sinks_completed.append(self.context.global_processor_index)
+            if has_final(self):
+                staged_final.append(self.context.global_processor_index)
         return done
+    def finish(self, success):
+        if point == "final" and success and self.context.completion_committed and has_final(self):
+            die()  # in place of the commit of the processor's last (completion) transaction
+        if point == "failed" and failed and success and self._prepared.due(self.context):
+            die()  # before the first commit after the failed snapshot (it covers that one's)
+        return sink_finish(self, success)
     sink_class.complete = complete
+    sink_class.snapshot_commit_finish = finish
 
     dag = DAG()
     src = dag.new_vertex("numbers", Numbers).local_parallelism(1)

@@ -21,6 +21,12 @@ from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
 from slipstream.core.snapshot_keys import BroadcastKey
 
 B_PAIRED = threading.Event()
+JOB: list[Any] = []  # the job under test: its coordinator says which snapshot committed
+
+
+def _committed_id() -> int:
+    ex = JOB[0]._execution if JOB else None
+    return ex.coordinator.committed_id if ex is not None else 0
 
 
 class Left(ss.AbstractProcessor):
@@ -92,7 +98,7 @@ class Pairing(ss.AbstractProcessor):
 
     def try_process_item(self, ordinal: int, item: Any) -> bool:
         if item == "CRASH":
-            if self.context.snapshot_hooks.committed_id < 1:
+            if _committed_id() < 1:
                 return False  # crash only once snapshot 1 is safely committed
             if stp.take_failure():
                 raise RuntimeError("crash after snapshot 1")
@@ -131,10 +137,12 @@ def run(guarantee: ProcessingGuarantee, tmp: str) -> list[Any]:
     dag.edge(Edge.from_(left).to(pairing, 0)).edge(Edge.from_(right).to(pairing, 1))
     dag.edge(Edge.between(pairing, sink))
     engine = ss.local(cooperative_threads=1)
+    JOB.clear()
     job = engine.new_job(
         dag,
         JobConfig(processing_guarantee=guarantee, snapshot_interval_ms=20, snapshot_store=tmp),
     )
+    JOB.append(job)
     job.join(30)
     assert job.restarts == 1
     return sorted(engine.get_list("out"))

@@ -698,7 +698,7 @@ def test_exactly_once_restore_with_disagreeing_cursors_fails_naming_the_vertex(k
     for guarantee in ss.ProcessingGuarantee:
         p = supplier()
         ctx = Context(vertex_name="win", processing_guarantee=guarantee)
-        ctx.snapshot_hooks = object()  # the embedded engine's coordinator aligned the barrier
+        ctx.commits_snapshots = True  # the embedded engine's coordinator aligned the barrier
         p.init(Outbox(1, 10), ctx)
         inbox = Inbox([(key, 4), (key, 4), (key, 6)])
         if guarantee is ss.ProcessingGuarantee.EXACTLY_ONCE:

@@ -94,6 +94,11 @@ class JobConfig:
     fused stages, service calls, aggregations' key and accumulate functions,
     ``map_stateful``, ``rolling_aggregate``; docs/fault-tolerance.md); a vertex's own
     setting (``Vertex.on_item_error``, ``Stage.on_item_error``) overrides it.
+
+    ``sink_outage_timeout`` (seconds): how long a sink keeps retrying a commit that its
+    server refuses or does not answer (a transient error: connection lost, server
+    restarting) before the job fails naming the sink, the server and the cause (or
+    restarts under ``auto_restart``). A warning is logged at the first failed attempt.
     """
 
     name: str | None = None
@@ -112,6 +117,7 @@ class JobConfig:
     allow_job_change: bool = False
     batch_watermarks: bool = False
     on_item_error: Any = "fail"
+    sink_outage_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):
@@ -127,6 +133,10 @@ class JobConfig:
         from slipstream.core.item_errors import check_policy
 
         check_policy(self.on_item_error, "JobConfig")
+        if not self.sink_outage_timeout > 0:
+            raise ValueError(
+                f"sink_outage_timeout must be > 0 seconds, got {self.sink_outage_timeout!r}"
+            )
         if self.restart_delay_ms < 0 or self.restart_delay_max_ms < self.restart_delay_ms:
             raise ValueError(
                 "need 0 <= restart_delay_ms <= restart_delay_max_ms, got "

@@ -46,12 +46,19 @@ class Context:
         "services",
         "metrics",
         "current_snapshot_id",
-        "snapshot_hooks",
         "hold_watermarks",
         "metric_listener",
         "allow_rollback",
         "item_errors",
         "pipeline_stage",
+        "commits_snapshots",
+        "committed_snapshot_id",
+        "completion_committed",
+        "sink_outage_timeout",
+        "warning",
+        "unavailable_since",
+        "_staged",
+        "_staged_at_completion",
     )
 
     def __init__(
@@ -89,8 +96,6 @@ class Context:
         self.metrics: dict[str, int] = {}
         # id of the snapshot being saved while save_to_snapshot() runs
         self.current_snapshot_id = 0
-        # the engine's snapshot coordinator, when the job takes snapshots
-        self.snapshot_hooks: Any = None
         # a batch job (every source bounded): watermark inserters emit no watermark, so
         # windows see every item and emit at the end (see JobConfig.batch_watermarks)
         self.hold_watermarks = False
@@ -108,6 +113,31 @@ class Context:
         # the Pipeline stage this vertex was compiled from ("map 'parse'"), None for a
         # vertex of the Core API: advice to the user names what they can change
         self.pipeline_stage: str | None = None
+        #: ``True`` when the engine writes snapshots to a store and tells the processor
+        #: when one committed (``Processor.snapshot_commit_finish``): a two-phase sink
+        #: then holds its output back until that call. ``False`` without a processing
+        #: guarantee, in the processor test harness and on the Spark engine (whose
+        #: epochs hand state over instead of committing it): output is final at once.
+        self.commits_snapshots = False
+        #: the newest snapshot known to have committed, set before each
+        #: ``snapshot_commit_finish`` call (0: none yet)
+        self.committed_snapshot_id = 0
+        #: ``True`` once a snapshot recording this processor as completed committed (or
+        #: the job's end released its last output): ``snapshot_commit_finish(True)`` may
+        #: then commit what ``complete()`` prepared
+        self.completion_committed = False
+        #: seconds a sink may keep retrying a commit its server refuses before the job
+        #: fails (``JobConfig.sink_outage_timeout``)
+        self.sink_outage_timeout = 120.0
+        #: what keeps this processor from making progress (e.g. "commit retrying: ..."),
+        #: shown by ``job.watch()`` and the dashboard; ``None`` when all is well
+        self.warning: str | None = None
+        #: ``time.monotonic()`` when the processor's server became unreachable (a sink
+        #: retrying its commit), ``None`` while it is reachable
+        self.unavailable_since: float | None = None
+        # stage_on_commit: (snapshot id, action) and the actions staged at completion
+        self._staged: list[tuple[int, Callable[[], None]]] = []
+        self._staged_at_completion: list[Callable[[], None]] = []
 
     @property
     def snapshotting_enabled(self) -> bool:
@@ -120,20 +150,42 @@ class Context:
         return self.services.get_map(name)  # type: ignore[no-any-return]
 
     def stage_on_commit(self, action: Callable[[], None], at_completion: bool = False) -> bool:
-        """Two-phase sinks: run ``action`` once the snapshot being saved now commits; with
-        ``at_completion`` (for output produced after the processor's last snapshot, staged
-        from ``complete()``) once a snapshot recording this processor as completed
-        commits, or the job completes. A failed execution drops what it staged after the
-        last committed snapshot. Returns ``False`` (and does nothing) when the job takes
-        no snapshots: the caller then applies its output directly."""
-        hooks = self.snapshot_hooks
-        if hooks is None:
+        """Two-phase sinks, the short form of ``Processor.snapshot_commit_finish``: run
+        ``action`` once the snapshot being saved now commits; with ``at_completion`` (for
+        output produced after the processor's last snapshot, staged from ``complete()``)
+        once a snapshot recording this processor as completed commits, or the job
+        completes. The actions run on the processor's own tasklet, in staging order,
+        before its ``snapshot_commit_finish`` (so an action that raises fails the job
+        like any processor error, naming the vertex). A failed execution drops what it
+        staged after the last committed snapshot. Returns ``False`` (and does nothing)
+        when the job commits no snapshots (``commits_snapshots``): the caller then
+        applies its output directly."""
+        if not self.commits_snapshots:
             return False
         if at_completion:
-            hooks.stage_at_completion(self.vertex_name, self.global_processor_index, action)
+            self._staged_at_completion.append(action)
         else:
-            hooks.stage(self.current_snapshot_id, action)
+            self._staged.append((self.current_snapshot_id, action))
         return True
+
+    @property
+    def has_staged(self) -> bool:
+        """Whether actions staged with :meth:`stage_on_commit` wait for a commit."""
+        return bool(self._staged or self._staged_at_completion)
+
+    def run_staged(self, committed_id: int, completion: bool) -> None:
+        """Run (and forget) the actions staged for snapshots up to ``committed_id`` and,
+        with ``completion``, every other one (the engine calls this where the processor's
+        commit runs). An action that raises stays staged with those after it."""
+        staged = self._staged
+        while staged and (completion or staged[0][0] <= committed_id):
+            staged[0][1]()
+            staged.pop(0)
+        if completion:
+            at = self._staged_at_completion
+            while at:
+                at[0]()
+                at.pop(0)
 
     def increment_metric(self, name: str, delta: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + delta
@@ -242,6 +294,38 @@ class Processor:
     def save_to_snapshot(self) -> bool:
         """Write state with ``outbox.offer_to_snapshot(key, value)``; repeated until
         ``True``."""
+        return True
+
+    def snapshot_commit_prepare(self) -> bool:
+        """Phase one of a two-phase commit (Jet's ``snapshotCommitPrepare``): called after
+        ``save_to_snapshot()`` returned ``True`` and before the barrier is forwarded,
+        repeated until ``True``. Make what this snapshot covers durable but not yet
+        visible (``PREPARE TRANSACTION``, an fsynced temporary file) and record in the
+        snapshot (``outbox.offer_to_snapshot``) what a restore needs to finish it. The
+        snapshot is ``context.current_snapshot_id``. Only called when the job commits
+        snapshots (``context.commits_snapshots``)."""
+        return True
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        """Phase two (Jet's ``snapshotCommitFinish``), on this processor's own thread,
+        repeated until ``True`` (so a cooperative processor can wait for a slow server
+        without blocking its worker), once the outcome of a snapshot is known.
+
+        ``success=True``: snapshot ``context.committed_snapshot_id`` committed: make
+        visible what you prepared for it and for earlier snapshots. The engine calls
+        this before the processor saves a later snapshot, so "everything prepared so
+        far" is right, except for what ``complete()`` prepared: that may be committed
+        only once ``context.completion_committed`` is ``True`` (a snapshot recording
+        the processor as completed committed; the engine keeps the tasklet alive after
+        its completion until then, and calls this once more). ``success=False``: the
+        snapshot was not written; keep what you prepared, the next snapshot that
+        commits covers it (each snapshot must name everything not committed yet).
+
+        An exception fails the job like any processor error; after a restart the
+        restored processor finds what the last committed snapshot names (in
+        ``restore_from_snapshot``) and commits it idempotently. Retry transient server
+        errors here with :class:`slipstream.core.retry.CommitRetry` (bounded by
+        ``context.sink_outage_timeout``). Called only when the job commits snapshots."""
         return True
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:

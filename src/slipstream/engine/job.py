@@ -91,6 +91,12 @@ class _Execution:
                 on_commit=job._on_commit,
                 on_error=self._on_snapshot_error,
                 on_state_error=self._on_state_error,
+                max_final_failures=(
+                    config.max_snapshot_failures
+                    if config.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+                    else None
+                ),
+                on_fatal=self._on_fatal,
             )
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
@@ -109,8 +115,8 @@ class _Execution:
         self.tasklets: list[ProcessorTasklet] = []
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
-            s.context.snapshot_hooks = self.coordinator
             s.context.metric_listener = job.late_items.on_metric
+            s.context.sink_outage_timeout = config.sink_outage_timeout
             restore_entries = None
             if restore is not None and (key not in completed or key in recovering):
                 restore_entries = routed.get(key, [])
@@ -186,6 +192,11 @@ class _Execution:
             e.__cause__ = error
             self._on_failure(TaskletFailure(None, e, restartable=False))
 
+    def _on_fatal(self, error: BaseException) -> None:
+        """The job's final snapshot (or a terminal one) could not be written: the
+        execution fails; a restart cannot fix the store."""
+        self._on_failure(TaskletFailure(None, error, restartable=False))
+
     def _on_state_error(self, tasklet: ProcessorTasklet, error: BaseException) -> None:
         """A processor saved state that cannot be encoded: it fails like the processor."""
         self._on_failure(TaskletFailure(tasklet, error))
@@ -203,12 +214,12 @@ class _Execution:
             self._gc_tuned = False
             gc_tuning.job_ended()
         if self.coordinator is not None:
-            # a snapshot every processor saved still commits (its write is under way)
-            self.coordinator.stop(timeout=STORE_DRAIN_TIMEOUT_S)
             if self.failure is None and not self.cancelled and not self.coordinator.terminal_committed:
                 self._complete(self.coordinator)
-            else:
-                self.coordinator.discard_uncommitted()
+            # a snapshot every processor saved still commits (its write is under way)
+            self.coordinator.stop(timeout=STORE_DRAIN_TIMEOUT_S)
+            if self.failure is not None or self.cancelled:
+                self._run_committed_closures(self.coordinator)
         if self.failure is not None or self.cancelled:
             self._close_all()
         error = self.failure.error if self.failure else None
@@ -222,19 +233,44 @@ class _Execution:
         self.job._execution_ended(self)
 
     def _complete(self, coordinator: SnapshotCoordinator) -> None:
-        """Record the job's completion in the store, then commit what the sinks staged.
+        """Wait for the job's completion to be recorded in the store (the final
+        snapshot; the sinks commit their last output on their tasklets once it is
+        published, so those with something to commit are still running until then).
         Under exactly-once nothing is committed unless that record is durable: when it
         cannot be written (retried like any snapshot, up to ``max_snapshot_failures``)
         the job fails, its last output uncommitted; a ``resume`` replays it once. Under
         at-least-once the output is committed in any case (a replay is allowed)."""
-        config = self.job.config
-        exactly_once = config.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
         try:
-            coordinator.job_completed(config.max_snapshot_failures if exactly_once else None)
+            coordinator.wait_final()
         except SnapshotError as e:
-            coordinator.discard_uncommitted()
             if self.failure is None:  # a restart cannot fix the store
                 self.failure = TaskletFailure(None, e, restartable=False)
+
+    def _run_committed_closures(self, coordinator: SnapshotCoordinator) -> None:
+        """The execution stopped: actions staged with ``context.stage_on_commit`` for
+        snapshots that committed run now if their processor had not run them yet (a
+        snapshot that committed is final; a restore replays only what came after it,
+        and a closure cannot be restored). The processors' own
+        ``snapshot_commit_finish`` is not called: a restore finishes what the restored
+        snapshot names (Jet's contract)."""
+        board = coordinator.commit_board
+        abandoned = {id(t) for t in self.pool.abandoned} if self.pool is not None else set()
+        for t in self.tasklets:
+            ctx = t.context
+            if id(t) in abandoned or not ctx.has_staged:
+                continue
+            cid = t.completion_snapshot_id
+            completion = board.released or 0 < cid <= board.committed_id
+            try:
+                ctx.run_staged(board.committed_id, completion)
+            except Exception:  # noqa: BLE001 - the execution is already ending
+                log.exception(
+                    "job %s: %s#%d: an action staged for committed snapshot %d failed",
+                    self.job.name,
+                    t.vertex_name,
+                    t.index,
+                    board.committed_id,
+                )
 
     def _close_all(self) -> None:
         # a processor still stuck in a call the pool gave up on is not closed under it

@@ -6,25 +6,31 @@ tasklet reports its saved entries and, after forwarding the barrier, that it is 
 Snapshot N commits when every tasklet has saved it or had already finished (a finished
 tasklet is recorded as *completed*: on restore it only sends end-of-stream, which is
 right because downstream aligned on its end-of-stream instead of a barrier and so
-consumed all of its output before saving). Commit = the store write, then the actions
-sinks staged for that snapshot (two-phase sinks publish on commit).
+consumed all of its output before saving). Commit = the store write; then the
+coordinator *publishes* the outcome on its :class:`~slipstream.engine.tasklet.CommitBoard`
+("snapshot N committed", or "N failed"), and each tasklet runs its processor's commit
+phase (``snapshot_commit_finish``, the actions staged with ``stage_on_commit``) on its
+own thread: a sink's commit errors surface where its other errors do, and no user code
+runs on the coordinator's threads.
 
-A completed processor's last output is staged to commit when a snapshot records the
-completion (``stage_on_commit(..., at_completion=True)``). So that a crash between that
-snapshot and the commit loses nothing, what the processor offers to the snapshot in
-``complete()`` (its *completion state*, e.g. the id of its prepared transaction) goes
-into every later snapshot with the completion; a restore runs such a processor's
-``restore_from_snapshot`` / ``finish_snapshot_restore`` (which commit idempotently)
-and then ends it, without running it on input again. At the end of a job one more
-snapshot records every processor as completed before the staged actions run, so a
+A completed processor's last output is committed once a snapshot that records the
+completion commits: its tasklet stays alive after end-of-stream until then
+(``AWAIT_COMPLETION_COMMIT``). So that a crash between that snapshot and the commit
+loses nothing, what the processor offers to the snapshot in ``complete()`` (its
+*completion state*, e.g. the id of its prepared transaction) goes into every later
+snapshot with the completion; a restore runs such a processor's
+``restore_from_snapshot`` / ``finish_snapshot_restore`` (which commit idempotently) and
+then ends it, without running it on input again. At the end of a job, once every
+processor completed, the store thread writes one more snapshot that records every
+processor as completed and publishes it; the tasklets waiting for it commit and end. A
 crash after it (before the store is marked completed) resumes into those idempotent
-commits only: see :meth:`SnapshotCoordinator.job_completed`.
+commits only: see :meth:`SnapshotCoordinator.wait_final`.
 
 Cost at large state: a tasklet hands its saved entries over as they are (no copy of
 immutable values, no serialisation on the cooperative thread); the complete snapshot is
-encoded (C pickler) and written on the coordinator's store thread while the job goes on,
-which also runs the commit. One snapshot is in flight at a time: the next one is
-requested only after the previous one committed or failed.
+encoded (C pickler) and written on the coordinator's store thread while the job goes on.
+One snapshot is in flight at a time: the next one is requested only after the previous
+one committed or failed.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from slipstream.engine.snapshot_store import (
     VertexState,
     pickle_state,
 )
+from slipstream.engine.tasklet import CommitBoard
 
 if TYPE_CHECKING:
     from slipstream.engine.plan import VertexPlan
@@ -68,7 +75,13 @@ class SnapshotCoordinator:
         on_commit: Callable[[SnapshotData], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         on_state_error: Callable[[ProcessorTasklet, BaseException], None] | None = None,
+        max_final_failures: int | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
+        """``max_final_failures``: exactly-once, the job's final snapshot is retried at
+        the interval until that many snapshots in a row failed (``None``: at-least-once,
+        one try, the output is released in any case). ``on_fatal``: the execution must
+        fail (not restartable): the final snapshot or a terminal one failed."""
         self.job_name = job_name
         self.store = store
         self.interval_s = interval_ms / 1000.0
@@ -85,8 +98,15 @@ class SnapshotCoordinator:
         self._requested_at = 0.0
         self._reported: set[int] = set()
         self._entries: dict[tuple[str, int], list[Any]] = {}
-        self._staged: list[tuple[int, Callable[[], None]]] = []
-        self._staged_at_completion: dict[tuple[str, int], list[Callable[[], None]]] = {}
+        self._max_final_failures = max_final_failures
+        self._on_fatal = on_fatal
+        #: what the tasklets read: the outcome of every snapshot
+        self.commit_board = CommitBoard(first_id - 1)
+        # the job's final snapshot: None (not due), _FINAL_DUE (the store thread writes it
+        # once no other snapshot is in flight) or _FINAL_DONE (outcome in _final_error)
+        self._final: str | None = None
+        self._final_error: BaseException | None = None
+        self.final_snapshot: SnapshotData | None = None
         # what completed processors offered to the snapshot in complete()
         self._completion_state: dict[tuple[str, int], list[Any]] = {}
         self._stop = threading.Event()
@@ -183,25 +203,16 @@ class SnapshotCoordinator:
         with self._lock:
             self._completed.add(id(tasklet))
             self._check_commit()
+            self._final_if_due()
 
-    def stage(self, snapshot_id: int, action: Callable[[], None]) -> None:
-        """Run ``action`` once snapshot ``snapshot_id`` commits (or the job completes)."""
-        with self._lock:
-            self._staged.append((snapshot_id, action))
-
-    def stage_at_completion(self, vertex: str, index: int, action: Callable[[], None]) -> None:
-        """Run ``action`` once a snapshot that records processor (vertex, index) as
-        completed commits, or the job completes. Output a processor produces after its
-        last snapshot becomes final exactly when its completion does: a restore from an
-        older snapshot re-runs the processor, one from a newer snapshot does not."""
-        with self._lock:
-            self._staged_at_completion.setdefault((vertex, index), []).append(action)
+    def _all_completed(self) -> bool:
+        return bool(self._tasklets) and len(self._completed) == len(self._tasklets)
 
     # -- coordinator side ------------------------------------------------------------------
     def request(self, terminal: bool = False) -> int | None:
         """Start the next snapshot unless one is in progress; returns its id."""
         with self._lock:
-            if self._stop.is_set():
+            if self._stop.is_set() or self._final is not None or self._all_completed():
                 return None
             if self._requested is not None:
                 if terminal and not self._requested.is_terminal:
@@ -235,6 +246,10 @@ class SnapshotCoordinator:
         data = self._snapshot_data(req.snapshot_id, all_completed=False)
         self._entries = {}
         self._to_write = data
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        """Lock held: the store thread has work (started on first use)."""
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._run_writer, name=f"slipstream-{self.job_name}-store", daemon=True
@@ -255,6 +270,9 @@ class SnapshotCoordinator:
                 vs.entries[t.index] = self._entries.get(key, [])
             else:
                 vs.completed.add(t.index)
+                cid = t.completion_snapshot_id
+                if not 0 < cid <= self.committed_id:  # no committed record of it yet
+                    t.completion_snapshot_id = snapshot_id
                 state = self._completion_state.get(key)
                 if state:
                     vs.entries[t.index] = list(state)
@@ -263,33 +281,63 @@ class SnapshotCoordinator:
 
     def _run_writer(self) -> None:
         """The store thread: encoding and writing happen here, off the cooperative
-        threads, while the job goes on; then the commit (staged actions) runs here."""
+        threads, while the job goes on; then the outcome is published. No processor code
+        runs here (the commits run on the processors' tasklets)."""
         while True:
             with self._lock:
                 self._commit_event.wait_for(
-                    lambda: self._to_write is not None or self._writer_closing
+                    lambda: self._to_write is not None
+                    or self._final is _FINAL_DUE
+                    or self._writer_closing
                 )
                 data = self._to_write
-                if data is None:
+                if data is None and self._final is not _FINAL_DUE:
                     self._writer = None
                     return
             try:
-                self.store.write(data)
-            except BaseException as e:  # noqa: BLE001
-                self._write_failed(data, e)
-                continue
-            with self._lock:
-                self._committed(data, getattr(self.store, "last_write_bytes", None))
+                if data is None:
+                    self._write_final()
+                    continue
+                try:
+                    self.store.write(data)
+                except BaseException as e:  # noqa: BLE001
+                    self._write_failed(data, e)
+                    continue
+                with self._lock:
+                    self._committed(data, getattr(self.store, "last_write_bytes", None))
+            except BaseException as e:  # noqa: BLE001 - never die silently (job RUNNING forever)
+                log.exception("job %s: the snapshot store thread failed", self.job_name)
+                with self._lock:
+                    self._to_write = None
+                    self._requested = None
+                    if self._final is _FINAL_DUE:
+                        self._final, self._final_error = _FINAL_DONE, e
+                    self._commit_event.notify_all()
+                if self._on_fatal is not None:
+                    self._on_fatal(e)
 
     def _write_failed(self, data: SnapshotData, error: BaseException) -> None:
         culprit = self._unpicklable_state(data) if isinstance(error, SnapshotError) else None
         with self._lock:
+            terminal = self._requested is not None and self._requested.is_terminal
             self._requested = None
             self._to_write = None
             self.consecutive_failures += 1
             self.failed_snapshots += 1
             self.last_error = error
+            self.commit_board.publish_failed(data.snapshot_id)
+            self._final_if_due()
             self._commit_event.notify_all()
+        if terminal and self._on_fatal is not None:
+            # the tasklets ended after the terminal barrier: this execution cannot go on
+            err = SnapshotError(
+                f"the terminal snapshot {data.snapshot_id} of job {self.job_name!r} (taken to "
+                f"suspend or restart it) could not be written to the snapshot store "
+                f"{self.store.directory}: {type(error).__name__}: {error}"
+            )
+            err.__cause__ = error
+            self._on_fatal(err)
+            return
         if culprit is not None:
             tasklet, e = culprit
             err = SnapshotError(
@@ -336,147 +384,151 @@ class SnapshotCoordinator:
         self.committed_id = req.snapshot_id
         self._requested = None
         self._to_write = None
-        self._run_staged(req.snapshot_id)
-        for name, vs in data.vertices.items():
-            for index in vs.completed:
-                for action in self._staged_at_completion.pop((name, index), ()):
-                    action()
         if req.is_terminal:
             self.terminal_committed = True
-        self._commit_event.notify_all()
         if self._on_commit is not None:
             self._on_commit(data)
-        if self._terminal_pending and not req.is_terminal:
+        self.commit_board.publish_committed(req.snapshot_id)  # the tasklets commit now
+        self._commit_event.notify_all()
+        if self._terminal_pending and not req.is_terminal and not self._all_completed():
             self._terminal_pending = False
             self._start(True)
+        self._final_if_due()
 
-    def _run_staged(self, up_to: int | None) -> None:
-        keep = []
-        for sid, action in self._staged:
-            if up_to is None or sid <= up_to:
-                action()
-            else:
-                keep.append((sid, action))
-        self._staged = keep
+    # -- the end of the job ----------------------------------------------------------------
+    def _final_if_due(self) -> None:
+        """Lock held. Every processor completed and no snapshot is in flight: the store
+        thread writes the final snapshot (after the one in flight, if any)."""
+        if (
+            self._final is None
+            and self._requested is None
+            and self._all_completed()
+            and not self._aborted.is_set()
+        ):
+            self._final = _FINAL_DUE
+            self._wake_writer()
 
-    def job_completed(self, max_failures: int | None = None) -> SnapshotData | None:
-        """The job finished normally: everything staged is final.
+    def _write_final(self) -> None:
+        """The store thread: write the snapshot that records every processor as
+        completed, with its completion state, and publish it (the tasklets waiting for
+        their completion commit then commit and end).
 
-        Before the staged actions run, one more snapshot is written that records every
-        processor as completed, with its completion state. A crash after this write,
-        before the store is marked completed, resumes from it: every processor is
-        restored as completed, sinks with completion state commit (idempotently) what is
-        not committed yet, nothing is replayed. A crash before it finds nothing committed
-        by this method. Returns the snapshot written.
-
-        With ``max_failures`` (exactly-once) the output is never committed without that
-        record: a failed write is retried at the snapshot interval (also after a failed
-        snapshot of the execution, whose staged output it then covers, as the next
-        snapshot does while the job runs) until ``max_failures`` snapshots in a row
-        failed; then :class:`SnapshotError` is raised and nothing staged since the last
-        committed snapshot has run (the caller discards it: a resume replays it). So it
-        is when :meth:`abort` is called meanwhile. Without ``max_failures``
-        (at-least-once, where a replay is allowed) one write is tried, when every
-        earlier snapshot committed, and the output is committed in any case."""
-        if max_failures is None:
-            data = self._record_completion_once()
-        else:
-            data = self._record_completion(max_failures)
-        with self._lock:
-            self._run_staged(None)
-            for actions in self._staged_at_completion.values():
-                for action in actions:
-                    action()
-            self._staged_at_completion = {}
-        return data
-
-    def _record_completion_once(self) -> SnapshotData | None:
-        data = None
-        with self._lock:
-            if not self._staged and self._to_write is None and not self.consecutive_failures:
-                data = self._snapshot_data(self.next_id, all_completed=True)
-                self.next_id += 1
-        if data is not None:
-            try:
-                self.store.write(data)
-            except BaseException as e:  # noqa: BLE001
+        Exactly-once (``max_final_failures``): the output is never committed without
+        that record: a failed write is retried at the snapshot interval (also after a
+        failed snapshot of the execution, whose staged output it then covers, as the
+        next snapshot does while the job runs) until ``max_final_failures`` snapshots in
+        a row failed; then the execution fails (``on_fatal``) with nothing staged since
+        the last committed snapshot committed (a resume replays it). So it is when
+        :meth:`abort` is called meanwhile. At-least-once (where a replay is allowed): one
+        write is tried, when every earlier snapshot committed, and the output is
+        released in any case."""
+        limit = self._max_final_failures
+        while True:
+            data = None
+            with self._lock:
+                if limit is not None or not self.consecutive_failures:
+                    data = self._snapshot_data(self.next_id, all_completed=True)
+                    self.next_id += 1
+            error: BaseException | None = None
+            if data is not None:
+                try:
+                    self.store.write(data)
+                except BaseException as e:  # noqa: BLE001
+                    error = e
+            if error is None:
+                with self._lock:
+                    if data is not None:
+                        self.consecutive_failures = 0
+                        self.committed_id = data.snapshot_id
+                        self.final_snapshot = data
+                if data is not None and self._on_commit is not None:
+                    self._on_commit(data)
+                with self._lock:
+                    if data is not None:
+                        self.commit_board.publish_committed(data.snapshot_id)
+                    if limit is None:
+                        self.commit_board.release()
+                    self._final = _FINAL_DONE
+                    self._commit_event.notify_all()
+                return
+            assert data is not None
+            if limit is None:
                 log.warning(
                     "job %s: its completion could not be recorded in the snapshot store (%s); "
                     "committing its output anyway (at-least-once: a crash before the store is "
                     "marked completed would make a resume replay its last snapshot)",
                     self.job_name,
-                    e,
+                    error,
                 )
-                return None
-            self._final_committed(data)
-        return data
-
-    def _record_completion(self, max_failures: int) -> SnapshotData:
-        """Write the snapshot recording every processor as completed, retrying at the
-        snapshot interval; :class:`SnapshotError` after ``max_failures`` failures in a
-        row (those of the execution's last snapshots count) or on :meth:`abort`."""
-        while True:
-            with self._lock:
-                if self._to_write is not None:
-                    raise SnapshotError(
-                        f"job {self.job_name!r}: its final snapshot was not written, as "
-                        f"snapshot {self._to_write.snapshot_id} was still being written to "
-                        f"the snapshot store {self.store.directory}; nothing of its last "
-                        f"output was committed. Run it again with resume=True."
-                    )
-                data = self._snapshot_data(self.next_id, all_completed=True)
-                self.next_id += 1
-            try:
-                self.store.write(data)
-            except BaseException as e:  # noqa: BLE001
                 with self._lock:
-                    self.consecutive_failures += 1
-                    self.failed_snapshots += 1
-                    self.last_error = e
-                    n = self.consecutive_failures
-                log.error(
-                    "job %s: its final snapshot %d could not be written (%d snapshot(s) in a "
-                    "row failed, the job fails at %d; its last output is committed only once "
-                    "it is written): %s",
-                    self.job_name,
-                    data.snapshot_id,
-                    n,
-                    max_failures,
-                    e,
-                )
-                if n >= max_failures or self._aborted.wait(self.interval_s):
-                    what = (
-                        f"{n} consecutive snapshot{'s' if n > 1 else ''} could not be written"
-                        if n >= max_failures
-                        else "the job was stopped"
-                    )
-                    err = SnapshotError(
-                        f"the final snapshot (recording every processor as completed) could "
-                        f"not be written to the snapshot store {self.store.directory} "
-                        f"({what}): {type(e).__name__}: {e}. Nothing the sinks staged after "
-                        f"snapshot {self.committed_id} was committed; fix the store and run "
-                        f"the job again with resume=True"
-                    )
-                    raise err from e
-                continue
+                    self.commit_board.release()
+                    self._final = _FINAL_DONE
+                    self._commit_event.notify_all()
+                return
             with self._lock:
-                self.consecutive_failures = 0
-            self._final_committed(data)
-            return data
+                self.consecutive_failures += 1
+                self.failed_snapshots += 1
+                self.last_error = error
+                n = self.consecutive_failures
+                self.commit_board.publish_failed(data.snapshot_id)
+            log.error(
+                "job %s: its final snapshot %d could not be written (%d snapshot(s) in a "
+                "row failed, the job fails at %d; its last output is committed only once "
+                "it is written): %s",
+                self.job_name,
+                data.snapshot_id,
+                n,
+                limit,
+                error,
+            )
+            if n >= limit or self._aborted.wait(self.interval_s):
+                what = (
+                    f"{n} consecutive snapshot{'s' if n > 1 else ''} could not be written"
+                    if n >= limit
+                    else "the job was stopped"
+                )
+                err = SnapshotError(
+                    f"the final snapshot (recording every processor as completed) could "
+                    f"not be written to the snapshot store {self.store.directory} "
+                    f"({what}): {type(error).__name__}: {error}. Nothing the sinks staged "
+                    f"after snapshot {self.committed_id} was committed; fix the store and "
+                    f"run the job again with resume=True"
+                )
+                err.__cause__ = error
+                with self._lock:
+                    self._final, self._final_error = _FINAL_DONE, err
+                    self._commit_event.notify_all()
+                if n >= limit and self._on_fatal is not None:
+                    self._on_fatal(err)
+                return
 
-    def _final_committed(self, data: SnapshotData) -> None:
-        self.committed_id = data.snapshot_id
-        if self._on_commit is not None:
-            self._on_commit(data)
+    def wait_final(self, timeout: float | None = None) -> SnapshotData | None:
+        """Wait for the outcome of the job's final snapshot (every processor completed):
+        the snapshot written (``None`` under at-least-once when it was not), or raise
+        :class:`SnapshotError` when exactly-once could not write it (or the execution was
+        stopped first)."""
+        with self._lock:
+            self._final_if_due()
+            done = self._commit_event.wait_for(
+                lambda: self._final is _FINAL_DONE
+                or (self._final is None and self._aborted.is_set()),
+                timeout,
+            )
+            if not done or self._final is not _FINAL_DONE:
+                raise SnapshotError(
+                    f"job {self.job_name!r}: its final snapshot was not written (the job was "
+                    f"stopped{'' if done else ' or the store did not answer'}); nothing of its "
+                    f"last output was committed. Run it again with resume=True."
+                )
+            if self._final_error is not None:
+                raise self._final_error
+            return self.final_snapshot
 
     def abort(self) -> None:
         """The execution is being stopped: a final snapshot being retried gives up."""
-        self._aborted.set()
-
-    def discard_uncommitted(self) -> None:
         with self._lock:
-            self._staged = [(s, a) for (s, a) in self._staged if s <= self.committed_id]
-            self._staged_at_completion = {}
+            self._aborted.set()
+            self._commit_event.notify_all()
 
     def wait_for_commit(self, snapshot_id: int, timeout: float | None) -> bool:
         with self._lock:
@@ -522,6 +574,9 @@ class SnapshotStats:
             out["snapshot_pause_us_max"] = self.pause_us_max
         return out
 
+
+_FINAL_DUE = "due"
+_FINAL_DONE = "done"
 
 _SCALARS = frozenset((int, float, complex, str, bytes, bool, type(None)))
 _second = operator.itemgetter(1)

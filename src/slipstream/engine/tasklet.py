@@ -10,6 +10,7 @@ the very same class inside a Spark task. Nothing else drives processors.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -35,37 +36,115 @@ NO_PROGRESS = 0
 MADE_PROGRESS = 1
 DONE = 2
 
-# states
-RESTORE = 0
-FINISH_RESTORE = 1
-PROCESS_WATERMARK = 2
-NULLARY_PROCESS = 3
-PROCESS_INBOX = 4
-COMPLETE_EDGE = 5
-SAVE_SNAPSHOT = 6
-EMIT_BARRIER = 7
-COMPLETE = 8
-EMIT_DONE = 9
-CLOSE = 10
-END = 11
 
-_STATE_NAMES = {
-    v: k
-    for k, v in dict(
-        RESTORE=RESTORE,
-        FINISH_RESTORE=FINISH_RESTORE,
-        PROCESS_WATERMARK=PROCESS_WATERMARK,
-        NULLARY_PROCESS=NULLARY_PROCESS,
-        PROCESS_INBOX=PROCESS_INBOX,
-        COMPLETE_EDGE=COMPLETE_EDGE,
-        SAVE_SNAPSHOT=SAVE_SNAPSHOT,
-        EMIT_BARRIER=EMIT_BARRIER,
-        COMPLETE=COMPLETE,
-        EMIT_DONE=EMIT_DONE,
-        CLOSE=CLOSE,
-        END=END,
-    ).items()
-}
+class State(enum.IntEnum):
+    """The states of a processor tasklet (Jet's ``ProcessorState``): per state, the
+    callback it repeats and until when. A call does one step of the current state.
+    ``ProcessorTasklet.state`` holds the plain ``int`` (the module constants below):
+    the hot loop compares it on every call, and exact ints compare fastest."""
+
+    #: ``restore_from_snapshot(inbox)`` until the routed snapshot entries are taken
+    RESTORE = 0
+    #: ``finish_snapshot_restore()`` until ``True``; then processing, or EMIT_DONE for
+    #: a processor restored as completed
+    FINISH_RESTORE = 1
+    #: ``try_process_watermark(wm)`` until ``True`` for a pending coalesced watermark
+    #: (an idle mark is forwarded without a callback)
+    PROCESS_WATERMARK = 2
+    #: ``try_process()`` until ``True`` (only once input was read and streams are live)
+    NULLARY_PROCESS = 3
+    #: ``process(ordinal, inbox)`` until the inbox is empty, refilled from the inbound
+    #: queues; an empty inbox leads to COMPLETE_EDGE, SAVE_SNAPSHOT, COMPLETE or (a
+    #: snapshot's outcome was published) COMMIT_FINISH
+    PROCESS_INBOX = 4
+    #: ``complete_edge(ordinal)`` until ``True`` for each exhausted inbound edge
+    COMPLETE_EDGE = 5
+    #: ``save_to_snapshot()`` until ``True``, once the barrier is aligned (a published
+    #: outcome of the previous snapshot is finished first: COMMIT_FINISH)
+    SAVE_SNAPSHOT = 6
+    #: ``snapshot_commit_prepare()`` until ``True`` (jobs that commit snapshots)
+    COMMIT_PREPARE = 7
+    #: no callback: forward the barrier; then processing, COMPLETE, or after a terminal
+    #: barrier CLOSE (or AWAIT_OUTCOME)
+    EMIT_BARRIER = 8
+    #: ``snapshot_commit_finish(success)`` until ``True`` (after the actions staged with
+    #: ``context.stage_on_commit``), once the coordinator published a snapshot's
+    #: outcome; then back to the state it interrupted
+    COMMIT_FINISH = 9
+    #: ``complete()`` until ``True`` (sources: from the start); a requested snapshot
+    #: leads to SAVE_SNAPSHOT, a published outcome to COMMIT_FINISH
+    COMPLETE = 10
+    #: no callback: record the completion with the coordinator, end-of-stream to every
+    #: output; then AWAIT_COMPLETION_COMMIT (a processor with a commit phase in a job
+    #: that commits snapshots) or CLOSE
+    EMIT_DONE = 11
+    #: no callback: wait until a snapshot recording this processor as completed
+    #: committed (the job's final snapshot included), then COMMIT_FINISH(True) with
+    #: ``context.completion_committed``, then CLOSE
+    AWAIT_COMPLETION_COMMIT = 12
+    #: no callback: after a terminal barrier (suspend), wait for that snapshot's
+    #: outcome, then COMMIT_FINISH, then CLOSE
+    AWAIT_OUTCOME = 13
+    #: ``close()`` once everything emitted left the outbox and collectors
+    CLOSE = 14
+    #: nothing: the worker drops the tasklet
+    END = 15
+
+
+RESTORE = int(State.RESTORE)
+FINISH_RESTORE = int(State.FINISH_RESTORE)
+PROCESS_WATERMARK = int(State.PROCESS_WATERMARK)
+NULLARY_PROCESS = int(State.NULLARY_PROCESS)
+PROCESS_INBOX = int(State.PROCESS_INBOX)
+COMPLETE_EDGE = int(State.COMPLETE_EDGE)
+SAVE_SNAPSHOT = int(State.SAVE_SNAPSHOT)
+COMMIT_PREPARE = int(State.COMMIT_PREPARE)
+EMIT_BARRIER = int(State.EMIT_BARRIER)
+COMMIT_FINISH = int(State.COMMIT_FINISH)
+COMPLETE = int(State.COMPLETE)
+EMIT_DONE = int(State.EMIT_DONE)
+AWAIT_COMPLETION_COMMIT = int(State.AWAIT_COMPLETION_COMMIT)
+AWAIT_OUTCOME = int(State.AWAIT_OUTCOME)
+CLOSE = int(State.CLOSE)
+END = int(State.END)
+
+_STATE_NAMES = {int(s): s.name for s in State}
+
+
+class CommitBoard:
+    """What a snapshot coordinator publishes to its tasklets: the outcome of each
+    snapshot. One writer (the coordinator's store thread) stores the ids first and
+    bumps ``seq`` last; a tasklet compares ``seq`` with the last one it handled (one int
+    compare, where its inbox runs empty) and reads the ids only when it changed."""
+
+    __slots__ = ("seq", "committed_id", "failed_id", "released")
+
+    def __init__(self, committed_id: int = 0) -> None:
+        self.seq = 0
+        #: the newest committed snapshot
+        self.committed_id = committed_id
+        #: the newest snapshot that could not be written
+        self.failed_id = 0
+        #: the job ended and its last output is final although no snapshot records it
+        #: (at-least-once, when the final snapshot could not be written)
+        self.released = False
+
+    def publish_committed(self, snapshot_id: int) -> None:
+        self.committed_id = snapshot_id
+        self.seq += 1
+
+    def publish_failed(self, snapshot_id: int) -> None:
+        self.failed_id = snapshot_id
+        self.seq += 1
+
+    def release(self) -> None:
+        self.released = True
+        self.seq += 1
+
+
+#: the board of tasklets whose snapshot sink publishes no commits: nothing is ever
+#: published on it (so its ``seq`` never changes)
+_NO_COMMITS = CommitBoard()
 
 
 class SnapshotSink(Protocol):
@@ -90,6 +169,10 @@ class SnapshotSink(Protocol):
     @property
     def hold_sources(self) -> bool:
         """``True`` while snapshots cannot be committed: ``complete()`` is not called."""
+
+    # Optional: ``commit_board`` (a :class:`CommitBoard`), when the sink commits
+    # snapshots and publishes their outcomes; the tasklet then runs the processor's
+    # commit phase (``snapshot_commit_prepare`` / ``snapshot_commit_finish``).
 
 
 class ProcessorTasklet:
@@ -161,6 +244,25 @@ class ProcessorTasklet:
             else None
         )
         self.filled_once = False
+
+        # the commit phase: only where the snapshot sink publishes commit outcomes
+        board = getattr(snapshot_sink, "commit_board", None)
+        self.commits = board is not None
+        self.board: CommitBoard = board if board is not None else _NO_COMMITS
+        context.commits_snapshots = self.commits
+        context.committed_snapshot_id = self.board.committed_id
+        self.outcome_seen = self.board.seq  # the board's seq last handled
+        self.committed_seen = self.board.committed_id
+        self.commit_success = False
+        self.after_commit = CLOSE  # the state COMMIT_FINISH returns to
+        # set by the coordinator: the newest snapshot that records this processor as
+        # completed (0: none yet)
+        self.completion_snapshot_id = 0
+        self.prepare_fn: Callable[[], bool] | None = None
+        self.finish_fn: Callable[[bool], bool] | None = None
+        if self.commits:
+            self.prepare_fn = _overridden(processor, "snapshot_commit_prepare")
+            self.finish_fn = _overridden(processor, "snapshot_commit_finish")
 
         self.restore_entries = restore_entries
         # finished before the snapshot: downstream already has all of its output. With
@@ -242,18 +344,33 @@ class ProcessorTasklet:
         if state == SAVE_SNAPSHOT:
             self._save_snapshot()
             return
+        if state == COMMIT_PREPARE:
+            prepare = self.prepare_fn
+            if prepare is None or prepare():
+                self.progress = True
+                self.state = EMIT_BARRIER
+            return
         if state == EMIT_BARRIER:
             self._emit_barrier()
             return
         if state == COMPLETE:
             self._complete()
             return
+        if state == COMMIT_FINISH:
+            self._commit_finish()
+            return
         if state == EMIT_DONE:
             if self.snapshot_sink is not None:
                 self.snapshot_sink.tasklet_completed(self)
             self._emit_special(DONE_ITEM)
-            self.state = CLOSE
+            self.state = AWAIT_COMPLETION_COMMIT if self._has_commit_phase() else CLOSE
             self.progress = True
+            return
+        if state == AWAIT_COMPLETION_COMMIT:
+            self._await_completion_commit()
+            return
+        if state == AWAIT_OUTCOME:
+            self._await_outcome()
             return
         if state == CLOSE:
             if self._outbound_empty():
@@ -290,6 +407,8 @@ class ProcessorTasklet:
     def _process_inbox(self) -> None:
         inbox = self.inbox
         if not inbox:
+            if self.board.seq != self.outcome_seen and self._take_outcome(PROCESS_INBOX):
+                return
             self._fill_inbox()
         if inbox:
             before = len(inbox)
@@ -383,12 +502,16 @@ class ProcessorTasklet:
             self._aligning = None
 
     def _save_snapshot(self) -> None:
-        self.context.current_snapshot_id = self.pending_barrier.snapshot_id  # type: ignore[union-attr]
         if self._save_started is None:
+            # the previous snapshot's outcome is finished before this one is saved, so
+            # "commit everything prepared so far" never takes in this snapshot's part
+            if self.board.seq != self.outcome_seen and self._take_outcome(SAVE_SNAPSHOT):
+                return
             self._save_started = time.perf_counter()
+        self.context.current_snapshot_id = self.pending_barrier.snapshot_id  # type: ignore[union-attr]
         if self.processor.save_to_snapshot():
             self.progress = True
-            self.state = EMIT_BARRIER
+            self.state = COMMIT_PREPARE if self.prepare_fn is not None else EMIT_BARRIER
 
     def _emit_barrier(self) -> None:
         barrier = self.pending_barrier
@@ -406,13 +529,19 @@ class ProcessorTasklet:
         self.barrier_count = 0
         self.progress = True
         if barrier.is_terminal:
-            self.state = CLOSE
+            self.state = AWAIT_OUTCOME if self._has_commit_phase() else CLOSE
         else:
             self.state = COMPLETE if self.live_streams == 0 else PROCESS_WATERMARK
 
     def _complete(self) -> None:
         sink = self.snapshot_sink
         if sink is not None:
+            if (
+                self.board.seq != self.outcome_seen
+                and not self.outbox.has_unfinished_item()
+                and self._take_outcome(COMPLETE)
+            ):
+                return
             requested = sink.requested_snapshot()
             if (
                 requested is not None
@@ -428,6 +557,71 @@ class ProcessorTasklet:
         if self.processor.complete():
             self.progress = True
             self.state = EMIT_DONE
+
+    # -- the commit phase --------------------------------------------------------------
+    def _has_commit_phase(self) -> bool:
+        """Whether the processor commits anything: it implements
+        ``snapshot_commit_finish`` or staged actions with ``stage_on_commit``."""
+        return self.commits and (self.finish_fn is not None or self.context.has_staged)
+
+    def _take_outcome(self, back_to: int) -> bool:
+        """The coordinator published an outcome since the last one handled: go to
+        COMMIT_FINISH (and from there back to ``back_to``) if the processor has
+        anything to do for it. ``False``: nothing to do, carry on."""
+        board = self.board
+        self.outcome_seen = board.seq
+        committed = board.committed_id
+        success = committed > self.committed_seen
+        self.committed_seen = committed
+        self.context.committed_snapshot_id = committed
+        if self.finish_fn is None and not (success and self.context.has_staged):
+            return False
+        self.commit_success = success
+        self.after_commit = back_to
+        self.state = COMMIT_FINISH
+        self.progress = True
+        return True
+
+    def _commit_finish(self) -> None:
+        ctx = self.context
+        ctx.committed_snapshot_id = self.committed_seen
+        if self.commit_success and ctx.has_staged:
+            ctx.run_staged(self.committed_seen, ctx.completion_committed)
+        finish = self.finish_fn
+        if finish is None or finish(self.commit_success):
+            self.state = self.after_commit
+            self.progress = True
+
+    def _await_completion_commit(self) -> None:
+        board = self.board
+        if board.seq == self.outcome_seen:
+            return
+        cid = self.completion_snapshot_id
+        if board.released or (cid and board.committed_id >= cid):
+            self.outcome_seen = board.seq
+            self.context.completion_committed = True
+            self.committed_seen = self.context.committed_snapshot_id = board.committed_id
+            self.commit_success = True
+            self.after_commit = CLOSE
+            self.state = COMMIT_FINISH
+            self.progress = True
+        else:
+            # a snapshot that does not record the completion: it still commits what the
+            # processor prepared for it (not what complete() prepared)
+            self._take_outcome(AWAIT_COMPLETION_COMMIT)
+
+    def _await_outcome(self) -> None:
+        """After a terminal barrier: its snapshot's outcome, then CLOSE."""
+        board = self.board
+        if board.seq == self.outcome_seen:
+            return
+        sid = self.last_snapshot_id
+        if board.committed_id >= sid or board.failed_id >= sid:
+            if not self._take_outcome(CLOSE):
+                self.state = CLOSE
+            self.progress = True
+        else:
+            self.outcome_seen = board.seq
 
     def _restore(self) -> None:
         entries = self.restore_entries
@@ -479,6 +673,14 @@ class ProcessorTasklet:
                 elif self.state in (COMPLETE, EMIT_DONE):
                     # offered in complete(): the processor's completion state
                     self.snapshot_sink.add_completion_entries(self, sb)
+                else:
+                    raise RuntimeError(
+                        f"vertex {self.vertex_name!r}, processor {self.index}: "
+                        f"{type(self.processor).__name__} offered snapshot entries "
+                        f"({sb[0][0]!r}, ...) in {self.state_name}; offer_to_snapshot() "
+                        "is for save_to_snapshot(), snapshot_commit_prepare() and "
+                        "complete()"
+                    )
             self.progress = True
         specials = outbox.specials
         outbox.specials = False
@@ -514,6 +716,15 @@ class ProcessorTasklet:
                 raise _Cancelled()
             idle += 1
             time.sleep(min(0.001, 0.00002 * (1 << min(idle, 6))))
+
+
+def _overridden(processor: Processor, name: str) -> Any:
+    """``processor``'s bound method ``name`` if it overrides ``Processor``'s (looked up
+    on the instance: wrappers delegate attributes), else ``None``."""
+    fn = getattr(processor, name, None)
+    if fn is None or getattr(fn, "__func__", None) is getattr(Processor, name):
+        return None
+    return fn
 
 
 class _Cancelled(Exception):

@@ -57,6 +57,8 @@ _CALLBACKS = {
     "PROCESS_INBOX": "process",
     "COMPLETE_EDGE": "complete_edge",
     "SAVE_SNAPSHOT": "save_to_snapshot",
+    "COMMIT_PREPARE": "snapshot_commit_prepare",
+    "COMMIT_FINISH": "snapshot_commit_finish",
     "COMPLETE": "complete",
     "CLOSE": "close",
 }

@@ -262,6 +262,12 @@ class InputFusedP(Processor):
     def save_to_snapshot(self) -> bool:
         return self.inner.save_to_snapshot()
 
+    def snapshot_commit_prepare(self) -> bool:
+        return self.inner.snapshot_commit_prepare()
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        return self.inner.snapshot_commit_finish(success)
+
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         self.inner.restore_from_snapshot(inbox)
 
@@ -343,6 +349,8 @@ class PipeP(Processor):
         self._edge_done = False
         self._first_restored = False
         self._first_saved = False
+        self._first_prepared = False
+        self._first_finished = False
         self._wm_to_first = False
         self._snapshot_rest: list[tuple[Any, Any]] = []
 
@@ -472,6 +480,28 @@ class PipeP(Processor):
         if not self.second.save_to_snapshot():
             return False
         self._first_saved = False
+        return True
+
+    def snapshot_commit_prepare(self) -> bool:
+        # the second one may offer to the snapshot (the outbox is the engine's); the
+        # first one's commit phase runs first, as it saves first
+        if not self._first_prepared:
+            if not self.first.snapshot_commit_prepare():
+                return False
+            self._first_prepared = True
+        if not self.second.snapshot_commit_prepare():
+            return False
+        self._first_prepared = False
+        return True
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        if not self._first_finished:
+            if not self.first.snapshot_commit_finish(success):
+                return False
+            self._first_finished = True
+        if not self.second.snapshot_commit_finish(success):
+            return False
+        self._first_finished = False
         return True
 
     def _flush_snapshot(self) -> bool:

@@ -260,7 +260,7 @@ class WindowingP(AbstractProcessor):
                 cursor is not None
                 and value != cursor
                 and ctx.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
-                and ctx.snapshot_hooks is not None
+                and ctx.commits_snapshots
                 and not self.own_watermarks
             ):
                 # Every processor of the vertex saw the same watermarks before the

@@ -6,8 +6,8 @@ Sinks swallow watermarks (``try_process_watermark`` returns ``True`` without emi
 
 Delivery guarantees: under an exactly-once job ``list_sink`` and ``map_sink`` are
 two-phase: what arrives between snapshots is published to the named structure when the
-next snapshot commits (or when the job completes), so a replay after a restore never
-duplicates anything. Otherwise they write directly: after a restore from an
+next snapshot commits (or when the job completes), by ``snapshot_commit_finish`` on the
+sink's own tasklet, so a replay after a restore never duplicates anything. Otherwise they write directly: after a restore from an
 at-least-once snapshot replayed items are written again (a list receives duplicates; a
 map is overwritten with the same values). ``write_buffered`` keeps no snapshot state.
 ``write_files`` and the other file sinks commit their files two-phase at snapshots
@@ -20,13 +20,17 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import threading
+import uuid
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from slipstream.core.commit import AT_COMPLETION, PreparedCommits
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.traits import SINK
 from slipstream.core.validation import check_callable, check_name
 
@@ -42,20 +46,39 @@ class _SinkP(AbstractProcessor):
         return True
 
 
-class _StagingSinkP(_SinkP):
-    """Writes directly, or, under an exactly-once job, stages what arrives until the
-    snapshot covering it commits (two-phase)."""
+# Per (vertex, processor lineage, index): the newest snapshot whose batch a staging
+# sink published. Process-wide, as the named structures are in-process: a restore (also
+# into another engine of this process, with restore_from=) publishes only what is not
+# published yet. One small entry per sink processor and execution.
+_PUBLISHED: dict[tuple[str, str, int], int] = {}
+_PUBLISHED_LOCK = threading.Lock()
 
+
+class _StagingSinkP(_SinkP):
+    """Writes directly, or, under an exactly-once job that commits snapshots, holds what
+    arrives until the snapshot covering it commits (two-phase): the batch of each
+    snapshot is published by ``snapshot_commit_finish``, on this processor's tasklet.
+
+    The batches not published yet are part of the snapshot, so a snapshot that
+    committed while its batch was still unpublished (the execution failed just then)
+    loses nothing: the restored processor publishes it, unless it was published already
+    (idempotent within the process, which is where the named structures live)."""
+
+    snapshot_tag = "staged-output"
     _staging = False
 
     def __init__(self) -> None:
         self._pending: list[Any] = []
+        self._prepared: PreparedCommits[list[Any]] = PreparedCommits()
+        self._lineage = ""
+        self._restored: list[tuple[int, str, int, list[Any]]] = []
 
     def init_processor(self, context: Context) -> None:
         self._staging = (
             context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
-            and context.snapshot_hooks is not None
+            and context.commits_snapshots
         )
+        self._lineage = uuid.uuid4().hex[:12]
 
     def _publish(self, items: list[Any]) -> None:
         raise NotImplementedError
@@ -67,17 +90,65 @@ class _StagingSinkP(_SinkP):
             self._publish(list(inbox))
         inbox.clear()
 
-    def _stage(self, at_completion: bool) -> None:
+    def _stage(self, snapshot_id: int) -> None:
         if self._pending:
             batch, self._pending = self._pending, []
-            self.context.stage_on_commit(functools.partial(self._publish, batch), at_completion)
+            self._prepared.add(snapshot_id, batch)
+
+    def _prepared_entries(self) -> list[tuple[Any, Any]]:
+        index = self.context.global_processor_index
+        return [
+            (BroadcastKey((self.snapshot_tag, index, self._lineage, sid)), tuple(batch))
+            for sid, batch in self._prepared.entries()
+        ]
 
     def save_to_snapshot(self) -> bool:
-        self._stage(at_completion=False)
-        return True
+        if not self._staging:
+            return True
+        self._stage(self.context.current_snapshot_id)
+        return self.save_state(self._prepared_entries)
 
     def complete(self) -> bool:
-        self._stage(at_completion=True)
+        if not self._staging:
+            return True
+        self._stage(AT_COMPLETION)
+        # completion state: a restore from a snapshot recording the completion publishes
+        # what is not published yet
+        return self.save_state(self._prepared_entries) if self._prepared else True
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        if success:
+            ctx = self.context
+            for sid, batch in self._prepared.due_entries(ctx):
+                self._publish(batch)
+                self._prepared.remove(batch)
+                self._mark(self._lineage, ctx.global_processor_index, sid)
+        return True
+
+    def _mark(self, lineage: str, index: int, snapshot_id: int) -> None:
+        ctx = self.context
+        with _PUBLISHED_LOCK:
+            _PUBLISHED[(ctx.vertex_name, lineage, index)] = snapshot_id
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        _, index, lineage, sid = tagged_broadcast_name(
+            key, self.snapshot_tag, 4, self.context.vertex_name, type(self).__name__
+        )
+        self._restored.append((index, lineage, sid, list(value)))
+
+    def finish_snapshot_restore(self) -> bool:
+        """Publish the restored batches not published yet; processor ``i`` takes those
+        of old processors ``j`` with ``j % parallelism == i``."""
+        ctx = self.context
+        for index, lineage, sid, batch in sorted(self._restored, key=lambda r: r[2]):
+            if index % ctx.total_parallelism != ctx.global_processor_index:
+                continue
+            with _PUBLISHED_LOCK:
+                published = _PUBLISHED.get((ctx.vertex_name, lineage, index), -1)
+            if published < sid:
+                self._publish(batch)
+                self._mark(lineage, index, sid)
+        self._restored = []
         return True
 
 

@@ -15,12 +15,12 @@ import functools
 import io
 import json
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from slipstream.core.commit import AT_COMPLETION, PreparedCommits
 from slipstream.core.errors import SnapshotStoreRolledBackError
 from slipstream.core.files import require_pyarrow
 from slipstream.core.inbox import Inbox
@@ -111,8 +111,8 @@ class WriteFilesP(_SinkP):
         # prepared files not renamed yet: every snapshot names all of them (a snapshot
         # whose write failed leaves its files to the next one's commit, and a restore
         # from that one must publish them too)
-        self._outstanding: list[tuple[str, str]] = []
-        self._outstanding_lock = threading.Lock()
+        self._prepared: PreparedCommits[tuple[str, str]] = PreparedCommits()
+        self._commits = False  # the job commits snapshots: publish in snapshot_commit_finish
 
     def is_cooperative(self) -> bool:
         # file system calls (fsync) can block for an unbounded time
@@ -127,6 +127,7 @@ class WriteFilesP(_SinkP):
                 f"{self._directory!r}: {e}"
             ) from e
         self._two_phase = context.snapshotting_enabled
+        self._commits = context.commits_snapshots
 
     # -- per format ---------------------------------------------------------------------
     def _encode(self, items: Sequence[Any]) -> bytes:
@@ -214,22 +215,17 @@ class WriteFilesP(_SinkP):
     def complete(self) -> bool:
         pair = self._seal()
         if self._two_phase:
-            staged = True
             if pair is not None:
-                commit = functools.partial(self._commit_prepared, [pair])
-                staged = self.context.stage_on_commit(commit, at_completion=True)
-                if not staged:
-                    commit()  # no coordinator (e.g. the test harness): final now
-            with self._outstanding_lock:
-                if pair is not None and staged:
-                    self._outstanding.append(pair)
-                pending = [(os.path.basename(t), os.path.basename(f)) for t, f in self._outstanding]
-            if pending:
+                if self._commits:
+                    self._prepared.add(AT_COMPLETION, pair)
+                else:
+                    _commit_files([pair])  # no commit phase (e.g. the test harness): final now
+            if self._prepared:
                 # completion state: a restore from a snapshot recording this processor's
                 # completion renames these files (finish_snapshot_restore)
                 self.outbox.offer_to_snapshot(
                     BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
-                    (self._sequence, pending, None),
+                    (self._sequence, self._prepared_names(), None),
                 )
         elif pair is not None:
             os.replace(*pair)
@@ -237,6 +233,9 @@ class WriteFilesP(_SinkP):
             self._write_empty_part()
         self._done = True
         return True
+
+    def _prepared_names(self) -> list[tuple[str, str]]:
+        return [(os.path.basename(t), os.path.basename(f)) for t, f in self._prepared.items()]
 
     def _should_roll(self) -> bool:
         return (
@@ -252,12 +251,10 @@ class WriteFilesP(_SinkP):
             if self._should_roll():
                 pair = self._seal()
                 assert pair is not None
-                commit = functools.partial(self._commit_prepared, [pair])
-                if not self.context.stage_on_commit(commit):
-                    commit()  # no coordinator (e.g. the test harness): the snapshot commits
+                if self._commits:
+                    self._prepared.add(self.context.current_snapshot_id, pair)
                 else:
-                    with self._outstanding_lock:
-                        self._outstanding.append(pair)
+                    _commit_files([pair])  # no commit phase (e.g. the test harness)
             else:
                 self._sync(fh)
                 unfinished = (
@@ -266,35 +263,27 @@ class WriteFilesP(_SinkP):
                     self._size,
                     self._file_state(),
                 )
-        with self._outstanding_lock:
-            prepared = list(self._outstanding)
-        ctx = self.context
         return self.outbox.offer_to_snapshot(
-            BroadcastKey((self.snapshot_tag, ctx.global_processor_index)),
-            (
-                self._sequence,
-                [(os.path.basename(t), os.path.basename(f)) for t, f in prepared],
-                unfinished,
-            ),
+            BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
+            (self._sequence, self._prepared_names(), unfinished),
         )
 
     def uncommitted_files(self) -> list[str]:
         """This processor's hidden temporary part files that exist and are not published:
         what a job stopped before its end leaves for a resume to publish (under
         snapshots). The engine names them when it stops a job at interpreter exit."""
-        with self._outstanding_lock:
-            paths = [temp for temp, _final in self._outstanding]
+        paths = [temp for temp, _final in self._prepared.items()]
         if self._temp and self._temp not in paths:
             paths.append(self._temp)
         return [p for p in paths if os.path.exists(p)]
 
-    def _commit_prepared(self, pairs: list[tuple[str, str]]) -> None:
-        """Publish prepared files (where their snapshot commits)."""
-        _commit_files(pairs)
-        with self._outstanding_lock:
-            for pair in pairs:
-                if pair in self._outstanding:
-                    self._outstanding.remove(pair)
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        """Publish the part files whose snapshot committed (renames, idempotent)."""
+        if success:
+            for pair in self._prepared.due(self.context):
+                _commit_files([pair])
+                self._prepared.remove(pair)
+        return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         name = tagged_broadcast_name(

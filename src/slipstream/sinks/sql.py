@@ -10,9 +10,10 @@ ON CONFLICT (...) DO UPDATE``). Guarantees:
 
 * no snapshots / at-least-once: each batch is committed when written;
 * exactly-once (PostgreSQL): each processor writes into one transaction per snapshot
-  interval. At the snapshot barrier it ``PREPARE TRANSACTION``s it under an id naming
-  the job, vertex, processor, snapshot and execution, and records the id in the
-  snapshot; ``COMMIT PREPARED`` runs when the snapshot commits. On restore the ids in
+  interval. At the snapshot barrier (``snapshot_commit_prepare``) it ``PREPARE
+  TRANSACTION``s it under an id naming the job, vertex, processor, snapshot and
+  execution, and records the id in the snapshot; ``COMMIT PREPARED`` runs when the
+  snapshot commits (``snapshot_commit_finish``, on this processor's thread). On restore the ids in
   the restored snapshot are committed (a crash may have come between the snapshot's
   commit and the ``COMMIT PREPARED``) and every other prepared transaction of this
   sink is rolled back: it belongs to a snapshot that never committed, and the replay
@@ -25,11 +26,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from slipstream.core.commit import AT_COMPLETION, PreparedCommits
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.errors import SqlError
 from slipstream.core.inbox import Inbox
@@ -68,7 +69,6 @@ class SqlSinkP(AbstractProcessor):
         self._statement = statement
         self._conn: Any = None
         self._control: Any = None  # autocommit connection for COMMIT/ROLLBACK PREPARED
-        self._control_lock = threading.Lock()
         self._two_phase = False
         self._in_txn = False
         self._recovered = False
@@ -76,8 +76,7 @@ class SqlSinkP(AbstractProcessor):
         # prepared ids whose COMMIT PREPARED has not run yet: every snapshot names all of
         # them, not only its own (a snapshot whose write failed leaves its transaction to
         # the next one's commit, and a restore from that one must commit it too)
-        self._outstanding: list[str] = []
-        self._outstanding_lock = threading.Lock()
+        self._prepared: PreparedCommits[str] = PreparedCommits()
         self._token = uuid.uuid4().hex[:8]  # this execution: ids never repeat across runs
 
     def is_cooperative(self) -> bool:
@@ -86,7 +85,7 @@ class SqlSinkP(AbstractProcessor):
     def init_processor(self, context: Context) -> None:
         self._two_phase = (
             context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
-            and context.snapshot_hooks is not None
+            and context.commits_snapshots
         )
         self._prefix = transaction_prefix(context.job_name, context.vertex_name)
         self._conn = self._connect()
@@ -155,43 +154,46 @@ class SqlSinkP(AbstractProcessor):
         self._in_txn = False
         return gid
 
+    def _offer_prepared(self) -> bool:
+        """Name every prepared id not committed yet in the snapshot (or the completion
+        state)."""
+        return self.outbox.offer_to_snapshot(
+            BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
+            self._prepared.items(),
+        )
+
     def save_to_snapshot(self) -> bool:
         self._recover()
-        ctx = self.context
-        prepared: list[str] = []
         if self._two_phase:
-            gid = self._prepare(str(ctx.current_snapshot_id))
+            return True  # snapshot_commit_prepare prepares and names the transactions
+        return self._offer_prepared()  # nothing prepared: an empty list
+
+    def snapshot_commit_prepare(self) -> bool:
+        if self._two_phase:
+            sid = self.context.current_snapshot_id
+            gid = self._prepare(str(sid))
             if gid is not None:
-                with self._outstanding_lock:
-                    self._outstanding.append(gid)
-                ctx.stage_on_commit(functools.partial(self._finish_prepared, [gid], []))
-            with self._outstanding_lock:
-                prepared = list(self._outstanding)
-        return self.outbox.offer_to_snapshot(
-            BroadcastKey((self.snapshot_tag, ctx.global_processor_index)), prepared
-        )
+                self._prepared.add(sid, gid)
+        return self._offer_prepared()
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        if success and self._two_phase:
+            due = self._prepared.due(self.context)
+            if due:
+                self._finish_prepared(due, [])
+        return True
 
     def complete(self) -> bool:
         self._recover()
         if self._two_phase:
             gid = self._prepare("final")
             if gid is not None:
-                commit = functools.partial(self._finish_prepared, [gid], [])
-                if not self.context.stage_on_commit(commit, at_completion=True):
-                    commit()  # no coordinator: final now
-                    return True
-                with self._outstanding_lock:
-                    self._outstanding.append(gid)
-            with self._outstanding_lock:
-                pending = list(self._outstanding)
-            if pending:
+                self._prepared.add(AT_COMPLETION, gid)
+            if self._prepared:
                 # completion state: a restore from a snapshot recording this processor's
                 # completion commits these ids (the engine does not run a completed
                 # processor again, so nobody else would)
-                self.outbox.offer_to_snapshot(
-                    BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
-                    pending,
-                )
+                self._offer_prepared()
         return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
@@ -232,12 +234,11 @@ class SqlSinkP(AbstractProcessor):
         )
 
     def _pending_ids(self) -> list[str]:
-        with self._control_lock:
-            cur = self._control_conn().execute(
-                "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s AND database = current_database()",
-                (self._prefix.replace("_", r"\_") + ":%",),
-            )
-            return [r[0] for r in cur.fetchall()]
+        cur = self._control_conn().execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s AND database = current_database()",
+            (self._prefix.replace("_", r"\_") + ":%",),
+        )
+        return [r[0] for r in cur.fetchall()]
 
     def _control_conn(self) -> Any:
         if self._control is None:
@@ -246,16 +247,13 @@ class SqlSinkP(AbstractProcessor):
         return self._control
 
     def _finish_prepared(self, commit: list[str], rollback: list[str]) -> None:
-        with self._control_lock:
-            conn = self._control_conn()
-            for verb, gids in (("COMMIT", commit), ("ROLLBACK", rollback)):
-                for gid in gids:
-                    cur = conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (gid,))
-                    if cur.fetchone() is not None:  # else: finished already (idempotent)
-                        conn.execute(f"{verb} PREPARED {_literal(gid)}")
-                    with self._outstanding_lock:
-                        if gid in self._outstanding:
-                            self._outstanding.remove(gid)
+        conn = self._control_conn()
+        for verb, gids in (("COMMIT", commit), ("ROLLBACK", rollback)):
+            for gid in gids:
+                cur = conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (gid,))
+                if cur.fetchone() is not None:  # else: finished already (idempotent)
+                    conn.execute(f"{verb} PREPARED {_literal(gid)}")
+                self._prepared.remove(gid)
 
     def close(self) -> None:
         for attr in ("_conn", "_control"):

@@ -157,8 +157,6 @@ class KafkaSourceP(AbstractProcessor):
 
     # -- reading ---------------------------------------------------------------------
     def complete(self) -> bool:
-        if self._to_commit is not None:
-            self._commit()
         if self._pending and not self._drain():
             return False
         if time.monotonic() >= self._next_refresh:
@@ -295,13 +293,14 @@ class KafkaSourceP(AbstractProcessor):
             offsets = [
                 (t, p, o) for (t, p), o in zip(self._parts, self._offsets, strict=True) if o >= 0
             ]
-            if offsets:
-                # the staged action runs where the snapshot commits; it only hands the
-                # offsets over, the consumer is used on this processor's thread alone
-                self.context.stage_on_commit(
-                    functools.partial(setattr, self, "_to_commit", offsets)
-                )
+            # committed to the group in snapshot_commit_finish, once this snapshot is
+            self._to_commit = offsets or None
         return self.save_state(self._state)
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        if success and self._to_commit is not None:
+            self._commit()
+        return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         _, topic, partition = tagged_broadcast_name(
