@@ -9,9 +9,10 @@ nothing until something raises: the bulk paths still run the function over a who
 at C speed, and only after an exception find the item from how far the chunk's iterator
 got (:func:`failed_position`). Where an item came from (``file:line``, a Kafka topic,
 partition and offset) is known where the item is read: the sources' own errors name it,
-and a source that sets items aside passes it as ``source`` (none of the built-in ones
-does yet); downstream the engine does not track the origin of every item (that would
-cost per item), so the item's repr identifies it.
+and a source that sets items aside passes it as ``source`` (``read_csv`` and
+``read_jsonl``: ``<file>:<line>`` of a malformed record); downstream the engine does not
+track the origin of every item (that would cost per item), so the item's repr
+identifies it.
 
 **The bad-record policy** (``JobConfig(on_item_error=...)``, ``Vertex.on_item_error``,
 ``Stage.on_item_error``): ``"fail"`` (the default) fails the job on the first item whose
@@ -74,8 +75,8 @@ REPEAT_INTERVAL_S = 60.0
 class DeadLetter(NamedTuple):
     """An item set aside by ``on_item_error=<sink>``: the vertex whose code raised, the
     item as it entered that vertex, the error (``"ValueError: ..."``) and where the item
-    came from when the vertex read it itself (``"data/a.csv:12"``; else ``None``, as
-    for every built-in processor today). File sinks write
+    came from when the vertex read it itself (``"data/a.csv:12"`` for a malformed
+    record of ``read_csv``/``read_jsonl``; else ``None``). File sinks write
     the four fields as columns (CSV, Parquet) or keys (JSON lines)."""
 
     vertex: str

@@ -157,14 +157,16 @@ class Stage:
         ``JobConfig.on_item_error``: ``"fail"``, ``"skip"``, or a sink supplier (e.g.
         ``sinks.list_sink("bad")``) to send a ``DeadLetter`` record to (vertex, item,
         error, source). For ``map``, ``filter``, ``flat_map``, ``peek``, the service
-        stages, ``with_timestamps`` (a timestamp function that raises or gives no int),
+        stages, ``read_from(read_csv / read_jsonl)`` (malformed records),
+        ``with_timestamps`` (a timestamp function that raises or gives no int),
         ``aggregate``, ``rolling_aggregate``, ``map_stateful`` and ``hash_join`` stages;
         stages with different policies are not fused into one processor. Returns the
         stage."""
-        from slipstream.core.item_errors import check_policy
+        from slipstream.core.item_errors import check_policy, handles_item_errors
 
         owner = self._owner
-        if owner.kind not in _POLICY_KINDS:
+        reads_records = owner.kind == "source" and handles_item_errors(owner.params["supplier"])
+        if owner.kind not in _POLICY_KINDS and not reads_records:
             raise PipelineError(
                 f"on_item_error(): stage {self.describe()!r} ({owner.kind}) runs no function "
                 f"that a bad-record policy applies to; it applies to map, filter, flat_map, "

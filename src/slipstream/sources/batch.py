@@ -33,10 +33,17 @@ from slipstream.core.validation import check_name
 __all__ = ["items", "list_source", "map_source"]
 
 
+def _data_buckets(outbox: Outbox) -> list[list[Any]]:
+    """The buckets a source emits its items to: every one but the side ordinal of
+    ``on_item_error=<sink>`` (which only dead letters reach)."""
+    side = outbox.side_ordinal
+    return outbox.buckets if side is None else outbox.buckets[:side]
+
+
 def _emit_room(outbox: Outbox) -> int:
     """How many items fit into *every* bucket right now (sources emit to all ordinals
     by writing into the buckets directly, bounded by their real free space)."""
-    buckets = outbox.buckets
+    buckets = _data_buckets(outbox)
     if not buckets:
         return 1 << 30
     cap = outbox.capacity
@@ -49,7 +56,7 @@ def _emit_room(outbox: Outbox) -> int:
 
 
 def _emit_chunk(outbox: Outbox, chunk: list[Any]) -> None:
-    for b in outbox.buckets:
+    for b in _data_buckets(outbox):
         b.extend(chunk)
 
 

@@ -144,6 +144,9 @@ class FileSourceP(_PositionedSource):
         self._fh: Any = None
         self._it: Iterator[Any] | None = None
         self._sizes: list[int] = []
+        # reading past the records a restored position skips: bad records among them
+        # were set aside (and reported) before the snapshot
+        self._replaying = False
 
     def init_processor(self, context: Context) -> None:
         directory = Path(self._directory)
@@ -178,9 +181,25 @@ class FileSourceP(_PositionedSource):
         it = self._records(self._files[self._file_index])
         skip = self._record
         if skip:
-            for _ in islice(it, skip):
-                pass
+            self._replaying = True
+            try:
+                for _ in islice(it, skip):
+                    pass
+            finally:
+                self._replaying = False
         self._it = it
+
+    def _set_aside(self, item: Any, error: Exception, line: int) -> bool:
+        """A malformed record at ``line`` of the current file: ``True`` when the
+        bad-record policy sets it aside (its dead letter says ``<file>:<line>``), so the
+        reader goes on with the next record; ``False``: the job fails with ``error``."""
+        errors = self.context.item_errors
+        if errors.fails:
+            return False
+        if self._replaying:
+            return True
+        where = f"{self._files[self._file_index]}:{line}"
+        return errors.handle(item, error, where, names_item=True)
 
     def _read(self, room: int) -> list[Any]:
         assert self._it is not None
@@ -345,7 +364,11 @@ class ReadCsvP(FileSourceP):
     """Emits the rows of CSV files as dicts (``as_dicts``, keyed by the header) or
     tuples of strings. With ``header``, each file's first row names the columns and is
     not emitted, and a row with another number of fields fails the job naming the file
-    and line. Blank lines are skipped."""
+    and line, or under ``JobConfig(on_item_error=...)`` is set aside (its dead letter's
+    ``item`` the row's fields, or ``None`` where ``csv`` could not read it; its
+    ``source`` the file and line). Blank lines are skipped."""
+
+    handles_item_errors = True
 
     snapshot_tag = "csv-offset"
     factory = "read_csv"
@@ -368,31 +391,41 @@ class ReadCsvP(FileSourceP):
         reader = csv.reader(lines, self._dialect)
         names: list[str] | None = None
         as_dicts = self._as_dicts
-        try:
-            for row in reader:
-                if at_end:
-                    raise self._unclosed(row, reader)
-                if not row:
-                    continue
-                if self._header and names is None:
-                    names = row
-                    continue
-                if names is not None and len(row) != len(names):
-                    raise ValueError(
-                        f"{self._where(reader.line_num)}: malformed CSV row: {len(row)} "
-                        f"fields where the header has {len(names)} ({row!r})"
-                    )
-                if as_dicts:
-                    yield dict(zip(names, row, strict=True))  # type: ignore[arg-type]
-                else:
-                    yield tuple(row)
-        except csv.Error as e:
-            raise ValueError(f"{self._where(reader.line_num)}: malformed CSV row: {e}") from e
+        while True:
+            try:
+                for row in reader:
+                    if at_end:
+                        bad, start = self._unclosed(row, reader)
+                        if self._set_aside(row, bad, start):
+                            return  # the rest of the file was that field
+                        raise bad
+                    if not row:
+                        continue
+                    if self._header and names is None:
+                        names = row
+                        continue
+                    if names is not None and len(row) != len(names):
+                        bad = ValueError(
+                            f"{self._where(reader.line_num)}: malformed CSV row: {len(row)} "
+                            f"fields where the header has {len(names)} ({row!r})"
+                        )
+                        if self._set_aside(row, bad, reader.line_num):
+                            continue
+                        raise bad
+                    if as_dicts:
+                        yield dict(zip(names, row, strict=True))  # type: ignore[arg-type]
+                    else:
+                        yield tuple(row)
+                return
+            except csv.Error as e:
+                bad = ValueError(f"{self._where(reader.line_num)}: malformed CSV row: {e}")
+                if not self._set_aside(None, bad, reader.line_num):
+                    raise bad from e
 
-    def _unclosed(self, row: list[str], reader: Any) -> ValueError:
-        """The error for a row the end of the file cut: its last field is the one left
-        open, so the line it starts on is the file's last line less the line breaks in
-        that field (each line's own break included)."""
+    def _unclosed(self, row: list[str], reader: Any) -> tuple[ValueError, int]:
+        """The error for a row the end of the file cut, and the line it starts on: its
+        last field is the one left open, so that line is the file's last line less the
+        line breaks in that field (each line's own break included)."""
         last = reader.line_num
         field = row[-1] if row else ""
         breaks = len(_LINE_BREAK.findall(field))
@@ -401,8 +434,9 @@ class ReadCsvP(FileSourceP):
             what = "a field continued by an escaped line break"
         else:
             what = "unclosed quote: the quoted field that starts on this line"
-        return ValueError(
-            f"{self._where(start)}: {what} runs to the end of the file (line {last})"
+        return (
+            ValueError(f"{self._where(start)}: {what} runs to the end of the file (line {last})"),
+            start,
         )
 
 
@@ -411,7 +445,11 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 class ReadJsonlP(FileSourceP):
     """Emits one item per line of JSON-lines files (``json.loads`` of the line).
-    Blank lines are skipped; a malformed line fails the job naming the file and line."""
+    Blank lines are skipped; a malformed line fails the job naming the file and line, or
+    under ``JobConfig(on_item_error=...)`` is set aside (the line, and its file and line
+    number as the dead letter's ``source``)."""
+
+    handles_item_errors = True
 
     snapshot_tag = "jsonl-offset"
     factory = "read_jsonl"
@@ -421,14 +459,18 @@ class ReadJsonlP(FileSourceP):
         loads = json.loads
         for lineno, line in enumerate(fh, 1):
             try:
-                yield loads(line)
+                item = loads(line)
             except json.JSONDecodeError as e:
                 if not line.strip():
                     continue
-                raise ValueError(
+                bad = ValueError(
                     f"{self._where(lineno)}: malformed JSON line: {e.msg} "
                     f"(column {e.colno}): {line.rstrip()[:200]!r}"
-                ) from None
+                )
+                if self._set_aside(line.rstrip("\r\n"), bad, lineno):
+                    continue
+                raise bad from None
+            yield item
 
 
 class ReadParquetP(FileSourceP):
