@@ -80,3 +80,35 @@ def test_a_fresh_job_reports_no_resume(caplog: Any) -> None:
     job.join(30)
     assert resume_lines(caplog) == []
     assert job.metrics["__job__"]["resumed_from_snapshot"] == 0
+
+
+def test_restore_from_another_jobs_store_names_that_job(tmp_path: Any, caplog: Any) -> None:
+    """restore_from= may start a job from another job's state (a documented use: a new
+    job from an exported snapshot), but never silently: the resume line names the job
+    that wrote the snapshot (issue 20, item 4: 'payments' continued 'orders' with one
+    INFO line)."""
+    orders = str(tmp_path / "orders")
+    engine = ss.local()
+    engine.new_job(
+        stp.running_sum_dag(200, rate=1e9),
+        JobConfig(
+            name="orders",
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_store=orders,
+        ),
+    ).join(60)
+    final = DirectorySnapshotStore(orders).committed_ids()[-1]
+    with caplog.at_level("WARNING"):
+        ss.local().new_job(
+            stp.running_sum_dag(200, rate=1e9),
+            JobConfig(
+                name="payments",
+                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                snapshot_store=str(tmp_path / "payments"),
+            ),
+            restore_from=orders,
+        ).join(60)
+    assert resume_lines(caplog) == [
+        f"job 'payments': resuming from snapshot {final} in {os.path.abspath(orders)} "
+        "(restore_from=) (written by job 'orders')"
+    ]

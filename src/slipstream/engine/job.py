@@ -573,7 +573,14 @@ class Job(JobHandle):
             where = f"{os.path.abspath(spec.directory)} (restore_from=)"
         else:
             where = f"the snapshot of job {data.job_name!r} passed as restore_from="
-        log.warning("job %r: resuming from snapshot %d in %s", self.name, data.snapshot_id, where)
+        other = (
+            f" (written by job {data.job_name!r})"
+            if data.job_name and data.job_name != self.name and not where.startswith("the snapshot")
+            else ""
+        )
+        log.warning(
+            "job %r: resuming from snapshot %d in %s%s", self.name, data.snapshot_id, where, other
+        )
 
     def _start_execution(
         self, restore: SnapshotData | None, culprit: ProcessorTasklet | None = None
