@@ -216,8 +216,13 @@ class _Execution:
         if self.coordinator is not None:
             if self.failure is None and not self.cancelled and not self.coordinator.terminal_committed:
                 self._complete(self.coordinator)
-            # a snapshot every processor saved still commits (its write is under way)
-            self.coordinator.stop(timeout=STORE_DRAIN_TIMEOUT_S)
+            # a snapshot every processor saved still commits (its write is under way);
+            # cancel() waits for it no longer than for a stuck processor
+            self.coordinator.stop(
+                timeout=self.job.engine.stop_grace_ms / 1000.0
+                if self.cancelled
+                else STORE_DRAIN_TIMEOUT_S
+            )
             if self.failure is not None or self.cancelled:
                 self._run_committed_closures(self.coordinator)
         if self.failure is not None or self.cancelled:
