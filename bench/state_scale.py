@@ -82,13 +82,9 @@ from benchlib import peak_rss_mb, run_variant  # noqa: E402
 import slipstream as ss  # noqa: E402
 from slipstream import JobConfig, ProcessingGuarantee, sinks, sources  # noqa: E402
 from slipstream.aggregate import counting  # noqa: E402
-from slipstream.core.snapshot_keys import expand_entries  # noqa: E402
-from slipstream.engine.snapshot_signing import KEY_DIR_ENV  # noqa: E402
-from slipstream.engine.snapshot_store import (  # noqa: E402
-    DirectorySnapshotStore,
-    SnapshotData,
-    pickle_state,
-)
+from slipstream.state.keys import expand_entries  # noqa: E402
+from slipstream.state.signing import KEY_DIR_ENV  # noqa: E402
+from slipstream.state.store import DirectorySnapshotStore, SnapshotData, pickle_state  # noqa: E402
 
 VERTEX = "rolling_aggregate"  # the vertex name the Pipeline compiler gives the stage
 JOB_NAME = "bench-state-scale"

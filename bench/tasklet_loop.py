@@ -15,9 +15,9 @@ from typing import Any
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.engine.inbound import InboundEdgeStream
-from slipstream.engine.queues import SpscQueue
-from slipstream.engine.tasklet import ProcessorTasklet
+from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.queues import SpscQueue
+from slipstream.execution.tasklet import ProcessorTasklet
 
 CALLS = 200_000
 

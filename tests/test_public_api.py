@@ -124,7 +124,7 @@ def test_job_without_lambdas_loads_no_heavy_dependency() -> None:
         "assert sorted(e.get_list('out')) == list(range(10))\n"
     )
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
-    assert "slipstream.engine.snapshot_store" not in loaded
+    assert "slipstream.state.store" not in loaded
     assert "slipstream.processors.services" not in loaded  # asyncio and threads pools
 
 

@@ -269,7 +269,7 @@ def _check_resume(a: argparse.Namespace, guarantee: ProcessingGuarantee) -> None
         raise CliError("--resume needs --snapshot-store DIR (the store the job wrote before)")
     if guarantee is ProcessingGuarantee.NONE:
         raise CliError("--resume needs a processing guarantee (at-least-once or exactly-once)")
-    from slipstream.engine.snapshot_store import DirectorySnapshotStore
+    from slipstream.state.store import DirectorySnapshotStore
 
     store = DirectorySnapshotStore(a.snapshot_store)
     owner = store.owner()

@@ -89,7 +89,6 @@ from slipstream.core.items import Watermark
 from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY, Outbox
 from slipstream.core.processor import Context, Processor
 from slipstream.core.services import InMemoryServices
-from slipstream.core.snapshot_keys import expand_entries
 from slipstream.core.suppliers import (
     FactorySupplier,
     MemberAddress,
@@ -98,6 +97,7 @@ from slipstream.core.suppliers import (
     SupplierContext,
     to_meta_supplier,
 )
+from slipstream.state.keys import expand_entries
 
 __all__ = [
     "verify_processor",

@@ -41,8 +41,8 @@ SCRIPT = textwrap.dedent(
     from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
     from slipstream.core.commit import AT_COMPLETION
     from slipstream.core.processor import AbstractProcessor
-    from slipstream.core.snapshot_keys import BroadcastKey
-    from slipstream.engine.snapshot_store import DirectorySnapshotStore
+    from slipstream.state.keys import BroadcastKey
+    from slipstream.state.store import DirectorySnapshotStore
 
     kind, target, store, point = sys.argv[1:5]
     N = N_ITEMS

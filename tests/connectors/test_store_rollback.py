@@ -30,9 +30,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from test_completion_commit import _discard, _rows_files, _rows_sql, _target
 
-from slipstream.engine import snapshot_lineage
-from slipstream.engine.snapshot_store import MANIFEST, DirectorySnapshotStore
 from slipstream.sinks.kafka import transactional_prefix
+from slipstream.state import lineage as snapshot_lineage
+from slipstream.state.store import MANIFEST, DirectorySnapshotStore
 
 N = 400
 
@@ -42,8 +42,8 @@ SCRIPT = textwrap.dedent(
     import slipstream as ss
     from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
     from slipstream.core.processor import AbstractProcessor
-    from slipstream.core.snapshot_keys import BroadcastKey
-    from slipstream.engine.snapshot_store import DirectorySnapshotStore
+    from slipstream.state.keys import BroadcastKey
+    from slipstream.state.store import DirectorySnapshotStore
 
     kind, target, store, stop, allow = sys.argv[1:6]
     stop = int(stop)

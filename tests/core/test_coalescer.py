@@ -6,9 +6,9 @@ import pytest
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import DONE_ITEM, IDLE_MESSAGE, Watermark
-from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer, WatermarkOrderError
-from slipstream.engine.inbound import InboundEdgeStream
-from slipstream.engine.queues import SpscQueue
+from slipstream.execution.coalescer import NO_NEW_WM, WatermarkCoalescer, WatermarkOrderError
+from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.queues import SpscQueue
 
 
 def test_emits_minimum_only_when_all_inputs_reached_it() -> None:
@@ -74,8 +74,8 @@ def test_all_idle_with_nothing_new_forwards_idle_immediately() -> None:
 def test_edge_stream_reactivates_idle_queue_on_data() -> None:
     from slipstream.core.inbox import Inbox
     from slipstream.core.items import Watermark
-    from slipstream.engine.inbound import InboundEdgeStream
-    from slipstream.engine.queues import SpscQueue
+    from slipstream.execution.inbound import InboundEdgeStream
+    from slipstream.execution.queues import SpscQueue
 
     q0, q1 = SpscQueue(100), SpscQueue(100)
     s = InboundEdgeStream(0, 0, [q0, q1])

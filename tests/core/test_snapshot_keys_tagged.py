@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey, tagged_broadcast_name
+from slipstream.state.keys import BroadcastKey, KeyedStateKey, tagged_broadcast_name
 
 
 def test_tagged_name_is_returned() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import slipstream as ss
 from slipstream import DAG, Edge, sinks
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.state.keys import BroadcastKey
 
 FAIL_BUDGET: list[int] = [0]
 FAIL_LOCK = threading.Lock()

@@ -18,7 +18,7 @@ import snapshot_test_procs as stp
 
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.state.keys import BroadcastKey
 
 B_PAIRED = threading.Event()
 JOB: list[Any] = []  # the job under test: its coordinator says which snapshot committed

@@ -15,8 +15,8 @@ import snapshot_test_procs as stp
 
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
-from slipstream.engine.snapshot_store import DirectorySnapshotStore
 from slipstream.sinks.basic import ListSinkP
+from slipstream.state.store import DirectorySnapshotStore
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 

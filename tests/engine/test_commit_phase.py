@@ -13,7 +13,7 @@ import snapshot_test_procs as stp
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee
 from slipstream.core.commit import AT_COMPLETION, PreparedCommits
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.state.keys import BroadcastKey
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 

@@ -17,9 +17,9 @@ import snapshot_test_procs as stp
 
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sources
-from slipstream.core.snapshot_keys import BroadcastKey
-from slipstream.engine.snapshot_store import MANIFEST, DirectorySnapshotStore, SnapshotData
 from slipstream.sinks.basic import ListSinkP
+from slipstream.state.keys import BroadcastKey
+from slipstream.state.store import MANIFEST, DirectorySnapshotStore, SnapshotData
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 

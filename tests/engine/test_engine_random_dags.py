@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import slipstream as ss
 from slipstream import DAG, Edge
-from slipstream.engine.plan import VertexPlan, edge_targets
+from slipstream.execution.plan import VertexPlan, edge_targets
 
 
 def f_map(c: int, x: int) -> list[int]:

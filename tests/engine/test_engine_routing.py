@@ -14,7 +14,7 @@ import slipstream as ss
 from slipstream import DAG, Edge
 from slipstream.core.items import Watermark
 from slipstream.core.partition import default_partitioner
-from slipstream.engine.queues import CrossMemberQueue, SpscQueue
+from slipstream.execution.queues import CrossMemberQueue, SpscQueue
 
 
 def run(dag: DAG, members: int = 1, threads: int = 2) -> ss.LocalEngine:

@@ -13,8 +13,8 @@ from slipstream import processors as P
 from slipstream.aggregate import summing
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import DONE_ITEM, IDLE_MESSAGE, NO_WATERMARK, SnapshotBarrier, Watermark
-from slipstream.engine.inbound import InboundEdgeStream
-from slipstream.engine.queues import SpscQueue
+from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.queues import SpscQueue
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import tumbling_window_def
 

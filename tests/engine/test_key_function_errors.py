@@ -134,8 +134,8 @@ def test_a_long_item_is_cut_in_the_message() -> None:
 
 
 def test_an_empty_chunk_to_one_consumer_checks_nothing() -> None:
-    from slipstream.engine.collectors import PerTargetCollector
-    from slipstream.engine.queues import SpscQueue
+    from slipstream.execution.collectors import PerTargetCollector
+    from slipstream.execution.queues import SpscQueue
 
     c = PerTargetCollector([SpscQueue(16)], key_fn=always_fails, partition_to_target=[0] * 271)
     c.add_chunk([])  # the engine never hands one over, but a collector must take it

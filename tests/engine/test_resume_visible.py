@@ -13,7 +13,7 @@ import snapshot_test_procs as stp
 
 import slipstream as ss
 from slipstream import JobConfig, ProcessingGuarantee
-from slipstream.engine.snapshot_store import DirectorySnapshotStore
+from slipstream.state.store import DirectorySnapshotStore
 
 N = 4000
 

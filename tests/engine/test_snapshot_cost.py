@@ -17,13 +17,8 @@ import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
 from slipstream import processors as P
 from slipstream.aggregate import counting
-from slipstream.core.snapshot_keys import (
-    BroadcastKey,
-    KeyedStateBatch,
-    KeyedStateKey,
-    expand_entries,
-)
 from slipstream.engine.snapshot import detached
+from slipstream.state.keys import BroadcastKey, KeyedStateBatch, KeyedStateKey, expand_entries
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import sliding_window_def
 

@@ -22,8 +22,8 @@ import snapshot_test_procs as stp
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
 from slipstream.engine import job as job_module
-from slipstream.engine import snapshot_signing
-from slipstream.engine.snapshot_store import MANIFEST, DirectorySnapshotStore, SnapshotData
+from slipstream.state import signing as snapshot_signing
+from slipstream.state.store import MANIFEST, DirectorySnapshotStore, SnapshotData
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 N = 4000

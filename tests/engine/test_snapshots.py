@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
-from slipstream.engine.snapshot_store import DirectorySnapshotStore
+from slipstream.state.store import DirectorySnapshotStore
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 ALO = ProcessingGuarantee.AT_LEAST_ONCE

@@ -24,8 +24,9 @@ import snapshot_test_procs as stp
 
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
-from slipstream.engine import snapshot_lineage, snapshot_store
-from slipstream.engine.snapshot_store import MANIFEST, DirectorySnapshotStore, SnapshotData
+from slipstream.state import lineage as snapshot_lineage
+from slipstream.state import store as snapshot_store
+from slipstream.state.store import MANIFEST, DirectorySnapshotStore, SnapshotData
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 N = 4000

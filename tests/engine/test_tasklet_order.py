@@ -7,9 +7,9 @@ from typing import Any
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.items import DONE_ITEM, SnapshotBarrier, Watermark
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.engine.inbound import InboundEdgeStream
-from slipstream.engine.queues import SpscQueue
-from slipstream.engine.tasklet import ProcessorTasklet
+from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.queues import SpscQueue
+from slipstream.execution.tasklet import ProcessorTasklet
 
 
 class Log(AbstractProcessor):

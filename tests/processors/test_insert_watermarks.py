@@ -26,8 +26,8 @@ from slipstream.aggregate import counting
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import IDLE_MESSAGE, NO_WATERMARK, Watermark
 from slipstream.core.outbox import Outbox
-from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.processors.watermarks import IDLE, InsertWatermarksP
+from slipstream.state.keys import BroadcastKey
 from slipstream.testing import verify_processor
 from slipstream.watermark import limiting_lag_and_delay, with_fixed_lag
 from slipstream.window import sliding_window_def, tumbling_window_def

@@ -41,7 +41,7 @@ from slipstream import processors as P
 from slipstream.aggregate import AggregateOperation, counting, summing
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
-from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
+from slipstream.state.keys import BroadcastKey, KeyedStateKey
 from slipstream.testing import verify_processor
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import KeyedWindowResult

@@ -46,7 +46,7 @@ from slipstream import processors as P
 from slipstream.aggregate import AggregateOperation, counting, summing
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
-from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey, expand_entries
+from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
 from slipstream.testing import verify_processor
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import (

@@ -171,7 +171,7 @@ def test_write_files_two_phase_restore_drops_uncommitted_output(tmp_path: Path) 
 
 def test_write_files_restore_commits_prepared_file_left_by_a_crash(tmp_path: Path) -> None:
     """A crash between the snapshot's commit and the rename: the restore renames."""
-    from slipstream.core.snapshot_keys import BroadcastKey
+    from slipstream.state.keys import BroadcastKey
 
     (tmp_path / ".part-00000-000000.tmp").write_text("a\nb\n")
     entry = (BroadcastKey(("write-files", 0)), (1, [(".part-00000-000000.tmp", "part-00000-000000")]))

@@ -19,7 +19,7 @@ from slipstream import DAG, Edge, sinks, sources
 from slipstream.core.inbox import Inbox
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import Context, Processor
-from slipstream.core.snapshot_keys import BroadcastKey
+from slipstream.state.keys import BroadcastKey
 
 # -- hand driver -------------------------------------------------------------------------
 

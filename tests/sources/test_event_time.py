@@ -15,8 +15,8 @@ import slipstream as ss
 from slipstream import DAG, Edge, sinks
 from slipstream import processors as P
 from slipstream.aggregate import counting
-from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.sources.event_time import EventTimeMapper
+from slipstream.state.keys import BroadcastKey
 from slipstream.watermark import IDLE, NO_WATERMARK, with_fixed_lag
 from slipstream.window import tumbling_window_def
 

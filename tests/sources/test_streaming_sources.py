@@ -23,8 +23,8 @@ from slipstream.core.items import IDLE_MESSAGE, Watermark
 from slipstream.core.outbox import Outbox
 from slipstream.core.partition import stable_hash
 from slipstream.core.processor import AbstractProcessor, Context, Processor
-from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.sources.streaming import GeneratorP, StreamFilesP, StreamSocketP
+from slipstream.state.keys import BroadcastKey
 
 HOST = "127.0.0.1"
 

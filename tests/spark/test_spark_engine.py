@@ -162,7 +162,7 @@ def test_meta_supplier_sees_one_address_per_member(spark_session: Any) -> None:
     out = dag.new_vertex("sink", functools.partial(Collect, "out", True)).local_parallelism(1)
     dag.edge(Edge.between(src, out).distributed())
     engine.new_job(dag).join(120)
-    from slipstream.engine.plan import member_addresses
+    from slipstream.execution.plan import member_addresses
 
     got = sorted(item for _g, item in engine.get_list("out"))
     expected = sorted(
@@ -203,7 +203,7 @@ def test_vertex_with_two_consumers_runs_once(spark_session: Any) -> None:
 
 
 def test_narrow_edges_do_not_shuffle(spark_session: Any) -> None:
-    from slipstream.engine.plan import member_addresses
+    from slipstream.execution.plan import member_addresses
     from slipstream.spark.compile import compile_dag
 
     sc = spark_session.sparkContext

@@ -257,7 +257,7 @@ def test_rolled_back_checkpoint_fails_loudly_unless_allowed(
     the windows after it a second time. allow_rollback=True resumes from it."""
     import shutil
 
-    from slipstream.engine.snapshot_store import DirectorySnapshotStore
+    from slipstream.state.store import DirectorySnapshotStore
 
     engine = ss.spark(spark_session)
     checkpoint = tmp_path / "ckpt"

@@ -12,7 +12,7 @@ from types import TracebackType
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DRIVER_FILES = frozenset(
     os.path.join(_PACKAGE, *parts)
-    for parts in (("engine", "workers.py"), ("engine", "tasklet.py"), ("spark", "task.py"))
+    for parts in (("engine", "workers.py"), ("execution", "tasklet.py"), ("spark", "task.py"))
 )
 
 

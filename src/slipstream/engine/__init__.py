@@ -1,4 +1,6 @@
-"""The embedded engine: execution plan, tasklets, queues, cooperative workers, jobs."""
+"""The embedded engine (the driver): jobs and their executions, the local engine, the
+cooperative workers, the snapshot coordinator. The kernel it runs is
+:mod:`slipstream.execution`, its snapshots :mod:`slipstream.state`."""
 
 from slipstream import _lazy
 

@@ -11,7 +11,7 @@ random id written into every snapshot file and the manifest): a new submission n
 restores or prunes another one's snapshots unless it asked to resume
 (``JobConfig(resume=True)`` or ``restore_from=``). A resume checks that the store was not
 rolled back, that ``resume=True`` continues the store of a job of the same name and that
-the snapshot fits the DAG (:mod:`~slipstream.engine.snapshot_lineage`).
+the snapshot fits the DAG (:mod:`~slipstream.state.lineage`).
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.traits import all_sources_bounded
 from slipstream.engine import gc_tuning
-from slipstream.engine.plan import build_vertex_plans, wire
-from slipstream.engine.tasklet import ProcessorTasklet
 from slipstream.engine.workers import TaskletFailure, WorkerPool
+from slipstream.execution.plan import build_vertex_plans, wire
+from slipstream.execution.tasklet import ProcessorTasklet
 
 if TYPE_CHECKING:
     from slipstream.engine.local import LocalEngine
     from slipstream.engine.snapshot import SnapshotCoordinator
-    from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
+    from slipstream.state.store import DirectorySnapshotStore, SnapshotData
 
 # The snapshot modules (the store, its signing, the coordinator) are imported where a job
 # has a processing guarantee or restores: a job without one never needs them, and a short
@@ -102,12 +102,12 @@ class _Execution:
         completed: set[tuple[str, int]] = set()
         recovering: set[tuple[str, int]] = set()
         if restore is not None:
-            from slipstream.engine.snapshot import (
+            from slipstream.state.lineage import check_same_dag, dag_shape
+            from slipstream.state.restore import (
                 custom_partitioners,
                 recovering_completed,
                 restore_plan,
             )
-            from slipstream.engine.snapshot_lineage import check_same_dag, dag_shape
 
             routed, completed = restore_plan(restore, self.plans, custom_partitioners(job.dag))
             check_same_dag(restore, dag_shape(job.dag), config.allow_job_change)
@@ -510,7 +510,7 @@ class Job(JobHandle):
         """Make ``store`` this submission's, returning what to restore from. Another
         submission's unfinished snapshots are used only when asked (``resume``,
         ``restore_from``); a finished submission's are removed on a fresh start."""
-        from slipstream.engine.snapshot_lineage import (
+        from slipstream.state.lineage import (
             check_not_rolled_back,
             check_same_job,
             dag_shape,
@@ -624,7 +624,7 @@ class Job(JobHandle):
             return self._restore_from
         data = self.store.latest()
         if data is not None:  # the store may have been rolled back under the running job
-            from slipstream.engine.snapshot_lineage import check_not_rolled_back
+            from slipstream.state.lineage import check_not_rolled_back
 
             check_not_rolled_back(
                 self.store.directory,
@@ -751,7 +751,7 @@ def _make_store(
     """The job's store. The default directory is ``<work_dir>/snapshots/<name>`` for a
     named job (so that ``resume=True`` finds it again) and a directory of its own for an
     unnamed one (its generated name is not stable across processes)."""
-    from slipstream.engine.snapshot_store import DirectorySnapshotStore
+    from slipstream.state.store import DirectorySnapshotStore
 
     spec = config.snapshot_store
     if isinstance(spec, DirectorySnapshotStore):
@@ -769,8 +769,8 @@ def _load_snapshot(spec: Any, config: JobConfig, job_name: str) -> SnapshotData 
     snapshot, checked not to be older than the store's recorded generation)."""
     if spec is None:
         return None
-    from slipstream.engine.snapshot_lineage import check_not_rolled_back
-    from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData
+    from slipstream.state.lineage import check_not_rolled_back
+    from slipstream.state.store import DirectorySnapshotStore, SnapshotData
 
     if isinstance(spec, SnapshotData):
         return spec

@@ -1,4 +1,5 @@
-"""Snapshot coordination for one execution of a job, and restore routing.
+"""Snapshot coordination for one execution of a job (restore routing is
+:mod:`slipstream.state.restore`).
 
 Every ``snapshot_interval_ms`` the coordinator asks the sources for snapshot N (sources
 notice it between ``complete()`` calls, save their state and emit barrier N). Each
@@ -7,7 +8,7 @@ Snapshot N commits when every tasklet has saved it or had already finished (a fi
 tasklet is recorded as *completed*: on restore it only sends end-of-stream, which is
 right because downstream aligned on its end-of-stream instead of a barrier and so
 consumed all of its output before saving). Commit = the store write; then the
-coordinator *publishes* the outcome on its :class:`~slipstream.engine.tasklet.CommitBoard`
+coordinator *publishes* the outcome on its :class:`~slipstream.execution.tasklet.CommitBoard`
 ("snapshot N committed", or "N failed"), and each tasklet runs its processor's commit
 phase (``snapshot_commit_finish``, the actions staged with ``stage_on_commit``) on its
 own thread: a sink's commit errors surface where its other errors do, and no user code
@@ -44,22 +45,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from slipstream.core.dag import DAG, RoutingPolicy
 from slipstream.core.errors import SnapshotError
 from slipstream.core.items import SnapshotBarrier
-from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner, partition_table
-from slipstream.core.snapshot_keys import KeyedStateBatch, expand_entries, is_broadcast, routing_key
-from slipstream.engine.snapshot_store import (
-    DirectorySnapshotStore,
-    SnapshotData,
-    VertexState,
-    pickle_state,
-)
-from slipstream.engine.tasklet import CommitBoard
+from slipstream.execution.tasklet import CommitBoard
+from slipstream.state.keys import KeyedStateBatch
+from slipstream.state.restore import custom_partitioners as custom_partitioners
+from slipstream.state.restore import recovering_completed as recovering_completed
+from slipstream.state.restore import restore_plan as restore_plan
+from slipstream.state.store import DirectorySnapshotStore, SnapshotData, VertexState, pickle_state
 
 if TYPE_CHECKING:
-    from slipstream.engine.plan import VertexPlan
-    from slipstream.engine.tasklet import ProcessorTasklet
+    from slipstream.execution.tasklet import ProcessorTasklet
 
 log = logging.getLogger("slipstream.snapshot")
 
@@ -623,98 +619,6 @@ def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
 def _copied(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     copy: list[tuple[Any, Any]] = pickle.loads(pickle_state(entries))
     return copy
-
-
-def restore_plan(
-    data: SnapshotData, plans: dict[str, VertexPlan], partitioners: dict[str, Any]
-) -> tuple[dict[tuple[str, int], list[Any]], set[tuple[str, int]]]:
-    """Route a snapshot's entries to the processors of the new execution.
-
-    Keyed entries go to the processor owning ``partition(routing_key(key))`` on a
-    distributed partitioned edge (the vertex's own partitioner if its inbound edge has a
-    custom one), broadcast entries to every processor. Returns the entries per (vertex,
-    global index) and the processors to restore as already completed.
-    """
-    lost = sorted(n for n, vs in data.vertices.items() if n not in plans and any(vs.entries.values()))
-    if lost:
-        # Jet refuses a restore into a changed DAG too: the state would be dropped silently
-        raise SnapshotError(
-            f"snapshot {data.snapshot_id} of job {data.job_name!r} holds state of "
-            f"vertices {lost} that this DAG does not have (its vertices: "
-            f"{sorted(plans)}); the DAG changed since the snapshot. Restore into the DAG "
-            "that wrote it, or start fresh with another snapshot store. A Pipeline "
-            "compiles to the same vertices on every engine and entry point; they change "
-            "with its stages and stage names (a store written by an earlier slipstream on "
-            "one member with one thread holds a one-stage window: vertices "
-            "'with_timestamps' and 'window')"
-        )
-    routed: dict[tuple[str, int], list[Any]] = {}
-    completed: set[tuple[str, int]] = set()
-    for name, vp in plans.items():
-        total = vp.total_parallelism
-        for g in range(total):
-            routed[(name, g)] = []
-        vs = data.vertices.get(name)
-        if vs is None:
-            continue
-        if vs.completed:
-            if len(vs.completed) == vs.total_parallelism:
-                completed.update((name, g) for g in range(total))
-            elif vs.total_parallelism == total:
-                completed.update((name, g) for g in vs.completed)
-            else:
-                raise SnapshotError(
-                    f"vertex {name!r}: {len(vs.completed)} of {vs.total_parallelism} processors "
-                    f"had finished when the snapshot was taken; it cannot be restored with "
-                    f"parallelism {total}"
-                )
-        table = partition_table(
-            DEFAULT_PARTITION_COUNT, vp.member_count, vp.local_parallelism, True, 0
-        )
-        partitioner = partitioners.get(name) or default_partitioner
-        everyone = [routed[(name, g)] for g in range(total)]
-        for entries in vs.entries.values():
-            for entry in expand_entries(entries):
-                k = entry[0]
-                if is_broadcast(k):
-                    for lst in everyone:
-                        lst.append(entry)
-                else:
-                    p = partitioner(routing_key(k), DEFAULT_PARTITION_COUNT)
-                    routed[(name, table[p])].append(entry)
-    return routed, completed
-
-
-def recovering_completed(
-    data: SnapshotData, plans: dict[str, VertexPlan], completed: set[tuple[str, int]]
-) -> set[tuple[str, int]]:
-    """The processors restored as completed that must still see their routed entries
-    (``restore_from_snapshot`` and ``finish_snapshot_restore``, then the end): those whose
-    completion state the snapshot holds, so that they commit their last output; at another
-    parallelism (the whole vertex had completed) all of the vertex's processors."""
-    out: set[tuple[str, int]] = set()
-    for name, vp in plans.items():
-        vs = data.vertices.get(name)
-        final = getattr(vs, "final", None) if vs is not None else None
-        if not final:
-            continue
-        same = vs is not None and vs.total_parallelism == vp.total_parallelism
-        for g in range(vp.total_parallelism):
-            if (name, g) in completed and (g in final or not same):
-                out.add((name, g))
-    return out
-
-
-def custom_partitioners(dag: DAG) -> dict[str, Any]:
-    """Each vertex's custom partitioner (from its first partitioned inbound edge), so that
-    restored keyed state lands where live items with that key go."""
-    out = {}
-    for v in dag.vertices:
-        for e in dag.inbound_edges(v):
-            if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
-                out[v.name] = e.partitioner
-                break
-    return out
 
 
 def _detached_or_error(tasklet: ProcessorTasklet, entries: list[Any], what: str) -> list[Any]:

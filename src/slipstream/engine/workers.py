@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 from slipstream.core.errors import trim_driver_frames
 from slipstream.core.processor import blocking_call_advice
-from slipstream.engine.tasklet import DONE, MADE_PROGRESS, ProcessorTasklet, _Cancelled
+from slipstream.execution.tasklet import DONE, MADE_PROGRESS, ProcessorTasklet, _Cancelled
 
 MIN_IDLE_S = 0.00002
 MAX_IDLE_S = 0.001

@@ -37,7 +37,7 @@ from slipstream.core.item_errors import ItemErrors, failed_position
 from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor
-from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
+from slipstream.state.keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
 __all__ = ["ChainFn", "FusedChainP", "InputFusedP", "PipeP", "STATELESS_KINDS"]
 

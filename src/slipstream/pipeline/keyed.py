@@ -17,8 +17,8 @@ from slipstream.aggregate import AggregateOperation, identity
 from slipstream.core.inbox import Inbox, drop_head
 from slipstream.core.item_errors import blame, failed_position
 from slipstream.core.processor import AbstractProcessor
-from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.core.traits import KEYED
+from slipstream.state.keys import BroadcastKey
 
 __all__ = ["HashJoinP", "MapStatefulP", "hash_join", "map_stateful", "rolling_aggregate"]
 

@@ -48,7 +48,6 @@ from typing import Any
 from slipstream.aggregate import AggregateOperation
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
-from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateKey
 from slipstream.core.time import MAX_TIMESTAMP
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
@@ -57,6 +56,7 @@ from slipstream.core.validation import (
     per_input_fns,
 )
 from slipstream.processors.windows import LATE_METRIC, WindowingP, check_agg_op
+from slipstream.state.keys import BroadcastKey, KeyedStateKey
 from slipstream.window import KeyedWindowResult
 
 __all__ = ["CURRENT_WATERMARK_KEY", "SessionWindowP", "aggregate_to_session_window"]

@@ -22,8 +22,8 @@ from typing import Any
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import AbstractProcessor
-from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.core.traits import BUFFERS_INPUT
+from slipstream.state.keys import BroadcastKey
 
 __all__ = ["SortP", "sort"]
 

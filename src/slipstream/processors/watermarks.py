@@ -40,7 +40,6 @@ from slipstream.core.item_errors import failed_position
 from slipstream.core.items import IDLE_MESSAGE, MAX_TIMESTAMP, NO_WATERMARK, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.core.traits import WATERMARK_SOURCE
 from slipstream.core.validation import (
     check_fn,
@@ -50,6 +49,7 @@ from slipstream.core.validation import (
     only_int_timestamps,
     timestamp_out_of_range,
 )
+from slipstream.state.keys import BroadcastKey
 
 __all__ = ["IDLE", "InsertWatermarksP", "insert_watermarks"]
 

@@ -59,7 +59,6 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.late_items import LATE_METRIC
 from slipstream.core.processor import AbstractProcessor
-from slipstream.core.snapshot_keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
 from slipstream.core.time import MAX_TIMESTAMP
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
@@ -70,6 +69,7 @@ from slipstream.core.validation import (
     timestamp_out_of_range,
     valid_timestamps,
 )
+from slipstream.state.keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
 from slipstream.window import KeyedWindowResult, SlidingWindowDef
 
 __all__ = [

@@ -30,9 +30,9 @@ from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.traits import SINK
 from slipstream.core.validation import check_callable, check_name
+from slipstream.state.keys import BroadcastKey, tagged_broadcast_name
 
 __all__ = ["list_sink", "map_sink", "logger", "stdout", "noop", "write_buffered"]
 

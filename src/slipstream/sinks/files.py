@@ -26,9 +26,9 @@ from slipstream.core.files import require_pyarrow
 from slipstream.core.inbox import Inbox
 from slipstream.core.processor import Context
 from slipstream.core.records import as_record
-from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_callable, check_csv_dialect, check_path, int_value
 from slipstream.sinks.basic import _SinkP
+from slipstream.state.keys import BroadcastKey, tagged_broadcast_name
 
 __all__ = [
     "DEFAULT_ROLL_SIZE_BYTES",

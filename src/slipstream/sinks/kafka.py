@@ -49,8 +49,8 @@ from slipstream.core.errors import SnapshotStoreRolledBackError
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_callable
+from slipstream.state.keys import BroadcastKey, tagged_broadcast_name
 
 __all__ = ["kafka", "KafkaSinkP", "transactional_prefix", "FINAL_MARKER"]
 

@@ -36,8 +36,8 @@ from slipstream.core.errors import SqlError
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.validation import check_callable
+from slipstream.state.keys import BroadcastKey, tagged_broadcast_name
 
 __all__ = ["sql_sink", "SqlSinkP", "transaction_prefix"]
 

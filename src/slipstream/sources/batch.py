@@ -26,9 +26,9 @@ from typing import Any
 
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.traits import BOUNDED
 from slipstream.core.validation import check_name
+from slipstream.state.keys import BroadcastKey, tagged_broadcast_name
 
 __all__ = ["items", "list_source", "map_source"]
 

@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slipstream.core.processor import AbstractProcessor, Context
-from slipstream.core.snapshot_keys import BroadcastKey, tagged_broadcast_name
 from slipstream.core.time import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.traits import WATERMARK_SOURCE, declare
 from slipstream.core.validation import check_callable
@@ -49,6 +48,7 @@ from slipstream.sources.event_time import (
     EventTimeMapper,
     checked_timestamp,
 )
+from slipstream.state.keys import BroadcastKey, tagged_broadcast_name
 
 __all__ = ["kafka", "KafkaSourceP", "partition_owner"]
 

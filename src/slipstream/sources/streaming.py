@@ -28,7 +28,6 @@ from slipstream.core.items import IDLE_MESSAGE
 from slipstream.core.net import connect_tcp
 from slipstream.core.partition import stable_hash
 from slipstream.core.processor import AbstractProcessor, Context, Processor
-from slipstream.core.snapshot_keys import BroadcastKey
 from slipstream.core.suppliers import (
     FactorySupplier,
     ProcessorMetaSupplier,
@@ -44,6 +43,7 @@ from slipstream.sources.lines import (
     check_line_options,
     decode_line,
 )
+from slipstream.state.keys import BroadcastKey
 
 __all__ = [
     "stream_socket",

@@ -45,7 +45,7 @@ from slipstream.core.suppliers import (
     SupplierContext,
 )
 from slipstream.core.traits import all_sources_bounded
-from slipstream.engine.plan import VertexPlan, edge_label, edge_targets, effective_parallelism
+from slipstream.execution.plan import VertexPlan, edge_label, edge_targets, effective_parallelism
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG
 from slipstream.spark.io import SparkDataFrameSink, SparkRowSource, SparkStreamSource
 from slipstream.spark.shuffle import ordered_shuffle

@@ -6,7 +6,7 @@ the task consumes them: a shuffled input is sorted by Spark
 order. :class:`InputFeed` owns the tasklet's inbound queues (one per edge and producer,
 as on the embedded engine) and moves the next record into its queue only when the
 tasklet needs more input, so the task holds the current record or two, never its
-whole partition. The tasklet (:class:`~slipstream.engine.tasklet.ProcessorTasklet`)
+whole partition. The tasklet (:class:`~slipstream.execution.tasklet.ProcessorTasklet`)
 does everything else exactly as on the embedded engine.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from slipstream.core.items import DONE_ITEM, SnapshotBarrier
-from slipstream.engine.inbound import InboundEdgeStream
-from slipstream.engine.queues import UNBOUNDED, SpscQueue
+from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.queues import UNBOUNDED, SpscQueue
 
 __all__ = ["InputFeed", "RESULT_TAG", "ROWS_TAG"]
 

@@ -23,7 +23,7 @@ from slipstream.core.errors import JobFailedError
 from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LATE_METRIC, LateItemsReport
 from slipstream.core.traits import all_sources_bounded
-from slipstream.engine.plan import member_addresses
+from slipstream.execution.plan import member_addresses
 from slipstream.spark.compile import CompiledDag, compile_dag
 from slipstream.spark.failures import (
     environment_problem,

@@ -4,9 +4,9 @@ A DAG whose source is :func:`~slipstream.spark.io.spark_stream_source` runs as a
 ``df.writeStream.foreachBatch(...)``. For every micro-batch (``epoch_id``) the driver
 
 1. loads the state committed by the previous epoch (a snapshot in slipstream's
-   :class:`~slipstream.engine.snapshot_store.DirectorySnapshotStore` under the
+   :class:`~slipstream.state.store.DirectorySnapshotStore` under the
    checkpoint location) and routes its entries to the processors exactly as the
-   embedded engine restores a snapshot (:func:`~slipstream.engine.snapshot.restore_plan`:
+   embedded engine restores a snapshot (:func:`~slipstream.state.restore.restore_plan`:
    keyed entries to the owner of the key's partition, ``BroadcastKey`` entries to every
    processor);
 2. runs the DAG once over the micro-batch's rows, compiled as for a batch job
@@ -48,7 +48,7 @@ recomputes after it finished (lost shuffle output) may emit a different amount t
 first attempt (a retried *failed* task is safe); one job per checkpoint location. A
 checkpoint whose state was rolled back (a backup restored, the newest snapshot removed,
 the directory lost after epochs committed) is refused at the start, as the embedded
-engine refuses a rolled-back store (:mod:`slipstream.engine.snapshot_lineage`).
+engine refuses a rolled-back store (:mod:`slipstream.state.lineage`).
 
 Structured Streaming: any number of ``spark_stream_source`` vertices (one query over
 the union of their DataFrames, see :meth:`SparkStreamingJob._streaming_df`) and no other
@@ -73,13 +73,13 @@ from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
 from slipstream.core.errors import DagError
 from slipstream.core.pickling import cloudpickle
-from slipstream.engine.plan import VertexPlan, member_addresses
-from slipstream.engine.snapshot import custom_partitioners, restore_plan
-from slipstream.engine.snapshot_lineage import check_not_rolled_back, check_same_dag, dag_shape
-from slipstream.engine.snapshot_store import DirectorySnapshotStore, SnapshotData, VertexState
+from slipstream.execution.plan import VertexPlan, member_addresses
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
+from slipstream.state.lineage import check_not_rolled_back, check_same_dag, dag_shape
+from slipstream.state.restore import custom_partitioners, restore_plan
+from slipstream.state.store import DirectorySnapshotStore, SnapshotData, VertexState
 
 __all__ = [
     "DEFAULT_EPOCH_MS",

@@ -6,9 +6,9 @@ global processor index). Its task function, :class:`VertexTask`, is called by
 
 1. builds the processor from the member's shipped supplier (``supplier.get(lp)``, taking
    the one at this local index and closing the others);
-2. wraps it in :class:`slipstream.engine.tasklet.ProcessorTasklet` with the inbound
+2. wraps it in :class:`slipstream.execution.tasklet.ProcessorTasklet` with the inbound
    queues of a :class:`~slipstream.spark.feed.InputFeed` (one ``SpscQueue`` per (edge,
-   producer)) and collectors from :func:`slipstream.engine.plan.make_collector` (so
+   producer)) and collectors from :func:`slipstream.execution.plan.make_collector` (so
    routing is the embedded engine's);
 3. calls ``tasklet.call()`` until it reports ``DONE``, moving the partition's next
    record into its queue whenever the tasklet has consumed the last one: the input
@@ -47,16 +47,16 @@ from slipstream.core.items import SnapshotBarrier, Watermark
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.services import InMemoryServices
 from slipstream.core.suppliers import FactorySupplier, ProcessorSupplier, SupplierContext
-from slipstream.engine.coalescer import WatermarkCoalescer
-from slipstream.engine.collectors import Collector
-from slipstream.engine.plan import (
+from slipstream.execution.coalescer import WatermarkCoalescer
+from slipstream.execution.collectors import Collector
+from slipstream.execution.plan import (
     VertexPlan,
     edge_targets,
     make_collector,
     single_target_collector,
 )
-from slipstream.engine.queues import UNBOUNDED, SpscQueue
-from slipstream.engine.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
+from slipstream.execution.queues import UNBOUNDED, SpscQueue
+from slipstream.execution.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
 from slipstream.spark.failures import ProcessorFailure, encode_failure
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG, InputFeed
 

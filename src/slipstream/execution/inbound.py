@@ -16,8 +16,8 @@ from slipstream.core.items import (
     SnapshotBarrier,
     Watermark,
 )
-from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer
-from slipstream.engine.queues import SpscQueue
+from slipstream.execution.coalescer import NO_NEW_WM, WatermarkCoalescer
+from slipstream.execution.queues import SpscQueue
 
 
 class SnapshotOrderError(Exception):

@@ -11,7 +11,7 @@ and publish that output again. So every commit is also recorded **outside** the 
   generation file has seen, also after a fresh start;
 * the **generation file** ``<key dir>/<digest of the store's real path>.generation``
   (next to the store's default signing key, in the same private ``0700`` directory,
-  owned by this user; see :mod:`~slipstream.engine.snapshot_signing`) records the job,
+  owned by this user; see :mod:`~slipstream.state.signing`) records the job,
   its execution, the generation and whether that execution completed. It is written
   after the manifest and before any sink commits the snapshot's output, so a sink never
   published beyond it. Restoring the store directory from a backup, or removing files
@@ -48,11 +48,11 @@ from slipstream.core.errors import (
     SnapshotStoreRolledBackError,
 )
 from slipstream.core.files import atomic_write
-from slipstream.engine.snapshot_signing import KEY_DIR_ENV, ensure_key_dir, store_file_path
+from slipstream.state.signing import KEY_DIR_ENV, ensure_key_dir, store_file_path
 
 if TYPE_CHECKING:
     from slipstream.core.dag import DAG
-    from slipstream.engine.snapshot_store import SnapshotData
+    from slipstream.state.store import SnapshotData
 
 log = logging.getLogger("slipstream.snapshot")
 

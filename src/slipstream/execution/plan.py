@@ -27,9 +27,9 @@ from slipstream.core.suppliers import (
     processors_of,
 )
 from slipstream.core.traits import all_sources_bounded
-from slipstream.engine.collectors import Collector, PerTargetCollector, RoundRobinCollector
-from slipstream.engine.inbound import InboundEdgeStream
-from slipstream.engine.queues import CrossMemberQueue, SpscQueue
+from slipstream.execution.collectors import Collector, PerTargetCollector, RoundRobinCollector
+from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.queues import CrossMemberQueue, SpscQueue
 
 
 def member_addresses(member_count: int) -> list[MemberAddress]:

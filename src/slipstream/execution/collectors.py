@@ -29,7 +29,7 @@ from typing import Any
 from slipstream.core.describe import describe_fn, short_repr
 from slipstream.core.errors import KeyFunctionError
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner
-from slipstream.engine.queues import SpscQueue
+from slipstream.execution.queues import SpscQueue
 
 _KEY_CACHE_LIMIT = 1 << 16
 _SPLIT_AT = 256

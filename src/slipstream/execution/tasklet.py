@@ -28,9 +28,9 @@ from slipstream.core.items import (
 )
 from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY, SPECIAL_AT_TAIL, Outbox
 from slipstream.core.processor import Context, Processor
-from slipstream.engine.coalescer import NO_NEW_WM, WatermarkCoalescer
-from slipstream.engine.collectors import Collector
-from slipstream.engine.inbound import InboundEdgeStream
+from slipstream.execution.coalescer import NO_NEW_WM, WatermarkCoalescer
+from slipstream.execution.collectors import Collector
+from slipstream.execution.inbound import InboundEdgeStream
 
 NO_PROGRESS = 0
 MADE_PROGRESS = 1

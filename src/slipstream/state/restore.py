@@ -1,0 +1,128 @@
+"""Restore routing: which processor of a new execution gets which entry of a snapshot.
+
+A keyed entry goes where a live item with its key goes on a distributed partitioned edge
+(the vertex's custom partitioner if its inbound edge has one), so a job restores at
+another parallelism or member count; a :class:`~slipstream.state.keys.BroadcastKey` entry
+goes to every processor of the vertex. Both engines restore through :func:`restore_plan`
+(the embedded engine's :mod:`~slipstream.engine.job`, the Spark engine's
+:mod:`~slipstream.spark.streaming`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from slipstream.core.dag import DAG, RoutingPolicy
+from slipstream.core.errors import SnapshotError
+from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner, partition_table
+from slipstream.state.keys import expand_entries, is_broadcast, routing_key
+from slipstream.state.store import SnapshotData
+
+__all__ = ["PlanShape", "custom_partitioners", "recovering_completed", "restore_plan"]
+
+
+class PlanShape(Protocol):
+    """What restore routing needs of a vertex's plan (an engine's ``VertexPlan``): how many
+    processors it has, on how many members."""
+
+    @property
+    def local_parallelism(self) -> int: ...
+
+    @property
+    def member_count(self) -> int: ...
+
+    @property
+    def total_parallelism(self) -> int: ...
+
+
+def restore_plan(
+    data: SnapshotData, plans: Mapping[str, PlanShape], partitioners: dict[str, Any]
+) -> tuple[dict[tuple[str, int], list[Any]], set[tuple[str, int]]]:
+    """Route a snapshot's entries to the processors of the new execution.
+
+    Keyed entries go to the processor owning ``partition(routing_key(key))`` on a
+    distributed partitioned edge (the vertex's own partitioner if its inbound edge has a
+    custom one), broadcast entries to every processor. Returns the entries per (vertex,
+    global index) and the processors to restore as already completed.
+    """
+    lost = sorted(n for n, vs in data.vertices.items() if n not in plans and any(vs.entries.values()))
+    if lost:
+        # Jet refuses a restore into a changed DAG too: the state would be dropped silently
+        raise SnapshotError(
+            f"snapshot {data.snapshot_id} of job {data.job_name!r} holds state of "
+            f"vertices {lost} that this DAG does not have (its vertices: "
+            f"{sorted(plans)}); the DAG changed since the snapshot. Restore into the DAG "
+            "that wrote it, or start fresh with another snapshot store. A Pipeline "
+            "compiles to the same vertices on every engine and entry point; they change "
+            "with its stages and stage names (a store written by an earlier slipstream on "
+            "one member with one thread holds a one-stage window: vertices "
+            "'with_timestamps' and 'window')"
+        )
+    routed: dict[tuple[str, int], list[Any]] = {}
+    completed: set[tuple[str, int]] = set()
+    for name, vp in plans.items():
+        total = vp.total_parallelism
+        for g in range(total):
+            routed[(name, g)] = []
+        vs = data.vertices.get(name)
+        if vs is None:
+            continue
+        if vs.completed:
+            if len(vs.completed) == vs.total_parallelism:
+                completed.update((name, g) for g in range(total))
+            elif vs.total_parallelism == total:
+                completed.update((name, g) for g in vs.completed)
+            else:
+                raise SnapshotError(
+                    f"vertex {name!r}: {len(vs.completed)} of {vs.total_parallelism} processors "
+                    f"had finished when the snapshot was taken; it cannot be restored with "
+                    f"parallelism {total}"
+                )
+        table = partition_table(
+            DEFAULT_PARTITION_COUNT, vp.member_count, vp.local_parallelism, True, 0
+        )
+        partitioner = partitioners.get(name) or default_partitioner
+        everyone = [routed[(name, g)] for g in range(total)]
+        for entries in vs.entries.values():
+            for entry in expand_entries(entries):
+                k = entry[0]
+                if is_broadcast(k):
+                    for lst in everyone:
+                        lst.append(entry)
+                else:
+                    p = partitioner(routing_key(k), DEFAULT_PARTITION_COUNT)
+                    routed[(name, table[p])].append(entry)
+    return routed, completed
+
+
+def recovering_completed(
+    data: SnapshotData, plans: Mapping[str, PlanShape], completed: set[tuple[str, int]]
+) -> set[tuple[str, int]]:
+    """The processors restored as completed that must still see their routed entries
+    (``restore_from_snapshot`` and ``finish_snapshot_restore``, then the end): those whose
+    completion state the snapshot holds, so that they commit their last output; at another
+    parallelism (the whole vertex had completed) all of the vertex's processors."""
+    out: set[tuple[str, int]] = set()
+    for name, vp in plans.items():
+        vs = data.vertices.get(name)
+        final = getattr(vs, "final", None) if vs is not None else None
+        if not final:
+            continue
+        same = vs is not None and vs.total_parallelism == vp.total_parallelism
+        for g in range(vp.total_parallelism):
+            if (name, g) in completed and (g in final or not same):
+                out.add((name, g))
+    return out
+
+
+def custom_partitioners(dag: DAG) -> dict[str, Any]:
+    """Each vertex's custom partitioner (from its first partitioned inbound edge), so that
+    restored keyed state lands where live items with that key go."""
+    out = {}
+    for v in dag.vertices:
+        for e in dag.inbound_edges(v):
+            if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
+                out[v.name] = e.partitioner
+                break
+    return out

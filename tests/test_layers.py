@@ -1,0 +1,177 @@
+"""The package layers (issue 22, item 0; docs/internals.md "Packages"): ``core/`` is the
+model, ``execution/`` (the kernel both engines run) and ``state/`` (the state layer) sit
+on it, and the two engines, ``engine/`` (embedded) and ``spark/``, sit side by side on
+top. Arrows point down only: this test reads every module's imports (module level, inside
+functions, under ``if TYPE_CHECKING:``, and the ``module:attr`` targets of the lazy export
+tables) and fails on one that points up or sideways between the engines."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+from pathlib import Path
+
+import pytest
+
+import slipstream
+
+PACKAGE = Path(slipstream.__file__).parent
+
+#: layer -> the layers it must never import
+FORBIDDEN = {
+    "core": {"execution", "state", "engine", "spark"},
+    "execution": {"engine", "spark"},
+    "state": {"engine", "spark"},
+    "spark": {"engine"},
+    "engine": {"spark"},
+}
+
+#: (importing module, imported module) pairs that stay on purpose, each with its reason
+ALLOWED = {
+    # The old home of the snapshot entry keys, kept as an alias of slipstream.state.keys:
+    # custom processors import BroadcastKey/KeyedStateKey from it, and snapshot files
+    # written before the split name its classes by this path (pickle imports it on
+    # restore). Nothing in slipstream imports it.
+    ("slipstream.core.snapshot_keys", "slipstream.state.keys"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module ``source`` (the text of ``module``) imports, anywhere in it: import
+    statements at any depth, ``importlib.import_module("...")`` with a literal name, and
+    the targets of ``_lazy.install(__name__, {...: "module:attr"})`` tables.
+    ``from slipstream import engine`` lists ``slipstream.engine``."""
+    out: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.add(base)
+            if layer(base) is None:  # from slipstream import engine: a layer by name
+                out.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name in ("import_module", "__import__") and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    out.add(arg.value)
+            elif name == "install" and len(node.args) == 2 and isinstance(node.args[1], ast.Dict):
+                for v in node.args[1].values:
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                        out.add(v.value.partition(":")[0])
+    return {m for m in out if m == "slipstream" or m.startswith("slipstream.")}
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def violations(root: Path = PACKAGE) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        mod = module_name(path)
+        forbidden = FORBIDDEN.get(layer(mod) or "", set())
+        if not forbidden:
+            continue
+        for imp in sorted(imported_modules(path.read_text(), mod, path.name == "__init__.py")):
+            if layer(imp) in forbidden and (mod, imp) not in ALLOWED:
+                out.append(f"{path.relative_to(root.parent)}: {mod} imports {imp}")
+    return out
+
+
+def test_no_import_points_up() -> None:
+    assert violations() == []
+
+
+def test_the_allowed_imports_are_still_there() -> None:
+    """An allowance that is no longer needed goes (it would hide a new import)."""
+    for mod, imp in ALLOWED:
+        path = PACKAGE.joinpath(*mod.split(".")[1:]).with_suffix(".py")
+        assert imp in imported_modules(path.read_text(), mod), (mod, imp)
+
+
+def test_the_check_sees_every_kind_of_import() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from slipstream.engine.job import Job\n"
+        "def f():\n"
+        "    import slipstream.spark.task\n"
+        "    from ..state import store\n"
+        "    from slipstream import engine\n"
+        "    return importlib.import_module('slipstream.execution.plan')\n"
+        "_lazy.install(__name__, {'X': 'slipstream.engine.local:LocalEngine'})\n"
+    )
+    assert imported_modules(source, "slipstream.core.x") == {
+        "slipstream.engine.job",
+        "slipstream.spark.task",
+        "slipstream.state",
+        "slipstream.execution.plan",
+        "slipstream.engine.local",
+        "slipstream",
+        "slipstream.engine",
+    }
+
+
+def test_a_violation_is_reported_with_its_file(tmp_path: Path) -> None:
+    root = tmp_path / "slipstream"
+    (root / "spark").mkdir(parents=True)
+    (root / "spark" / "task.py").write_text(
+        "def run():\n    from slipstream.engine.coalescer import WatermarkCoalescer\n"
+    )
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, root
+    try:
+        assert violations(root) == [
+            "slipstream/spark/task.py: slipstream.spark.task imports slipstream.engine.coalescer"
+        ]
+    finally:
+        PACKAGE = saved
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("slipstream.core.snapshot_keys", "slipstream.state.keys"),
+        ("slipstream.engine.snapshot_store", "slipstream.state.store"),
+    ],
+)
+def test_old_paths_are_the_moved_modules(old: str, new: str) -> None:
+    import importlib
+
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_a_snapshot_pickled_before_the_split_still_loads() -> None:
+    """Snapshot files written before the split name their classes by the old paths."""
+    from slipstream.state.keys import BroadcastKey, KeyedStateKey
+    from slipstream.state.store import SnapshotData, VertexState
+
+    data = SnapshotData(3, "job")
+    data.vertices["v"] = VertexState(1)
+    data.vertices["v"].entries[0] = [(KeyedStateKey("k", 1), 5), (BroadcastKey("wm"), 7)]
+    # protocol 2 names a class as text ("c<module>\n<name>\n"), so the paths can be swapped
+    blob = pickle.dumps(data, protocol=2)
+    assert b"slipstream.state.store\n" in blob and b"slipstream.state.keys\n" in blob
+    old = blob.replace(b"slipstream.state.store\n", b"slipstream.engine.snapshot_store\n")
+    old = old.replace(b"slipstream.state.keys\n", b"slipstream.core.snapshot_keys\n")
+    assert b"slipstream.state" not in old
+    back = pickle.loads(old)
+    assert type(back) is SnapshotData
+    assert back.vertices["v"].entries[0] == [(KeyedStateKey("k", 1), 5), (BroadcastKey("wm"), 7)]
+    assert type(back.vertices["v"].entries[0][0][0]) is KeyedStateKey
