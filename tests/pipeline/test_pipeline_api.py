@@ -601,8 +601,8 @@ def test_service_stages_run_in_a_vertex_and_thread_of_their_own() -> None:
 
 def test_a_service_stage_is_not_cooperative() -> None:
     from slipstream import processors as P
-    from slipstream.core.suppliers import SupplierContext, processors_of
-    from slipstream.execution.plan import member_addresses
+    from slipstream.core.suppliers import SupplierContext
+    from slipstream.execution.plan import member_addresses, processors_of
 
     p = ss.Pipeline()
     p.read_from(sources.items([1])).map_using_service(

@@ -128,35 +128,3 @@ def to_meta_supplier(supplier: Any, preferred_local_parallelism: int = -1) -> Pr
         f"expected a ProcessorMetaSupplier, ProcessorSupplier, Processor class or a "
         f"zero-argument callable, got {type(supplier).__name__}"
     )
-
-
-def processors_of(
-    meta: ProcessorMetaSupplier,
-    supplier_context: SupplierContext,
-    addresses: Sequence[MemberAddress],
-) -> list[tuple[ProcessorSupplier, list[Processor]]]:
-    """Run the start-up sequence of one vertex: per member ``(supplier, processors)``."""
-    meta.init(supplier_context)
-    by_address = meta.get(list(addresses))
-    out = []
-    lp = supplier_context.local_parallelism
-    for index, address in enumerate(addresses):
-        supplier = by_address(address)
-        if not isinstance(supplier, ProcessorSupplier):
-            supplier = FactorySupplier(supplier) if callable(supplier) else supplier
-        supplier.init(supplier_context._replace(member_index=index))
-        procs = supplier.get(lp)
-        procs = list(procs)
-        if len(procs) != lp:
-            raise ValueError(
-                f"vertex {supplier_context.vertex_name!r}: supplier returned {len(procs)} "
-                f"processors, expected local parallelism {lp}"
-            )
-        for p in procs:
-            if not isinstance(p, Processor):
-                raise TypeError(
-                    f"vertex {supplier_context.vertex_name!r}: supplier returned "
-                    f"{type(p).__name__}, which is not a slipstream Processor"
-                )
-        out.append((supplier, procs))
-    return out

@@ -43,6 +43,34 @@ class WatermarkCoalescer:
         self.idle_pending = False
         self.input_names = input_names or [f"input {i}" for i in range(input_count)]
 
+    def save_state(self) -> dict[str, Any]:
+        """What this coalescer has seen, to continue in a new coalescer of the same inputs
+        (:meth:`restore_state`): the Spark engine carries it from one micro-batch epoch's
+        tasklet to the next, so that a new epoch does not start from "no watermark" on
+        inputs that are silent in it. Which inputs finished is not part of it: a new
+        epoch's inputs start live. Plain data (lists, ints, bools), a copy."""
+        return {
+            "wm": list(self.wm),
+            "idle": list(self.idle),
+            "last_emitted": self.last_emitted,
+            "top_observed": self.top_observed,
+            "all_idle": self.all_idle,
+            "idle_pending": self.idle_pending,
+        }
+
+    def restore_state(self, state: dict[str, Any]) -> bool:
+        """Continue from :meth:`save_state` of a coalescer of the same inputs. Returns
+        ``False`` and changes nothing if ``state`` is of another number of inputs."""
+        if len(state["wm"]) != len(self.wm):
+            return False
+        self.wm = list(state["wm"])
+        self.idle = list(state["idle"])
+        self.last_emitted = state["last_emitted"]
+        self.top_observed = state["top_observed"]
+        self.all_idle = state["all_idle"]
+        self.idle_pending = state["idle_pending"]
+        return True
+
     def observe_event(self, i: int) -> None:
         """Data arrived on input ``i``: an idle input becomes active again."""
         if self.idle[i]:

@@ -21,10 +21,11 @@ from slipstream.core.item_errors import FAIL, ItemErrorReport, ItemErrors
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, partition_table
 from slipstream.core.processor import Context, Processor
 from slipstream.core.suppliers import (
+    FactorySupplier,
     MemberAddress,
+    ProcessorMetaSupplier,
     ProcessorSupplier,
     SupplierContext,
-    processors_of,
 )
 from slipstream.core.traits import all_sources_bounded
 from slipstream.execution.collectors import Collector, PerTargetCollector, RoundRobinCollector
@@ -34,6 +35,52 @@ from slipstream.execution.queues import CrossMemberQueue, SpscQueue
 
 def member_addresses(member_count: int) -> list[MemberAddress]:
     return [MemberAddress("127.0.0.1", 5701 + i) for i in range(member_count)]
+
+
+def member_processors(
+    supplier: Any, context: SupplierContext
+) -> tuple[ProcessorSupplier, list[Processor]]:
+    """Create one member's processors of a vertex: ``supplier`` (what the vertex's
+    meta-supplier returned for the member: a :class:`ProcessorSupplier`, or a callable
+    that makes one processor) is initialised with ``context`` (its ``member_index`` is the
+    member's) and asked for ``context.local_parallelism`` processors, checked to be that
+    many :class:`Processor` instances. Returns the supplier (closed by the engine at the
+    end) and the processors by local index.
+
+    The one place processors are created: the embedded engine calls it for every member
+    at job start (:func:`processors_of`), a Spark task for its own member on the
+    executor."""
+    if not isinstance(supplier, ProcessorSupplier):
+        supplier = FactorySupplier(supplier) if callable(supplier) else supplier
+    supplier.init(context)
+    lp = context.local_parallelism
+    procs = list(supplier.get(lp))
+    if len(procs) != lp:
+        raise ValueError(
+            f"vertex {context.vertex_name!r}: supplier returned {len(procs)} "
+            f"processors, expected local parallelism {lp}"
+        )
+    for p in procs:
+        if not isinstance(p, Processor):
+            raise TypeError(
+                f"vertex {context.vertex_name!r}: supplier returned "
+                f"{type(p).__name__}, which is not a slipstream Processor"
+            )
+    return supplier, procs
+
+
+def processors_of(
+    meta: ProcessorMetaSupplier,
+    supplier_context: SupplierContext,
+    addresses: Sequence[MemberAddress],
+) -> list[tuple[ProcessorSupplier, list[Processor]]]:
+    """Run the start-up sequence of one vertex: per member ``(supplier, processors)``."""
+    meta.init(supplier_context)
+    by_address = meta.get(list(addresses))
+    return [
+        member_processors(by_address(address), supplier_context._replace(member_index=index))
+        for index, address in enumerate(addresses)
+    ]
 
 
 @dataclass

@@ -31,7 +31,6 @@ numbers the records of one (edge, producer, target) queue. Result payloads are
 
 from __future__ import annotations
 
-import copy
 import enum
 import functools
 import itertools
@@ -46,13 +45,13 @@ from slipstream.core.dag import Edge
 from slipstream.core.items import SnapshotBarrier, Watermark
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.services import InMemoryServices
-from slipstream.core.suppliers import FactorySupplier, ProcessorSupplier, SupplierContext
-from slipstream.execution.coalescer import WatermarkCoalescer
+from slipstream.core.suppliers import ProcessorSupplier, SupplierContext
 from slipstream.execution.collectors import Collector
 from slipstream.execution.plan import (
     VertexPlan,
     edge_targets,
     make_collector,
+    member_processors,
     single_target_collector,
 )
 from slipstream.execution.queues import UNBOUNDED, SpscQueue
@@ -416,28 +415,17 @@ class VertexTask:
 
     # ------------------------------------------------------------------ helpers
     def _make_processor(self, member: int, local: int) -> tuple[ProcessorSupplier, Processor]:
+        """The processor at ``local`` of the member's shipped supplier (the same creation
+        as the embedded engine's, :func:`~slipstream.execution.plan.member_processors`);
+        the member's other processors are closed unused."""
         assert self.suppliers is not None
-        supplier = self.suppliers[member]
-        if not isinstance(supplier, ProcessorSupplier):
-            supplier = FactorySupplier(supplier)
         lp = self.local_parallelism
-        supplier.init(
+        supplier, procs = member_processors(
+            self.suppliers[member],
             SupplierContext(
                 self.vertex, self.job_name, lp, lp * self.member_count, self.member_count, member
-            )
+            ),
         )
-        procs = list(supplier.get(lp))
-        if len(procs) != lp:
-            raise ValueError(
-                f"vertex {self.vertex!r}: supplier returned {len(procs)} processors, "
-                f"expected local parallelism {lp}"
-            )
-        for p in procs:
-            if not isinstance(p, Processor):
-                raise TypeError(
-                    f"vertex {self.vertex!r}: supplier returned {type(p).__name__}, "
-                    "which is not a slipstream Processor"
-                )
         for i, p in enumerate(procs):
             if i != local:
                 try:
@@ -652,30 +640,15 @@ class EpochSnapshotSink:
         pass
 
 
-_COALESCER_STATE = ("wm", "idle", "last_emitted", "top_observed", "all_idle", "idle_pending")
-
-
-def _coalescer_state(c: WatermarkCoalescer) -> dict[str, Any]:
-    return {f: copy.copy(getattr(c, f)) for f in _COALESCER_STATE}
-
-
-def _set_coalescer_state(c: WatermarkCoalescer, state: dict[str, Any]) -> bool:
-    if len(state["wm"]) != len(c.wm):
-        return False
-    for f in _COALESCER_STATE:
-        setattr(c, f, copy.copy(state[f]))
-    return True
-
-
 def capture_watermarks(tasklet: ProcessorTasklet) -> dict[str, Any]:
     """The watermark-coalescing state of a tasklet at the end of an epoch: per inbound
     edge (by ordinal) the watermark of each upstream queue, and across edges. Restored
     into the next epoch's tasklet, so watermarks continue across micro-batches: a new
     epoch does not start from "no watermark" on inputs that are silent in it."""
     return {
-        "edges": {s.ordinal: _coalescer_state(s.coalescer) for s in tasklet.streams},
+        "edges": {s.ordinal: s.coalescer.save_state() for s in tasklet.streams},
         "ordinals": [s.ordinal for s in tasklet.streams],
-        "tasklet": _coalescer_state(tasklet.coalescer),
+        "tasklet": tasklet.coalescer.save_state(),
     }
 
 
@@ -685,8 +658,8 @@ def restore_watermarks(tasklet: ProcessorTasklet, state: dict[str, Any]) -> None
     if state["ordinals"] != [s.ordinal for s in tasklet.streams]:
         return
     for s in tasklet.streams:
-        _set_coalescer_state(s.coalescer, state["edges"][s.ordinal])
-    _set_coalescer_state(tasklet.coalescer, state["tasklet"])
+        s.coalescer.restore_state(state["edges"][s.ordinal])
+    tasklet.coalescer.restore_state(state["tasklet"])
 
 
 def _value(broadcast: Any) -> Any:
