@@ -99,6 +99,16 @@ class JobConfig:
     server refuses or does not answer (a transient error: connection lost, server
     restarting) before the job fails naming the sink, the server and the cause (or
     restarts under ``auto_restart``). A warning is logged at the first failed attempt.
+
+    The progress watchdog: a snapshot not committed ``stall_warning_s`` seconds after it
+    was requested is reported in a WARNING (and ``job.watch()["error"]``, the dashboard,
+    ``metrics["__job__"]["snapshot_stalled_s"]``) naming what it waits for: the
+    processors that have not saved it, with their state (``COMMIT_FINISH``: a sink
+    committing; ``PROCESS_INBOX``: a processor busy with its input), or the store write.
+    After ``stall_timeout_s`` the job fails with ``SnapshotStalledError`` (a restart
+    under ``auto_restart`` starts again from the last committed snapshot); ``None``
+    never fails for that. Output is committed only with snapshots, so a stalled
+    snapshot means no output, whatever the sources still read.
     """
 
     name: str | None = None
@@ -118,6 +128,8 @@ class JobConfig:
     batch_watermarks: bool = False
     on_item_error: Any = "fail"
     sink_outage_timeout: float = 120.0
+    stall_warning_s: float = 30.0
+    stall_timeout_s: float | None = 600.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):
@@ -136,6 +148,13 @@ class JobConfig:
         if not self.sink_outage_timeout > 0:
             raise ValueError(
                 f"sink_outage_timeout must be > 0 seconds, got {self.sink_outage_timeout!r}"
+            )
+        if not self.stall_warning_s > 0:
+            raise ValueError(f"stall_warning_s must be > 0 seconds, got {self.stall_warning_s!r}")
+        if self.stall_timeout_s is not None and not self.stall_timeout_s >= self.stall_warning_s:
+            raise ValueError(
+                f"stall_timeout_s must be None or >= stall_warning_s ({self.stall_warning_s}), "
+                f"got {self.stall_timeout_s!r}"
             )
         if self.restart_delay_ms < 0 or self.restart_delay_max_ms < self.restart_delay_ms:
             raise ValueError(

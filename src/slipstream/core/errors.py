@@ -91,6 +91,12 @@ class SnapshotError(SlipstreamError):
     """A snapshot could not be written, read or restored."""
 
 
+
+class SnapshotStalledError(SnapshotError):
+    """A snapshot did not commit within ``JobConfig(stall_timeout_s=)``: the job made no
+    durable progress for that long. The message names what the snapshot waited for
+    (the processors that had not saved it, with their state, or the store write)."""
+
 class SqlError(SlipstreamError):
     """A query of the SQL source or a statement of the SQL sink failed; the message names
     the vertex and, for the sink, the failing row."""

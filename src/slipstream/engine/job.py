@@ -97,6 +97,9 @@ class _Execution:
                     else None
                 ),
                 on_fatal=self._on_fatal,
+                stall_warning_s=config.stall_warning_s,
+                stall_timeout_s=config.stall_timeout_s,
+                on_stall=self._on_stall,
             )
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
@@ -196,6 +199,12 @@ class _Execution:
         """The job's final snapshot (or a terminal one) could not be written: the
         execution fails; a restart cannot fix the store."""
         self._on_failure(TaskletFailure(None, error, restartable=False))
+
+    def _on_stall(self, error: BaseException) -> None:
+        """No snapshot committed for ``stall_timeout_s``: the execution fails (a restart
+        from the last committed snapshot may get it going again)."""
+        log.error("job %s: %s", self.job.name, error)
+        self._on_failure(TaskletFailure(None, error))
 
     def _on_state_error(self, tasklet: ProcessorTasklet, error: BaseException) -> None:
         """A processor saved state that cannot be encoded: it fails like the processor."""
@@ -433,6 +442,8 @@ class Job(JobHandle):
         (``None`` when the last one committed). Sources are paused meanwhile."""
         ex = self._execution
         c = ex.coordinator if ex else None
+        if c is not None and c.stall is not None and not c.consecutive_failures:
+            return c.stall
         if c is None or not c.consecutive_failures or c.last_error is None:
             return None
         return (
@@ -469,6 +480,8 @@ class Job(JobHandle):
         if self.store is not None:  # the same keys as the Spark engine's without snapshots
             job["snapshot_failures"] = c.consecutive_failures if c else 0
             job["snapshot_failures_total"] = c.failed_snapshots if c else 0
+            # the progress watchdog: seconds the snapshot in flight has been stalled
+            job["snapshot_stalled_s"] = int(c.stalled_s) if c is not None and c.stall else 0
         if c is not None:
             job.update(c.stats.as_metrics())
         out["__job__"] = job

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from slipstream.core.errors import SnapshotError
+from slipstream.core.errors import SnapshotError, SnapshotStalledError
 from slipstream.core.items import SnapshotBarrier
 from slipstream.execution.tasklet import CommitBoard
 from slipstream.state.keys import KeyedStateBatch
@@ -73,11 +73,21 @@ class SnapshotCoordinator:
         on_state_error: Callable[[ProcessorTasklet, BaseException], None] | None = None,
         max_final_failures: int | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        stall_warning_s: float | None = None,
+        stall_timeout_s: float | None = None,
+        on_stall: Callable[[BaseException], None] | None = None,
     ) -> None:
         """``max_final_failures``: exactly-once, the job's final snapshot is retried at
         the interval until that many snapshots in a row failed (``None``: at-least-once,
         one try, the output is released in any case). ``on_fatal``: the execution must
-        fail (not restartable): the final snapshot or a terminal one failed."""
+        fail (not restartable): the final snapshot or a terminal one failed.
+
+        The progress watchdog: a snapshot still not committed ``stall_warning_s`` after
+        it was requested is reported (a WARNING naming what it waits for: the processors
+        that have not saved it, with their state, or the store write; ``stall``), and
+        ``on_stall`` is called with a :class:`SnapshotStalledError` once it is
+        ``stall_timeout_s`` old (``None``: never). A job whose snapshots stop committing
+        makes no durable progress, whatever its sources still read."""
         self.job_name = job_name
         self.store = store
         self.interval_s = interval_ms / 1000.0
@@ -123,6 +133,13 @@ class SnapshotCoordinator:
         self.failed_snapshots = 0
         self.last_error: BaseException | None = None
         self._commit_event = threading.Condition(self._lock)
+        self._stall_warning_s = stall_warning_s
+        self._stall_timeout_s = stall_timeout_s
+        self._on_stall = on_stall
+        self._stall_warned = 0  # the id of the last snapshot reported as stalled
+        #: while the snapshot in flight is stalled: what it waits for, and since when
+        self.stall: str | None = None
+        self.stalled_s = 0.0
 
     @property
     def snapshots_committed(self) -> int:
@@ -148,8 +165,72 @@ class SnapshotCoordinator:
             self._commit_event.wait_for(lambda: self._to_write is None, timeout)
 
     def _run_timer(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.request()
+        """Requests a snapshot every interval and watches the one in flight (woken at
+        least once a second for that: the stall check is cheap)."""
+        tick = min(self.interval_s, 1.0)
+        next_request = time.monotonic() + self.interval_s
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            if now >= next_request:
+                self.request()
+                next_request = now + self.interval_s
+            self._check_stall()
+
+    def _check_stall(self) -> None:
+        """The progress watchdog (see ``__init__``)."""
+        if self._stall_warning_s is None and self._stall_timeout_s is None:
+            return
+        with self._lock:
+            req = self._requested
+            if req is None:
+                self.stall = None
+                self.stalled_s = 0.0
+                return
+            age = time.perf_counter() - self._requested_at
+            warn_at = self._stall_warning_s
+            if warn_at is None or age < warn_at:
+                self.stall = None
+                self.stalled_s = 0.0
+                return
+            waiting = self._waiting_for()
+        self.stalled_s = age
+        self.stall = (
+            f"snapshot {req.snapshot_id} was requested {age:.0f} s ago and has not "
+            f"committed: it waits for {waiting}"
+        )
+        if self._stall_warned != req.snapshot_id:
+            self._stall_warned = req.snapshot_id
+            limit = self._stall_timeout_s
+            log.warning(
+                "job %s: %s; no output commits meanwhile (%s)",
+                self.job_name,
+                self.stall,
+                "the job fails if it is still waiting after "
+                f"{limit:g} s: JobConfig(stall_timeout_s=)"
+                if limit is not None
+                else "stall_timeout_s=None: the job keeps waiting",
+            )
+        if self._stall_timeout_s is not None and age >= self._stall_timeout_s:
+            err = SnapshotStalledError(
+                f"{self.stall}; no snapshot committed for {age:.0f} s "
+                f"(JobConfig(stall_timeout_s={self._stall_timeout_s:g}))"
+            )
+            self._stall_timeout_s = None  # once
+            if self._on_stall is not None:
+                self._on_stall(err)
+
+    def _waiting_for(self) -> str:
+        """Lock held: who holds the snapshot in flight back, for the stall report."""
+        if self._to_write is not None:
+            return f"its write to the snapshot store {self.store.directory}"
+        late = [
+            t
+            for t in self._tasklets
+            if id(t) not in self._reported and id(t) not in self._completed
+        ]
+        names = ", ".join(f"{t.vertex_name}#{t.index} ({t.state_name})" for t in late[:5])
+        more = f" and {len(late) - 5} more" if len(late) > 5 else ""
+        return f"processors that have not saved it: {names}{more}" if late else "its commit"
 
     # -- the tasklet side (SnapshotSink protocol) ------------------------------------------
     def requested_snapshot(self) -> SnapshotBarrier | None:
