@@ -52,6 +52,8 @@ EXPECTED_STDOUT = {
     "wordcount-guide": "incomprehensibilities",
     "prices": "KeyedWindowResult(start=0, end=10000, key='AAPL', value=3810.0)",
     "spark-wordcount": "[('be', 2), ('not', 1), ('or', 1), ('to', 2)]",
+    # docs/spark.md, "Event time": native append mode's windows (on main: [])
+    "event-time": "[(0, 'a', 1), (0, 'b', 1), (1000, 'a', 1)]",
 }
 
 _MARKER = re.compile(r"^<!--\s*(.*?)\s*-->$")

@@ -368,3 +368,81 @@ def test_chunk_check_for_items_behind_matches_a_running_maximum(
         fresh = with_fixed_lag(lag).throttle_by_frame(tumbling_window_def(frame))
         wms = [fresh.report_event(t) for t in ts]
         assert all(t >= wms[j - 1] for j, t in enumerate(ts) if j)
+
+
+def micro_batch_processor(
+    policy: Any = None, capacity: int = 10
+) -> tuple[InsertWatermarksP, Outbox]:
+    """An inserter inside one epoch of a Spark Structured Streaming query."""
+    from slipstream.core.processor import Context
+
+    supplier = P.insert_watermarks(ts_of, policy or (lambda: with_fixed_lag(5)))
+    p = supplier()
+    outbox = Outbox(1, capacity)
+    context = Context(vertex_name="test")
+    context.micro_batch_watermarks = True
+    p.init(outbox, context)
+    return p, outbox
+
+
+def test_micro_batch_epoch_holds_the_watermark_until_its_input_ends() -> None:
+    p, outbox = micro_batch_processor()
+    p.process(0, Inbox([(10, "a"), (30, "b"), (20, "c")]))
+    p.process(0, Inbox([(50, "d"), (40, "e")]))
+    assert p.try_process()
+    assert take(outbox) == [(10, "a"), (30, "b"), (20, "c"), (50, "d"), (40, "e")]
+    # the end of the epoch's input: the batch's maximum minus the lag, then the state
+    assert p.save_to_snapshot()
+    assert take(outbox) == [WM(45)]
+    assert outbox.snapshot_bucket == [(WM_KEY, 45)]
+
+
+def test_micro_batch_held_watermark_waits_for_outbox_room() -> None:
+    p, outbox = micro_batch_processor(capacity=1)
+    p.process(0, Inbox([(50, "a")]))
+    assert not p.save_to_snapshot()  # the item is still in the outbox
+    assert take(outbox) == [(50, "a")] and outbox.snapshot_bucket == []
+    assert p.save_to_snapshot()
+    assert take(outbox) == [WM(45)] and outbox.snapshot_bucket == [(WM_KEY, 45)]
+
+
+def test_micro_batch_restore_takes_the_highest_and_emits_it_before_any_item() -> None:
+    p, outbox = micro_batch_processor()
+    # what the processors of the vertex saved: their splits ended at different times
+    p.restore_from_snapshot(Inbox([(WM_KEY, 30), (WM_KEY, 42), (WM_KEY, 35)]))
+    assert p.finish_snapshot_restore()
+    p.process(0, Inbox([(40, "late for windows up to 42"), (44, "b")]))
+    assert take(outbox) == [WM(42), (40, "late for windows up to 42"), (44, "b")]
+    # its own events stay below the vertex's watermark: it never goes back
+    assert p.save_to_snapshot()
+    assert take(outbox) == [] and outbox.snapshot_bucket == [(WM_KEY, 42)]
+
+
+def test_micro_batch_epoch_without_items_emits_the_restored_watermark() -> None:
+    p, outbox = micro_batch_processor()
+    p.restore_from_snapshot(Inbox([(WM_KEY, 30), (WM_KEY, 42)]))
+    assert p.finish_snapshot_restore()
+    assert p.save_to_snapshot()
+    assert take(outbox) == [WM(42)] and outbox.snapshot_bucket == [(WM_KEY, 42)]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        lambda: with_fixed_lag(5).throttle_by_frame(tumbling_window_def(10)),
+        lambda: limiting_lag_and_delay(5, 100, clock=FakeClock(0)),
+    ],
+    ids=["throttled", "lag-and-delay"],
+)
+def test_micro_batch_held_watermark_is_the_policys(policy: Any) -> None:
+    """Policies with and without the fast paths' hooks hold the value they would have
+    emitted: the one the same policy reaches over the same events."""
+    p, outbox = micro_batch_processor(policy)
+    events = [(3, "a"), (27, "b"), (14, "c"), (33, "d"), (31, "e")]
+    p.process(0, Inbox(events))
+    reference = policy()
+    for t, _k in events:
+        reference.report_event(t)
+    assert take(outbox) == events
+    assert p.save_to_snapshot()
+    assert take(outbox) == [WM(reference.current_watermark())]

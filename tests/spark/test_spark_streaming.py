@@ -151,32 +151,64 @@ def test_epochs_carry_window_state_and_watermarks(tmp_path: Path) -> None:
     assert closed <= set(got)
     assert per_epoch[0] == 0 and per_epoch[-1] > per_epoch[1] > 0
     assert job.epochs_committed == 6 and job.last_epoch_id == 5
-    assert job.store.committed_ids()[-1] == 6  # snapshot id = epoch id + 1
+    assert job.store.committed_ids()[-1] == 6  # one snapshot per epoch
     m = job.metrics
     assert m["source"]["items_out"] == sum(len(b) for b in data)
     assert m["__job__"]["snapshots"] == 6
 
 
-def test_watermark_of_an_input_silent_in_an_epoch_carries_over(tmp_path: Path) -> None:
+def test_the_watermark_is_the_micro_batchs_and_a_no_data_epoch_emits_what_it_closes(
+    tmp_path: Path,
+) -> None:
     """The stand-in deals a micro-batch's rows round robin to the 2 source processors.
-    Epoch 0: watermarking processor 0 reaches -400, processor 1 reaches 4400 (coalesced:
-    -400, nothing closes). Epoch 1 feeds processor 0 only (to 8400): processor 1 is
-    silent, but its 4400 from epoch 0 still counts, so the coalesced watermark moves to
-    4400 and closes the windows below it."""
+    Epoch 0: the watermark inserters see maxima 200 and 5000; each holds its watermark
+    until the epoch's input ends, then emits it (-400 and 4400, lag 600). The windows'
+    coalesced minimum -400 closes nothing, but the micro-batch's watermark is 4400 (its
+    maximum minus the lag, as in Spark), so a watermark is pending. A no-data epoch (what
+    Spark's no-data batch is to native append mode) starts every inserter from 4400 and
+    emits the windows below it; it commits a snapshot of its own under the same epoch
+    id. Epoch 1 starts from 4400 too: an item of a window it closed is late, whichever
+    split it is in."""
+    from slipstream.core.late_items import LATE_METRIC
+
     engine = ss.spark(FakeSession())
     job = _fake_job(engine, window_dag, tmp_path)
-    _run_epoch(engine, job, [(100, "a"), (3000, "a"), (200, "a"), (5000, "a")], 0)
+    epoch0 = [(100, "a"), (3000, "a"), (200, "a"), (5000, "a")]
+    _run_epoch(engine, job, epoch0, 0)
     assert engine.get_list("windows") == []
     state = job.store.read(1)
+    assert (state.epoch_id, state.no_data, state.watermark_pending) == (0, False, True)
     queue_wms = {
         tuple(w["edges"][0]["wm"]) for (v, _i), w in state.watermarks.items() if v == "windows"
     }
     assert queue_wms == {(-400, 4400)}
-    _run_epoch(engine, job, [(9000, "a")], 1)
+
+    assert job._run_no_data_epoch()
     assert sorted(tuple(r) for r in engine.get_list("windows")) == [
         (0, 1000, "a", 2),
         (3000, 4000, "a", 1),
     ]
+    latest = job.store.read(2)
+    assert (latest.epoch_id, latest.no_data, latest.watermark_pending) == (0, True, False)
+    assert (job.epochs_committed, job.no_data_epochs, job.last_epoch_id) == (1, 1, 0)
+    assert not job._run_no_data_epoch()  # nothing pending: no epoch, no snapshot
+    _run_epoch(engine, job, epoch0, 0)  # Spark replays epoch 0: already committed
+    assert job.epochs_skipped == 1 and job.store.committed_ids() == [1, 2]
+
+    _run_epoch(engine, job, [(3500, "b"), (9000, "a"), (4500, "b")], 1)
+    assert job.store.committed_ids() == [1, 2, 3] and job.store.read(3).epoch_id == 1
+    # (3500, "b") belongs to a window that 4400 closed: late, as in Spark
+    assert job.metrics["windows"][LATE_METRIC] == 1
+    assert len(engine.get_list("windows")) == 2
+    assert job.store.read(3).watermark_pending  # the splits ended at 4400 and 8400
+    assert job._run_no_data_epoch()
+    assert sorted(tuple(r) for r in engine.get_list("windows")) == [
+        (0, 1000, "a", 2),
+        (3000, 4000, "a", 1),
+        (4000, 5000, "b", 1),
+        (5000, 6000, "a", 1),
+    ]
+    assert job.metrics["__job__"]["snapshots"] == 4
 
 
 def test_replayed_committed_epoch_is_skipped(tmp_path: Path) -> None:

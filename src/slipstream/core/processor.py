@@ -47,6 +47,7 @@ class Context:
         "metrics",
         "current_snapshot_id",
         "hold_watermarks",
+        "micro_batch_watermarks",
         "metric_listener",
         "allow_rollback",
         "item_errors",
@@ -99,6 +100,11 @@ class Context:
         # a batch job (every source bounded): watermark inserters emit no watermark, so
         # windows see every item and emit at the end (see JobConfig.batch_watermarks)
         self.hold_watermarks = False
+        # an epoch of a Spark Structured Streaming query: watermark inserters hold their
+        # watermark until the epoch's input ends and start the next epoch from the
+        # highest one of their vertex, so the watermark is the whole micro-batch's, as in
+        # Spark (slipstream.processors.watermarks, docs/spark.md "Event time")
+        self.micro_batch_watermarks = False
         # the engine's listener(vertex_name, metric, delta) of increment_metric, if any:
         # the job reports dropped late items from it (slipstream.core.late_items)
         self.metric_listener: Callable[[str, str, int], None] | None = None

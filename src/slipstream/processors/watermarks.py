@@ -20,6 +20,15 @@ passed on without being reported to the policy (it must not move the watermark: 
 infinite one would end every window) and the windowing processor downstream, given the
 same option, drops it and counts it as late.
 
+In an epoch of a Spark Structured Streaming query (``Context.micro_batch_watermarks``, set
+by the Spark engine) the watermark is the whole micro-batch's, as in Spark: the policy
+follows the epoch's events but the processor holds its watermark until the epoch's input
+ends, then emits it (before the epoch's closing barrier) and saves it. The next epoch
+restores the **highest** value saved by the processors of the vertex (the batch's maximum
+event time minus the lag, never lower than before) and emits it before any item, so a
+split of the batch that happened to hold older events does not hold the others' windows
+back (docs/spark.md, "Event time").
+
 Optionally (``idle_timeout_ms``) a processor that saw no item for that long declares its
 substream *idle* by emitting :data:`IDLE` once: downstream coalescers then leave it out of
 the minimum, so one silent partition does not hold back every window (docs/semantics.md §3). The next item
@@ -57,8 +66,8 @@ IDLE = IDLE_MESSAGE
 """The idle message (``slipstream.core.items.IDLE_MESSAGE``) as a public name."""
 
 WM_SNAPSHOT_KEY = BroadcastKey("insert_watermarks.wm")
-
-"""Snapshot key of the last emitted watermark (broadcast: restore takes the minimum)."""
+"""Snapshot key of the last emitted watermark (broadcast: restore takes the minimum, or
+the maximum in a Spark micro-batch epoch)."""
 
 Clock = Callable[[], int]
 
@@ -88,6 +97,11 @@ class InsertWatermarksP(AbstractProcessor):
     before the failure, so replayed items may arrive downstream behind a watermark that
     was emitted before the failure — the downstream windows see them as late and drop
     (and count) them. Nothing is ever dropped here.
+
+    Spark micro-batch epochs (``Context.micro_batch_watermarks``): see the module
+    docstring. Watermarks then depend on the micro-batch only, not on how Spark split
+    it across the processors: an item is late only behind the watermark of the earlier
+    micro-batches, whichever split it is in.
     """
 
     slipstream_traits = frozenset({WATERMARK_SOURCE})
@@ -119,6 +133,8 @@ class InsertWatermarksP(AbstractProcessor):
         self._restored_wm: int | None = None
         # the last chunk moved the watermark: compute block maxima first (_none_behind)
         self._blockwise = False
+        # a Spark micro-batch epoch: the policy is a _MicroBatchPolicy
+        self._micro_batch = False
 
     def init_processor(self, context: Context) -> None:
         policy = self._policy_factory()
@@ -136,6 +152,12 @@ class InsertWatermarksP(AbstractProcessor):
             # a batch job: no watermark before the input ends, so no item is late
             # (JobConfig.batch_watermarks); the items still go through the checks above
             self._policy = _HeldPolicy()
+            self._idle_timeout = None
+        elif context.micro_batch_watermarks:
+            # the watermark moves between epochs only; idleness by the clock has no
+            # meaning inside one micro-batch
+            self._micro_batch = True
+            self._policy = _MicroBatchPolicy(policy)
             self._idle_timeout = None
         if self._idle_timeout is not None:
             self._last_item_at = self._clock()
@@ -394,6 +416,15 @@ class InsertWatermarksP(AbstractProcessor):
     def save_to_snapshot(self) -> bool:
         if self._pending is not None and not self._offer_pending():
             return False
+        if self._micro_batch:
+            # the end of the epoch's input: the watermark held during the epoch goes
+            # out before the closing barrier (and is saved for the next epoch)
+            held = self._policy.held()
+            if held > self._last_emitted:
+                self._last_emitted = held
+                if not self.outbox.offer(Watermark(held)):
+                    self._pending = Watermark(held)
+                    return False
         return self.outbox.offer_to_snapshot(WM_SNAPSHOT_KEY, self._last_emitted)
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
@@ -402,12 +433,20 @@ class InsertWatermarksP(AbstractProcessor):
                 f"insert_watermarks (vertex {self.context.vertex_name!r}): unexpected "
                 f"snapshot entry {key!r}"
             )
-        if self._restored_wm is None or value < self._restored_wm:
+        if self._restored_wm is None or (
+            value > self._restored_wm if self._micro_batch else value < self._restored_wm
+        ):
             self._restored_wm = value
 
     def finish_snapshot_restore(self) -> bool:
-        if self._restored_wm is not None:
-            self._last_emitted = self._restored_wm
+        restored = self._restored_wm
+        if restored is not None:
+            self._last_emitted = restored
+            if self._micro_batch and restored > NO_WATERMARK:
+                # the vertex's watermark after the earlier micro-batches, before any item
+                # of this one (a repeat of one sent before is dropped downstream)
+                self._policy.floor = restored
+                self._pending = Watermark(restored)
         return True
 
     def __repr__(self) -> str:
@@ -426,6 +465,37 @@ class _HeldPolicy:
 
     def report_threshold(self) -> int:
         return MAX_TIMESTAMP + 1
+
+
+class _MicroBatchPolicy:
+    """The policy of an inserter inside one Spark micro-batch epoch: ``inner`` (the
+    user's policy) follows the events, but the watermark reported is held at ``floor``
+    (the vertex's watermark when the epoch started) until the processor emits
+    :meth:`held` at the end of the epoch's input. It keeps ``inner``'s report threshold,
+    and its ``watermark_after`` when it has one, so chunks keep the fast paths."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.floor = NO_WATERMARK
+        threshold = getattr(inner, "report_threshold", None)
+        self.report_threshold = threshold if threshold is not None else _report_everything
+        if getattr(inner, "watermark_after", None) is not None:
+            self.watermark_after = self._floor_after
+
+    def report_event(self, timestamp: int) -> int:
+        self.inner.report_event(timestamp)
+        return self.floor
+
+    def current_watermark(self) -> int:
+        return self.floor
+
+    def _floor_after(self, timestamp: int) -> int:
+        return self.floor
+
+    def held(self) -> int:
+        """The watermark of the epoch's events, never below ``floor``."""
+        wm = self.inner.current_watermark()
+        return wm if wm > self.floor else self.floor
 
 
 def _take(inbox: Inbox, n: int) -> list[Any]:

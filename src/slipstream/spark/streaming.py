@@ -16,15 +16,20 @@ A DAG whose source is :func:`~slipstream.spark.io.spark_stream_source` runs as a
    snapshot barrier; each processor saves its state (``save_to_snapshot``), forwards the
    barrier and closes. No ``complete()`` is called, so open windows stay open (in the
    saved state) instead of being flushed as at the end of a batch;
-3. commits the new state atomically as snapshot ``epoch_id + 1`` (temp file + fsync +
-   rename, then the manifest), with each processor's watermark-coalescing state, so
-   watermarks continue across epochs (a window opened in epoch n closes in epoch n+k);
+3. commits the new state atomically as the next snapshot (temp file + fsync + rename,
+   then the manifest), recording ``epoch_id``, with each processor's
+   watermark-coalescing state, so watermarks continue across epochs (a window opened in
+   epoch n closes in epoch n+k);
 4. hands the sinks' list/map output to the engine.
+
+Event time follows Spark's rule, not Jet's per-split coalescing: the watermark is the
+whole micro-batch's (see :class:`SparkStreamingJob` and docs/spark.md, "Event time"),
+with a *no-data epoch* where Spark runs a no-data batch.
 
 Spark commits its own offsets for the epoch only after ``foreachBatch`` returns. If the
 driver dies in between, Spark replays the epoch with the same id: slipstream sees that
-snapshot ``epoch_id + 1`` is already committed and skips it, so state is never applied
-twice; an epoch that had not committed is recomputed from the previous state (same
+the newest snapshot is of that epoch (or a later one) and skips it, so state is never
+applied twice; an epoch that had not committed is recomputed from the previous state (same
 input, deterministic processors: same state and output). That is exactly-once for the
 processors' state; a sink's side effects are exactly-once when they are idempotent per
 epoch (list/map sinks deliver to the driver, which does not survive a driver restart).
@@ -107,6 +112,12 @@ class EpochSnapshot(SnapshotData):
     watermarks: dict[tuple[str, int], Any] = field(default_factory=dict)
     #: written by a micro-batch job's final run: the job has completed
     finished: bool = False
+    #: a Structured Streaming job's no-data epoch after Spark's epoch ``epoch_id``: it only
+    #: moved the watermarks to the micro-batch's (Spark's no-data batch)
+    no_data: bool = False
+    #: some processor's output watermark ended below its vertex's highest (a split of the
+    #: micro-batch held older events): the next epoch, or a no-data epoch, moves it
+    watermark_pending: bool = False
 
 
 def default_checkpoint_location(job_name: str) -> str:
@@ -155,6 +166,12 @@ class _EpochJob(SparkJobBase):
         )
         self.epochs_committed = 0
         self.epochs_skipped = 0
+        #: no-data epochs committed (Structured Streaming jobs, see SparkStreamingJob)
+        self.no_data_epochs = 0
+        # whether the newest committed epoch left a watermark pending (None: not known yet)
+        self._watermark_pending: bool | None = None
+        # the newest snapshot, read before the first epoch (see _resumed_epoch)
+        self._prefetched: SnapshotData | None = None
         #: the id of the snapshot of ``checkpoint_location`` the job started from (0: none)
         self.resumed_from_snapshot = 0
         self.last_epoch_id: int | None = None
@@ -177,7 +194,7 @@ class _EpochJob(SparkJobBase):
             out = {k: dict(v) for k, v in self._metrics.items()}
         out["__job__"] = {
             "restarts": 0,
-            "snapshots": self.epochs_committed,
+            "snapshots": self.epochs_committed + self.no_data_epochs,
             "resumed_from_snapshot": self.resumed_from_snapshot,
         }
         return out
@@ -229,19 +246,37 @@ class _EpochJob(SparkJobBase):
                 "job %r: resuming from snapshot %d (after epoch %d) in checkpoint_location %s",
                 self.name,
                 committed[-1],
-                committed[-1] - 1,
+                self._resumed_epoch(committed[-1]),
                 self.checkpoint_location,
             )
         self._services = self.engine.services_broadcast()
 
-    def _load_state(self, snapshot_id: int) -> dict[str, Any] | None:
-        """The state to restore before the epoch that commits ``snapshot_id``: the
-        latest committed snapshot below it, routed to the processors (``None`` at the
-        start)."""
-        previous = [i for i in self.store.committed_ids() if i < snapshot_id]
-        if not previous:
+    def _resumed_epoch(self, snapshot_id: int) -> int:
+        """The epoch that committed snapshot ``snapshot_id`` (for the resume warning)."""
+        return snapshot_id - 1
+
+    def _latest(self, committed: list[int]) -> SnapshotData | None:
+        """The newest committed snapshot (``None`` at the start)."""
+        if not committed:
             return None
-        data = self.store.read(previous[-1])
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched.snapshot_id == committed[-1]:
+            return prefetched
+        return self.store.read(committed[-1])
+
+    def _epoch_snapshot_id(
+        self, epoch_id: int, committed: list[int], latest: Any, no_data: bool
+    ) -> int | None:
+        """The id of the snapshot that epoch ``epoch_id`` commits, or ``None`` if it was
+        committed already (a replay). Here: snapshot ``epoch_id + 1``."""
+        snapshot_id = epoch_id + 1
+        return None if snapshot_id in committed else snapshot_id
+
+    def _load_state(self, data: SnapshotData | None) -> dict[str, Any] | None:
+        """The state to restore before an epoch: the latest committed snapshot ``data``,
+        routed to the processors (``None`` at the start)."""
+        if data is None:
+            return None
         routed, _completed = restore_plan(data, self._plans, custom_partitioners(self.dag))
         check_same_dag(data, dag_shape(self.dag), self.config.allow_job_change)
         watermarks = {}
@@ -262,23 +297,36 @@ class _EpochJob(SparkJobBase):
         *,
         epoch_ms: float | None = None,
         final: bool = False,
+        no_data: bool = False,
     ) -> list[dict[str, Any]] | None:
         """Run epoch ``epoch_id`` (module doc, steps 1-4) and return the processors'
-        results, or ``None`` if snapshot ``epoch_id + 1`` is already committed (a replay).
+        results, or ``None`` if it is already committed (a replay, see
+        :meth:`_epoch_snapshot_id`).
 
         ``streams`` are the micro-batch's rows per ``spark_stream_source`` vertex; without them the
         sources are slipstream processors running for ``epoch_ms``. ``final`` runs the
         last epoch of such a job: processors restore and then complete (windows flush);
-        the commit only records that the job finished."""
+        the commit only records that the job finished. ``no_data`` runs a Structured
+        Streaming job's no-data epoch after epoch ``epoch_id`` (empty ``streams``)."""
         engine = self.engine
         sc = engine.spark_context
-        snapshot_id = epoch_id + 1  # snapshot ids start at 1
         started_at = time.time()
-        if snapshot_id in self.store.committed_ids():
-            log.info("job %s: epoch %d already committed; skipping its replay", self.name, epoch_id)
-            self.epochs_skipped += 1
+        committed = self.store.committed_ids()
+        latest = self._latest(committed)
+        snapshot_id = self._epoch_snapshot_id(epoch_id, committed, latest, no_data)
+        if no_data and latest is not None:
+            epoch_id = getattr(latest, "epoch_id", epoch_id)  # after that Spark epoch
+        if snapshot_id is None:
+            if no_data:
+                self._watermark_pending = False
+            else:
+                log.info(
+                    "job %s: epoch %d already committed; skipping its replay", self.name, epoch_id
+                )
+                self.epochs_skipped += 1
             return None
-        state = self._load_state(snapshot_id)
+        state = self._load_state(latest)
+        del latest
         state_bc = sc.broadcast(state) if state is not None else None
         compiled = None
         try:
@@ -300,8 +348,9 @@ class _EpochJob(SparkJobBase):
                 failure_key=self.failure_key,
             )
             records = compiled.result_rdd.collect()
-            # before the commit: a replay of this epoch overwrites what it wrote
-            write_all(engine.session, compiled, epoch_id)
+            # before the commit: a replay of this epoch overwrites what it wrote (into the
+            # partition of the job's epoch number, which counts no-data epochs too)
+            write_all(engine.session, compiled, snapshot_id - 1)
         finally:
             for rdd in compiled.persisted if compiled is not None else []:
                 quietly(rdd.unpersist)
@@ -311,7 +360,14 @@ class _EpochJob(SparkJobBase):
         results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
         if self._before_commit is not None:
             self._before_commit(epoch_id)  # a test hook: a driver failure before the commit
-        snapshot = EpochSnapshot(snapshot_id, self.name, epoch_id=epoch_id, finished=final)
+        snapshot = EpochSnapshot(
+            snapshot_id,
+            self.name,
+            epoch_id=epoch_id,
+            finished=final,
+            no_data=no_data,
+            watermark_pending=_watermark_pending(results),
+        )
         for r in results:
             if "snapshot" not in r:
                 continue  # the final run takes no snapshot
@@ -322,6 +378,7 @@ class _EpochJob(SparkJobBase):
             vs.entries[r["index"]] = [e for blob in r["snapshot"] for e in cloudpickle.loads(blob)]
             snapshot.watermarks[(r["vertex"], r["index"])] = r["watermarks"]
         self.store.write(snapshot)  # the commit point of the epoch
+        self._watermark_pending = snapshot.watermark_pending
         committed_at = time.time()
         engine.merge_results(results)
         self._report_late(results)
@@ -332,11 +389,15 @@ class _EpochJob(SparkJobBase):
                 m = self._metrics.setdefault(r["vertex"], {"items_in": 0, "items_out": 0})
                 for k, v in r["metrics"].items():
                     m[k] = m.get(k, 0) + v
-            self.epochs_committed += 1
+            if no_data:
+                self.no_data_epochs += 1
+            else:
+                self.epochs_committed += 1
             self.last_epoch_id = epoch_id
             self._last_epoch = {
                 "id": snapshot_id,
                 "epoch": epoch_id,
+                "no_data": no_data,
                 "duration_ms": round((committed_at - started_at) * 1000.0, 1),
                 "bytes": getattr(self.store, "last_write_bytes", None),
                 "committed_at": committed_at,
@@ -351,6 +412,18 @@ class SparkStreamingJob(_EpochJob):
     ``join(timeout)`` waits for the query to end (``cancel()`` stops it);
     ``process_all_available()`` blocks until every input available now is processed
     (handy in tests); ``query`` is the ``StreamingQuery``.
+
+    Event time follows Spark (docs/spark.md, "Event time"): the watermark of watermark
+    inserters is the whole micro-batch's maximum event time minus the lag, set when the
+    epoch's input ends (``Context.micro_batch_watermarks``). Each epoch emits the windows
+    its processors' own watermarks close, and starts from the vertex's highest watermark
+    of the epochs before, which emits the rest. Where Spark runs a no-data batch (at the
+    end of an ``availableNow`` run, and before ``processAllAvailable`` returns) the job
+    runs a *no-data epoch* if the last epoch left a watermark behind: an epoch without
+    rows, committed as a snapshot of its own under the same Spark epoch id, so a window
+    is emitted once whatever the job does next. Snapshot ids therefore count committed
+    epochs (data and no-data), and an epoch id at or below the newest snapshot's is a
+    replay.
     """
 
     def __init__(
@@ -373,6 +446,53 @@ class SparkStreamingJob(_EpochJob):
         self.source = next(iter(self.sources.values()))
         self.trigger = dict(trigger) if trigger else None
         self.query: Any = None
+        # epochs run one at a time: Spark's foreachBatch and a no-data epoch (run from
+        # process_all_available or at the end of an availableNow run)
+        self._epoch_lock = threading.Lock()
+
+    def _resumed_epoch(self, snapshot_id: int) -> int:
+        """Spark's epoch id of snapshot ``snapshot_id`` (read once: the first epoch
+        restores from it)."""
+        self._prefetched = self.store.read(snapshot_id)
+        return int(getattr(self._prefetched, "epoch_id", snapshot_id - 1))
+
+    def _epoch_snapshot_id(
+        self, epoch_id: int, committed: list[int], latest: Any, no_data: bool
+    ) -> int | None:
+        """The next snapshot id (ids count committed epochs, no-data epochs included),
+        or ``None`` for a replay: a data epoch whose id is not above the newest
+        snapshot's, or a no-data epoch with no watermark pending."""
+        if latest is None:
+            return None if no_data else 1
+        if no_data:
+            if not getattr(latest, "watermark_pending", False):
+                return None
+        elif epoch_id <= getattr(latest, "epoch_id", -1):
+            return None
+        return committed[-1] + 1
+
+    def _run_no_data_epoch(self) -> bool:
+        """Spark's no-data batch: when the last committed epoch left a watermark pending
+        (some split of its micro-batch ended below the batch's watermark), run an epoch
+        without rows that starts every processor from the vertex's watermark, emitting
+        the windows it closes. Returns whether it ran."""
+        with self._epoch_lock:
+            if self._cancel_requested or self._watermark_pending is False:
+                return False
+            sc = self.engine.spark_context
+            streams = {
+                name: sc.parallelize([], self._plans[name].total_parallelism)
+                for name in self.sources
+            }
+            # the epoch id is the newest snapshot's (read there: after a restart this job
+            # may have run no epoch yet)
+            return self._run_one_epoch(-1, streams, no_data=True) is not None
+
+    def _ends_with_no_data_epoch(self) -> bool:
+        """Whether Spark would run its no-data batch before the query ends or
+        ``processAllAvailable`` returns: not with ``trigger={"once": True}``, which runs
+        exactly one batch."""
+        return not (self.trigger and self.trigger.get("once"))
 
     def _stop(self) -> None:
         if self.query is not None:
@@ -392,6 +512,8 @@ class SparkStreamingJob(_EpochJob):
         def wait() -> None:
             try:
                 self.query.processAllAvailable()
+                if self._ends_with_no_data_epoch():
+                    self._run_no_data_epoch()  # as Spark's no-data batch, before returning
             except BaseException as exc:  # noqa: BLE001 - reported below
                 problem.append(exc)
             finally:
@@ -437,6 +559,15 @@ class SparkStreamingJob(_EpochJob):
         error: BaseException | None = None
         try:
             self.query.awaitTermination()
+            if (
+                self.trigger
+                and self.trigger.get("availableNow")
+                and self._error is None
+                and not self._cancel_requested
+            ):
+                # all input processed: Spark's no-data batch emits what the last
+                # micro-batch's watermark closes, and so does a no-data epoch
+                self._run_no_data_epoch()
         except BaseException as exc:  # noqa: BLE001 - reported through join()
             error = exc
         self.completion_time = time.time()
@@ -457,7 +588,12 @@ class SparkStreamingJob(_EpochJob):
     def _epoch(self, batch_df: Any, epoch_id: int) -> None:
         """The ``foreachBatch`` function (runs on the driver)."""
         try:
-            self._run_epoch(batch_df, int(epoch_id))
+            with self._epoch_lock:
+                if self._cancel_requested:
+                    # cancel() came while this batch waited for a no-data epoch: it is
+                    # not run (Spark runs it again when the query starts again)
+                    raise RuntimeError(f"job {self.name!r} was cancelled")
+                self._run_epoch(batch_df, int(epoch_id))
         except Exception as exc:
             if self._cancel_requested:
                 raise
@@ -516,6 +652,23 @@ def _vertex_watermarks(results: list[dict[str, Any]]) -> dict[str, int | None]:
         if isinstance(wm, int) and NO_WATERMARK < wm < MAX_TIMESTAMP:
             lst.append(wm)
     return {v: (min(w) if w else None) for v, w in per.items()}
+
+
+def _watermark_pending(results: list[dict[str, Any]]) -> bool:
+    """Whether the processors of some vertex ended an epoch with different output
+    watermarks on an edge (one sent less, or none): in a Structured Streaming job the
+    next epoch starts them all from the highest, so a no-data epoch would emit more."""
+    sent: dict[str, list[dict[int, int]]] = {}
+    for r in results:
+        wm = r.get("watermarks")
+        if wm is not None:
+            sent.setdefault(r["vertex"], []).append(wm.get("sent") or {})
+    for per_processor in sent.values():
+        edges = {e for d in per_processor for e in d}
+        for e in edges:
+            if len({d.get(e) for d in per_processor}) > 1:
+                return True
+    return False
 
 
 _SOURCE_COLUMN = "_slipstream_source"

@@ -319,6 +319,10 @@ class VertexTask:
             services=services,
         )
         context.hold_watermarks = self.hold_watermarks
+        # a Structured Streaming epoch: the watermark is the whole micro-batch's (Spark's
+        # rule), not each source split's; slipstream's own sources keep Jet's per-partition
+        # coalescing (docs/spark.md, "Event time")
+        context.micro_batch_watermarks = self.mode is RunMode.STREAM_EPOCH
         return context
 
     def _processor(
