@@ -5,6 +5,7 @@ with an unclosed quote and undecodable bytes name the file and line."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
+from slipstream.core.item_errors import DeadLetter
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -89,18 +91,64 @@ def shout(word: str) -> str:
     return word.upper()
 
 
-def test_a_failing_function_names_the_item_and_a_policy_is_refused(spark_session: Any) -> None:
-    """Issue 21, items 3 and 4 on Spark: the item travels in the failure marker; a
-    bad-record policy, which the Spark engine does not apply, is refused, not ignored."""
+def test_a_failing_function_names_the_item_on_spark(spark_session: Any) -> None:
+    """Issue 21, item 3 on Spark: the item travels in the failure marker."""
     engine = ss.spark(spark_session)
-    dag = DAG()
-    src = dag.new_vertex("words", sources.items(WORDS)).local_parallelism(1)
-    m = dag.new_vertex("shout", P.map(shout)).local_parallelism(1)
-    dag.edge(Edge.between(src, m)).edge(Edge.between(m, dag.new_vertex("sink", sinks.noop())))
-    err = failure(engine, dag, JobConfig(name="spark-items"))
+    err = failure(engine, shout_dag(), JobConfig(name="spark-items"))
     assert str(err).split("\n")[0] == (
         "job 'spark-items' failed: vertex 'shout', processor 0, on item 'fig': ValueError: "
         "no figs"
     )
-    with pytest.raises(ss.DagError, match=r"^on_item_error is set \(the job\), but the Spark"):
-        engine.new_job(dag, JobConfig(on_item_error="skip"))
+
+
+def shout_dag(lp: int = 1) -> DAG:
+    dag = DAG()
+    src = dag.new_vertex("words", sources.items(WORDS)).local_parallelism(1)
+    m = dag.new_vertex("shout", P.map(shout)).local_parallelism(lp)
+    out = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
+    dag.edge(Edge.between(src, m).distributed()).edge(Edge.between(m, out))
+    return dag
+
+
+def run_both(spark_session: Any, dag: Any, config: JobConfig) -> tuple[Any, Any, Any, Any]:
+    local = ss.local(cooperative_threads=2)
+    lj = local.new_job(dag(), config)
+    lj.join(60)
+    spark = ss.spark(spark_session, local_parallelism=2)
+    sj = spark.new_job(dag(), config)
+    sj.join(180)
+    return local, lj, spark, sj
+
+
+def test_skip_on_spark_gives_the_embedded_output_and_count(
+    spark_session: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 21, item 4 on Spark: under "skip" the same DAG gives the same output and the
+    same items_skipped on both engines (the Spark engine refused the policy before)."""
+    config = JobConfig(name="skips", on_item_error="skip")
+    with caplog.at_level(logging.WARNING, logger="slipstream.spark"):
+        local, lj, spark, sj = run_both(spark_session, lambda: shout_dag(lp=2), config)
+    assert [r.getMessage() for r in caplog.records if r.name == "slipstream.spark"] == [
+        "job 'skips' skipped 50 items on which user code raised (vertex 'shout': 50). "
+        "See docs/troubleshooting.md"
+    ]
+    expected = sorted(w.upper() for w in WORDS if w != "fig")
+    assert sorted(local.get_list("out")) == expected
+    assert sorted(spark.get_list("out")) == expected
+    assert lj.metrics["shout"]["items_skipped"] == 50
+    assert sj.metrics["shout"]["items_skipped"] == 50
+    assert "items_skipped" not in sj.metrics["words"]
+
+
+def test_dead_letters_on_spark_as_on_the_embedded_engine(spark_session: Any) -> None:
+    """A dead-letter sink is one more vertex and edge of the DAG (job.dag), compiled to
+    Spark like any other: the same DeadLetter records on both engines."""
+    config = JobConfig(on_item_error=sinks.list_sink("bad"))
+    local, lj, spark, sj = run_both(spark_session, lambda: shout_dag(lp=2), config)
+    assert sorted(spark.get_list("out")) == sorted(local.get_list("out"))
+    letters = [DeadLetter("shout", "fig", "ValueError: no figs", None)] * 50
+    assert local.get_list("bad") == letters
+    assert spark.get_list("bad") == letters
+    assert sj.metrics["shout"]["items_skipped"] == 50
+    assert sj.metrics["dead-letters"]["items_in"] == 50
+    assert [v.name for v in sj.dag.vertices] == [v.name for v in lj.dag.vertices]

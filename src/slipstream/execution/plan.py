@@ -243,22 +243,33 @@ def set_item_errors(
     """Give a processor of ``vertex`` its bad-record policy (``context.item_errors``):
     the vertex's own ``on_item_error`` or the job's; a sink means the vertex's
     dead-letter edge (added by :func:`~slipstream.core.dead_letters.with_dead_letters`)."""
-    policy = policy_of(vertex, default)
-    if isinstance(policy, str) and policy == FAIL:
+    policy = item_error_route(dag, vertex, default)
+    if policy is None:
         return
-    side = None
-    target = None
-    if not isinstance(policy, str):
-        for e in dag.outbound_edges(vertex):
-            if is_dead_letter_edge(e):
-                side, target = e.source_ordinal, e.dest.name  # type: ignore[union-attr]
-        if side is None:
-            raise DagError(
-                f"vertex {vertex.name!r} sends dead letters (on_item_error={policy!r}) but "
-                "has no dead-letter edge: the DAG was not prepared with with_dead_letters()"
-            )
+    side, target = policy
     context.item_errors = ItemErrors(
         context, skip=side is None, side_ordinal=side, target=target, report=report
+    )
+
+
+def item_error_route(
+    dag: DAG, vertex: Vertex, default: Any
+) -> tuple[int | None, str | None] | None:
+    """Where ``vertex``'s processors put an item their code raised on: ``None`` under
+    ``"fail"``; ``(None, None)`` under ``"skip"``; ``(ordinal, vertex name)`` of its
+    dead-letter edge under a sink. Plain values, so the Spark engine ships them to its
+    tasks and builds the same :class:`ItemErrors` there."""
+    policy = policy_of(vertex, default)
+    if isinstance(policy, str) and policy == FAIL:
+        return None
+    if isinstance(policy, str):
+        return None, None
+    for e in dag.outbound_edges(vertex):
+        if is_dead_letter_edge(e):
+            return e.source_ordinal, e.dest.name  # type: ignore[union-attr]
+    raise DagError(
+        f"vertex {vertex.name!r} sends dead letters (on_item_error={policy!r}) but "
+        "has no dead-letter edge: the DAG was not prepared with with_dead_letters()"
     )
 
 

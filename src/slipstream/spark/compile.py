@@ -45,7 +45,13 @@ from slipstream.core.suppliers import (
     SupplierContext,
 )
 from slipstream.core.traits import all_sources_bounded
-from slipstream.execution.plan import VertexPlan, edge_label, edge_targets, effective_parallelism
+from slipstream.execution.plan import (
+    VertexPlan,
+    edge_label,
+    edge_targets,
+    effective_parallelism,
+    item_error_route,
+)
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG
 from slipstream.spark.io import SparkDataFrameSink, SparkRowSource, SparkStreamSource
 from slipstream.spark.shuffle import ordered_shuffle
@@ -357,6 +363,7 @@ class _Compiler:
             else None,
             failure_key=self.failure_key,
             hold_watermarks=self.hold_watermarks,
+            item_errors=item_error_route(self.dag, v, self.config.on_item_error),
         )
 
     def input_rdd(self, v: Vertex, inbound: list[Edge]) -> Any:

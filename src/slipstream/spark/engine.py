@@ -38,7 +38,7 @@ from typing import Any
 
 from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, as_dag
-from slipstream.core.dead_letters import refuse_policies
+from slipstream.core.dead_letters import with_dead_letters
 from slipstream.core.services import InMemoryServices
 from slipstream.spark.io import SparkStreamSource, spark_rows
 from slipstream.spark.jobs import (
@@ -188,7 +188,8 @@ class SparkEngine:
         DAG or a supplier that cannot be pickled."""
         dag = as_dag(dag)  # a Pipeline is compiled here
         config = config or JobConfig()
-        refuse_policies(dag, config.on_item_error, "Spark")
+        # the dead-letter vertices and edges compile to RDDs as any others (job.dag)
+        dag = with_dead_letters(dag, config.on_item_error)
         job: SparkJobBase
         if any(isinstance(v.meta_supplier, SparkStreamSource) for v in dag.vertices):
             if epoch_ms is not None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
 from slipstream.core.errors import JobFailedError
+from slipstream.core.item_errors import SKIPPED_METRIC
 from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LATE_METRIC, LateItemsReport
 from slipstream.core.traits import all_sources_bounded
@@ -99,6 +100,8 @@ class SparkJobBase(JobHandle):
         self.completion_time: float | None = None
         #: warns about items the windows drop as late (from the counts the tasks return)
         self.late_items = LateItemsReport(self.name, log, batch=self._is_batch())
+        #: items set aside under on_item_error, per vertex (from the tasks' counts)
+        self._skipped: dict[str, int] = {}
 
     def _is_batch(self) -> bool:
         """A batch job that let its watermarks flow (``batch_watermarks=True``): the
@@ -106,11 +109,32 @@ class SparkJobBase(JobHandle):
         return False
 
     def _report_late(self, results: list[dict[str, Any]], warn: bool = True) -> None:
-        """Feed the late items the tasks of ``results`` dropped to :attr:`late_items`."""
+        """Feed the late items the tasks of ``results`` dropped to :attr:`late_items`,
+        and count the items they set aside under ``on_item_error``."""
         for r in results:
             count = r["metrics"].get(LATE_METRIC, 0)
             if count:
                 self.late_items.add(r["vertex"], count, warn=warn)
+            skipped = r["metrics"].get(SKIPPED_METRIC, 0)
+            if skipped:
+                self._skipped[r["vertex"]] = self._skipped.get(r["vertex"], 0) + skipped
+
+    def _finish_reports(self) -> None:
+        """At the job's end: the late-item total, and one WARNING with the items set aside
+        under ``on_item_error`` (the tasks return counts only: the items themselves are
+        in the dead-letter sink, if the policy is one)."""
+        self.late_items.finish()
+        if self._skipped:
+            total = sum(self._skipped.values())
+            per_vertex = ", ".join(f"vertex {v!r}: {n}" for v, n in sorted(self._skipped.items()))
+            log.warning(
+                "job %r skipped %d %s on which user code raised (%s). See "
+                "docs/troubleshooting.md",
+                self.name,
+                total,
+                "item" if total == 1 else "items",
+                per_vertex,
+            )
 
     def _join_error(self) -> JobFailedError:
         assert self._error is not None
@@ -278,7 +302,7 @@ class SparkJob(SparkJobBase):
             self._metrics = sum_metrics(results, compiled.order)
             # the counts arrive with the results: one warning, with the total
             self._report_late(results, warn=False)
-            self.late_items.finish()
+            self._finish_reports()
             self.engine.set_dataframes(compiled.dataframes)
         except BaseException as exc:  # noqa: BLE001 - reported through join()
             error = exc

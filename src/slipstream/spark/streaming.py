@@ -582,7 +582,7 @@ class SparkStreamingJob(_EpochJob):
             self._status = JobStatus.FAILED
         else:
             self._status = JobStatus.COMPLETED  # e.g. trigger availableNow
-        self.late_items.finish()
+        self._finish_reports()
         self._terminal.set()
 
     def _epoch(self, batch_df: Any, epoch_id: int) -> None:
@@ -788,5 +788,5 @@ class SparkMicroBatchJob(_EpochJob):
             assert error is not None
             self._error = self._failure(error)
             self._status = JobStatus.FAILED
-        self.late_items.finish()
+        self._finish_reports()
         self._terminal.set()

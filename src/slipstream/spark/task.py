@@ -42,6 +42,7 @@ from typing import Any, cast
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.dag import Edge
+from slipstream.core.item_errors import ItemErrors
 from slipstream.core.items import SnapshotBarrier, Watermark
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.services import InMemoryServices
@@ -247,6 +248,10 @@ class VertexTask:
     failure_key: bytes = b""
     #: a batch job: watermark inserters emit no watermark (``Context.hold_watermarks``)
     hold_watermarks: bool = False
+    #: the bad-record policy (:func:`~slipstream.execution.plan.item_error_route`):
+    #: ``None`` fails the task on an item whose code raises; ``(None, None)`` skips it;
+    #: ``(ordinal, vertex)`` sends a dead letter on that outbound edge
+    item_errors: tuple[int | None, str | None] | None = None
 
     def __call__(self, index: int, records: Iterator[Any]) -> Iterator[Record]:
         return self._run(index, records)
@@ -323,6 +328,13 @@ class VertexTask:
         # rule), not each source split's; slipstream's own sources keep Jet's per-partition
         # coalescing (docs/spark.md, "Event time")
         context.micro_batch_watermarks = self.mode is RunMode.STREAM_EPOCH
+        if self.item_errors is not None:
+            side, target = self.item_errors
+            # counted in context.metrics (items_skipped), which the result record sums;
+            # the driver warns from those counts (no per-item report on an executor)
+            context.item_errors = ItemErrors(
+                context, skip=side is None, side_ordinal=side, target=target
+            )
         return context
 
     def _processor(
