@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 CLEAR_LINE = (
-    "slipstream.core.errors.JobFailedError: job 'divide' failed: vertex 'map', processor 0: "
+    "slipstream.core.errors.JobFailedError: job 'divide' failed: vertex 'map', processor 0, on item 0: "
     "ZeroDivisionError: integer division or modulo by zero"
 )
 
