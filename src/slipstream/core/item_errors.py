@@ -2,7 +2,7 @@
 
 **Naming the item.** A processor that calls user code per item (``map``, ``filter``,
 ``flat_map``, the Pipeline's fused stages, service calls, the key and accumulate
-functions of aggregations, ``map_stateful``) records which item the code raised on
+functions of aggregations and windows, ``map_stateful``) records which item the code raised on
 (:func:`blame`), and the job's error says it: ``job 'j' failed: vertex 'parse',
 processor 0, on item 'a;b': ValueError: ...`` (the repr cut at 200 characters). It costs
 nothing until something raises: the bulk paths still run the function over a whole chunk

@@ -55,7 +55,7 @@ from slipstream.core.validation import (
     int_value,
     per_input_fns,
 )
-from slipstream.processors.windows import LATE_METRIC, WindowingP, check_agg_op
+from slipstream.processors.windows import LATE_METRIC, WindowingP, _OutOfRange, check_agg_op
 from slipstream.state.keys import BroadcastKey, KeyedStateKey
 from slipstream.window import KeyedWindowResult
 
@@ -117,48 +117,58 @@ class SessionWindowP(WindowingP):
         assert combine is not None
         timeout = self._timeout
         wm = self._wm
-        item: Any = None
         items, stamps, late = self._timestamped(inbox, ts_fn)
-        try:
-            for item, t in zip(items, stamps, strict=True):
-                if not wm <= t <= MAX_TIMESTAMP:  # late, or outside the 64-bit range
-                    if t > MAX_TIMESTAMP or t < NO_WATERMARK:
-                        if self._invalid_timestamps != "late":
-                            raise self._out_of_range(item, t)
-                    late += 1
-                    continue
-                e = t + timeout
-                k = key_fn(item)
-                lst = sessions.get(k)
-                if lst is None:
-                    sessions[k] = [[t, e, accumulate(create(), item)]]
-                    self._schedule(k, e)
-                    continue
-                # i = index of the first session ending after t (ends are sorted too);
-                # events mostly arrive in order, so scan from the right
-                i = len(lst)
-                while i and lst[i - 1][1] > t:
-                    i -= 1
-                if i < len(lst) and lst[i][0] < e:
-                    w = lst[i]
-                    if i + 1 < len(lst) and lst[i + 1][0] < e:
-                        # the event bridges sessions i and i + 1: merge them
-                        nxt = lst.pop(i + 1)
-                        w[1] = nxt[1]
-                        w[2] = combine(w[2], nxt[2])
-                    else:
-                        if e > w[1]:
-                            w[1] = e  # deadline rises: the heap's lower bound holds
-                    if t < w[0]:
-                        w[0] = t
-                    w[2] = accumulate(w[2], item)
-                else:
-                    lst.insert(i, [t, e, accumulate(create(), item)])
-                    if i == 0:
-                        # a new earliest session: its end is the key's new deadline
+        item: Any = None
+        pairs = zip(items, stamps, strict=True)
+        while True:
+            try:
+                for item, t in pairs:
+                    if not wm <= t <= MAX_TIMESTAMP:  # late, or outside the 64-bit range
+                        if t > MAX_TIMESTAMP or t < NO_WATERMARK:
+                            if self._invalid_timestamps != "late":
+                                raise _OutOfRange(t)
+                        late += 1
+                        continue
+                    e = t + timeout
+                    k = key_fn(item)
+                    lst = sessions.get(k)
+                    if lst is None:
+                        sessions[k] = [[t, e, accumulate(create(), item)]]
                         self._schedule(k, e)
-        except TypeError as e:
-            raise self._bad_item(item, e) from e
+                        continue
+                    # i = index of the first session ending after t (ends are sorted
+                    # too); events mostly arrive in order, so scan from the right
+                    i = len(lst)
+                    while i and lst[i - 1][1] > t:
+                        i -= 1
+                    if i < len(lst) and lst[i][0] < e:
+                        w = lst[i]
+                        if i + 1 < len(lst) and lst[i + 1][0] < e:
+                            # the event bridges sessions i and i + 1: merge them (if
+                            # accumulate then raises on the item, they stay merged)
+                            nxt = lst.pop(i + 1)
+                            w[1] = nxt[1]
+                            w[2] = combine(w[2], nxt[2])
+                            w[2] = accumulate(w[2], item)
+                        else:
+                            # first: an item it raises on leaves the session's bounds
+                            w[2] = accumulate(w[2], item)
+                            if e > w[1]:
+                                w[1] = e  # deadline rises: the heap's lower bound holds
+                        if t < w[0]:
+                            w[0] = t
+                    else:
+                        lst.insert(i, [t, e, accumulate(create(), item)])
+                        if i == 0:
+                            # a new earliest session: its end is the key's new deadline
+                            self._schedule(k, e)
+            except _OutOfRange as exc:
+                raise self._out_of_range(item, exc.ts) from None
+            except Exception as exc:  # noqa: BLE001 - user code: the policy decides
+                if not self.context.item_errors.handle(item, exc):
+                    raise
+                continue  # the same iterator, past the bad item
+            break
         inbox.clear()
         if late:
             self.context.increment_metric(LATE_METRIC, late)

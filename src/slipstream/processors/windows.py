@@ -56,6 +56,7 @@ from slipstream.aggregate import AggregateOperation, identity
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.errors import SnapshotError
 from slipstream.core.inbox import Inbox
+from slipstream.core.item_errors import failed_position
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.late_items import LATE_METRIC
 from slipstream.core.processor import AbstractProcessor
@@ -111,15 +112,22 @@ class _OutOfRange(Exception):
         self.ts = ts
 
 
-def _failing_item(items: Any, *fns: Callable[[Any], Any]) -> Any:
-    """The first item on which one of ``fns`` raises (to name it in the error)."""
-    for x in items:
-        for fn in fns:
-            try:
-                fn(x)
-            except Exception:  # noqa: BLE001
-                return x
-    return None
+class _InvalidTimestamp(Exception):
+    """A timestamp that is not an int, refused by :func:`valid_timestamps` (whose error
+    names the item): its own rule (``invalid_timestamps``), not the bad-record policy."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _checked_stamp(item: Any, ts: Any, where: str, invalid: str) -> list[int]:
+    """``[ts]`` converted, or ``[]`` (late) under ``invalid="late"``; else
+    :class:`_InvalidTimestamp` around :func:`valid_timestamps`' error."""
+    try:
+        return valid_timestamps([item], [ts], where, invalid)[1]
+    except (TypeError, ValueError) as e:
+        raise _InvalidTimestamp(e) from None
 
 
 class WindowingP(AbstractProcessor):
@@ -147,6 +155,9 @@ class WindowingP(AbstractProcessor):
     own_watermarks = False
 
     metric_names = (LATE_METRIC,)
+    #: an item on which the key, timestamp, value or accumulate function raises goes to
+    #: the bad-record policy (``on_item_error``; :mod:`slipstream.core.item_errors`)
+    handles_item_errors = True
 
     def __init__(self, invalid_timestamps: str = "fail") -> None:
         self._invalid_timestamps = invalid_timestamps
@@ -194,9 +205,6 @@ class WindowingP(AbstractProcessor):
     def _where(self) -> str:
         return f"{self._vertex_kind} (vertex {self.context.vertex_name!r})"
 
-    def _bad_item(self, item: Any, e: Exception) -> TypeError:
-        return TypeError(f"{self._where()}: cannot process item {item!r}: {type(e).__name__}: {e}")
-
     def _out_of_range(self, item: Any, ts: int) -> ValueError:
         return timestamp_out_of_range(self._where(), item, ts, LATE_COUNTS)
 
@@ -204,14 +212,40 @@ class WindowingP(AbstractProcessor):
         """The inbox's items, their timestamps and how many were left out: the timestamps
         at C speed and one type scan (a NaN or a float would otherwise make a frame or
         session of its own that no watermark ever frees); integer-like ones are converted,
-        any other fails naming the item or, if so configured, counts as late."""
+        any other fails naming the item or, if so configured, counts as late. An item on
+        which ``ts_fn`` raises goes to the bad-record policy (``on_item_error``): under
+        ``"fail"`` its own exception is raised, naming the item in the job's error; else
+        it is left out and the same loop goes on with the next item."""
+        stamps: list[Any] = []
+        it = iter(inbox)
         try:
-            stamps = list(map(ts_fn, inbox))
-        except Exception as err:  # noqa: BLE001
-            raise self._bad_item(_failing_item(inbox, ts_fn), err) from err
+            stamps.extend(map(ts_fn, it))
+            items: Any = inbox
+        except Exception as err:  # noqa: BLE001 - user code: the policy decides
+            items = self._stamps_past_errors(inbox, it, stamps, ts_fn, err)
         if only_int_timestamps(stamps):
-            return inbox, stamps, 0
-        return valid_timestamps(list(inbox), stamps, self._where(), self._invalid_timestamps)
+            return items, stamps, 0
+        return valid_timestamps(list(items), stamps, self._where(), self._invalid_timestamps)
+
+    def _stamps_past_errors(
+        self, inbox: Inbox, it: Any, stamps: list[Any], ts_fn: Any, err: Exception
+    ) -> list[Any]:
+        """``_timestamped`` after ``ts_fn`` raised ``err``: the policy sets each failing
+        item aside (or the error is raised) and the rest are stamped; the items kept."""
+        bad: list[int] = []
+        while True:
+            i = len(stamps) + len(bad)  # every item before it has a stamp or failed
+            if not self.context.item_errors.handle(inbox[i], err):
+                raise err
+            bad.append(i)
+            try:
+                stamps.extend(map(ts_fn, it))
+            except Exception as e:  # noqa: BLE001
+                err = e
+                continue
+            break
+        skip = set(bad)
+        return [x for j, x in enumerate(inbox) if j not in skip]
 
     # -- watermarks and completion -----------------------------------------------------
     def try_process_watermark(self, watermark: Watermark) -> bool:
@@ -365,7 +399,6 @@ class SlidingWindowP(WindowingP):
             additive = None
         create = self._op.create
         enter = self._enter_frame
-        item: Any = None
         if not ordinal and self._indices is not None:
             self._process_indexed(inbox, self._indices)
             return
@@ -373,48 +406,53 @@ class SlidingWindowP(WindowingP):
         # Items mostly arrive in event-time order, so consecutive items usually share a
         # frame: the loops keep the current frame's bounds [lo, hi) and its dict, and
         # only compute the frame (and the late check) when an item falls outside.
-        lo = hi = 0
-        d: dict[Any, Any] = {}
-        try:
-            if additive is None:
-                for item, ts in zip(items, stamps, strict=True):
-                    if not lo <= ts < hi:
-                        entered = enter(ts)
-                        if entered is None:
-                            late += 1
-                            continue
-                        lo, hi, d = entered
-                    k = key_fn(item)
-                    acc = d.get(k, _MISSING)
-                    d[k] = accumulate(create() if acc is _MISSING else acc, item)
-            elif callable(additive):  # summing: add inline, no call per item
-                # the item functions run at C speed through map (itemgetters stay in C)
-                for ts, k, v in zip(stamps, map(key_fn, items), map(additive, items), strict=True):
-                    if not lo <= ts < hi:
-                        entered = enter(ts)
-                        if entered is None:
-                            late += 1
-                            continue
-                        lo, hi, d = entered
-                    d[k] = d.get(k, 0) + v
-            else:  # counting
-                for ts, k in zip(stamps, map(key_fn, items), strict=True):
-                    if not lo <= ts < hi:
-                        entered = enter(ts)
-                        if entered is None:
-                            late += 1
-                            continue
-                        lo, hi, d = entered
-                    d[k] = d.get(k, 0) + additive
-        except TypeError as e:
-            if item is None:  # a map-based loop: find the item whose key or value failed
-                fns: list[Callable[[Any], Any]] = [lambda x: hash(key_fn(x))]
-                if callable(additive):
-                    fns.append(lambda x: 0 + additive(x))
-                item = _failing_item(items, *fns)
-            raise self._bad_item(item, e) from e
-        except _OutOfRange as e:
-            raise self._out_of_range(items[stamps.index(e.ts)], e.ts) from None
+        while True:
+            lo = hi = 0
+            d: dict[Any, Any] = {}
+            # the position of `it` is the item a raising function or key was on
+            it = iter(items)
+            try:
+                if additive is None:
+                    for item, ts in zip(it, stamps, strict=True):
+                        if not lo <= ts < hi:
+                            entered = enter(ts)
+                            if entered is None:
+                                late += 1
+                                continue
+                            lo, hi, d = entered
+                        k = key_fn(item)
+                        acc = d.get(k, _MISSING)
+                        d[k] = accumulate(create() if acc is _MISSING else acc, item)
+                elif callable(additive):  # summing: add inline, no call per item
+                    # the item functions run at C speed through map (itemgetters stay in C)
+                    for ts, k, v in zip(stamps, map(key_fn, it), map(additive, items), strict=True):
+                        if not lo <= ts < hi:
+                            entered = enter(ts)
+                            if entered is None:
+                                late += 1
+                                continue
+                            lo, hi, d = entered
+                        d[k] = d.get(k, 0) + v
+                else:  # counting
+                    for ts, k in zip(stamps, map(key_fn, it), strict=True):
+                        if not lo <= ts < hi:
+                            entered = enter(ts)
+                            if entered is None:
+                                late += 1
+                                continue
+                            lo, hi, d = entered
+                        d[k] = d.get(k, 0) + additive
+            except _OutOfRange as e:
+                raise self._out_of_range(items[stamps.index(e.ts)], e.ts) from None
+            except Exception as e:  # noqa: BLE001 - user code: the policy decides
+                # the items before the bad one are in; under "fail" its own error
+                i = failed_position(len(items), it)
+                if not self.context.item_errors.handle(items[i], e):
+                    raise
+                items = list(items)[i + 1 :]
+                stamps = stamps[i + 1 :]
+                continue
+            break
         inbox.clear()
         if late:
             self.context.increment_metric(LATE_METRIC, late)
@@ -459,34 +497,35 @@ class SlidingWindowP(WindowingP):
         lo = hi = 0
         d: dict[Any, Any] = {}
         item: Any = None
-        checking = False  # valid_timestamps' own error names the item already
-        try:
-            for item in inbox:
-                ts = item[ti]
-                if type(ts) is not int or not lo <= ts < hi:
-                    if type(ts) is not int:
-                        checking = True
-                        stamps = valid_timestamps(
-                            [item], [ts], self._where(), self._invalid_timestamps
-                        )[1]
-                        checking = False
-                        if not stamps:
+        it = iter(inbox)
+        while True:
+            try:
+                for item in it:
+                    ts = item[ti]
+                    if type(ts) is not int or not lo <= ts < hi:
+                        if type(ts) is not int:
+                            # valid_timestamps' own error names the item
+                            stamps = _checked_stamp(item, ts, self._where(), self._invalid_timestamps)
+                            if not stamps:
+                                late += 1
+                                continue
+                            ts = stamps[0]
+                        entered = enter(ts)
+                        if entered is None:
                             late += 1
                             continue
-                        ts = stamps[0]
-                    entered = enter(ts)
-                    if entered is None:
-                        late += 1
-                        continue
-                    lo, hi, d = entered
-                k = item[ki]
-                d[k] = d.get(k, 0) + item[vi]
-        except TypeError as e:
-            if checking:
-                raise
-            raise self._bad_item(item, e) from e
-        except _OutOfRange as e:
-            raise self._out_of_range(item, e.ts) from None
+                        lo, hi, d = entered
+                    k = item[ki]
+                    d[k] = d.get(k, 0) + item[vi]
+            except _OutOfRange as e:
+                raise self._out_of_range(item, e.ts) from None
+            except _InvalidTimestamp as e:
+                raise e.error from None
+            except Exception as e:  # noqa: BLE001 - a malformed item: the policy decides
+                if not self.context.item_errors.handle(item, e):
+                    raise
+                continue  # the same iterator, past the bad item
+            break
         inbox.clear()
         if late:
             self.context.increment_metric(LATE_METRIC, late)
@@ -707,6 +746,9 @@ class _CombineToSlidingWindowP(SlidingWindowP):
     """
 
     _vertex_kind = "combine_to_sliding_window"
+    #: it runs no key or timestamp function of the user's (its items are stage 1's
+    #: frames), only ``combine``, which the bad-record policy does not cover
+    handles_item_errors = False
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         frames = self._frames
