@@ -152,3 +152,57 @@ def test_dead_letters_on_spark_as_on_the_embedded_engine(spark_session: Any) -> 
     assert sj.metrics["shout"]["items_skipped"] == 50
     assert sj.metrics["dead-letters"]["items_in"] == 50
     assert [v.name for v in sj.dag.vertices] == [v.name for v in lj.dag.vertices]
+
+
+def test_dead_letters_in_a_micro_batch_job(spark_session: Any, tmp_path: Path) -> None:
+    """A micro-batch job (streaming=True) commits each epoch's dead letters with it."""
+    engine = ss.spark(spark_session, local_parallelism=2)
+    job = engine.new_job(
+        shout_dag(lp=2),
+        JobConfig(name="mb-bad", on_item_error=sinks.list_sink("bad")),
+        streaming=True,
+        epoch_ms=200,
+        checkpoint_location=str(tmp_path),
+    )
+    job.join(120)
+    assert job.status is ss.JobStatus.COMPLETED
+    assert sorted(engine.get_list("out")) == sorted(w.upper() for w in WORDS if w != "fig")
+    assert engine.get_list("bad") == [DeadLetter("shout", "fig", "ValueError: no figs", None)] * 50
+    assert job.metrics["shout"]["items_skipped"] == 50
+
+
+def event_key(e: tuple[str, int]) -> str:
+    if e[0] == "fig":
+        raise KeyError("no key for fig")
+    return e[0]
+
+
+def window_dag() -> DAG:
+    from slipstream.aggregate import counting
+    from slipstream.window import tumbling_window_def
+
+    events = [(w, i) for i, w in enumerate(WORDS)]
+    dag = DAG()
+    src = dag.new_vertex("words", sources.items(events)).local_parallelism(1)
+    win = dag.new_vertex(
+        "window",
+        P.aggregate_to_sliding_window(
+            key_fn=event_key,
+            timestamp_fn=lambda e: e[1],
+            window_def=tumbling_window_def(20),
+            agg_op=counting(),
+        ),
+    )
+    out = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
+    dag.edge(Edge.between(src, win).distributed().partitioned(lambda e: e[0]))
+    dag.edge(Edge.between(win, out).distributed().all_to_one())
+    return dag
+
+
+@pytest.mark.filterwarnings("ignore:.*emits windows on watermarks")
+def test_a_window_skips_on_spark_as_on_the_embedded_engine(spark_session: Any) -> None:
+    """A window's key function under "skip" (issue 21, item 4) on both engines."""
+    local, lj, spark, sj = run_both(spark_session, window_dag, JobConfig(on_item_error="skip"))
+    assert sorted(spark.get_list("out")) == sorted(local.get_list("out"))
+    assert len(local.get_list("out")) == 30  # 10 windows x 3 good keys
+    assert lj.metrics["window"]["items_skipped"] == sj.metrics["window"]["items_skipped"] == 50
