@@ -106,7 +106,10 @@ def test_a_spark_checkpoint_resumes_on_the_embedded_engine(spark_session: Any, t
     with pytest.raises(ss.JobCancelledError):
         first.join(60)
     assert 0 < first.metrics["source"]["items_out"] < N
-    local = ss.local()
+    # one generator processor on each side: the embedded default follows the interpreter
+    # (one thread with the GIL, one per CPU without), so it is pinned
+    assert first.watch()["parallelism"]["source"] == 1
+    local = ss.local(cooperative_threads=1)
     local.new_job(
         pipeline(),
         ss.JobConfig(name="handover", snapshot_store=str(tmp_path / "local")),
