@@ -243,6 +243,9 @@ def main() -> None:
     ap.add_argument("--only", default="pg,kafka")
     a = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    # the engine's warnings reach the handlers that time them, not the console
+    logging.getLogger("slipstream").setLevel(logging.WARNING)
+    logging.getLogger("slipstream").propagate = False
     rows = []
     only = a.only.split(",")
     if "pg" in only:
