@@ -126,3 +126,18 @@ class SnapshotStoreRolledBackError(SnapshotError):
     removed): the sinks may have published the output after that older snapshot, so
     resuming would publish it again. The message names the store and both snapshot ids;
     ``JobConfig(allow_rollback=True)`` resumes anyway and accepts the replay."""
+
+
+class SinkCommitError(SlipstreamError):
+    """A sink's commit cannot succeed: e.g. the broker aborted a Kafka transaction
+    (fenced producer, expired transaction). The message names the sink, the server, the
+    output concerned and the cause; a restart from the last committed snapshot writes
+    that output again."""
+
+
+class SinkUnavailableError(SinkCommitError):
+    """A sink's server stayed unreachable (or kept failing its commits) for longer than
+    ``JobConfig.sink_outage_timeout``. The message names the call, the server, how long
+    and how often it was tried, and the last cause; the vertex is named by the job's
+    error. What the sink prepared stays prepared: a restart or ``resume=True`` commits it
+    from the last committed snapshot."""

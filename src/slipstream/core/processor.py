@@ -56,6 +56,7 @@ class Context:
         "committed_snapshot_id",
         "completion_committed",
         "sink_outage_timeout",
+        "snapshot_interval_ms",
         "warning",
         "unavailable_since",
         "_staged",
@@ -135,6 +136,8 @@ class Context:
         #: seconds a sink may keep retrying a commit its server refuses before the job
         #: fails (``JobConfig.sink_outage_timeout``)
         self.sink_outage_timeout = 120.0
+        #: the job's ``snapshot_interval_ms`` when it commits snapshots (0 otherwise)
+        self.snapshot_interval_ms = 0
         #: what keeps this processor from making progress (e.g. "commit retrying: ..."),
         #: shown by ``job.watch()`` and the dashboard; ``None`` when all is well
         self.warning: str | None = None

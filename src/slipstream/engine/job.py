@@ -27,6 +27,7 @@ from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
 from slipstream.core.errors import (
     JobFailedError,
+    SinkUnavailableError,
     SnapshotError,
     SnapshotStoreInUseError,
     SnapshotStoreRolledBackError,
@@ -120,6 +121,8 @@ class _Execution:
             key = (s.vertex.vertex.name, s.global_index)
             s.context.metric_listener = job.late_items.on_metric
             s.context.sink_outage_timeout = config.sink_outage_timeout
+            if self.coordinator is not None:
+                s.context.snapshot_interval_ms = config.snapshot_interval_ms
             restore_entries = None
             if restore is not None and (key not in completed or key in recovering):
                 restore_entries = routed.get(key, [])
@@ -713,8 +716,12 @@ class Job(JobHandle):
                 if (
                     self.store is not None
                     and ex.failure.restartable
-                    # a sink found the store rolled back: every restart would find it again
-                    and not isinstance(ex.failure.error, SnapshotStoreRolledBackError)
+                    # a sink found the store rolled back: every restart would find it again;
+                    # a sink's server was away for longer than the outage budget the user
+                    # set (JobConfig.sink_outage_timeout): the job fails at the budget
+                    and not isinstance(
+                        ex.failure.error, (SnapshotStoreRolledBackError, SinkUnavailableError)
+                    )
                     and self.config.auto_restart
                     and self.restarts < self.config.max_restarts
                 ):

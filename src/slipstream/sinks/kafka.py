@@ -37,18 +37,21 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from slipstream.core.commit import AT_COMPLETION, PreparedCommits
 from slipstream.core.config import ProcessingGuarantee
-from slipstream.core.errors import SnapshotStoreRolledBackError
+from slipstream.core.errors import SinkCommitError, SnapshotStoreRolledBackError
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.retry import CommitRetry, transient_connection_error
 from slipstream.core.validation import check_callable
 from slipstream.state.keys import BroadcastKey, tagged_broadcast_name
 
@@ -56,8 +59,15 @@ __all__ = ["kafka", "KafkaSinkP", "transactional_prefix", "FINAL_MARKER"]
 
 #: Marker of the transaction a processor writes when its input completes.
 FINAL_MARKER = 1 << 62
-#: Seconds the transactional calls may take.
-TXN_TIMEOUT_S = 30.0
+#: Seconds one transactional call may take (at most what is left of the outage budget).
+TXN_TIMEOUT_S = 10.0
+#: librdkafka's default ``transaction.timeout.ms``; see :meth:`KafkaSinkP._txn_config`.
+DEFAULT_TXN_TIMEOUT_MS = 60_000
+#: The brokers' default ``transaction.max.timeout.ms``: a longer transaction timeout is
+#: refused by ``init_transactions``.
+BROKER_MAX_TXN_TIMEOUT_MS = 900_000
+
+log = logging.getLogger("slipstream.sinks")
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -125,6 +135,13 @@ class KafkaSinkP(AbstractProcessor):
         # next one's commit, and a restore from that one must write it too)
         self._prepared: PreparedCommits[tuple[int, list[Any]]] = PreparedCommits()
         self._entries: Any = None  # the snapshot entries being offered (resumable)
+        # per processor index: where its transaction stopped after a failed attempt
+        # (None: no transaction open; "abort": abort it before writing again; "commit":
+        # its commit was asked for, ask again)
+        self._txn_step: dict[int, str | None] = {}
+        self._retry: CommitRetry | None = None
+        self._rollback_checked = False
+        self._txn_timeout_ms = DEFAULT_TXN_TIMEOUT_MS
 
     def is_cooperative(self) -> bool:
         # exactly-once: a transaction (snapshot_commit_finish) waits for the broker
@@ -137,7 +154,13 @@ class KafkaSinkP(AbstractProcessor):
         )
         self._prefix = transactional_prefix(context.job_name, context.vertex_name)
         self._lineage = uuid.uuid4().hex[:12]  # replaced by the snapshot's on restore
-        if not self._exactly_once:
+        self._retry = CommitRetry(
+            context, "the Kafka transaction", f"Kafka at {self._config['bootstrap.servers']}",
+            _transient_kafka_error,
+        )
+        if self._exactly_once:
+            self._txn_timeout_ms = self._check_txn_timeout()
+        else:
             from confluent_kafka import Producer
 
             # delivery reports only for failures: no Python callback per record
@@ -186,16 +209,24 @@ class KafkaSinkP(AbstractProcessor):
             inbox.clear()
         producer.poll(0)
 
-    def _produce(self, producer: Any, records: list[tuple[bytes | None, bytes | None]]) -> None:
-        """Produce all ``records`` (blocking while the client's queue is full); used for
-        transactions."""
-        topic, on_delivery = self._topic, self._on_delivery
+    def _produce(
+        self, producer: Any, records: list[tuple[bytes | None, bytes | None]], deadline: float
+    ) -> None:
+        """Produce all ``records`` into the open transaction (waiting while the client's
+        queue is full, until ``deadline``: then ``TimeoutError``). A record that cannot
+        be delivered fails the transaction's commit."""
+        topic = self._topic
         for key, value in records:
             while True:
                 try:
-                    producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                    producer.produce(topic, value=value, key=key)
                     break
                 except BufferError:  # the client's queue is full: let it drain
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"the Kafka client's queue stayed full (records to topic "
+                            f"{topic!r} not sent to {self._config['bootstrap.servers']})"
+                        ) from None
                     producer.poll(0.05)
 
     def _on_delivery(self, error: Any, message: Any) -> None:
@@ -243,19 +274,6 @@ class KafkaSinkP(AbstractProcessor):
         self._entries = None
         return True
 
-    def snapshot_commit_finish(self, success: bool) -> bool:
-        """Write the transactions whose snapshot committed, one per call."""
-        if not success or not self._exactly_once:
-            return True
-        due = self._prepared.due(self.context)
-        if not due:
-            return True
-        txn = due[0]
-        marker, records = txn
-        self._write_transaction(self._lineage, self.context.global_processor_index, marker, records)
-        self._prepared.remove(txn)
-        return len(due) == 1
-
     def complete(self) -> bool:
         if not self._exactly_once:
             return self._flushed()
@@ -274,40 +292,164 @@ class KafkaSinkP(AbstractProcessor):
     def _marker_group(self, lineage: str, index: int) -> str:
         return f"{self._prefix}-{lineage}-{index}"
 
+    def _check_txn_timeout(self) -> int:
+        """The producers' ``transaction.timeout.ms``. A transaction is open only while it
+        is written, but through an outage it stays open for as long as its commit is
+        retried (``sink_outage_timeout``): if the broker aborts it first, the job fails
+        (the records come again from the snapshot after a restart) instead of riding the
+        outage out. Unset, it is raised to cover the snapshot interval plus the outage
+        budget (at most the brokers' default cap); set lower, a WARNING says which
+        setting to change."""
+        ctx = self.context
+        need = int(ctx.snapshot_interval_ms + ctx.sink_outage_timeout * 1000)
+        given = self._config.get("transaction.timeout.ms")
+        if given is None:
+            return max(DEFAULT_TXN_TIMEOUT_MS, min(need, BROKER_MAX_TXN_TIMEOUT_MS))
+        value = int(given)
+        if value < need:
+            log.warning(
+                "vertex %r: the Kafka producer's transaction.timeout.ms (%d) is shorter than "
+                "snapshot_interval_ms (%d) + sink_outage_timeout (%g s): a transaction whose "
+                "commit is retried through an outage that long is aborted by the broker and "
+                "the job fails instead of riding it out. Set transaction.timeout.ms >= %d in "
+                "the sink's config (brokers cap it at transaction.max.timeout.ms, %d by "
+                "default) or lower JobConfig.sink_outage_timeout",
+                ctx.vertex_name,
+                value,
+                ctx.snapshot_interval_ms,
+                ctx.sink_outage_timeout,
+                need,
+                BROKER_MAX_TXN_TIMEOUT_MS,
+            )
+        return value
+
+    def _call_timeout(self) -> float:
+        retry = self._retry
+        assert retry is not None
+        return min(TXN_TIMEOUT_S, max(2.0, retry.remaining_s()))
+
+    def _attempt(self, fn: Callable[[], Any], what: str) -> bool:
+        retry = self._retry
+        assert retry is not None
+        return retry.attempt(fn, what=what)
+
     def _txn_producer(self, lineage: str, index: int) -> Any:
         """The transactional producer of processor ``index`` (of this or a restored
-        execution); ``init_transactions`` fences off an older one with the same id."""
+        execution); ``init_transactions`` fences off an older one with the same id (and
+        aborts what it left open)."""
         producer = self._txn_producers.get(index)
         if producer is None:
             from confluent_kafka import Producer
 
             producer = Producer(
-                {**self._config, "transactional.id": self._marker_group(lineage, index)}
+                {
+                    **self._config,
+                    "transaction.timeout.ms": self._txn_timeout_ms,
+                    "transactional.id": self._marker_group(lineage, index),
+                }
             )
-            producer.init_transactions(TXN_TIMEOUT_S)
+            timeout = self._call_timeout()
+            _bounded(functools.partial(producer.init_transactions, timeout), timeout, "init_transactions")
             self._txn_producers[index] = producer
         return producer
 
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        """Write the transactions whose snapshot committed, one per call (each retried
+        through an outage, see :mod:`slipstream.core.retry`)."""
+        if not success or not self._exactly_once:
+            return True
+        due = self._prepared.due(self.context)
+        if not due:
+            return True
+        txn = due[0]
+        marker, records = txn
+        write = functools.partial(
+            self._write_transaction,
+            self._lineage,
+            self.context.global_processor_index,
+            marker,
+            records,
+        )
+        if not self._attempt(write, f"the transaction of {_what(marker)}"):
+            return False
+        self._prepared.remove(txn)
+        return len(due) == 1
+
     def _write_transaction(self, lineage: str, index: int, marker: int, records: list[Any]) -> None:
         """Write ``records`` and the marker in one transaction (once the snapshot
-        committed, or on restore)."""
-        from confluent_kafka import Consumer, TopicPartition
+        committed, or on restore). After a failed attempt it goes on where that one
+        stopped: a commit that was asked for is asked for again (never a new
+        transaction over one that may have committed), a transaction that failed before
+        its commit is aborted and written again whole (never an empty one). A fatal
+        error (the producer was fenced, or the broker aborted the transaction when it
+        outlived ``transaction.timeout.ms``) fails the job naming what was lost."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+        timeout = self._call_timeout()
         with _txn_lock(self._prefix):
-            producer = self._txn_producer(lineage, index)
-            group = Consumer({**self._config, "group.id": self._marker_group(lineage, index)})
+            step = self._txn_step.get(index)
             try:
-                producer.begin_transaction()
-                self._produce(producer, records)
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(self._topic, 0, marker)],
-                    group.consumer_group_metadata(),
-                    TXN_TIMEOUT_S,
-                )
-                producer.commit_transaction(TXN_TIMEOUT_S)
-            finally:
-                group.close()
-        self._check_delivery()
+                if step is not None and index not in self._txn_producers:
+                    # the producer was dropped mid-transaction (a call that never
+                    # returned): a new one fences it and aborts what it left open;
+                    # a commit it may have made shows in the marker
+                    self._txn_producer(lineage, index)
+                    if step == "commit" and self._committed_marker(lineage, index) >= marker:
+                        self._txn_step[index] = None
+                        return
+                    self._txn_step[index] = step = None
+                producer = self._txn_producer(lineage, index)
+                if step == "abort":
+                    _bounded(functools.partial(producer.abort_transaction, timeout), timeout, "abort_transaction")
+                    self._txn_step[index] = step = None
+                if step is None:
+                    producer.begin_transaction()
+                    self._txn_step[index] = "abort"  # until its commit is asked for
+                    # the marker first: a broker cut off during this call leaves no record
+                    # sent in a transaction that is then written again (the test broker
+                    # shows the records of an aborted transaction)
+                    group = Consumer({**self._config, "group.id": self._marker_group(lineage, index)})
+                    try:
+                        offsets = [TopicPartition(self._topic, 0, marker)]
+                        metadata = group.consumer_group_metadata()
+                        _bounded(
+                            functools.partial(
+                                producer.send_offsets_to_transaction, offsets, metadata, timeout
+                            ),
+                            timeout,
+                            "send_offsets_to_transaction",
+                        )
+                    finally:
+                        group.close()
+                    self._produce(producer, records, time.monotonic() + timeout)
+                    self._txn_step[index] = "commit"
+                _bounded(functools.partial(producer.commit_transaction, timeout), timeout, "commit_transaction")
+                self._txn_step[index] = None
+            except CallTimeoutError:
+                self._txn_producers.pop(index, None)  # abandoned to the call it is stuck in
+                raise
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                if err is not None and err.fatal():
+                    self._txn_producers.pop(index, None)
+                    self._txn_step[index] = None
+                    raise self._lost(lineage, index, marker, records, err) from e
+                if err is not None and err.txn_requires_abort():
+                    self._txn_step[index] = "abort"
+                raise
+
+    def _lost(self, lineage: str, index: int, marker: int, records: list[Any], err: Any) -> SinkCommitError:
+        return SinkCommitError(
+            f"the Kafka transaction of {_what(marker)} of processor {index} ({len(records)} "
+            f"records for topic {self._topic!r}, transactional.id "
+            f"{self._marker_group(lineage, index)!r}) was aborted by Kafka at "
+            f"{self._config['bootstrap.servers']}: {err.str() if hasattr(err, 'str') else err}. "
+            f"The producer was fenced (another producer took its transactional.id over) or "
+            f"the transaction outlived transaction.timeout.ms ({self._txn_timeout_ms} ms); "
+            f"none of those records is committed, and they are not written in a new "
+            f"transaction here: a restart (or resume=True) writes them again from the last "
+            f"committed snapshot"
+        )
 
     def _committed_marker(self, lineage: str, index: int) -> int:
         from confluent_kafka import Consumer, TopicPartition
@@ -320,7 +462,7 @@ class KafkaSinkP(AbstractProcessor):
             }
         )
         try:
-            (tp,) = group.committed([TopicPartition(self._topic, 0)], timeout=TXN_TIMEOUT_S)
+            (tp,) = group.committed([TopicPartition(self._topic, 0)], timeout=self._call_timeout())
             return int(tp.offset)  # negative when nothing was committed
         finally:
             group.close()
@@ -334,20 +476,30 @@ class KafkaSinkP(AbstractProcessor):
 
     def finish_snapshot_restore(self) -> bool:
         """Write again the transactions of the restored snapshot that did not commit;
-        processor ``i`` handles old processors ``j`` with ``j % parallelism == i``."""
+        processor ``i`` handles old processors ``j`` with ``j % parallelism == i``
+        (retried through an outage: each step is idempotent)."""
+        if not self._exactly_once:
+            self._restored = []
+            return True
+        return self._attempt(self._finish_restore_once, "restoring its transactions")
+
+    def _finish_restore_once(self) -> None:
         ctx = self.context
-        if ctx.allow_rollback is not None:
-            self._check_not_rolled_back()
-        for index, lineage, sid, records in sorted(self._restored, key=lambda r: r[2]):
+        if not self._rollback_checked:
+            if ctx.allow_rollback is not None:
+                self._check_not_rolled_back()
+            self._rollback_checked = True
+        restored = self._restored
+        while restored:
+            entry = min(restored, key=lambda r: r[2])
+            index, lineage, sid, records = entry
             self._lineage = lineage
-            if index % ctx.total_parallelism != ctx.global_processor_index:
-                continue
-            if records and self._committed_marker(lineage, index) < sid:
-                self._write_transaction(lineage, index, sid, records)
-            else:
-                self._txn_producer(lineage, index)  # fences what a dead producer left open
-        self._restored = []
-        return True
+            if index % ctx.total_parallelism == ctx.global_processor_index:
+                if records and self._committed_marker(lineage, index) < sid:
+                    self._write_transaction(lineage, index, sid, records)
+                else:
+                    self._txn_producer(lineage, index)  # fences what a dead producer left open
+            restored.remove(entry)
 
     def _check_not_rolled_back(self) -> None:
         """A marker newer than every transaction of the restored snapshot means a newer
@@ -396,6 +548,69 @@ class KafkaSinkP(AbstractProcessor):
             self._producer = None
         for producer in producers:
             producer.flush(5.0)
+
+
+class CallTimeoutError(TimeoutError):
+    """A Kafka client call did not return within its timeout (plus a grace)."""
+
+
+#: What a Kafka client call may take beyond its own timeout before it is abandoned.
+CALL_GRACE_S = 2.0
+
+
+def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``fn()`` on a helper thread, abandoned with :class:`CallTimeoutError` if it has not
+    returned ``CALL_GRACE_S`` after ``timeout``: some librdkafka calls
+    (``send_offsets_to_transaction`` with the broker cut off, seen here) do not honour
+    their timeout, and a sink must not hang its job."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="slipstream-kafka-call", daemon=True)
+    t.start()
+    t.join(timeout + CALL_GRACE_S)
+    if t.is_alive():
+        raise CallTimeoutError(f"{what} did not return within {timeout + CALL_GRACE_S:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def _what(marker: int) -> str:
+    return "the processor's last output" if marker == FINAL_MARKER else f"snapshot {marker}"
+
+
+def _transient_kafka_error(error: BaseException) -> bool:
+    """Whether a Kafka client error is worth a retry: a timeout, a lost broker, or an
+    error librdkafka calls retriable or abortable (never a fatal one: a fenced producer,
+    an expired transaction)."""
+    if isinstance(error, (TimeoutError, BufferError)):
+        return True
+    err: Any = error.args[0] if error.args else None
+    if hasattr(err, "fatal") and hasattr(err, "retriable"):
+        if err.fatal():
+            return False
+        if err.retriable() or err.txn_requires_abort():
+            return True
+        from confluent_kafka import KafkaError
+
+        return err.code() in (
+            KafkaError._TIMED_OUT,
+            KafkaError._TRANSPORT,
+            KafkaError._ALL_BROKERS_DOWN,
+            KafkaError._MSG_TIMED_OUT,
+            KafkaError._RESOLVE,
+            KafkaError.REQUEST_TIMED_OUT,
+            KafkaError.COORDINATOR_NOT_AVAILABLE,
+            KafkaError.NOT_COORDINATOR,
+            KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        )
+    return transient_connection_error(error)
 
 
 def kafka(
