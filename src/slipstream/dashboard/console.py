@@ -118,6 +118,8 @@ class Progress:
             head += f", snapshot #{s['id']} ({s['age_s']:.0f}s ago)"
         if doc.get("error"):
             head += f", error: {doc['error']}"
+        for w in doc.get("warnings") or ():
+            head += f", warning: {w}"
         if doc.get("stages"):
             head += ", Spark stages " + ", ".join(
                 f"#{x['id']} {x['tasks_done']}/{x['tasks_total']}" for x in doc["stages"][-3:]

@@ -32,6 +32,7 @@ section.job h2{font-size:16px;margin:0 0 6px 0}
 .facts{font-size:13px;color:#3c4a5c;margin:4px 0 8px 0}
 .facts span{margin-right:16px}
 .error{color:#b3261e;font-family:monospace;white-space:pre-wrap}
+.warn{color:#8a5a00;font-family:monospace;white-space:pre-wrap}
 .dagbox{overflow-x:auto;border:1px solid #dde3ea;border-radius:6px;margin:6px 0 10px 0;cursor:zoom-in}
 .dagbox svg{display:block;max-width:100%;height:auto}
 .dagbox.natural{cursor:zoom-out}.dagbox.natural svg{max-width:none}
@@ -137,6 +138,7 @@ _SCRIPT = """
     var s=j.snapshot;
     set(sec,'[data-f=snapshot]',s?('#'+s.id+', '+fmtMs(s.duration_ms)+', '+fmtB(s.bytes)+', '+s.age_s+' s ago'):'none yet');
     set(sec,'[data-f=error]',j.error||'');
+    set(sec,'[data-f=warnings]',(j.warnings||[]).join('\\n'));
     var sg=sec.querySelector('[data-f=stages]');
     if(sg&&j.stages&&j.stages.length){sg.parentNode.style.display='';
       set(sec,'[data-f=stages]',j.stages.slice(-3).map(function(x){
@@ -262,6 +264,7 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         '<span>last snapshot <b data-f="snapshot"></b></span>'
         '<span style="display:none">Spark stages (tasks done/total) <b data-f="stages"></b></span></div>'
         '<div class="error" data-f="error"></div>'
+        '<div class="warn" data-f="warnings"></div>'
         f'<div class="dagbox" title="click: actual size / fit the page">{svg}</div>'
         '<h3>History <span class="note">last <span data-f="range"></span>, a point a second'
         '<i class="key k-in"></i>items in/s'

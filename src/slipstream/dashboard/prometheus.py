@@ -58,6 +58,21 @@ class JobsCollector(Collector):
         lag = GaugeMetricFamily(
             "slipstream_vertex_watermark_lag_seconds", "Watermark lag behind the wall clock", labels=vlabels
         )
+        unavailable = GaugeMetricFamily(
+            "slipstream_sink_unavailable_seconds",
+            "How long a sink of the job has been retrying its server (0: every sink reaches it)",
+            labels=labels,
+        )
+        retries = CounterMetricFamily(
+            "slipstream_commit_retries",
+            "Failed attempts of the job's sinks to reach their server (current execution)",
+            labels=labels,
+        )
+        warnings = GaugeMetricFamily(
+            "slipstream_job_warnings",
+            "Warnings about what keeps the job from making progress (a sink retrying, a stall)",
+            labels=labels,
+        )
         stage_tasks = GaugeMetricFamily(
             "slipstream_spark_stage_tasks",
             "Tasks of the job's recent Spark stages, by state (done, active, failed, total)",
@@ -71,6 +86,9 @@ class JobsCollector(Collector):
             status.add_metric([*lv, j["status"]], 1.0 if j["status"] == "running" else 0.0)
             restarts.add_metric(lv, j["restarts"])
             snaps.add_metric(lv, j["snapshots"])
+            unavailable.add_metric(lv, j.get("sink_unavailable_s", 0))
+            retries.add_metric(lv, j.get("commit_retries", 0))
+            warnings.add_metric(lv, len(j.get("warnings") or ()))
             s = j.get("snapshot")
             if s:
                 snap_id.add_metric(lv, s["id"])
@@ -93,6 +111,7 @@ class JobsCollector(Collector):
                 if v["watermark_lag_ms"] is not None:
                     lag.add_metric(vl, v["watermark_lag_ms"] / 1000.0)
         yield from (status, restarts, snaps, snap_id, snap_dur, snap_bytes, snap_age, stage_tasks)
+        yield from (unavailable, retries, warnings)
         yield from (items_in, items_out, late, skipped, in_rate, out_rate, fill, wm, lag)
 
 

@@ -109,6 +109,11 @@ class Sampler:
             "snapshots": int(job_metrics.get("snapshots", 0)),
             "snapshot": snap,
             "error": watch.get("error"),
+            # what keeps the job from making progress (a sink retrying its server, a
+            # stalled snapshot): "vertex#index: text" / "job: text", see job.watch()
+            "warnings": [f"{k}: {v}" for k, v in sorted((watch.get("warnings") or {}).items())],
+            "commit_retries": int(job_metrics.get("commit_retries", 0)),
+            "sink_unavailable_s": int(job_metrics.get("sink_unavailable_s", 0)),
             "stages": watch.get("stages"),
             "vertices": vertices,
         }

@@ -465,20 +465,32 @@ class Job(JobHandle):
         the figures of the last one, ``snapshot_duration_us`` (request to commit), ``snapshot_bytes``,
         ``snapshot_entries``, ``snapshot_pause_us`` (the longest time a processor spent
         saving it), with ``snapshot_duration_us_max``/``_mean``,
-        ``snapshot_bytes_mean`` and ``snapshot_pause_us_max``."""
+        ``snapshot_bytes_mean`` and ``snapshot_pause_us_max``. Sinks riding out a
+        server outage: ``commit_retries`` (failed attempts of the current execution, also
+        per vertex) and ``sink_unavailable_s`` (how long the longest outage under way has
+        lasted, 0 when every sink reaches its server)."""
         out: dict[str, dict[str, int]] = {}
         ex = self._execution
+        retries = 0
+        since: float | None = None
         for t in ex.tasklets if ex else []:
             m = out.setdefault(t.vertex_name, {"items_in": 0, "items_out": 0})
             m["items_in"] += t.items_in
             m["items_out"] += sum(c.items_out for c in t.collectors)
-            for k, v in t.context.metrics.items():
+            ctx = t.context
+            for k, v in ctx.metrics.items():
                 m[k] = m.get(k, 0) + v
+            retries += ctx.metrics.get("commit_retries", 0)
+            s = ctx.unavailable_since
+            if s is not None and (since is None or s < since):
+                since = s
         c = ex.coordinator if ex else None
         job = {
             "restarts": self.restarts,
             "snapshots": 0,
             "resumed_from_snapshot": self.resumed_from_snapshot,
+            "commit_retries": retries,
+            "sink_unavailable_s": int(time.monotonic() - since) if since is not None else 0,
         }
         if self.store is not None:  # the same keys as the Spark engine's without snapshots
             job["snapshot_failures"] = c.consecutive_failures if c else 0
@@ -523,6 +535,9 @@ class Job(JobHandle):
             out["error"] = f"{where}{type(failure.error).__name__}: {failure.error}"
         elif self.snapshot_error is not None:
             out["error"] = self.snapshot_error
+        warnings = self._warnings(ex)
+        if warnings:
+            out["warnings"] = warnings
         progress: dict[str, tuple[int, int]] = {}
         for t in ex.tasklets:
             p = getattr(t.processor, "progress", None)
@@ -537,6 +552,17 @@ class Job(JobHandle):
         if progress:
             out["progress"] = progress
         return out
+
+    @staticmethod
+    def _warnings(ex: _Execution) -> dict[str, str]:
+        """What keeps a processor from making progress right now, per processor
+        (``"vertex#index"``): a sink's outage (``context.warning``). A stalled snapshot
+        is ``watch()["error"]`` (see ``snapshot_error``)."""
+        return {
+            f"{t.vertex_name}#{t.index}": t.context.warning
+            for t in ex.tasklets
+            if t.context.warning is not None
+        }
 
     def export_snapshot(self) -> SnapshotData | None:
         """The last committed snapshot (pass it as ``restore_from`` to a new job)."""

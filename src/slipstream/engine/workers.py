@@ -49,20 +49,6 @@ WATCHDOG_PERIOD_S = 0.05
 
 log = logging.getLogger("slipstream.workers")
 
-_CALLBACKS = {
-    "RESTORE": "restore_from_snapshot",
-    "FINISH_RESTORE": "finish_snapshot_restore",
-    "PROCESS_WATERMARK": "try_process_watermark",
-    "NULLARY_PROCESS": "try_process",
-    "PROCESS_INBOX": "process",
-    "COMPLETE_EDGE": "complete_edge",
-    "SAVE_SNAPSHOT": "save_to_snapshot",
-    "COMMIT_PREPARE": "snapshot_commit_prepare",
-    "COMMIT_FINISH": "snapshot_commit_finish",
-    "COMPLETE": "complete",
-    "CLOSE": "close",
-}
-
 
 def idle_pause(idle_passes: int, idle_s: float) -> float:
     """How long a worker sleeps after its ``idle_passes``-th pass in a row without
@@ -223,7 +209,7 @@ class WorkerPool:
                         t.vertex_name,
                         t.index,
                         type(t.processor).__name__,
-                        _CALLBACKS.get(t.state_name, t.state_name.lower()),
+                        t.callback_name,
                         now - started,
                         blocking_call_advice(t.processor, t.context),
                     )

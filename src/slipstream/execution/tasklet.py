@@ -110,6 +110,21 @@ END = int(State.END)
 
 _STATE_NAMES = {int(s): s.name for s in State}
 
+#: The processor callback each state calls (for messages naming what a processor is in).
+CALLBACKS = {
+    RESTORE: "restore_from_snapshot",
+    FINISH_RESTORE: "finish_snapshot_restore",
+    PROCESS_WATERMARK: "try_process_watermark",
+    NULLARY_PROCESS: "try_process",
+    PROCESS_INBOX: "process",
+    COMPLETE_EDGE: "complete_edge",
+    SAVE_SNAPSHOT: "save_to_snapshot",
+    COMMIT_PREPARE: "snapshot_commit_prepare",
+    COMMIT_FINISH: "snapshot_commit_finish",
+    COMPLETE: "complete",
+    CLOSE: "close",
+}
+
 
 class CommitBoard:
     """What a snapshot coordinator publishes to its tasklets: the outcome of each
@@ -296,6 +311,12 @@ class ProcessorTasklet:
     @property
     def state_name(self) -> str:
         return _STATE_NAMES[self.state]
+
+    @property
+    def callback_name(self) -> str:
+        """The processor callback the current state calls (the state's name when it
+        calls none)."""
+        return CALLBACKS.get(self.state, self.state_name)
 
     def close(self) -> None:
         """Close the processor once (also on failure); errors are the caller's to log."""

@@ -111,6 +111,7 @@ class KafkaSinkP(AbstractProcessor):
     """Writes items to ``topic``; see the module doc."""
 
     snapshot_tag = "kafka-txn"
+    metric_names = ("commit_retries",)  # failed attempts to reach the server
 
     def __init__(
         self,

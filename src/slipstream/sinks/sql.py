@@ -74,6 +74,7 @@ class SqlSinkP(AbstractProcessor):
     """Executes ``statement`` for each item in batches; see the module doc."""
 
     snapshot_tag = "sql-prepared"
+    metric_names = ("commit_retries",)  # failed attempts to reach the server
 
     def __init__(self, connect: Connect, statement: str) -> None:
         self._connect = connect
