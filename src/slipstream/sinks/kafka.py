@@ -441,8 +441,9 @@ class KafkaSinkP(AbstractProcessor):
 
     def _lost(self, lineage: str, index: int, marker: int, records: list[Any], err: Any) -> SinkCommitError:
         return SinkCommitError(
-            f"the Kafka transaction of {_what(marker)} of processor {index} ({len(records)} "
-            f"records for topic {self._topic!r}, transactional.id "
+            f"the Kafka transaction of processor {index} with "
+            f"{'its last output' if marker == FINAL_MARKER else f'the records of snapshot {marker}'}"
+            f" ({len(records)} records for topic {self._topic!r}, transactional.id "
             f"{self._marker_group(lineage, index)!r}) was aborted by Kafka at "
             f"{self._config['bootstrap.servers']}: {err.str() if hasattr(err, 'str') else err}. "
             f"The producer was fenced (another producer took its transactional.id over) or "
