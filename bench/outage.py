@@ -35,38 +35,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "connectors"))
 
+from outage_support import set_trap, trapped_connect  # noqa: E402
+
 import slipstream as ss  # noqa: E402
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources  # noqa: E402
 from slipstream.devservers import kafka_broker, postgres_server  # noqa: E402
-
-TRAPS: dict[str, Any] = {}
-
-
-class _Trapped:
-    """A psycopg connection whose next COMMIT PREPARED first runs its trap's action."""
-
-    def __init__(self, conn: Any, trap: str) -> None:
-        object.__setattr__(self, "_conn", conn)
-        object.__setattr__(self, "_trap", trap)
-
-    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(query).lstrip().upper().startswith("COMMIT PREPARED"):
-            action = TRAPS.pop(self._trap, None)
-            if action is not None:
-                action()
-        return self._conn.execute(query, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._conn, name, value)
-
-
-def trapped_connect(dsn: str, trap: str) -> Any:
-    import psycopg
-
-    return _Trapped(psycopg.connect(dsn, connect_timeout=5), trap)
 
 
 class Warned(logging.Handler):
@@ -123,7 +96,7 @@ def run_pg(outage: float | None, budget: float, rate: float) -> dict[str, Any]:
             started.set()
             pg.stop("immediate")
 
-        TRAPS[name] = stop
+        set_trap(name, stop)
         warned = Warned("'out'")
         logging.getLogger("slipstream").addHandler(warned)
         sink = sinks.sql(

@@ -165,3 +165,72 @@ def _reset(s: socket.socket) -> None:
         s.close()
     except OSError:
         pass
+
+
+# -- a connection that stops its server at the worst moment ------------------------------
+
+#: trap name -> what a trapped connection does at a ``COMMIT PREPARED`` (module level: a
+#: sink's connect callable names its trap and so pickles by reference)
+TRAPS: dict[str, Any] = {}
+
+
+def set_trap(name: str, action: Any, once: bool = True) -> None:
+    """Run ``action`` at the next ``COMMIT PREPARED`` of connections trapped under
+    ``name`` (at every one with ``once=False``, until :func:`clear_trap`)."""
+    TRAPS[name] = (action, once)
+
+
+def clear_trap(name: str) -> None:
+    TRAPS.pop(name, None)
+
+
+def sprung(name: str) -> bool:
+    """Whether a one-shot trap has fired."""
+    return name not in TRAPS
+
+
+class TrappedConnection:
+    """A psycopg connection whose ``COMMIT PREPARED`` (statement or ``tpc_commit``) first
+    runs its trap's action: the server can be stopped, or an error raised, exactly inside
+    a sink's commit."""
+
+    def __init__(self, conn: Any, trap: str) -> None:
+        object.__setattr__(self, "_conn", conn)
+        object.__setattr__(self, "_trap", trap)
+
+    def _spring(self) -> None:
+        entry = TRAPS.get(self._trap)
+        if entry is None:
+            return
+        action, once = entry
+        if once:
+            TRAPS.pop(self._trap, None)
+        action()
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(query).lstrip().upper().startswith("COMMIT PREPARED"):
+            self._spring()
+        return self._conn.execute(query, *args, **kwargs)
+
+    def tpc_commit(self, *args: Any, **kwargs: Any) -> Any:
+        self._spring()
+        return self._conn.tpc_commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._conn, name, value)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._conn.close()
+
+
+def trapped_connect(dsn: str, trap: str, connect_timeout: int = 5) -> Any:
+    """``connect`` for ``sinks.sql``: a new connection trapped under ``trap``."""
+    import psycopg
+
+    return TrappedConnection(psycopg.connect(dsn, connect_timeout=connect_timeout), trap)

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from outage_support import TcpProxy
+from outage_support import TcpProxy, set_trap, sprung, trapped_connect
 from test_kafka import produce, read_topic, topic_name, wait_for
 
 import slipstream as ss
@@ -33,50 +33,6 @@ pytestmark = pytest.mark.slow
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 _names = itertools.count()
-
-# What a trapped connection does at its next COMMIT PREPARED, by trap name (module level:
-# the sink's connect callable names the trap, so it pickles by reference).
-TRAPS: dict[str, Callable[[], None]] = {}
-
-
-class _TrappedConnection:
-    """A psycopg connection whose next ``COMMIT PREPARED`` (statement or ``tpc_commit``)
-    first runs the action set for its trap, once."""
-
-    def __init__(self, conn: Any, trap: str) -> None:
-        object.__setattr__(self, "_conn", conn)
-        object.__setattr__(self, "_trap", trap)
-
-    def _spring(self) -> None:
-        action = TRAPS.pop(self._trap, None)
-        if action is not None:
-            action()
-
-    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(query).lstrip().upper().startswith("COMMIT PREPARED"):
-            self._spring()
-        return self._conn.execute(query, *args, **kwargs)
-
-    def tpc_commit(self, *args: Any, **kwargs: Any) -> Any:
-        self._spring()
-        return self._conn.tpc_commit(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._conn, name, value)
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._conn.close()
-
-
-def trapped_connect(dsn: str, trap: str) -> Any:
-    return _TrappedConnection(psycopg.connect(dsn, connect_timeout=5), trap)
-
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PostgresServer]:
@@ -198,7 +154,7 @@ def test_sql_sink_pg_crash_at_commit_recovers_in_place_output_exact(
     kafka.create_topic(topic, 1)
     table = _table(pg.dsn)
     name = f"pg-crash-{next(_names)}"
-    TRAPS[name] = functools.partial(pg.stop, "immediate")
+    set_trap(name, functools.partial(pg.stop, "immediate"))
     warned = warnings_of("'db'", f"127.0.0.1:{pg.port}")
     produce(kafka.bootstrap, topic, _records(0, 1000))
     job = _kafka_to_sql(kafka.bootstrap, topic, pg.dsn, table, name, name, sink_outage_timeout=120)
@@ -229,7 +185,7 @@ def test_sql_sink_pg_down_past_the_budget_fails_naming_sink_server_cause_then_re
     table = _table(pg.dsn)
     name = f"pg-down-{next(_names)}"
     store = tempfile.mkdtemp(prefix="outage-store-")
-    TRAPS[name] = functools.partial(pg.stop, "immediate")
+    set_trap(name, functools.partial(pg.stop, "immediate"))
     produce(kafka.bootstrap, topic, _records(0, 1500))
     job = _kafka_to_sql(
         kafka.bootstrap, topic, pg.dsn, table, name, name, sink_outage_timeout=3, snapshot_store=store
@@ -283,7 +239,7 @@ def test_batch_job_pg_crash_at_its_last_commit_completes_once_the_server_is_back
     pg = pg_up
     table = _table(pg.dsn)
     name = f"batch-end-{next(_names)}"
-    TRAPS[name] = functools.partial(pg.stop, "immediate")
+    set_trap(name, functools.partial(pg.stop, "immediate"))
     warned = warnings_of("'db'", f"127.0.0.1:{pg.port}")
     job = _batch_to_sql(pg.dsn, table, name, name, 3000, sink_outage_timeout=120)
     assert warned.seen.wait(120), f"no warning naming the sink and server: {warned.texts}"
@@ -301,7 +257,7 @@ def test_batch_job_pg_down_at_its_last_commit_past_the_budget_fails_then_resumes
     table = _table(pg.dsn)
     name = f"batch-end-down-{next(_names)}"
     store = tempfile.mkdtemp(prefix="outage-store-")
-    TRAPS[name] = functools.partial(pg.stop, "immediate")
+    set_trap(name, functools.partial(pg.stop, "immediate"))
     job = _batch_to_sql(pg.dsn, table, name, name, 3000, sink_outage_timeout=3, snapshot_store=store)
     with pytest.raises(ss.JobFailedError) as err:
         job.join(180)
@@ -321,10 +277,10 @@ def test_an_error_injected_on_the_commit_connection_is_retried(pg_up: PostgresSe
     pg = pg_up
     table = _table(pg.dsn)
     name = f"injected-{next(_names)}"
-    TRAPS[name] = _raise_once
+    set_trap(name, _raise_once)
     job = _batch_to_sql(pg.dsn, table, name, name, 2000, snapshot_interval_ms=100)
     job.join(180)
-    assert name not in TRAPS  # the trap was sprung
+    assert sprung(name)
     assert _count(pg.dsn, table) == (2000, 2000)
     assert _prepared(pg.dsn, name) == []
     assert job.metrics["__job__"]["restarts"] == 0

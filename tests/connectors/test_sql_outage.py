@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from outage_support import TcpProxy
+from outage_support import TcpProxy, clear_trap, set_trap, trapped_connect
 from test_kafka import wait_for
 
 import slipstream as ss
@@ -24,36 +24,6 @@ from slipstream.core.processor import AbstractProcessor
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 _names = itertools.count()
-
-# trap name -> what the trapped connection does at each COMMIT PREPARED (module level:
-# the connect callable names its trap and pickles by reference)
-TRAPS: dict[str, Any] = {}
-
-
-class _Trapped:
-    """A psycopg connection whose ``COMMIT PREPARED`` statements first call its trap."""
-
-    def __init__(self, conn: Any, trap: str) -> None:
-        object.__setattr__(self, "_conn", conn)
-        object.__setattr__(self, "_trap", trap)
-
-    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(query).lstrip().upper().startswith("COMMIT PREPARED"):
-            action = TRAPS.get(self._trap)
-            if action is not None:
-                action()
-        return self._conn.execute(query, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._conn, name, value)
-
-
-def trapped(dsn: str, trap: str) -> Any:
-    return _Trapped(psycopg.connect(dsn, connect_timeout=2), trap)
-
 
 def _table(dsn: str) -> str:
     name = f"sqlout{next(_names)}"
@@ -129,14 +99,14 @@ def test_a_commit_connection_that_keeps_failing_fails_the_job_at_the_budget(post
     job never finished (join timed out)."""
     table = _table(postgres.dsn)
     name = f"always-{next(_names)}"
-    TRAPS[name] = _always
+    set_trap(name, _always, once=False)
     Halves.go.set()
     try:
-        job = _job(functools.partial(trapped, postgres.dsn, name), table, name, 200, sink_outage_timeout=1.5)
+        job = _job(functools.partial(trapped_connect, postgres.dsn, name, 2), table, name, 200, sink_outage_timeout=1.5)
         with pytest.raises(ss.JobFailedError) as ei:
             job.join(120)
     finally:
-        TRAPS.pop(name)
+        clear_trap(name)
     text = str(ei.value).split("\n--- processor traceback ---")[0]
     assert text.startswith(
         f"job {name!r} failed: vertex 'db', processor 0: SinkUnavailableError: COMMIT PREPARED "
@@ -189,14 +159,14 @@ def test_a_commit_that_hangs_fails_the_job_at_the_budget(postgres: Any) -> None:
     name = f"hang-{next(_names)}"
     proxy = TcpProxy(target_port=postgres.port)
     dsn = postgres.dsn.replace(f"port={postgres.port}", f"port={proxy.port}")
-    TRAPS[name] = proxy.hang
+    set_trap(name, proxy.hang, once=False)
     Halves.go.set()
     try:
-        job = _job(functools.partial(trapped, dsn, name), table, name, 200, sink_outage_timeout=3)
+        job = _job(functools.partial(trapped_connect, dsn, name, 2), table, name, 200, sink_outage_timeout=3)
         with pytest.raises(ss.JobFailedError) as ei:
             job.join(120)
     finally:
-        TRAPS.pop(name)
+        clear_trap(name)
         proxy.heal()
         proxy.close()
     text = str(ei.value)
@@ -228,11 +198,12 @@ def test_an_outage_is_said_in_the_log_watch_metrics_and_prometheus_then_cleared(
 
     table = _table(postgres.dsn)
     name = f"said-{next(_names)}"
-    outage = TRAPS[name] = _Outage()
+    outage = _Outage()
+    set_trap(name, outage, once=False)
     Halves.go.set()
     caplog.set_level(logging.WARNING, logger="slipstream.sinks")
     try:
-        job = _job(functools.partial(trapped, postgres.dsn, name), table, name, 300)
+        job = _job(functools.partial(trapped_connect, postgres.dsn, name, 2), table, name, 300)
         wait_for(lambda: job.watch().get("warnings"), "the outage in job.watch()")
         server = f"PostgreSQL at 127.0.0.1:{postgres.port} (database 'postgres')"
         said = (
@@ -254,7 +225,7 @@ def test_an_outage_is_said_in_the_log_watch_metrics_and_prometheus_then_cleared(
         outage.over.set()
         job.join(120)
     finally:
-        TRAPS.pop(name)
+        clear_trap(name)
     assert job.status is ss.JobStatus.COMPLETED and job.restarts == 0
     assert _rows(postgres.dsn, table) == [(i, f"v{i}") for i in range(300)]
     assert "warnings" not in job.watch()
