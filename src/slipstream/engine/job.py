@@ -489,10 +489,11 @@ class Job(JobHandle):
             "restarts": self.restarts,
             "snapshots": 0,
             "resumed_from_snapshot": self.resumed_from_snapshot,
-            "commit_retries": retries,
-            "sink_unavailable_s": int(time.monotonic() - since) if since is not None else 0,
         }
         if self.store is not None:  # the same keys as the Spark engine's without snapshots
+            # a sink riding out its server's outage (two-phase commits need snapshots)
+            job["commit_retries"] = retries
+            job["sink_unavailable_s"] = int(time.monotonic() - since) if since is not None else 0
             job["snapshot_failures"] = c.consecutive_failures if c else 0
             job["snapshot_failures_total"] = c.failed_snapshots if c else 0
             # the progress watchdog: seconds the snapshot in flight has been stalled
