@@ -55,6 +55,7 @@ class Context:
         "commits_snapshots",
         "committed_snapshot_id",
         "completion_committed",
+        "incremental_snapshots",
         "sink_outage_timeout",
         "snapshot_interval_ms",
         "warning",
@@ -133,6 +134,10 @@ class Context:
         #: the job's end released its last output): ``snapshot_commit_finish(True)`` may
         #: then commit what ``complete()`` prepared
         self.completion_committed = False
+        #: ``True`` when the engine's snapshots take keyed state as deltas: a
+        #: :class:`~slipstream.state.keyed.KeyedState` then records changed keys and saves
+        #: only those (``False``: every save is full, nothing is tracked per item)
+        self.incremental_snapshots = False
         #: seconds a sink may keep retrying a commit its server refuses before the job
         #: fails (``JobConfig.sink_outage_timeout``)
         self.sink_outage_timeout = 120.0

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from slipstream.core.errors import SnapshotError, SnapshotStalledError
 from slipstream.core.items import SnapshotBarrier
 from slipstream.execution.tasklet import CommitBoard
+from slipstream.state.keyed import StateMap
 from slipstream.state.keys import KeyedStateBatch
 from slipstream.state.restore import custom_partitioners as custom_partitioners
 from slipstream.state.restore import recovering_completed as recovering_completed
@@ -683,11 +684,16 @@ def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     :class:`KeyedStateBatch` mapping is handed over by the processor (it does not change
     it), so only its values are checked."""
     values = list(map(_second, entries))
-    if KeyedStateBatch in set(map(type, map(operator.itemgetter(0), entries))):
+    key_types = set(map(type, map(operator.itemgetter(0), entries)))
+    if KeyedStateBatch in key_types or StateMap in key_types:
         plain = []
         for e in entries:
-            if type(e[0]) is KeyedStateBatch:
+            t = type(e[0])
+            if t is KeyedStateBatch:
                 if not _frozen(list(e[1].values())):
+                    return _copied(entries)
+            elif t is StateMap:
+                if not _frozen(list(e[1].upserts.values())):
                     return _copied(entries)
             else:
                 plain.append(e[1])

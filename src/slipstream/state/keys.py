@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from slipstream.state.keyed import FULL, PLAIN, StateMap
+
 
 class BroadcastKey(NamedTuple):
     """Restored to every processor of the vertex."""
@@ -51,7 +53,10 @@ class KeyedStateBatch(NamedTuple):
 
 def expand_entries(entries: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """``entries`` with every :class:`KeyedStateBatch` entry replaced by the
-    ``KeyedStateKey`` entries it stands for (what a processor receives on restore)."""
+    ``KeyedStateKey`` entries it stands for, and every full
+    :class:`~slipstream.state.keyed.StateMap` entry by the entries of its map (what a
+    processor receives on restore). A delta or dropped map must have been merged into its
+    chain's full map by the snapshot store first: here it raises ``ValueError``."""
     out: list[tuple[Any, Any]] = []
     new = tuple.__new__
     for entry in entries:
@@ -59,6 +64,20 @@ def expand_entries(entries: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         if type(k) is KeyedStateBatch:
             detail = k.detail
             out.extend([(new(KeyedStateKey, (key, detail)), v) for key, v in entry[1].items()])
+        elif type(k) is StateMap:
+            save = entry[1]
+            if save.mode != FULL:
+                raise ValueError(
+                    f"snapshot entry {k!r} is a {save.mode} of keyed state, not merged with "
+                    f"the snapshot {save.base_id} it is relative to"
+                )
+            if k.tag == PLAIN:
+                out.extend(save.upserts.items())
+            else:
+                detail = k.detail
+                out.extend(
+                    [(new(KeyedStateKey, (key, detail)), v) for key, v in save.upserts.items()]
+                )
         else:
             out.append(entry)
     return out

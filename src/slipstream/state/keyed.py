@@ -1,0 +1,174 @@
+"""Keyed state that knows what changed: the engine-provided map behind incremental snapshots.
+
+A keyed processor (rolling aggregates, ``map_stateful``, aggregations, window frames,
+sessions, or a custom processor) keeps its per-key state in a :class:`KeyedState`: a
+``dict`` (reads and writes at C speed, nothing overridden) plus a set of the keys changed
+since the last snapshot, which the processor adds to where it writes::
+
+    def init(self, context):
+        self.counts = keyed_state(context)            # tag PLAIN: entries (key, value)
+
+    def process(self, ordinal, inbox):
+        counts, dirty = self.counts, self.counts.dirty
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+        if dirty is not None:                         # None: nothing to track
+            dirty.update(keys)
+
+    def save_to_snapshot(self):
+        return self.outbox.offer_to_snapshot(*self.counts.snapshot_entry())
+
+    def restore_from_snapshot_entry(self, key, value):
+        self.counts[key] = value                      # as with any saved entry
+
+A removed key is recorded the same way (``del counts[k]`` and ``dirty.add(k)``): a key
+that is in ``dirty`` but no longer in the map is saved as removed.
+
+:meth:`KeyedState.snapshot_entry` hands the snapshot one entry that stands for the whole
+map: a :class:`StateMap` key and a :class:`StateMapSave` value. It is *full* (a C-speed
+copy of the map) the first time in an execution, when the previous save did not commit,
+when the engine does not take incremental snapshots (``dirty`` is ``None`` then, so a
+job without them pays nothing per item), or when every key changed; otherwise it is a
+*delta*: only the changed keys' values and the removed keys, relative to the snapshot
+the previous save went into (``base_id``). The barrier's pause is then proportional to
+what changed, not to the size of the state. The snapshot store merges a processor's
+chain of a full save and its deltas back into the full map before restore routing
+(:func:`expand_entries` refuses an unmerged delta), so a processor restores exactly the
+entries it would have restored from full snapshots: ``(key, value)`` for a
+:data:`PLAIN` map, ``(KeyedStateKey(key, detail), value)`` for a :data:`KEYED` one.
+
+Values must not change after they were handed over unless they are immutable (ints,
+strings, tuples of such): the engine checks at C speed and copies mutable values of the
+changed keys (see ``detached`` in :mod:`slipstream.engine.snapshot`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = [
+    "DELTA",
+    "DROP",
+    "FULL",
+    "KEYED",
+    "PLAIN",
+    "KeyedState",
+    "StateMap",
+    "StateMapSave",
+    "dropped_entry",
+    "keyed_state",
+]
+
+#: a map whose entries restore as ``(key, value)``: the key is the grouping key itself
+PLAIN = "e"
+#: a map whose entries restore as ``(KeyedStateKey(key, detail), value)``
+KEYED = "k"
+
+#: :attr:`StateMapSave.mode` values
+FULL = "full"
+DELTA = "delta"
+DROP = "drop"
+
+
+class StateMap(NamedTuple):
+    """Snapshot entry key of a saved :class:`KeyedState` (in memory only: the snapshot
+    format stores it as plain data). ``(tag, detail)`` names the map among a processor's
+    maps: one processor must not save two maps under the same name."""
+
+    tag: str
+    detail: Any = None
+
+
+class StateMapSave(NamedTuple):
+    """Snapshot entry value of a saved :class:`KeyedState`.
+
+    ``mode`` is :data:`FULL` (``upserts`` is the whole map), :data:`DELTA` (``upserts``
+    holds the changed keys' new values and ``removed`` the keys removed since snapshot
+    ``base_id``, which holds this map's previous save) or :data:`DROP` (the map is gone
+    since ``base_id``: a closed window frame)."""
+
+    mode: str
+    upserts: dict[Any, Any]
+    removed: tuple[Any, ...] = ()
+    base_id: int = 0
+
+
+class KeyedState(dict):  # type: ignore[type-arg]
+    """A processor's keyed state: a ``dict`` that records changed keys in :attr:`dirty`
+    while the job takes incremental snapshots (see the module doc)."""
+
+    __slots__ = ("tag", "detail", "dirty", "_context", "_saved_id")
+
+    def __init__(self, tag: str = PLAIN, detail: Any = None, context: Any = None) -> None:
+        super().__init__()
+        if tag not in (PLAIN, KEYED):
+            raise ValueError(f"KeyedState tag must be PLAIN or KEYED, got {tag!r}")
+        self.tag = tag
+        self.detail = detail
+        #: the keys changed or removed since the last save; ``None`` when nothing is
+        #: tracked (the job takes no incremental snapshots)
+        self.dirty: set[Any] | None = None
+        self._context: Any = None
+        self._saved_id = 0  # the snapshot the previous save went into (0: none yet)
+        if context is not None:
+            self.attach(context)
+
+    def attach(self, context: Any) -> None:
+        """Track changes if ``context`` (the processor's) takes incremental snapshots."""
+        self._context = context
+        self.dirty = set() if getattr(context, "incremental_snapshots", False) else None
+
+    def changed(self, key: Any) -> None:
+        """Record that ``key`` was set or removed (the slower spelling of
+        ``dirty.add(key)`` for code that does not hold ``dirty``)."""
+        if self.dirty is not None:
+            self.dirty.add(key)
+
+    def snapshot_entry(self) -> tuple[StateMap, StateMapSave]:
+        """The entry to offer to the snapshot being saved (``context.current_snapshot_id``):
+        full or delta (see the module doc). Starts the next interval of change tracking."""
+        ctx = self._context
+        sid = int(getattr(ctx, "current_snapshot_id", 0) or 0)
+        key = StateMap(self.tag, self.detail)
+        dirty = self.dirty
+        base = self._saved_id
+        self._saved_id = sid
+        if dirty is None:
+            return key, StateMapSave(FULL, dict(self))
+        self.dirty = set()
+        committed = int(getattr(ctx, "committed_snapshot_id", 0) or 0)
+        if base == 0 or committed < base or len(dirty) >= len(self):
+            return key, StateMapSave(FULL, dict(self))
+        get = self.get
+        missing = _MISSING
+        upserts = {}
+        removed = []
+        for k in dirty:
+            v = get(k, missing)
+            if v is missing:
+                removed.append(k)
+            else:
+                upserts[k] = v
+        return key, StateMapSave(DELTA, upserts, tuple(removed), base)
+
+    def dropped_entry(self) -> tuple[StateMap, StateMapSave] | None:
+        """The entry that records this map as gone (call it instead of
+        :meth:`snapshot_entry` in the first save after the processor dropped the map,
+        e.g. a closed window frame); ``None`` when no snapshot holds it (nothing to drop)."""
+        if self._saved_id == 0 or self.dirty is None:
+            return None
+        return dropped_entry(self.tag, self.detail, self._saved_id)
+
+
+def dropped_entry(tag: str, detail: Any, base_id: int) -> tuple[StateMap, StateMapSave]:
+    """The entry that records map ``(tag, detail)`` as gone since snapshot ``base_id``."""
+    return StateMap(tag, detail), StateMapSave(DROP, {}, (), base_id)
+
+
+def keyed_state(context: Any, tag: str = PLAIN, detail: Any = None) -> KeyedState:
+    """A new :class:`KeyedState` for a processor with ``context``: the engine's factory
+    (the place where a state backend is chosen)."""
+    return KeyedState(tag, detail, context)
+
+
+_MISSING: Any = object()
