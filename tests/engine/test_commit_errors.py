@@ -198,3 +198,41 @@ def test_cancel_ends_a_job_whose_snapshot_write_hangs(tmp_path: Any) -> None:
             job.join(30)
     finally:
         HangingStore.release.set()
+
+
+class TerminalFailingStore(DirectorySnapshotStore):
+    """The terminal snapshot (suspend) cannot be written (a full disk)."""
+
+    job: Any = None
+
+    def write(self, data: Any) -> None:
+        req = self.job._execution.coordinator.requested_snapshot() if self.job else None
+        if req is not None and req.is_terminal and req.snapshot_id == data.snapshot_id:
+            raise OSError(28, "No space left on device")
+        super().write(data)
+
+
+def test_a_suspend_whose_terminal_snapshot_fails_fails_the_job_and_resume_is_exact(tmp_path: Any) -> None:
+    """On 04c31f3 suspend() returned and the job was COMPLETED with 196 of 2,000 items
+    written (the execution's end took the failed terminal snapshot for the job's end);
+    a resume=True then started afresh (the store was marked completed): 196 duplicates."""
+    n = 2000
+    store = TerminalFailingStore(str(tmp_path / "store"))
+    engine = ss.local()
+    cfg = JobConfig(name="suspend-fails", processing_guarantee=EO, snapshot_interval_ms=20, snapshot_store=store)
+    dag = _dag(sinks.list_sink("out"), n, 2)
+    job = store.job = engine.new_job(dag, cfg)
+    stp.wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 2, what="two snapshots")
+    with pytest.raises(ss.JobFailedError) as ei:
+        job.suspend(60)
+    assert "the terminal snapshot" in str(ei.value) and "No space left on device" in str(ei.value)
+    assert job.status is ss.JobStatus.FAILED
+    first = list(engine.get_list("out"))
+    assert len(first) < n
+    again = JobConfig(
+        name="suspend-fails", processing_guarantee=EO, snapshot_interval_ms=20,
+        snapshot_store=str(tmp_path / "store"), resume=True,
+    )
+    engine.new_job(dag, again).join(60)
+    got = sorted(engine.get_list("out"))
+    assert got == list(range(n)), (len(got), len(set(got)))

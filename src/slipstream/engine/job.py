@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
 from slipstream.core.errors import (
+    JobCancelledError,
     JobFailedError,
     SinkUnavailableError,
     SnapshotError,
@@ -404,7 +405,9 @@ class Job(JobHandle):
         ex.stop()
 
     def suspend(self, timeout: float | None = 30.0) -> None:
-        """Take a final snapshot and stop; ``resume()`` continues from it."""
+        """Take a final snapshot and stop; ``resume()`` continues from it. Raises
+        ``JobFailedError`` when that snapshot cannot be written (the job fails: a
+        ``resume=True`` continues from the last snapshot that committed)."""
         with self._lock:
             if self.store is None:
                 raise SnapshotError(
@@ -419,6 +422,11 @@ class Job(JobHandle):
         ex.coordinator.request(terminal=True)
         if not self._suspended.wait(timeout):
             raise TimeoutError(f"job {self.name!r} did not suspend within {timeout} s")
+        # the terminal snapshot could not be written (the job failed), or it was cancelled
+        if self._status is JobStatus.FAILED:
+            raise self._join_error()
+        if self._status is JobStatus.CANCELLED:
+            raise JobCancelledError(f"job {self.name!r} was cancelled")
 
     def resume(self) -> None:
         """Continue a suspended job from its terminal snapshot."""
