@@ -23,6 +23,12 @@ import pytest
 
 import slipstream as ss
 from slipstream import DAG, Edge
+from slipstream.spark.streaming import (
+    snapshot_epoch,
+    snapshot_no_data,
+    snapshot_watermark_pending,
+    snapshot_watermarks,
+)
 
 from .spark_engine_procs import Boom, Collect, Mapper
 from .spark_fake_rdd import FakeSession
@@ -157,6 +163,10 @@ def test_epochs_carry_window_state_and_watermarks(tmp_path: Path) -> None:
     assert m["__job__"]["snapshots"] == 6
 
 
+def _epoch_fields(data: Any) -> tuple[int, bool, bool]:
+    return snapshot_epoch(data), snapshot_no_data(data), snapshot_watermark_pending(data)
+
+
 def test_the_watermark_is_the_micro_batchs_and_a_no_data_epoch_emits_what_it_closes(
     tmp_path: Path,
 ) -> None:
@@ -177,9 +187,11 @@ def test_the_watermark_is_the_micro_batchs_and_a_no_data_epoch_emits_what_it_clo
     _run_epoch(engine, job, epoch0, 0)
     assert engine.get_list("windows") == []
     state = job.store.read(1)
-    assert (state.epoch_id, state.no_data, state.watermark_pending) == (0, False, True)
+    assert _epoch_fields(state) == (0, False, True)
     queue_wms = {
-        tuple(w["edges"][0]["wm"]) for (v, _i), w in state.watermarks.items() if v == "windows"
+        tuple(w["edges"][0]["wm"])
+        for (v, _i), w in snapshot_watermarks(state).items()
+        if v == "windows"
     }
     assert queue_wms == {(-400, 4400)}
 
@@ -189,18 +201,18 @@ def test_the_watermark_is_the_micro_batchs_and_a_no_data_epoch_emits_what_it_clo
         (3000, 4000, "a", 1),
     ]
     latest = job.store.read(2)
-    assert (latest.epoch_id, latest.no_data, latest.watermark_pending) == (0, True, False)
+    assert _epoch_fields(latest) == (0, True, False)
     assert (job.epochs_committed, job.no_data_epochs, job.last_epoch_id) == (1, 1, 0)
     assert not job._run_no_data_epoch()  # nothing pending: no epoch, no snapshot
     _run_epoch(engine, job, epoch0, 0)  # Spark replays epoch 0: already committed
     assert job.epochs_skipped == 1 and job.store.committed_ids() == [1, 2]
 
     _run_epoch(engine, job, [(3500, "b"), (9000, "a"), (4500, "b")], 1)
-    assert job.store.committed_ids() == [1, 2, 3] and job.store.read(3).epoch_id == 1
+    assert job.store.committed_ids() == [1, 2, 3] and snapshot_epoch(job.store.read(3)) == 1
     # (3500, "b") belongs to a window that 4400 closed: late, as in Spark
     assert job.metrics["windows"][LATE_METRIC] == 1
     assert len(engine.get_list("windows")) == 2
-    assert job.store.read(3).watermark_pending  # the splits ended at 4400 and 8400
+    assert snapshot_watermark_pending(job.store.read(3))  # the splits ended at 4400 and 8400
     assert job._run_no_data_epoch()
     assert sorted(tuple(r) for r in engine.get_list("windows")) == [
         (0, 1000, "a", 2),

@@ -71,7 +71,6 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.core.config import JobConfig, JobStatus
@@ -89,7 +88,6 @@ from slipstream.state.store import DirectorySnapshotStore, SnapshotData, VertexS
 __all__ = [
     "DEFAULT_EPOCH_MS",
     "DEFAULT_MAX_LIST_ITEMS",
-    "EpochSnapshot",
     "SparkMicroBatchJob",
     "SparkStreamingJob",
 ]
@@ -103,21 +101,104 @@ DEFAULT_EPOCH_MS = 1000.0
 DEFAULT_MAX_LIST_ITEMS = 1_000_000
 
 
-@dataclass
-class EpochSnapshot(SnapshotData):
-    """The state after one epoch: every processor's saved entries (``vertices``, as in
-    the embedded engine's snapshots) plus its watermark-coalescing state."""
+# -- the epoch's fields of a snapshot: plain data in SnapshotData.extra ---------------------
+# A snapshot committed by an epoch records, besides every processor's saved entries
+# (``vertices``, as in the embedded engine's snapshots), under these keys of ``extra``:
+#   epoch_id           Spark's epoch id (a micro-batch job's: the snapshot id - 1)
+#   watermarks         each processor's watermark-coalescing state (encode_watermarks)
+#   finished           written by a micro-batch job's final run: the job has completed
+#   no_data            a Structured Streaming job's no-data epoch after Spark's epoch
+#                      ``epoch_id``: it only moved the watermarks to the micro-batch's
+#   watermark_pending  some processor's output watermark ended below its vertex's
+#                      highest (a split of the micro-batch held older events): the next
+#                      epoch, or a no-data epoch, moves it
+# Older versions pickled these as attributes of an ``EpochSnapshot(SnapshotData)``
+# subclass; the store reads those files into the same keys (state.store.upgrade).
 
-    epoch_id: int = -1
-    watermarks: dict[tuple[str, int], Any] = field(default_factory=dict)
-    #: written by a micro-batch job's final run: the job has completed
-    finished: bool = False
-    #: a Structured Streaming job's no-data epoch after Spark's epoch ``epoch_id``: it only
-    #: moved the watermarks to the micro-batch's (Spark's no-data batch)
-    no_data: bool = False
-    #: some processor's output watermark ended below its vertex's highest (a split of the
-    #: micro-batch held older events): the next epoch, or a no-data epoch, moves it
-    watermark_pending: bool = False
+#: A processor's watermark state as the tasks use it (capture/restore_watermarks), by
+#: (vertex, processor index).
+Watermarks = dict[tuple[str, int], dict[str, Any]]
+
+
+def epoch_extra(
+    epoch_id: int,
+    watermarks: Watermarks,
+    *,
+    finished: bool = False,
+    no_data: bool = False,
+    watermark_pending: bool = False,
+) -> dict[str, Any]:
+    """The ``extra`` of the snapshot that an epoch commits."""
+    return {
+        "epoch_id": epoch_id,
+        "watermarks": encode_watermarks(watermarks),
+        "finished": finished,
+        "no_data": no_data,
+        "watermark_pending": watermark_pending,
+    }
+
+
+def snapshot_epoch(data: SnapshotData, default: int = -1) -> int:
+    """Spark's epoch id of the epoch that committed ``data`` (``default`` if it has none:
+    a snapshot the embedded engine wrote)."""
+    value = data.extra.get("epoch_id")
+    return int(value) if isinstance(value, int) else default
+
+
+def snapshot_finished(data: SnapshotData) -> bool:
+    """Whether ``data`` was committed by a micro-batch job's final run."""
+    return bool(data.extra.get("finished", False))
+
+
+def snapshot_no_data(data: SnapshotData) -> bool:
+    """Whether ``data`` was committed by a no-data epoch."""
+    return bool(data.extra.get("no_data", False))
+
+
+def snapshot_watermark_pending(data: SnapshotData) -> bool:
+    """Whether the epoch that committed ``data`` left a watermark pending."""
+    return bool(data.extra.get("watermark_pending", False))
+
+
+def snapshot_watermarks(data: SnapshotData) -> Watermarks:
+    """Each processor's watermark-coalescing state saved with ``data`` (empty for a
+    snapshot the embedded engine wrote)."""
+    return decode_watermarks(data.extra.get("watermarks"))
+
+
+def encode_watermarks(watermarks: Watermarks) -> list[list[Any]]:
+    """``watermarks`` as plain data that also survives JSON (str keys only): a list of
+    ``[vertex, index, state]``, each state's int-keyed maps (per-edge coalescers, the
+    last watermark sent per edge) as lists of ``[edge, value]`` pairs."""
+    out: list[list[Any]] = []
+    for (vertex, index), state in watermarks.items():
+        plain = dict(state)
+        if isinstance(plain.get("edges"), dict):
+            plain["edges"] = [[int(k), v] for k, v in plain["edges"].items()]
+        if isinstance(plain.get("sent"), dict):
+            plain["sent"] = [[int(k), v] for k, v in plain["sent"].items()]
+        out.append([vertex, index, plain])
+    return out
+
+
+def decode_watermarks(encoded: Any) -> Watermarks:
+    """The inverse of :func:`encode_watermarks`; also reads the dict that older
+    versions pickled (already in the tasks' shape)."""
+    if not encoded:
+        return {}
+    if isinstance(encoded, dict):  # an older version's EpochSnapshot.watermarks
+        return {(str(v), int(i)): state for (v, i), state in encoded.items()}
+    out: Watermarks = {}
+    for vertex, index, plain in encoded:
+        state = dict(plain)
+        if isinstance(state.get("edges"), list):
+            state["edges"] = {int(k): v for k, v in state["edges"]}
+        if isinstance(state.get("ordinals"), tuple):
+            state["ordinals"] = list(state["ordinals"])
+        if isinstance(state.get("sent"), list):
+            state["sent"] = {int(k): v for k, v in state["sent"]}
+        out[(str(vertex), int(index))] = state
+    return out
 
 
 def default_checkpoint_location(job_name: str) -> str:
@@ -279,15 +360,12 @@ class _EpochJob(SparkJobBase):
             return None
         routed, _completed = restore_plan(data, self._plans, custom_partitioners(self.dag))
         check_same_dag(data, dag_shape(self.dag), self.config.allow_job_change)
-        watermarks = {}
-        if isinstance(data, EpochSnapshot):
-            same = {
-                name
-                for name, vs in data.vertices.items()
-                if name in self._plans
-                and vs.total_parallelism == self._plans[name].total_parallelism
-            }
-            watermarks = {k: v for k, v in data.watermarks.items() if k[0] in same}
+        same = {
+            name
+            for name, vs in data.vertices.items()
+            if name in self._plans and vs.total_parallelism == self._plans[name].total_parallelism
+        }
+        watermarks = {k: v for k, v in snapshot_watermarks(data).items() if k[0] in same}
         return {"restore": routed, "watermarks": watermarks}
 
     def _run_one_epoch(
@@ -315,7 +393,7 @@ class _EpochJob(SparkJobBase):
         latest = self._latest(committed)
         snapshot_id = self._epoch_snapshot_id(epoch_id, committed, latest, no_data)
         if no_data and latest is not None:
-            epoch_id = getattr(latest, "epoch_id", epoch_id)  # after that Spark epoch
+            epoch_id = snapshot_epoch(latest, epoch_id)  # after that Spark epoch
         if snapshot_id is None:
             if no_data:
                 self._watermark_pending = False
@@ -360,14 +438,8 @@ class _EpochJob(SparkJobBase):
         results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
         if self._before_commit is not None:
             self._before_commit(epoch_id)  # a test hook: a driver failure before the commit
-        snapshot = EpochSnapshot(
-            snapshot_id,
-            self.name,
-            epoch_id=epoch_id,
-            finished=final,
-            no_data=no_data,
-            watermark_pending=_watermark_pending(results),
-        )
+        snapshot = SnapshotData(snapshot_id, self.name)
+        watermarks: Watermarks = {}
         for r in results:
             if "snapshot" not in r:
                 continue  # the final run takes no snapshot
@@ -376,9 +448,13 @@ class _EpochJob(SparkJobBase):
                 total = compiled.total_parallelism[r["vertex"]]
                 vs = snapshot.vertices[r["vertex"]] = VertexState(total)
             vs.entries[r["index"]] = [e for blob in r["snapshot"] for e in cloudpickle.loads(blob)]
-            snapshot.watermarks[(r["vertex"], r["index"])] = r["watermarks"]
+            watermarks[(r["vertex"], r["index"])] = r["watermarks"]
+        pending = _watermark_pending(results)
+        snapshot.extra = epoch_extra(
+            epoch_id, watermarks, finished=final, no_data=no_data, watermark_pending=pending
+        )
         self.store.write(snapshot)  # the commit point of the epoch
-        self._watermark_pending = snapshot.watermark_pending
+        self._watermark_pending = pending
         committed_at = time.time()
         engine.merge_results(results)
         self._report_late(results)
@@ -453,8 +529,8 @@ class SparkStreamingJob(_EpochJob):
     def _resumed_epoch(self, snapshot_id: int) -> int:
         """Spark's epoch id of snapshot ``snapshot_id`` (read once: the first epoch
         restores from it)."""
-        self._prefetched = self.store.read(snapshot_id)
-        return int(getattr(self._prefetched, "epoch_id", snapshot_id - 1))
+        self._prefetched = data = self.store.read(snapshot_id)
+        return snapshot_epoch(data, snapshot_id - 1)
 
     def _epoch_snapshot_id(
         self, epoch_id: int, committed: list[int], latest: Any, no_data: bool
@@ -465,9 +541,9 @@ class SparkStreamingJob(_EpochJob):
         if latest is None:
             return None if no_data else 1
         if no_data:
-            if not getattr(latest, "watermark_pending", False):
+            if not snapshot_watermark_pending(latest):
                 return None
-        elif epoch_id <= getattr(latest, "epoch_id", -1):
+        elif epoch_id <= snapshot_epoch(latest):
             return None
         return committed[-1] + 1
 
@@ -759,7 +835,7 @@ class SparkMicroBatchJob(_EpochJob):
                 self._status = JobStatus.RUNNING
             committed = self.store.committed_ids()
             latest = committed[-1] if committed else 0
-            if latest and getattr(self.store.read(latest), "finished", False):
+            if latest and snapshot_finished(self.store.read(latest)):
                 log.info("job %s: already finished at snapshot %d", self.name, latest)
                 self._finished = True
                 return

@@ -34,6 +34,7 @@ the store.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import os
@@ -82,6 +83,12 @@ class SnapshotData:
     #: :func:`~slipstream.state.lineage.dag_shape`); ``None`` in snapshots of
     #: older versions (the class default answers for them)
     dag_shape: Any = None
+    #: an engine's own metadata about the snapshot, plain data only (str keys; lists,
+    #: tuples, dicts, str, int, float, bool, None; never a slipstream class), so a
+    #: snapshot file names no class of the engine that wrote it (the Spark engine's
+    #: epoch id and watermarks, see :mod:`slipstream.spark.streaming`); empty in
+    #: snapshots of older versions (:meth:`DirectorySnapshotStore.read` fills it in)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def entry_count(self) -> int:
         return sum(len(es) for v in self.vertices.values() for es in v.entries.values())
@@ -459,14 +466,14 @@ class DirectorySnapshotStore:
         Nothing is unpickled before the signature is verified."""
         _info, payload = self._read_verified(snapshot_id)
         try:
-            data = pickle.loads(payload)
+            data = _SnapshotUnpickler(io.BytesIO(payload)).load()
         except Exception as e:  # noqa: BLE001
             raise SnapshotError(
                 f"snapshot {snapshot_id} in {self._path(snapshot_id)} cannot be loaded: {e}"
             ) from e
         if not isinstance(data, SnapshotData):
             raise SnapshotError(f"{self._path(snapshot_id)} does not hold a slipstream snapshot")
-        return data
+        return upgrade(data)
 
     def latest(self) -> SnapshotData | None:
         """The newest committed snapshot, or ``None`` for an empty store. Raises
@@ -500,6 +507,53 @@ class DirectorySnapshotStore:
                 f"{older}; or start from scratch with another snapshot_store (or after "
                 f"removing {self.directory})."
             ) from e
+
+
+#: Where slipstream versions before ``SnapshotData.extra`` pickled the Spark engine's
+#: snapshots: a subclass of SnapshotData with the epoch's fields as attributes.
+_LEGACY_EPOCH_SNAPSHOT = ("slipstream.spark.streaming", "EpochSnapshot")
+#: Those attributes; :func:`upgrade` moves them into ``extra`` under the same names.
+LEGACY_EPOCH_FIELDS = ("epoch_id", "watermarks", "finished", "no_data", "watermark_pending")
+
+
+class _LegacyEpochSnapshot(SnapshotData):
+    """What an ``EpochSnapshot`` pickle of an older version unpickles as (its state is
+    set attribute by attribute, no constructor runs); :func:`upgrade` turns it into a
+    plain :class:`SnapshotData`."""
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Unpickles a verified snapshot payload; an older version's Spark ``EpochSnapshot``
+    becomes a :class:`_LegacyEpochSnapshot` (the state layer imports no engine)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == _LEGACY_EPOCH_SNAPSHOT:
+            return _LegacyEpochSnapshot
+        return super().find_class(module, name)
+
+
+def upgrade(data: SnapshotData) -> SnapshotData:
+    """``data`` in this version's shape: ``extra`` present (older pickles lack it), and
+    an older Spark ``EpochSnapshot`` as a plain :class:`SnapshotData` whose ``extra``
+    holds its epoch fields (names of :data:`LEGACY_EPOCH_FIELDS`; the Spark engine reads
+    them with its accessors)."""
+    attrs = vars(data)
+    extra = attrs.get("extra")
+    if not isinstance(extra, dict):
+        extra = {}
+    if type(data) is SnapshotData:
+        data.extra = extra
+        return data
+    for name in LEGACY_EPOCH_FIELDS:
+        if name in attrs:
+            extra.setdefault(name, attrs[name])
+    return SnapshotData(
+        data.snapshot_id,
+        data.job_name,
+        data.vertices,
+        attrs.get("dag_shape"),
+        extra,
+    )
 
 
 def _unlink(path: str) -> None:
