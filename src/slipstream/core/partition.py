@@ -4,7 +4,11 @@ Keys hash to one of ``DEFAULT_PARTITION_COUNT`` partitions with a hash that is t
 in every process (Python's ``hash`` of a ``str`` is randomised per process, which would
 break Spark executors and restoring a snapshot in another process). Partitions are owned
 by members (``p % member_count``) and dealt round-robin to a member's processors, like
-Jet's ``PartitionArrangement``; restoring keyed state uses the same table.
+Jet's ``PartitionArrangement``. :func:`key_routing` is the one place that decides which
+processor a key goes to: a partitioned edge's collector routes live items with it, and
+restoring keyed state routes a snapshot's entries with it
+(:func:`slipstream.state.restore.restore_plan`), so restored state lands where the
+items with its key arrive, at any parallelism and member count.
 """
 
 from __future__ import annotations
@@ -87,3 +91,41 @@ def partition_table(
             for p in parts:
                 table[p] = member_index * local_parallelism + i
     return table
+
+
+class KeyRouting:
+    """Where keys go on one partitioned edge, seen from one producer's member:
+    ``table[partitioner(key, partition_count)]`` is the global index of the consumer
+    processor that receives ``key`` (:meth:`owner`). Collectors keep the table and the
+    partitioner (their hot loop caches the target per key); restore calls :meth:`owner`."""
+
+    __slots__ = ("partitioner", "partition_count", "table")
+
+    def __init__(self, partitioner: Partitioner, partition_count: int, table: list[int]) -> None:
+        self.partitioner = partitioner
+        self.partition_count = partition_count
+        self.table = table
+
+    def owner(self, key: Any) -> int:
+        """The global index of the processor that receives ``key``."""
+        return self.table[self.partitioner(key, self.partition_count)]
+
+
+def key_routing(
+    partitioner: Partitioner | None,
+    member_count: int,
+    local_parallelism: int,
+    *,
+    distributed: bool = True,
+    member_index: int = 0,
+    partition_count: int = DEFAULT_PARTITION_COUNT,
+) -> KeyRouting:
+    """The routing of keys to the ``member_count * local_parallelism`` consumers of a
+    partitioned edge: ``partitioner`` (the edge's custom one, ``None`` for
+    :func:`default_partitioner`) and the :func:`partition_table` of a producer on member
+    ``member_index``. On a distributed edge every producer routes a key alike; snapshot
+    restore routes keyed entries as such an edge does."""
+    table = partition_table(
+        partition_count, member_count, local_parallelism, distributed, member_index
+    )
+    return KeyRouting(partitioner or default_partitioner, partition_count, table)

@@ -18,7 +18,7 @@ from slipstream.core.dag import DAG, Edge, RoutingPolicy, Vertex, effective_para
 from slipstream.core.dead_letters import is_dead_letter_edge, policy_of
 from slipstream.core.errors import DagError
 from slipstream.core.item_errors import FAIL, ItemErrorReport, ItemErrors
-from slipstream.core.partition import DEFAULT_PARTITION_COUNT, partition_table
+from slipstream.core.partition import DEFAULT_PARTITION_COUNT, key_routing, partition_table
 from slipstream.core.processor import Context, Processor
 from slipstream.core.suppliers import (
     FactorySupplier,
@@ -150,19 +150,20 @@ def make_collector(
     targets = edge_targets(edge, src, dst, producer)
     routing = edge.routing
     if routing is RoutingPolicy.PARTITIONED:
-        table = partition_table(
-            DEFAULT_PARTITION_COUNT,
+        keys = key_routing(
+            edge.partitioner,
             dst.member_count,
             dst.local_parallelism,
-            edge.is_distributed,
-            src.member_of(producer),
+            distributed=edge.is_distributed,
+            member_index=src.member_of(producer),
         )
         position = {t: i for i, t in enumerate(targets)}
         return PerTargetCollector(
             queues,
             key_fn=edge.key_fn,
-            partitioner=edge.partitioner,
-            partition_to_target=[position[t] for t in table],
+            partitioner=keys.partitioner,
+            partition_count=keys.partition_count,
+            partition_to_target=[position[t] for t in keys.table],
             label=edge_label(edge),
             validate_keys=src.validate_keys,
         )

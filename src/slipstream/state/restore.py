@@ -1,7 +1,8 @@
 """Restore routing: which processor of a new execution gets which entry of a snapshot.
 
 A keyed entry goes where a live item with its key goes on a distributed partitioned edge
-(the vertex's custom partitioner if its inbound edge has one), so a job restores at
+(the vertex's custom partitioner if its inbound edge has one): both are routed by
+:func:`~slipstream.core.partition.key_routing`, so a job restores at
 another parallelism or member count; a :class:`~slipstream.state.keys.BroadcastKey` entry
 goes to every processor of the vertex. Both engines restore through :func:`restore_plan`
 (the embedded engine's :mod:`~slipstream.engine.job`, the Spark engine's
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 
 from slipstream.core.dag import DAG, RoutingPolicy
 from slipstream.core.errors import SnapshotError
-from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner, partition_table
+from slipstream.core.partition import key_routing
 from slipstream.state.keys import expand_entries, is_broadcast, routing_key
 from slipstream.state.store import SnapshotData
 
@@ -46,7 +47,9 @@ def restore_plan(
     custom one), broadcast entries to every processor. Returns the entries per (vertex,
     global index) and the processors to restore as already completed.
     """
-    lost = sorted(n for n, vs in data.vertices.items() if n not in plans and any(vs.entries.values()))
+    lost = sorted(
+        n for n, vs in data.vertices.items() if n not in plans and any(vs.entries.values())
+    )
     if lost:
         # Jet refuses a restore into a changed DAG too: the state would be dropped silently
         raise SnapshotError(
@@ -79,10 +82,8 @@ def restore_plan(
                     f"had finished when the snapshot was taken; it cannot be restored with "
                     f"parallelism {total}"
                 )
-        table = partition_table(
-            DEFAULT_PARTITION_COUNT, vp.member_count, vp.local_parallelism, True, 0
-        )
-        partitioner = partitioners.get(name) or default_partitioner
+        # the routing of a live item on a distributed partitioned edge into this vertex
+        owner = key_routing(partitioners.get(name), vp.member_count, vp.local_parallelism).owner
         everyone = [routed[(name, g)] for g in range(total)]
         for entries in vs.entries.values():
             for entry in expand_entries(entries):
@@ -91,8 +92,7 @@ def restore_plan(
                     for lst in everyone:
                         lst.append(entry)
                 else:
-                    p = partitioner(routing_key(k), DEFAULT_PARTITION_COUNT)
-                    routed[(name, table[p])].append(entry)
+                    routed[(name, owner(routing_key(k)))].append(entry)
     return routed, completed
 
 
