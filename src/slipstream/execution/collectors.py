@@ -1,4 +1,6 @@
-"""Outbound routing: moves a processor's output chunks into the queues of its consumers.
+"""Outbound routing: moves a processor's output chunks into the channels of its consumers
+(:class:`~slipstream.execution.channels.ChannelWriter`: in-process queues, or the local
+queues a cross-process sender drains; a collector cannot tell them apart).
 
 A collector serves one outbound ordinal of one processor. It takes ownership of data
 chunks and special items, keeps them in order, and pushes what the queues accept on
@@ -29,7 +31,7 @@ from typing import Any
 from slipstream.core.describe import describe_fn, short_repr
 from slipstream.core.errors import KeyFunctionError
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT, default_partitioner
-from slipstream.execution.queues import SpscQueue
+from slipstream.execution.channels import ChannelWriter
 
 _KEY_CACHE_LIMIT = 1 << 16
 _SPLIT_AT = 256
@@ -38,7 +40,7 @@ _SPLIT_AT = 256
 class Collector:
     """Common interface; ``items_out`` counts data items handed over."""
 
-    queues: Sequence[SpscQueue]
+    queues: Sequence[ChannelWriter]
     items_out: int
 
     def add_chunk(self, chunk: list[Any]) -> None:
@@ -66,7 +68,7 @@ class RoundRobinCollector(Collector):
         "max_chunk",
     )
 
-    def __init__(self, queues: Sequence[SpscQueue]) -> None:
+    def __init__(self, queues: Sequence[ChannelWriter]) -> None:
         if not queues:
             raise ValueError("a collector needs at least one queue")
         self.queues = list(queues)
@@ -163,7 +165,7 @@ class PerTargetCollector(Collector):
 
     def __init__(
         self,
-        queues: Sequence[SpscQueue],
+        queues: Sequence[ChannelWriter],
         key_fn: Callable[[Any], Any] | None = None,
         partitioner: Callable[[Any, int], int] | None = None,
         partition_to_target: Sequence[int] | None = None,

@@ -1,4 +1,5 @@
-"""One inbound edge of one processor: its queues (one per upstream producer), watermark
+"""One inbound edge of one processor: its channels (one per upstream producer,
+:class:`~slipstream.execution.channels.ChannelReader`), watermark
 coalescing across them, barrier alignment, and end-of-stream detection (Jet's
 ``ConcurrentInboundEdgeStream``)."""
 
@@ -16,8 +17,8 @@ from slipstream.core.items import (
     SnapshotBarrier,
     Watermark,
 )
+from slipstream.execution.channels import ChannelReader
 from slipstream.execution.coalescer import NO_NEW_WM, WatermarkCoalescer
-from slipstream.execution.queues import SpscQueue
 
 
 class SnapshotOrderError(Exception):
@@ -52,7 +53,7 @@ class InboundEdgeStream:
         self,
         ordinal: int,
         priority: int,
-        queues: Sequence[SpscQueue],
+        queues: Sequence[ChannelReader],
         exactly_once: bool = True,
         label: str = "",
     ) -> None:

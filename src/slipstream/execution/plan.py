@@ -9,7 +9,7 @@ engine and the Spark engine both build their tasklets here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from slipstream.core.suppliers import (
     SupplierContext,
 )
 from slipstream.core.traits import all_sources_bounded
+from slipstream.execution.channels import Channel, ChannelFactory, ChannelWriter
 from slipstream.execution.collectors import Collector, PerTargetCollector, RoundRobinCollector
 from slipstream.execution.inbound import InboundEdgeStream
 from slipstream.execution.queues import CrossMemberQueue, SpscQueue
@@ -127,7 +128,7 @@ def edge_label(edge: Edge) -> str:
     return f"edge {edge.source.name!r} -> {dest!r} (ordinal {edge.dest_ordinal})"
 
 
-def single_target_collector(edge: Edge, src: VertexPlan, queue: SpscQueue) -> Collector:
+def single_target_collector(edge: Edge, src: VertexPlan, queue: ChannelWriter) -> Collector:
     """The collector of an edge whose producer sends to one consumer only, through
     ``queue`` (the Spark engine's narrow edges): round robin over that queue, except
     that a partitioned edge still checks its key function as :func:`make_collector`'s
@@ -145,7 +146,7 @@ def single_target_collector(edge: Edge, src: VertexPlan, queue: SpscQueue) -> Co
 
 
 def make_collector(
-    edge: Edge, src: VertexPlan, dst: VertexPlan, producer: int, queues: Sequence[SpscQueue]
+    edge: Edge, src: VertexPlan, dst: VertexPlan, producer: int, queues: Sequence[ChannelWriter]
 ) -> Collector:
     targets = edge_targets(edge, src, dst, producer)
     routing = edge.routing
@@ -278,9 +279,15 @@ def wire(
     dag: DAG,
     plans: dict[str, VertexPlan],
     guarantee: ProcessingGuarantee,
-    queue_factory: Callable[[Edge, int, int], SpscQueue] | None = None,
+    queue_factory: ChannelFactory | None = None,
 ) -> list[TaskletSpec]:
-    """Create queues, collectors and inbound streams for every edge."""
+    """Create channels, collectors and inbound streams for every edge.
+
+    One channel per connected (producer, consumer) pair: ``queue_factory(edge, producer,
+    consumer)`` (global processor indices) when given (the seam where a channel whose
+    consumer lives in another process plugs in, :mod:`slipstream.execution.channels`),
+    else an in-process :class:`SpscQueue` (a :class:`CrossMemberQueue` between two
+    simulated members)."""
     specs: dict[tuple[str, int], TaskletSpec] = {}
     for name, vp in plans.items():
         for g, (p, ctx) in enumerate(zip(vp.processors, vp.contexts, strict=True)):
@@ -290,11 +297,11 @@ def wire(
         for e in dag.outbound_edges(v):
             src = plans[e.source.name]
             dst = plans[e.dest.name]  # type: ignore[union-attr]
-            feeding: dict[int, list[SpscQueue]] = {c: [] for c in range(dst.total_parallelism)}
+            feeding: dict[int, list[Channel]] = {c: [] for c in range(dst.total_parallelism)}
             label = edge_label(e)
             for producer in range(src.total_parallelism):
                 targets = edge_targets(e, src, dst, producer)
-                queues = []
+                queues: list[Channel] = []
                 for c in targets:
                     if queue_factory is not None:
                         q = queue_factory(e, producer, c)
