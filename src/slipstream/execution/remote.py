@@ -1,0 +1,590 @@
+"""Channels whose producer and consumer live in different OS processes (issue 24).
+
+For every (edge, remote member) pair one :class:`ChannelSender` runs on the producing
+member and one :class:`ChannelReceiver` on the consuming member, joined by a connected
+stream socket (an anonymous ``socket.socketpair()`` end per side). Each (producer,
+consumer) pair of the edge between the two members is one *lane*: on the producing
+side the producer's collector offers into the lane's local
+:class:`~slipstream.execution.queues.SpscQueue` (:meth:`ChannelSender.lane`), on the
+consuming side the consumer's inbound stream drains the lane's local ``SpscQueue``
+(:meth:`ChannelReceiver.lane`). So the processor tasklet, its collectors and its inbound
+streams are the same code for local and remote input: items, watermarks, idle marks,
+snapshot barriers and end-of-stream travel in band, in order, per lane.
+
+Both are cooperative tasklets (``call()`` returns ``NO_PROGRESS``, ``MADE_PROGRESS`` or
+``DONE``, never blocks: the socket is non-blocking), so a worker thread drives them
+beside processor tasklets.
+
+**Batching.** A sender call drains what its lanes hold into one frame (at most
+``batch_items`` items; consecutive chunks of a lane are merged), so a busy edge sends
+big frames and a quiet one sends each item as soon as the sender runs.
+
+**Credits (back-pressure), two bounds.** (1) At most ``window`` frames are in flight per
+sender/receiver pair: the receiver acknowledges a frame once it has decoded it into the
+lanes' queues; a receiver that does not run (a slow or stuck member) stops its sender
+after ``window`` frames, then the lanes' local queues fill and the producers' collectors
+are refused, as with a full in-process queue. (2) Per lane, the sender sends only while
+``sent - taken < capacity``, where ``taken`` is the consumer's ``take_count`` the
+receiver reports back: each lane is bounded exactly like an in-process queue of the
+edge's ``queue_size``, and a consumer that stops reading one lane (barrier alignment)
+never blocks the other lanes of the pair. (A lane holds up to ``capacity`` items on each
+side, so a remote pair buffers about twice what a local one does.)
+
+**Wire format.** Sender to receiver: frames of ``!IB`` (body length, codec) and a body
+that is a flat list ``[lane, kind, payload, ...]``: kinds are a data chunk (the items),
+a watermark (its timestamp), an idle mark, a barrier (``(id, terminal)``), end of stream
+and, once at the start, the lane table (``[(producer, consumer), ...]``). Special items
+are rebuilt from their kind, so no class path crosses. The body is ``marshal``\\ ed when
+every item is a plain ``int``/``float``/``str``/``bytes``/``bool``/``None``/``complex``
+or a tuple of those (exact types, checked per chunk: marshal turns other buffer-like
+objects into ``bytes``), else pickled (protocol 5): measured, marshal costs about half of
+pickle per tuple item (docs/performance.md, "Channels"). Receiver to sender: ``!I``
+length and a ``marshal``\\ ed list ``[acked_frames, lane, taken, lane, taken, ...]``.
+
+**Trust.** The receiver unpickles what arrives on its socket, so the socket must be one
+nobody else can write to: the engine creates each pair with ``socket.socketpair()``
+(no address anyone could connect to) and hands the ends to its own member processes.
+
+**A dead peer** (killed, crashed, closed its end early) surfaces as
+:class:`ChannelPeerError` on the next call of the other side, naming the edge, the
+direction and the member.
+"""
+
+from __future__ import annotations
+
+import marshal
+import pickle
+import socket
+import struct
+from itertools import chain
+from typing import Any
+
+from slipstream.core.items import (
+    DONE_ITEM,
+    IDLE_MESSAGE,
+    DoneItem,
+    IdleMessage,
+    SnapshotBarrier,
+    Watermark,
+)
+from slipstream.execution.queues import SpscQueue
+from slipstream.execution.tasklet import DONE, MADE_PROGRESS, NO_PROGRESS
+
+__all__ = [
+    "ChannelPeerError",
+    "ChannelSender",
+    "ChannelReceiver",
+    "DEFAULT_WINDOW",
+    "DEFAULT_BATCH_ITEMS",
+]
+
+#: frames in flight per sender/receiver pair
+DEFAULT_WINDOW = 4
+#: most items in one frame
+DEFAULT_BATCH_ITEMS = 1024
+#: bytes read per ``recv``
+_READ_SIZE = 1 << 18
+
+_FRAME = struct.Struct("!IB")
+_REPORT = struct.Struct("!I")
+_MARSHAL = 77  # "M"
+_PICKLE = 80  # "P"
+
+_CHUNK = 0
+_WATERMARK = 1
+_IDLE = 2
+_BARRIER = 3
+_DONE = 4
+_LANES = 5
+
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+_PLAIN_OR_TUPLE = _PLAIN | {tuple}
+
+#: socket errors that mean the other end is gone
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+class ChannelPeerError(ConnectionError):
+    """The process at the other end of a cross-process channel is gone (it died or
+    closed its end before the edge ended). The message names the edge, this side's role
+    and the peer member."""
+
+
+def _marshallable(chunk: list[Any]) -> bool:
+    """Whether ``marshal`` carries every item of ``chunk`` unchanged (exact plain types,
+    or tuples of them). C-speed scans: ``map(type, ...)`` into sets."""
+    types = set(map(type, chunk))
+    if types <= _PLAIN:
+        return True
+    if not types <= _PLAIN_OR_TUPLE:
+        return False
+    if types == {tuple}:
+        inner = set(map(type, chain.from_iterable(chunk)))
+    else:
+        inner = set(map(type, chain.from_iterable(x for x in chunk if type(x) is tuple)))
+    return inner <= _PLAIN
+
+
+class ChannelSender:
+    """The producing member's end of one (edge, remote member) pair: drains its lanes'
+    local queues into frames on ``sock`` (module docstring).
+
+    ``label`` names the edge (``plan.edge_label``); ``member`` is the remote (consuming)
+    member's index, ``pid`` its process id when known: both go into errors."""
+
+    cooperative = True
+    callback_name = "send"
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        label: str,
+        member: int,
+        *,
+        pid: int | None = None,
+        window: int = DEFAULT_WINDOW,
+        batch_items: int = DEFAULT_BATCH_ITEMS,
+    ) -> None:
+        if window < 1 or batch_items < 1:
+            raise ValueError(f"window and batch_items must be >= 1, got {window}, {batch_items}")
+        sock.setblocking(False)
+        self.sock = sock
+        self.label = label
+        self.member = member
+        self.pid = pid
+        self.window = window
+        self.batch_items = batch_items
+        self.vertex_name = f"{label}: sender to member {member}"
+        self.index = member
+        self.cancelled = False
+        self.keys: list[tuple[int, int]] = []
+        self.queues: list[SpscQueue] = []
+        self.sent: list[int] = []
+        self.taken: list[int] = []
+        self.capacity: list[int] = []
+        self.open: list[int] = []  # lanes whose end of stream has not been sent
+        self.in_flight = 0  # frames not yet acknowledged
+        self.frames_sent = 0
+        self.items_sent = 0
+        self.pickled = False  # the last frame needed pickle
+        self._table_sent = False
+        self._out: memoryview | None = None  # the unsent rest of the current frame
+        self._in = bytearray()  # received report bytes not yet parsed
+        self._cursor = 0
+        self._done = False
+
+    def lane(self, producer: int, consumer: int, capacity: int) -> SpscQueue:
+        """Register the lane (``producer`` here -> ``consumer`` on the remote member,
+        global indices) and return the local queue its producer's collector offers
+        into. All lanes are registered before the first ``call()``."""
+        if self._table_sent:
+            raise RuntimeError(f"{self.vertex_name}: lane added after the channel started")
+        q = SpscQueue(
+            capacity, f"{self.label}, processor {producer} -> {consumer} (member {self.member})"
+        )
+        self.open.append(len(self.keys))
+        self.keys.append((producer, consumer))
+        self.queues.append(q)
+        self.sent.append(0)
+        self.taken.append(0)
+        self.capacity.append(capacity)
+        return q
+
+    def __repr__(self) -> str:
+        return f"ChannelSender({self.vertex_name}, in flight {self.in_flight}/{self.window})"
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def _peer(self) -> ChannelPeerError:
+        pid = f" (pid {self.pid})" if self.pid is not None else ""
+        return ChannelPeerError(
+            f"{self.label}: the channel to member {self.member}{pid} closed before the "
+            f"edge ended: member {self.member} died or closed its end (seen by the sender)"
+        )
+
+    def call(self) -> int:
+        if self._done:
+            return DONE
+        progress = self._read_reports()
+        if self._out is not None:
+            if not self._write():
+                return MADE_PROGRESS if progress else NO_PROGRESS
+            progress = True
+        if self.in_flight < self.window and (self.open or not self._table_sent):
+            frame = self._build()
+            if frame is not None:
+                self._out = memoryview(frame)
+                self.frames_sent += 1
+                self.in_flight += 1
+                self._write()
+                progress = True
+        if not self.open and self._out is None and self.in_flight == 0:
+            # every lane ended and the receiver has decoded every frame: closing tells
+            # it so (it ends on the end of file)
+            self._done = True
+            self.sock.close()
+            return DONE
+        return MADE_PROGRESS if progress else NO_PROGRESS
+
+    def _build(self) -> bytes | None:
+        """One frame of what the lanes hold and their credits allow (``None``: nothing)."""
+        records: list[Any] = []
+        if not self._table_sent:
+            records += [-1, _LANES, self.keys]
+            self._table_sent = True
+        budget = self.batch_items
+        open_lanes = self.open
+        n = len(open_lanes)
+        start = self._cursor % n if n else 0
+        finished: list[int] = []
+        for k in range(n):
+            if budget <= 0:
+                break
+            i = open_lanes[(start + k) % n]
+            q = self.queues[i]
+            entries = q.entries
+            if not entries:
+                continue
+            room = self.capacity[i] - (self.sent[i] - self.taken[i])
+            taken = 0
+            at = -1  # where in ``records`` this lane's current chunk is
+            owned = False  # that chunk is a list of our own (extend() is allowed)
+            while entries and budget > 0 and room > 0:
+                entry = entries[0]
+                if type(entry) is list:
+                    size = len(entry)
+                    if at < 0:
+                        # the producer's list (a broadcast shares it): never mutated
+                        at = len(records) + 2
+                        records += [i, _CHUNK, entry]
+                        owned = False
+                    elif owned:
+                        records[at].extend(entry)
+                    else:
+                        records[at] = records[at] + entry
+                        owned = True
+                    entries.popleft()
+                    taken += size
+                    budget -= size
+                    room -= size
+                    continue
+                entries.popleft()
+                taken += 1
+                budget -= 1
+                room -= 1
+                at = -1
+                t = type(entry)
+                if t is Watermark:
+                    records += [i, _WATERMARK, entry.timestamp]
+                elif t is IdleMessage:
+                    records += [i, _IDLE, None]
+                elif t is SnapshotBarrier:
+                    records += [i, _BARRIER, (entry.snapshot_id, entry.is_terminal)]
+                elif t is DoneItem:
+                    records += [i, _DONE, None]
+                    finished.append(i)
+                    break
+                else:
+                    raise TypeError(f"{q.name}: unexpected special item {entry!r}")
+            if taken:
+                q.take_count += taken
+                self.sent[i] += taken
+                self.items_sent += taken
+        self._cursor = start + 1
+        for i in finished:
+            open_lanes.remove(i)
+        if not records:
+            return None
+        return self._encode(records)
+
+    def _encode(self, records: list[Any]) -> bytes:
+        chunks = [records[j + 2] for j in range(0, len(records), 3) if records[j + 1] == _CHUNK]
+        body: bytes | None = None
+        if all(map(_marshallable, chunks)):
+            body = marshal.dumps(records, 4)
+            codec = _MARSHAL
+            self.pickled = False
+        if body is None:
+            codec = _PICKLE
+            self.pickled = True
+            try:
+                body = pickle.dumps(records, pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise pickle.PicklingError(
+                    f"{self.vertex_name}: {_unpicklable(chunks)} cannot be pickled "
+                    f"({type(exc).__name__}: {exc}); items that cross processes "
+                    "(distributed edges) must pickle"
+                ) from exc
+        return _FRAME.pack(len(body), codec) + body
+
+    def _write(self) -> bool:
+        """Send what the socket takes of the current frame; ``True`` when all of it went."""
+        out = self._out
+        assert out is not None
+        try:
+            n = self.sock.send(out)
+        except BlockingIOError:
+            return False
+        except _GONE as exc:
+            raise self._peer() from exc
+        if n == len(out):
+            self._out = None
+            return True
+        self._out = out[n:]
+        return False
+
+    def _read_reports(self) -> bool:
+        try:
+            data = self.sock.recv(_READ_SIZE)
+        except BlockingIOError:
+            return False
+        except _GONE as exc:
+            raise self._peer() from exc
+        if not data:
+            raise self._peer()
+        buf = self._in
+        buf += data
+        pos = 0
+        size = _REPORT.size
+        while len(buf) - pos >= size:
+            (length,) = _REPORT.unpack_from(buf, pos)
+            if len(buf) - pos - size < length:
+                break
+            report = marshal.loads(bytes(buf[pos + size : pos + size + length]))
+            pos += size + length
+            self.in_flight -= report[0]
+            taken = self.taken
+            for j in range(1, len(report), 2):
+                taken[report[j]] = report[j + 1]
+        del buf[:pos]
+        return True
+
+
+class ChannelReceiver:
+    """The consuming member's end of one (edge, remote member) pair: decodes frames from
+    ``sock`` into its lanes' local queues and reports credits back (module docstring).
+
+    ``member`` is the remote (producing) member's index, ``pid`` its process id when
+    known."""
+
+    cooperative = True
+    callback_name = "receive"
+
+    def __init__(
+        self, sock: socket.socket, label: str, member: int, *, pid: int | None = None
+    ) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.label = label
+        self.member = member
+        self.pid = pid
+        self.vertex_name = f"{label}: receiver from member {member}"
+        self.index = member
+        self.cancelled = False
+        self.by_key: dict[tuple[int, int], SpscQueue] = {}
+        self.queues: list[SpscQueue] = []  # by the sender's lane index
+        self.reported: list[int] = []
+        self.thresholds: list[int] = []
+        self.open = 0  # lanes that have not ended
+        self.frames_received = 0
+        self.items_received = 0
+        self._in = bytearray()
+        self._acks = 0  # decoded frames not yet acknowledged
+        self._out: memoryview | None = None
+        self._eof = False
+        self._done = False
+
+    def lane(self, producer: int, consumer: int, capacity: int) -> SpscQueue:
+        """Register the lane (``producer`` on the remote member -> ``consumer`` here) and
+        return the local queue the consumer's inbound stream drains."""
+        q = SpscQueue(
+            capacity, f"{self.label}, processor {producer} (member {self.member}) -> {consumer}"
+        )
+        self.by_key[(producer, consumer)] = q
+        return q
+
+    def __repr__(self) -> str:
+        return f"ChannelReceiver({self.vertex_name}, {self.frames_received} frames)"
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def _peer(self) -> ChannelPeerError:
+        pid = f" (pid {self.pid})" if self.pid is not None else ""
+        return ChannelPeerError(
+            f"{self.label}: the channel from member {self.member}{pid} closed before the "
+            f"edge ended: member {self.member} died or closed its end (seen by the receiver)"
+        )
+
+    def call(self) -> int:
+        if self._done:
+            return DONE
+        progress = False
+        if self._out is not None and self._flush():
+            progress = True
+        if not self._eof and self._read():
+            progress = True
+        if self._report():
+            progress = True
+        if self._eof and self.queues and self.open == 0 and self._out is None:
+            self._done = True
+            self.sock.close()
+            return DONE
+        return MADE_PROGRESS if progress else NO_PROGRESS
+
+    def _read(self) -> bool:
+        try:
+            data = self.sock.recv(_READ_SIZE)
+        except BlockingIOError:
+            return False
+        except _GONE as exc:
+            if self.queues and not self.open:
+                # the sender closed with our last report unread: it had every frame acked
+                data = b""
+            else:
+                raise self._peer() from exc
+        if not data:
+            if not self.queues or self.open:
+                raise self._peer()
+            self._eof = True
+            return True
+        buf = self._in
+        if buf:
+            buf += data
+            rest = self._frames(buf)
+            del buf[: len(buf) - rest]
+        else:
+            rest = self._frames(data)
+            if rest:
+                buf += data[len(data) - rest :]
+        return True
+
+    def _frames(self, data: bytes | bytearray) -> int:
+        """Decode and deliver the whole frames at the start of ``data``; returns how
+        many bytes at its end belong to a frame not complete yet."""
+        pos = 0
+        size = _FRAME.size
+        n = len(data)
+        with memoryview(data) as view:
+            while n - pos >= size:
+                length, codec = _FRAME.unpack_from(data, pos)
+                end = pos + size + length
+                if n < end:
+                    break
+                body = view[pos + size : end]
+                records = marshal.loads(body) if codec == _MARSHAL else pickle.loads(body)
+                body.release()
+                pos = end
+                self._deliver(records)
+                self.frames_received += 1
+                self._acks += 1
+        return n - pos
+
+    def _deliver(self, records: list[Any]) -> None:
+        queues = self.queues
+        for j in range(0, len(records), 3):
+            i = records[j]
+            kind = records[j + 1]
+            payload = records[j + 2]
+            if kind == _CHUNK:
+                q = queues[i]
+                q.entries.append(payload)
+                q.put_count += len(payload)
+                self.items_received += len(payload)
+                continue
+            if kind == _LANES:
+                self._lanes(payload)
+                queues = self.queues
+                continue
+            q = queues[i]
+            if kind == _WATERMARK:
+                item: Any = Watermark(payload)
+            elif kind == _IDLE:
+                item = IDLE_MESSAGE
+            elif kind == _BARRIER:
+                item = SnapshotBarrier(payload[0], payload[1])
+            elif kind == _DONE:
+                item = DONE_ITEM
+                self.open -= 1
+            else:
+                raise ValueError(f"{self.vertex_name}: unknown record kind {kind!r}")
+            q.entries.append(item)
+            q.put_count += 1
+            self.items_received += 1
+
+    def _lanes(self, keys: list[tuple[int, int]]) -> None:
+        """The sender's lane table: map its lane indices to this side's queues."""
+        mine = set(self.by_key)
+        theirs = {tuple(k) for k in keys}
+        if mine != theirs:
+            raise RuntimeError(
+                f"{self.vertex_name}: the two ends disagree on the lanes (producer, consumer): "
+                f"the sender has {sorted(theirs - mine)} that this side lacks, this side "
+                f"has {sorted(mine - theirs)} that the sender lacks"
+            )
+        self.queues = [self.by_key[(p, c)] for p, c in keys]
+        self.reported = [0] * len(keys)
+        # report a lane's progress once a quarter of its capacity was taken (or it ran dry)
+        self.thresholds = [max(1, q.capacity // 4) for q in self.queues]
+        self.open = len(keys)
+
+    def _report(self) -> bool:
+        """Acknowledge decoded frames and report lanes' taken counts to the sender."""
+        if self._out is not None or self._eof:
+            return False
+        report: list[int] = [self._acks]
+        if not self.open:
+            queues = []  # every lane ended: the sender only needs the acknowledgements
+        else:
+            queues = self.queues
+        reported = self.reported
+        thresholds = self.thresholds
+        for i, q in enumerate(queues):
+            t = q.take_count
+            r = reported[i]
+            if t != r and (t - r >= thresholds[i] or t == q.put_count):
+                report += [i, t]
+                reported[i] = t
+        if len(report) == 1 and not self._acks:
+            return False
+        self._acks = 0
+        body = marshal.dumps(report, 4)
+        self._out = memoryview(_REPORT.pack(len(body)) + body)
+        self._flush()
+        return True
+
+    def _flush(self) -> bool:
+        out = self._out
+        assert out is not None
+        try:
+            n = self.sock.send(out)
+        except BlockingIOError:
+            return False
+        except _GONE as exc:
+            if not self.open and self.queues:
+                # every lane ended: the sender needs no more credits
+                self._out = None
+                return True
+            raise self._peer() from exc
+        self._out = None if n == len(out) else out[n:]
+        return self._out is None
+
+
+def _unpicklable(chunks: list[list[Any]]) -> str:
+    """Names the first item of ``chunks`` that does not pickle."""
+    for chunk in chunks:
+        for item in chunk:
+            try:
+                pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - this is the one
+                t = type(item)
+                name = (
+                    t.__qualname__
+                    if t.__module__ == "builtins"
+                    else f"{t.__module__}.{t.__qualname__}"
+                )
+                return f"an item of type {name}"
+    return "a frame"

@@ -1,0 +1,364 @@
+"""Cross-process channels (issue 24, slipstream.execution.remote): what a producer offers
+into a lane arrives in order and unchanged at the consumer in another OS process (items of
+plain and user types, watermarks, idle marks, snapshot barriers, end of stream), credits
+bound what is in flight (a receiver that does not run stops its sender after ``window``
+frames, a consumer that does not read one lane stops only that lane), and a peer that
+died is a clear error naming the edge and the member.
+
+Child processes start with the ``forkserver`` method, the one docs/internals.md
+("Channels") recommends: the test process has threads, and a plain fork with threads
+alive can copy a lock another thread holds. Every wait below waits for an event (a
+message from the child, a counter of the channel), never for a time."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from channel_peer import (
+    LABEL,
+    Level,
+    Point,
+    receive_lanes,
+    receive_stream,
+    send_then_hang,
+    take_all,
+)
+
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import (
+    DONE_ITEM,
+    IDLE_MESSAGE,
+    DoneItem,
+    IdleMessage,
+    SnapshotBarrier,
+    Watermark,
+)
+from slipstream.execution.channels import Channel, ChannelReader, ChannelWriter
+from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.queues import SpscQueue
+from slipstream.execution.remote import ChannelPeerError, ChannelReceiver, ChannelSender
+from slipstream.execution.tasklet import DONE
+
+CTX = multiprocessing.get_context("forkserver")
+#: only a guard against a hung test: every wait ends on an event long before
+GUARD_S = 120.0
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def size_of(entry: Any) -> int:
+    return len(entry) if type(entry) is list else 1
+
+
+def flat(entries: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for e in entries:
+        if type(e) is list:
+            out.extend(e)
+        else:
+            out.append(e)
+    return out
+
+
+def lane_entries(lane: int) -> list[Any]:
+    """Chunks of every kind of item (plain, tuples, nested, a user's class, an int
+    subclass that marshal must not flatten) between every kind of special item."""
+    out: list[Any] = []
+    for i in range(40):
+        base = lane * 100_000 + i * 100
+        out.append(list(range(base, base + 1 + i % 7)))
+        out.append([(f"w{base + j}", j, j / 3) for j in range(i % 5 + 1)])
+        if i % 4 == 0:
+            out.append([{"k": [base, (1, 2)]}, Point(base, 0.5), True, None, b"\x00"])
+            out.append([bytearray(b"ab"), Level.LOW, 2**70])
+        out.append(Watermark(base))
+        if i % 10 == 3:
+            out.append(IDLE_MESSAGE)
+        if i % 10 == 7:
+            out.append(SnapshotBarrier(i // 10 + 1))
+    out.append(SnapshotBarrier(9, is_terminal=True))
+    out.append(DONE_ITEM)
+    return out
+
+
+def offer_all(sender: ChannelSender, queues: list[SpscQueue], pending: list[list[Any]]) -> bool:
+    """Offer what the lanes take, call the sender once; ``True`` once all is offered."""
+    for q, entries in zip(queues, pending, strict=True):
+        while entries and q.offer(entries[0], size_of(entries[0])):
+            entries.pop(0)
+    sender.call()
+    return not any(pending)
+
+
+def start(target: Any, sock: socket.socket, *args: Any) -> tuple[Any, Any]:
+    """Start ``target(sock, *args, control)`` in a forkserver child; close this
+    process's copy of ``sock`` (the child's is then the only one: its death closes it)."""
+    parent, child = CTX.Pipe()
+    p = CTX.Process(target=target, args=(sock, *args, child), daemon=True)
+    p.start()
+    child.close()
+    sock.close()
+    assert parent.poll(GUARD_S), "the child did not start"
+    return p, parent
+
+
+# -- the seam -------------------------------------------------------------------------
+
+
+def test_the_in_process_queue_is_a_channel() -> None:
+    q: Channel = SpscQueue(4, "a#0->b#0")
+    w: ChannelWriter = q
+    r: ChannelReader = q
+    assert w.offer([1, 2, 3], 3) and w.offer(Watermark(5), 1)
+    assert not w.offer([4], 1)  # full: 4 items in a channel of capacity 4
+    assert r.entries.popleft() == [1, 2, 3]
+    r.take_count += 3
+    assert r.size() == 1 and w.offer([4], 1)
+
+
+# -- across a process boundary ----------------------------------------------------------
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_every_kind_of_entry_arrives_in_order_and_unchanged(pair: Any) -> None:
+    a, b = pair
+    lanes = [(0, 2), (1, 2), (0, 3)]
+    p, control = start(receive_lanes, b, 0, lanes, 32, False)
+    assert control.recv() == "ready"
+    sender = ChannelSender(a, LABEL, 1, pid=p.pid, window=2, batch_items=16)
+    queues = [sender.lane(pr, c, 32) for pr, c in lanes]
+    expected = [lane_entries(i) for i in range(len(lanes))]
+    pending = [list(e) for e in expected]
+    while not offer_all(sender, queues, pending):
+        pass
+    while sender.call() != DONE:
+        pass
+    assert control.poll(GUARD_S)
+    got = control.recv()
+    p.join(GUARD_S)
+    assert p.exitcode == 0
+    for k, lane in enumerate(lanes):
+        want = flat(expected[k])
+        assert got[lane] == want
+        assert [type(x) for x in got[lane]] == [type(x) for x in want]
+    assert got[lanes[0]][-1] is DONE_ITEM  # the singletons stay singletons
+    assert IDLE_MESSAGE in got[lanes[0]]
+    assert sender.frames_sent > 20  # many frames, so credits went round many times
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_an_inbound_stream_in_the_child_sees_what_it_sees_in_process(pair: Any) -> None:
+    a, b = pair
+    p, control = start(receive_stream, b, 0, (0, 1), 8)
+    assert control.recv() == "ready"
+    entries: list[Any] = [
+        [1, 2],
+        [3],
+        Watermark(10),
+        [("a", 1)],
+        IDLE_MESSAGE,
+        [4],
+        Watermark(20),
+        SnapshotBarrier(1),
+        [5, 6, 7],
+        DONE_ITEM,
+    ]
+    sender = ChannelSender(a, LABEL, 1, pid=p.pid, window=1, batch_items=2)
+    q = sender.lane(0, 1, 8)
+    pending = [list(entries)]
+    while not offer_all(sender, [q], pending):
+        pass
+    while sender.call() != DONE:
+        pass
+    assert control.poll(GUARD_S)
+    log = control.recv()
+    p.join(GUARD_S)
+    # the same stream fed in process
+    local = SpscQueue(100)
+    for e in entries:
+        local.offer(e, size_of(e))
+    stream = InboundEdgeStream(0, 0, [local], exactly_once=True, label=LABEL)
+    inbox = Inbox()
+    want: list[Any] = []
+    while not stream.done:
+        stream.drain_to(inbox)
+        want.extend(inbox)
+        inbox.clear()
+        if stream.wm_out is not None:
+            want.append(("wm", stream.wm_out))
+        if stream.barrier_out is not None:
+            want.append(("barrier", stream.barrier_out.snapshot_id, False))
+        if stream.done:
+            want.append(("done",))
+    assert log == want == [
+        1, 2, 3, ("wm", 10), ("a", 1), ("wm", IDLE_MESSAGE), 4, ("wm", 20),
+        ("barrier", 1, False), 5, 6, 7, ("done",),
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_a_receiver_that_does_not_run_stops_its_sender_after_the_window(pair: Any) -> None:
+    a, b = pair
+    lane = (0, 1)
+    p, control = start(receive_lanes, b, 0, [lane], 64, True)
+    assert control.recv() == "ready"
+    sender = ChannelSender(a, LABEL, 1, pid=p.pid, window=3, batch_items=8)
+    q = sender.lane(*lane, 64)
+    entries: list[Any] = [[i] for i in range(1000)] + [DONE_ITEM]
+    pending = list(entries)
+    # offer and send until the sender is out of credits and the lane's queue is full
+    while not (sender.in_flight == sender.window and q.size() >= 64):
+        while pending and q.offer(pending[0], size_of(pending[0])):
+            pending.pop(0)
+        sender.call()
+    assert sender.frames_sent == 3 and sender.items_sent == 24
+    for _ in range(100):  # it stays stopped
+        sender.call()
+    assert sender.frames_sent == 3
+    assert not q.offer([0], 1)
+    assert q.size() >= 64
+    # the receiver runs: credits come back and everything goes through
+    control.send("go")
+    while not offer_all(sender, [q], [pending]):
+        pass
+    while sender.call() != DONE:
+        pass
+    assert control.poll(GUARD_S)
+    got = control.recv()
+    p.join(GUARD_S)
+    assert got[lane] == flat(entries)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_a_sender_whose_receiver_died_names_the_edge_and_the_member(pair: Any) -> None:
+    a, b = pair
+    p, control = start(receive_lanes, b, 0, [(0, 1)], 64, True)
+    assert control.recv() == "ready"
+    sender = ChannelSender(a, LABEL, 1, pid=p.pid)
+    q = sender.lane(0, 1, 64)
+    p.kill()
+    p.join(GUARD_S)
+    assert q.offer([1, 2, 3], 3)
+    with pytest.raises(ChannelPeerError) as e:
+        while True:
+            sender.call()
+    assert str(e.value) == (
+        f"{LABEL}: the channel to member 1 (pid {p.pid}) closed before the edge ended: "
+        "member 1 died or closed its end (seen by the sender)"
+    )
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_a_receiver_whose_sender_died_names_the_edge_and_the_member(pair: Any) -> None:
+    a, b = pair
+    p, control = start(send_then_hang, a, 0, (0, 1), [[1, 2], Watermark(3)])
+    assert control.recv() == "sent"
+    receiver = ChannelReceiver(b, LABEL, 0, pid=p.pid)
+    q = receiver.lane(0, 1, 64)
+    got: list[Any] = []
+    while len(got) < 3:  # what was sent before the death still arrives
+        receiver.call()
+        take_all(q, got)
+    assert got == [1, 2, Watermark(3)]
+    p.kill()
+    p.join(GUARD_S)
+    with pytest.raises(ChannelPeerError) as e:
+        while True:
+            receiver.call()
+    assert str(e.value) == (
+        f"{LABEL}: the channel from member 0 (pid {p.pid}) closed before the edge ended: "
+        "member 0 died or closed its end (seen by the receiver)"
+    )
+
+
+# -- in one process over a socket pair -------------------------------------------------
+
+
+def test_a_lane_whose_consumer_does_not_read_stops_only_that_lane(pair: Any) -> None:
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1, window=2, batch_items=16)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    sq = [sender.lane(0, 2, 32), sender.lane(0, 3, 32)]
+    rq = [receiver.lane(0, 2, 32), receiver.lane(0, 3, 32)]
+    blocked: list[Any] = [[i] for i in range(200)] + [DONE_ITEM]
+    flowing: list[Any] = [[i, i] for i in range(300)] + [DONE_ITEM]
+    pending = [list(blocked), list(flowing)]
+    got: list[Any] = []
+    # lane 2's consumer never reads: lane 3 still runs to its end
+    while not got or got[-1] is not DONE_ITEM:
+        offer_all(sender, sq, pending)
+        receiver.call()
+        take_all(rq[1], got)
+    assert got == flat(flowing)
+    assert rq[0].size() >= 32  # the unread lane holds its capacity on the far side...
+    assert sender.sent[0] - sender.taken[0] >= 32  # ...and is out of credit
+    assert not sq[0].offer([0], 1)  # so its producer is refused, as by a full queue
+    assert len(pending[0]) > 100
+    rest: list[Any] = []
+    while sender.call() != DONE or not receiver.done:
+        offer_all(sender, sq, pending)
+        receiver.call()
+        take_all(rq[0], rest)
+    take_all(rq[0], rest)
+    assert rest == flat(blocked)
+
+
+def test_an_item_that_does_not_pickle_names_the_edge_and_its_type(pair: Any) -> None:
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 8)
+    q.offer([1, lambda x: x], 2)
+    with pytest.raises(pickle.PicklingError) as e:
+        sender.call()
+    assert str(e.value) == (
+        f"{LABEL}: sender to member 1: an item of type function cannot be pickled "
+        "(AttributeError: Can't pickle local object 'test_an_item_that_does_not_pickle_"
+        "names_the_edge_and_its_type.<locals>.<lambda>'); items that cross processes "
+        "(distributed edges) must pickle"
+    )
+
+
+def test_the_two_ends_must_agree_on_the_lanes(pair: Any) -> None:
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    sender.lane(0, 1, 8).offer(DONE_ITEM, 1)
+    receiver.lane(0, 2, 8)
+    sender.call()
+    with pytest.raises(RuntimeError) as e:
+        while True:
+            receiver.call()
+    assert str(e.value) == (
+        f"{LABEL}: receiver from member 0: the two ends disagree on the lanes (producer, "
+        "consumer): the sender has [(0, 1)] that this side lacks, this side has [(0, 2)] "
+        "that the sender lacks"
+    )
+
+
+def test_special_items_keep_their_types_and_singletons(pair: Any) -> None:
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 8)
+    r = receiver.lane(0, 1, 8)
+    for e in (Watermark(-5), IDLE_MESSAGE, SnapshotBarrier(3, True), DONE_ITEM):
+        q.offer(e, 1)
+    got: list[Any] = []
+    while sender.call() != DONE:
+        receiver.call()
+        take_all(r, got)
+    assert [type(x) for x in got] == [Watermark, IdleMessage, SnapshotBarrier, DoneItem]
+    assert got[0] == Watermark(-5) and got[2] == SnapshotBarrier(3, True)
+    assert got[1] is IDLE_MESSAGE and got[3] is DONE_ITEM
