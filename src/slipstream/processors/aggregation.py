@@ -25,9 +25,12 @@ when the outbox is full. Once emission starts, the emitted entries leave the pro
 state, so a snapshot taken between two ``complete()`` calls holds only what was not
 emitted yet.
 
-Snapshots. Keyed processors save one entry per key with the grouping key itself as the
-snapshot key, so a restore (with any parallelism) routes each key to the processor that
-owns its partition; if a key arrives twice, the two accumulators are combined. Unkeyed
+Snapshots. Keyed processors keep their accumulators in a
+:class:`~slipstream.state.keyed.KeyedState` and save it as one map whose entries restore
+under the grouping key itself, so a restore (with any parallelism) routes each key to
+the processor that owns its partition; if a key arrives twice, the two accumulators are
+combined. While the job takes incremental snapshots, a save holds only the keys changed
+(or emitted) since the previous one. Unkeyed
 processors save their accumulator under the key ``("__acc__", global_processor_index)``:
 every entry reaches exactly one processor on restore, and each processor *combines*
 whatever entries it receives, so the total is counted exactly once whatever the new
@@ -38,9 +41,9 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
-from itertools import islice
+from operator import itemgetter
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, counting, identity, is_identity
@@ -49,6 +52,7 @@ from slipstream.core.item_errors import failed_position
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import BUFFERS_INPUT, KEYED, declare
 from slipstream.core.validation import per_input_fns
+from slipstream.state.keyed import KeyedState, keyed_state
 
 __all__ = [
     "aggregate",
@@ -63,6 +67,7 @@ Op = AggregateOperation[Any, Any, Any]
 
 _MISSING: Any = object()
 _builtin_map = map
+_first = itemgetter(0)
 
 # The accumulate primitive of ``counting()``: recognised to count keys at C speed.
 _COUNT_ONE = counting().accumulate
@@ -221,6 +226,11 @@ class GroupByKeyP(AbstractProcessor):
     At-least-once: after a restore, items that arrived after the snapshot barrier on
     some input but before the snapshot was taken are replayed and accumulated twice for
     their keys. Exactly-once (or no restore) accumulates every item once.
+
+    ``groups`` is a :class:`~slipstream.state.keyed.KeyedState`: while the job takes
+    incremental snapshots each changed key is marked (at C speed where the loop runs at
+    C speed: counting, combining), and during emission the emitted keys leave it at the
+    next save (as removed keys) or at the end.
     """
 
     slipstream_traits = frozenset({BUFFERS_INPUT})
@@ -232,18 +242,19 @@ class GroupByKeyP(AbstractProcessor):
         self._key_fn = self._key_fns[0]
         self._op = op
         self._mode = mode
-        self.groups: dict[Any, Any] = {}
+        self.groups: KeyedState = KeyedState()  # replaced in init_processor
         self._initial: Any = _MISSING
         self._counting = False
         self._key_is_identity = False
         self._finish = identity if mode == "accumulate" else op.finish
-        # emission state: the (key, acc) pairs not emitted yet, from position _pos
+        # emission state: the (key, acc) pairs not emitted yet, from position _pos; those
+        # before _gone have left ``groups`` too (at a save)
         self._results: list[tuple[Any, Any]] | None = None
         self._pos = 0
-        self._snapshot_it: Iterator[tuple[Any, Any]] | None = None
-        self._snapshot_pending: Any = _MISSING
+        self._gone = 0
 
     def init_processor(self, context: Context) -> None:
+        self.groups = keyed_state(context)
         op = self._op
         self._key_is_identity = is_identity(self._key_fn)
         self._initial = _shared_initial(op.create)
@@ -258,9 +269,14 @@ class GroupByKeyP(AbstractProcessor):
         if self._mode == "combine":
             self._combine_inbox(inbox)
         elif self._counting and not ordinal:
+            dirty = self.groups.dirty
             # an identity key function (``lambda w: w``) is not called per item
             if self._key_is_identity:
                 _count_elements(self.groups, inbox)  # type: ignore[misc]
+                if dirty is not None:
+                    dirty.update(inbox)
+            elif dirty is not None:
+                self._count_marked(inbox, dirty)
             else:
                 it = iter(inbox)
                 while True:
@@ -275,8 +291,29 @@ class GroupByKeyP(AbstractProcessor):
         else:
             self._accumulate_inbox(ordinal, inbox)
 
+    def _count_marked(self, inbox: Inbox, dirty: set[Any]) -> None:
+        """Counting by a key function while keys are tracked: the keys go to a list at C
+        speed (``extend`` keeps those before an item whose key function raised), which
+        is then counted and marked."""
+        keys: list[Any] = []
+        it = iter(inbox)
+        try:
+            while True:
+                try:
+                    keys.extend(_builtin_map(self._key_fn, it))
+                except Exception as e:  # the keys before the bad item are in the list
+                    if not _set_aside(self, inbox, it, e):
+                        raise
+                    continue
+                break
+        finally:
+            _count_elements(self.groups, keys)  # type: ignore[misc]
+            dirty.update(keys)
+        inbox.clear()
+
     def _accumulate_inbox(self, ordinal: int, inbox: Inbox) -> None:
         d = self.groups
+        dirty = d.dirty
         get = d.get
         acc_fn = self._op.accumulate
         key_fn = self._key_fn
@@ -299,13 +336,20 @@ class GroupByKeyP(AbstractProcessor):
                     for item in it:
                         k = key_fn(item)
                         d[k] = acc_fn(get(k, initial), item)
+                        if dirty is not None:
+                            dirty.add(k)
                 else:
                     for item in it:
                         k = key_fn(item)
                         acc = get(k, missing)
                         if acc is missing:
-                            acc = create()
-                        d[k] = acc_fn(acc, item)
+                            d[k] = acc_fn(create(), item)
+                            if dirty is not None:
+                                dirty.add(k)
+                        else:
+                            if dirty is not None:  # before: it may change acc in place
+                                dirty.add(k)
+                            d[k] = acc_fn(acc, item)
             except Exception as e:  # the items before the bad one are in
                 if not _set_aside(self, inbox, it, e):
                     raise
@@ -341,16 +385,18 @@ class GroupByKeyP(AbstractProcessor):
                     f"(key, accumulator) tuples, got {bad!r}"
                 ) from e
             raise
+        dirty = d.dirty
+        if dirty is not None:
+            dirty.update(_builtin_map(_first, inbox))
         inbox.clear()
 
     def complete(self) -> bool:
         results = self._results
         if results is None:
             # freeze the state into a list: emitted entries then leave the state by
-            # advancing _pos, which a snapshot between calls respects
+            # advancing _pos; a snapshot between calls takes them out of ``groups``
             results = self._results = list(self.groups.items())
-            self.groups.clear()
-            self._pos = 0
+            self._pos = self._gone = 0
         pos = self._pos
         end = len(results)
         if pos >= end:
@@ -379,35 +425,31 @@ class GroupByKeyP(AbstractProcessor):
                 pos += 1
             self._pos = pos
         if self._pos >= end:
+            groups = self.groups
+            if groups.dirty is not None:  # the keys not taken out at a save yet
+                groups.dirty.update(groups)
+            groups.clear()
             self._results = None
-            self._pos = 0
+            self._pos = self._gone = 0
             return True
         return False
 
-    def _state_entries(self) -> Iterator[tuple[Any, Any]]:
+    def _saved_map(self) -> list[tuple[Any, Any]]:
+        """The one entry of a save: ``groups``, without the entries emitted since the
+        previous save (taken out now, so a save costs what changed)."""
+        groups = self.groups
         results = self._results
-        if results is not None:
-            return islice(results, self._pos, None)
-        return iter(self.groups.items())
+        if results is not None and self._pos > self._gone:
+            gone = results[self._gone : self._pos]
+            for k in _builtin_map(_first, gone):
+                del groups[k]
+            if groups.dirty is not None:
+                groups.dirty.update(_builtin_map(_first, gone))
+            self._gone = self._pos
+        return [groups.snapshot_entry()]
 
     def save_to_snapshot(self) -> bool:
-        offer = self.outbox.offer_to_snapshot
-        pending = self._snapshot_pending
-        if pending is not _MISSING:
-            if not offer(pending[0], pending[1]):
-                return False
-            self._snapshot_pending = _MISSING
-        it = self._snapshot_it
-        if it is None:
-            # save_to_snapshot() is repeated until True before any other callback, so
-            # the state cannot change while this iterator is alive
-            it = self._snapshot_it = self._state_entries()
-        for entry in it:
-            if not offer(entry[0], entry[1]):
-                self._snapshot_pending = entry
-                return False
-        self._snapshot_it = None
-        return True
+        return self.save_state(self._saved_map)
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         d = self.groups

@@ -1,0 +1,385 @@
+"""The keyed processors keep their state in KeyedState (issue 22): while the job takes
+incremental snapshots a save after a committed one holds only the keys changed since,
+and a chain of saves merged as the store merges it restores the same state as one full
+save. Without incremental snapshots every save is full (their restores are tested by
+the processors' own tests through ``verify_processor``).
+
+The processors are driven by hand here (the harness's contexts take no incremental
+snapshots): :class:`Driver` feeds items and watermarks, saves snapshot ``sid`` with
+``committed`` as the last committed one, and restores merged entries into a new
+processor.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections.abc import Callable
+from typing import Any
+
+from slipstream import processors as P
+from slipstream.aggregate import AggregateOperation, counting, summing, to_list
+from slipstream.core.config import ProcessingGuarantee
+from slipstream.core.inbox import Inbox
+from slipstream.core.item_errors import ItemErrors
+from slipstream.core.items import Watermark
+from slipstream.core.outbox import Outbox
+from slipstream.core.processor import Context, Processor
+from slipstream.pipeline.keyed import map_stateful, rolling_aggregate
+from slipstream.state.keyed import DELTA, DROP, FULL, StateMap, StateMapSave
+from slipstream.state.keys import expand_entries
+
+Entries = list[tuple[Any, Any]]
+
+
+class Driver:
+    """One processor with an outbox of one ordinal and a context that takes
+    incremental snapshots (``incremental=False``: as the engine does today)."""
+
+    def __init__(
+        self, supplier: Callable[[], Processor], incremental: bool = True, skip: bool = False
+    ) -> None:
+        self.supplier = supplier
+        self.p = supplier()
+        self.outbox = Outbox(1, capacity=64)
+        self.ctx = Context(vertex_name="v", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE)
+        self.ctx.incremental_snapshots = incremental
+        if skip:
+            self.ctx.item_errors = ItemErrors(self.ctx, skip=True)
+        self.p.init(self.outbox, self.ctx)
+        self.output: list[Any] = []
+
+    def _drain(self) -> None:
+        self.output.extend(self.outbox.buckets[0])
+        self.outbox.buckets[0].clear()
+
+    def feed(self, items: list[Any]) -> Driver:
+        inbox = Inbox(items)
+        while inbox:
+            self.p.process(0, inbox)
+            self._drain()
+        return self
+
+    def watermark(self, ts: int) -> Driver:
+        while not self.p.try_process_watermark(Watermark(ts)):
+            self._drain()
+        self._drain()
+        return self
+
+    def complete(self) -> Driver:
+        while not self.p.complete():
+            self._drain()
+        self._drain()
+        return self
+
+    def save(self, sid: int, committed: int | None = None) -> Entries:
+        """Snapshot ``sid``'s entries; ``committed`` defaults to ``sid - 1``."""
+        self.ctx.current_snapshot_id = sid
+        self.ctx.committed_snapshot_id = sid - 1 if committed is None else committed
+        out: Entries = []
+        while True:
+            done = self.p.save_to_snapshot()
+            out.extend(self.outbox.snapshot_bucket)
+            self.outbox.snapshot_bucket.clear()
+            self._drain()
+            if done:
+                # the engine hands the snapshot a copy the processor can no longer change
+                return pickle.loads(pickle.dumps(out))  # noqa: S301 - our own bytes
+
+    def restored(self, entries: Entries, incremental: bool = True) -> Driver:
+        """A new processor restored from ``entries`` (full maps, e.g. :func:`merged`)."""
+        d = Driver(self.supplier, incremental)
+        inbox = Inbox(expand_entries(entries))
+        while inbox:
+            d.p.restore_from_snapshot(inbox)
+        while not d.p.finish_snapshot_restore():
+            pass
+        return d
+
+
+def maps(entries: Entries) -> dict[StateMap, StateMapSave]:
+    return {k: v for k, v in entries if type(k) is StateMap}
+
+
+def merged(chain: list[tuple[int, Entries]]) -> Entries:
+    """A processor's chain of saves ``(sid, entries)`` merged as the store does: a save
+    with a DELTA or DROP map is a delta (its maps apply to the previous state, maps it
+    does not name stay, its other entries replace the previous ones), any other save
+    replaces everything. Strict: a delta's base must be the previous save, a removed key
+    or a dropped map must exist."""
+    state: dict[StateMap, dict[Any, Any]] = {}
+    others: Entries = []
+    prev = 0
+    for sid, entries in chain:
+        saves = maps(entries)
+        if not any(s.mode in (DELTA, DROP) for s in saves.values()):
+            state = {}
+        for k, s in saves.items():
+            if s.mode == FULL:
+                state[k] = dict(s.upserts)
+                continue
+            assert s.base_id == prev, f"{k}: base {s.base_id}, the chain ends at {prev}"
+            if s.mode == DROP:
+                del state[k]
+            else:
+                m = state[k]
+                m.update(s.upserts)
+                for r in s.removed:
+                    del m[r]
+        others = [(k, v) for k, v in entries if type(k) is not StateMap]
+        prev = sid
+    return [(k, StateMapSave(FULL, m)) for k, m in state.items()] + others
+
+
+def full_state(entries: Entries) -> list[tuple[Any, Any]]:
+    """What ``entries`` restore, in a comparable order."""
+    return sorted(expand_entries(entries), key=repr)
+
+
+# -- MapStatefulP: rolling_aggregate and map_stateful ---------------------------------
+
+
+def _first(x: Any) -> Any:
+    return x[0]
+
+
+def test_rolling_count_second_save_is_a_delta_of_the_changed_keys() -> None:
+    d = Driver(rolling_aggregate(_first, counting()))
+    d.feed([("a", 1), ("b", 1), ("c", 1)])
+    [(key, save)] = d.save(1, 0)
+    assert save.mode == FULL and save.upserts == {"a": 1, "b": 1, "c": 1}
+    d.feed([("b", 1), ("d", 1), ("b", 1)])
+    [(key2, save2)] = d.save(2, 1)
+    assert key2 == key
+    assert save2 == StateMapSave(DELTA, {"b": 3, "d": 1}, (), 1)
+    # nothing changed: an empty delta (the chain must still reach this snapshot)
+    assert d.save(3, 2) == [(key, StateMapSave(DELTA, {}, (), 2))]
+
+
+def test_rolling_sum_fast_path_marks_the_keys_of_the_chunk() -> None:
+    d = Driver(rolling_aggregate(_first, summing(lambda x: x[1])))
+    d.feed([(k, 1) for k in "abcdef"])
+    d.save(1, 0)
+    d.feed([("e", 5), ("a", 2)])
+    [(_, save)] = d.save(2, 1)
+    assert save == StateMapSave(DELTA, {"a": 3, "e": 6}, (), 1)
+
+
+def test_rolling_aggregate_general_path_marks_every_item() -> None:
+    # an op without an additive form (max) takes the per-item loop
+    op = AggregateOperation(
+        create=lambda: None, accumulate=lambda a, x: x[1] if a is None else max(a, x[1])
+    )
+    d = Driver(rolling_aggregate(_first, op))
+    d.feed([("a", 1), ("b", 5), ("c", 2)])
+    d.save(1, 0)
+    d.feed([("b", 3), ("c", 9)])
+    [(_, save)] = d.save(2, 1)
+    assert save == StateMapSave(DELTA, {"b": 5, "c": 9}, (), 1)
+
+
+def test_map_stateful_marks_a_state_mutated_in_place() -> None:
+    def fn(state: list[int], key: Any, item: Any) -> Any:
+        state.append(item[1])
+        return (key, len(state))
+
+    d = Driver(map_stateful(_first, list, fn))
+    d.feed([("a", 1), ("b", 2), ("c", 3)])
+    d.save(1, 0)
+    d.feed([("a", 4)])
+    [(_, save)] = d.save(2, 1)
+    assert save == StateMapSave(DELTA, {"a": [1, 4]}, (), 1)
+
+
+def test_skipped_items_mark_nothing_they_did_not_change() -> None:
+    def key(x: Any) -> Any:
+        if x == "bad-key":
+            raise ValueError("no key")
+        return x[0]
+
+    def boom(state: list[int], k: Any, item: Any) -> Any:
+        if item[1] < 0:
+            raise ValueError("negative")
+        state.append(item[1])
+        return None
+
+    # counting (the per-item loop of the additive path): a bad key leaves no mark
+    d = Driver(rolling_aggregate(key, counting()), skip=True)
+    d.feed([("a", 1), ("b", 1), ("c", 1)])
+    d.save(1, 0)
+    d.feed([("a", 1), "bad-key", ("c", 1)])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {"a": 2, "c": 2}, (), 1)
+    # summing (the zip path): the items before the bad one are in, the rest follow
+    d = Driver(rolling_aggregate(key, summing(lambda x: x[1])), skip=True)
+    d.feed([("a", 1), ("b", 1), ("c", 1)])
+    d.save(1, 0)
+    d.feed([("a", 1), "bad-key", ("b", 1)])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {"a": 2, "b": 2}, (), 1)
+    # map_stateful: a new key whose first item fails gets a state (create ran) and is
+    # saved; a failing key_fn marks nothing
+    d = Driver(map_stateful(key, list, boom), skip=True)
+    d.feed([("a", 1), ("b", 1)])
+    d.save(1, 0)
+    d.feed(["bad-key", ("z", -1), ("b", 2)])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {"z": [], "b": [1, 2]}, (), 1)
+
+
+def test_without_incremental_snapshots_every_save_is_full_and_nothing_is_tracked() -> None:
+    d = Driver(rolling_aggregate(_first, counting()), incremental=False)
+    d.feed([("a", 1), ("b", 1)])
+    assert d.p.states.dirty is None  # type: ignore[attr-defined]
+    d.save(1, 0)
+    d.feed([("a", 1)])
+    [(_, save)] = d.save(2, 1)
+    assert save == StateMapSave(FULL, {"a": 2, "b": 1}, (), 0)
+
+
+def test_a_save_after_an_uncommitted_one_is_full() -> None:
+    d = Driver(rolling_aggregate(_first, counting()))
+    d.feed([("a", 1), ("b", 1)])
+    d.save(1, 0)
+    d.feed([("a", 1)])
+    d.save(2, 1)  # snapshot 2 fails: the last committed stays 1
+    d.feed([("b", 1)])
+    [(_, save)] = d.save(3, 1)
+    assert save == StateMapSave(FULL, {"a": 2, "b": 2}, (), 0)
+
+
+def _rolling_chain_equals_full(supplier: Callable[[], Processor], seed: int) -> None:
+    rnd = random.Random(seed)
+    keys = [f"k{i}" for i in range(40)]
+    inc, full = Driver(supplier), Driver(supplier, incremental=False)
+    chain: list[tuple[int, Entries]] = []
+    for sid in range(1, 12):
+        items = [
+            (rnd.choice(keys[: 5 + sid * 3]), rnd.randint(1, 9)) for _ in range(rnd.randint(0, 30))
+        ]
+        inc.feed(list(items))
+        full.feed(list(items))
+        chain.append((sid, inc.save(sid)))
+        assert full_state(merged(chain)) == full_state(full.save(sid))
+    # and the merged chain restores a processor that goes on as the uninterrupted one
+    restored = inc.restored(merged(chain))
+    more = [(k, 1) for k in keys]
+    assert restored.feed(list(more)).output == full.feed(list(more)).output[-len(more) :]
+
+
+def test_rolling_and_map_stateful_chains_restore_what_full_saves_restore() -> None:
+    def fn(state: list[int], key: Any, item: Any) -> Any:
+        state[0] += item[1]
+        return (key, state[0])
+
+    for seed in range(5):
+        _rolling_chain_equals_full(rolling_aggregate(_first, counting()), seed)
+        _rolling_chain_equals_full(rolling_aggregate(_first, summing(lambda x: x[1])), seed)
+        _rolling_chain_equals_full(map_stateful(_first, lambda: [0], fn), seed)
+
+
+# -- GroupByKeyP: aggregate_by_key, accumulate_by_key, combine_by_key ------------------
+
+
+def _second_save(supplier: Callable[[], Processor], first: list[Any], second: list[Any]) -> Any:
+    d = Driver(supplier)
+    d.feed(first)
+    [(_, save)] = d.save(1, 0)
+    assert save.mode == FULL
+    d.feed(second)
+    [(_, save)] = d.save(2, 1)
+    return save
+
+
+def test_group_by_key_saves_the_changed_keys() -> None:
+    words = ["a", "b", "c", "a"]
+    # counting by identity, by a key function (C-speed paths), summing (per item)
+    assert _second_save(P.aggregate_by_key(lambda w: w, counting()), words, ["b", "d"]) == (
+        StateMapSave(DELTA, {"b": 2, "d": 1}, (), 1)
+    )
+    assert _second_save(P.aggregate_by_key(str.upper, counting()), words, ["b"]) == (
+        StateMapSave(DELTA, {"B": 2}, (), 1)
+    )
+    op = summing(lambda x: x[1])
+    assert _second_save(P.aggregate_by_key(_first, op), [("a", 1), ("b", 2)], [("a", 5)]) == (
+        StateMapSave(DELTA, {"a": 6}, (), 1)
+    )
+    # a mutable accumulator changed in place
+    assert _second_save(
+        P.accumulate_by_key(_first, to_list()), [("a", 1), ("b", 2)], [("b", 3)]
+    ) == (StateMapSave(DELTA, {"b": [("b", 2), ("b", 3)]}, (), 1))
+    # combining (key, acc) pairs
+    assert _second_save(P.combine_by_key(counting()), [("a", 1), ("b", 2)], [("a", 3)]) == (
+        StateMapSave(DELTA, {"a": 4}, (), 1)
+    )
+
+
+def test_group_by_key_counting_skips_a_bad_key_and_marks_the_others() -> None:
+    def key(w: str) -> str:
+        if w == "bad":
+            raise ValueError(w)
+        return w
+
+    d = Driver(P.aggregate_by_key(key, counting()), skip=True)
+    d.feed(["a", "b", "c"])
+    d.save(1, 0)
+    d.feed(["a", "bad", "c", "c"])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {"a": 2, "c": 3}, (), 1)
+
+
+def test_group_by_key_emission_removes_the_emitted_keys_at_the_next_save() -> None:
+    d = Driver(P.aggregate_by_key(lambda w: w, counting()))
+    d.outbox.capacity = 2  # emits two results per complete() call
+    keys = [f"k{i}" for i in range(7)]
+    d.feed(keys)
+    first = d.save(1, 0)
+    assert d.p.complete() is False
+    assert d.outbox.buckets[0] == [("k0", 1), ("k1", 1)]
+    d._drain()
+    second = d.save(2, 1)
+    [(_, save)] = second
+    assert save == StateMapSave(DELTA, {}, save.removed, 1)
+    assert sorted(save.removed) == ["k0", "k1"]
+    # restored from the chain, the rest is emitted
+    rest = d.restored(merged([(1, first), (2, second)]))
+    assert sorted(rest.complete().output) == [(k, 1) for k in keys[2:]]
+    # two more, then a save: a delta again; at the end every key is gone (a save with
+    # more keys changed than the map holds is full: here, empty)
+    assert d.p.complete() is False
+    d._drain()
+    third = d.save(3, 2)
+    assert sorted(third[0][1].removed) == ["k2", "k3"]
+    d.complete()
+    assert d.save(4, 3)[0][1] == StateMapSave(FULL, {}, (), 0)
+    assert sorted(d.output) == [(k, 1) for k in keys]
+
+
+def test_group_by_key_chains_restore_what_full_saves_restore() -> None:
+    rnd = random.Random(7)
+    for supplier in (
+        P.aggregate_by_key(lambda w: w, counting()),
+        P.aggregate_by_key(_first, summing(lambda x: x[1])),
+        P.accumulate_by_key(_first, to_list()),
+    ):
+        inc, full = Driver(supplier), Driver(supplier, incremental=False)
+        chain: list[tuple[int, Entries]] = []
+        for sid in range(1, 9):
+            items = [(f"k{rnd.randint(0, 5 + 3 * sid)}", sid) for _ in range(rnd.randint(0, 20))]
+            inc.feed(list(items))
+            full.feed(list(items))
+            chain.append((sid, inc.save(sid)))
+            assert full_state(merged(chain)) == full_state(full.save(sid))
+        restored = inc.restored(merged(chain))
+        assert sorted(restored.complete().output) == sorted(full.complete().output)
+
+
+def test_rolling_count_marks_new_keys_when_every_old_key_is_marked() -> None:
+    # every key marked: the fast path skips marking, but not for a chunk with a new key
+    d = Driver(rolling_aggregate(_first, counting()))
+    d.feed([(k, 1) for k in "abcdefgh"])
+    d.save(1, 0)
+    d.feed([(k, 1) for k in "abcdefgh"])  # all marked
+    d.feed([("a", 1), ("z", 1)])  # one new key
+    d.feed([("b", 1)])
+    [(_, save)] = d.save(2, 1)
+    assert save.mode == FULL  # every key changed
+    assert save.upserts == {**{k: 2 for k in "cdefgh"}, "a": 3, "b": 3, "z": 1}
+    d.feed([("c", 1)])
+    assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {"c": 3}, (), 2)
