@@ -682,7 +682,9 @@ def test_restore_under_another_window_definition_realigns_frames(
 def test_exactly_once_restore_with_disagreeing_cursors_fails_naming_the_vertex(kind: str) -> None:
     """Under exactly-once every processor of a vertex saw the same watermarks before the
     barrier, so their saved cursors agree; entries that disagree mean a broken snapshot
-    (Jet asserts). Under at-least-once the minimum is taken."""
+    (Jet asserts). Under at-least-once the minimum is taken. So it is by stage 1 of a
+    two-stage window (``stage1``): behind a local edge on several members its processors
+    see their own member's watermarks (tests/state/test_incremental_rescale.py)."""
     from slipstream.core.outbox import Outbox
     from slipstream.core.processor import Context
 
@@ -701,9 +703,11 @@ def test_exactly_once_restore_with_disagreeing_cursors_fails_naming_the_vertex(k
         ctx.commits_snapshots = True  # the embedded engine's coordinator aligned the barrier
         p.init(Outbox(1, 10), ctx)
         inbox = Inbox([(key, 4), (key, 4), (key, 6)])
-        if guarantee is ss.ProcessingGuarantee.EXACTLY_ONCE:
+        if guarantee is ss.ProcessingGuarantee.EXACTLY_ONCE and kind != "stage1":
             with pytest.raises(ss.SnapshotError, match=r"vertex 'win'.*different .* \(4 and 6\)"):
                 p.restore_from_snapshot(inbox)
         else:
             p.restore_from_snapshot(inbox)
             assert p.finish_snapshot_restore()
+            if kind == "stage1":
+                assert p._next_win == 4

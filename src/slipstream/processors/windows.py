@@ -360,6 +360,12 @@ class SlidingWindowP(WindowingP):
         self._wd = window_def
         self._op = agg_op
         self._last_stage = last_stage
+        if not last_stage:
+            # stage 1 runs on every member behind a local edge: on several members its
+            # processors see their own member's watermarks, so their cursors differ at a
+            # snapshot whenever the members' sources are at other event times. It
+            # flushes its frames at every snapshot, so the minimum cursor is right.
+            self.own_watermarks = True
         self._fs = window_def.frame_size
         self._offset = window_def.frame_offset
         self._ws = window_def.window_size
