@@ -1,0 +1,138 @@
+"""Differential test of snapshots of keyed state (issue 22): random keyed jobs stopped at
+random snapshots and restored, with another parallelism or member count at times.
+
+For every job, stop and restore:
+- the published output of all executions together equals a plain-Python oracle and an
+  uninterrupted run (exactly-once: nothing lost, nothing twice);
+- the keyed state a stop's snapshot holds (read from the store, maps merged and
+  expanded) equals the oracle's state after the items the snapshot's source offsets say
+  were emitted;
+- the restored job's first save (a full save of what it restored, before it is given
+  new items) holds the same keyed entries as the snapshot it restored from: a snapshot
+  that is a base plus deltas restores what a full snapshot of the same moment holds.
+
+The steps between stops release items that touch random (skewed) subsets of the keys, so
+with incremental snapshots a stop's snapshot is a chain of a base and deltas of those
+keys; windows and sessions drop frames and keys as they close, the custom processor
+deletes keys. See incremental_support.py for the jobs and the oracles.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import incremental_support as inc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+STOPS = ("suspend", "export", "cancel", "inflight")
+
+
+def make_items(rnd: random.Random, kind: str, n_keys: int, skew: float, segments: list[int]) -> list[inc.Item]:
+    """Items in segments; each segment draws most of its keys from a small hot set (its
+    own), the rest uniformly. Timestamps grow by random gaps (some longer than the
+    session timeout, so sessions close)."""
+    keys: list[Any] = list(range(n_keys)) if rnd.random() < 0.5 else [f"k{i}" for i in range(n_keys)]
+    items: list[inc.Item] = []
+    ts = 0
+    for length in segments:
+        hot = rnd.sample(keys, max(1, int(len(keys) * rnd.choice([0.02, 0.1, 0.3, 1.0]))))
+        gaps = rnd.choice([(0, 1), (0, 1, 2), (1, 3, 9)])
+        for _ in range(length):
+            key = rnd.choice(hot) if rnd.random() < skew else rnd.choice(keys)
+            ts += rnd.choice(gaps)
+            # the custom processor deletes a key on a negative value
+            value = rnd.randint(-2, 9) if kind == "custom" else rnd.randint(0, 9)
+            items.append((key, value, ts))
+    return inc.with_tails(items, isinstance(keys[0], int))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[str, list[inc.Item], list[inc.Execution]]:
+    kind = draw(st.sampled_from(inc.KINDS))
+    seed = draw(st.integers(0, 2**32 - 1))
+    n_keys = draw(st.sampled_from([1, 3, 17, 120]))
+    skew = draw(st.sampled_from([0.0, 0.8, 1.0]))
+    n_segments = draw(st.integers(2, 6))
+    segments = [draw(st.integers(0, 60)) for _ in range(n_segments)]
+    rnd = random.Random(seed)
+    items = make_items(rnd, kind, n_keys, skew, segments)
+    # segment ends are the gates; executions take a few of them each
+    ends = [sum(segments[: i + 1]) for i in range(n_segments)]
+    n_exec = draw(st.integers(1, 4))
+    cuts = sorted(draw(st.lists(st.integers(0, n_segments), min_size=n_exec - 1, max_size=n_exec - 1)))
+    bounds = [0, *cuts, n_segments]
+    executions = []
+    members, lp = draw(st.sampled_from([1, 2])), draw(st.integers(1, 3))
+    for e in range(n_exec):
+        stop = None if e == n_exec - 1 else draw(st.sampled_from(STOPS))
+        executions.append(
+            inc.Execution(
+                members=members,
+                keyed_lp=lp,
+                gates=ends[bounds[e] : bounds[e + 1]],
+                extra=draw(st.integers(0, 2)),
+                stop=stop,
+                new_store=draw(st.booleans()),
+            )
+        )
+        if stop != "suspend":  # a resumed job keeps its shape; a new job may rescale
+            members, lp = draw(st.sampled_from([1, 2])), draw(st.integers(1, 3))
+    return kind, items, executions
+
+
+def check(kind: str, items: list[inc.Item], executions: list[inc.Execution], root: str) -> None:
+    want = inc.oracle_output(kind, items)
+    got = inc.run_scenario(kind, items, executions, root)
+    assert got.output == want, (
+        f"missing {sorted((want - got.output).items(), key=repr)[:5]}, "
+        f"extra {sorted((got.output - want).items(), key=repr)[:5]}"
+    )
+    first = executions[0]
+    assert inc.uninterrupted(kind, items, first.members, first.keyed_lp) == want
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(scenario=scenarios())
+def test_stopped_and_restored_keyed_jobs_match_the_oracle(
+    tmp_path_factory: Any, scenario: tuple[str, list[inc.Item], list[inc.Execution]]
+) -> None:
+    kind, items, executions = scenario
+    check(kind, items, executions, str(tmp_path_factory.mktemp("inc")))
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(scenario=scenarios())
+def test_stopped_and_restored_keyed_jobs_match_the_oracle_many(
+    tmp_path_factory: Any, scenario: tuple[str, list[inc.Item], list[inc.Execution]]
+) -> None:
+    kind, items, executions = scenario
+    check(kind, items, executions, str(tmp_path_factory.mktemp("inc")))
+
+
+@pytest.mark.parametrize("kind", inc.KINDS)
+def test_every_kind_through_every_stop(tmp_path: Any, kind: str) -> None:
+    """One fixed scenario per kind: a base, deltas of a few hot keys, and each way of
+    stopping, with a rescale to two members and back."""
+    rnd = random.Random(22)
+    items = make_items(rnd, kind, 40, 0.9, [80, 20, 20, 20, 20, 20, 20, 20])
+    ends = [80, 100, 120, 140, 160, 180, 200, 220]
+    executions = [
+        inc.Execution(1, 2, ends[0:2], stop="cancel"),
+        inc.Execution(2, 3, ends[2:3], stop="export", new_store=True),
+        inc.Execution(1, 1, ends[3:4], extra=2, stop="suspend"),
+        inc.Execution(1, 1, ends[4:5], stop="inflight"),
+        inc.Execution(2, 1, ends[5:8]),
+    ]
+    check(kind, items, executions, str(tmp_path))
