@@ -1,0 +1,158 @@
+"""A custom keyed processor on ``keyed_state(context)`` under exactly-once, its process
+killed with SIGKILL at random moments (some runs twice) and resumed from its snapshot
+store in a new process: the output holds every item's result exactly once (issue 22:
+incremental snapshots must lose and duplicate nothing, whenever the process dies: while
+a base or a delta is written, between them, during a compaction)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+N = 16_000
+KEYS = 2_000  # even: key parity = sequence parity = the generator processor emitting it
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import slipstream as ss
+    from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
+    from slipstream.state.keyed import keyed_state
+
+    class RollingCount(ss.AbstractProcessor):
+        # per key: how many of its items arrived since it was last reset; an item whose
+        # sequence number is divisible by 37 resets (removes) its key
+        def init_processor(self, context):
+            self.counts = keyed_state(context)
+
+        def process(self, ordinal, inbox):
+            counts, dirty = self.counts, self.counts.dirty
+            while inbox:
+                seq = inbox[0]
+                key = seq % KEYS
+                if seq % 37 == 0:
+                    out = (key, 0)
+                else:
+                    out = (key, counts.get(key, 0) + 1)
+                if not self.try_emit(out):
+                    return
+                inbox.popleft()
+                if out[1]:
+                    counts[key] = out[1]
+                else:
+                    counts.pop(key, None)
+                if dirty is not None:
+                    dirty.add(key)
+
+        def save_to_snapshot(self):
+            return self.outbox.offer_to_snapshot(*self.counts.snapshot_entry())
+
+        def restore_from_snapshot_entry(self, key, value):
+            self.counts[key] = value
+
+    store, out = sys.argv[1], sys.argv[2]
+    dag = DAG()
+    gen = dag.new_vertex("gen", sources.generator(lambda seq: seq, 16000, max_items=N_ITEMS))
+    gen.local_parallelism(2)
+    counts = dag.new_vertex("counts", RollingCount).local_parallelism(3)
+    sink = dag.new_vertex("out", sinks.write_files(out, roll_interval_ms=50)).local_parallelism(1)
+    dag.edge(Edge.between(gen, counts).partitioned(lambda seq: seq % KEYS).distributed())
+    dag.edge(Edge.between(counts, sink))
+    cfg = JobConfig(name="keyed-kill", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                    snapshot_interval_ms=20, snapshot_store=store, resume=True)
+    job = ss.local().new_job(dag, cfg)
+    seen = -1
+    while True:
+        # report each committed snapshot (the test kills after some), until the end
+        try:
+            job.join(0.005)
+            break
+        except TimeoutError:
+            pass
+        n = job.metrics["__job__"]["snapshots"]
+        if n != seen:
+            seen = n
+            print("snapshots", n, flush=True)
+    print("done", flush=True)
+    """
+).replace("N_ITEMS", str(N)).replace("KEYS", str(KEYS))
+
+
+def expected() -> Counter[str]:
+    counts: dict[int, int] = {}
+    out: Counter[str] = Counter()
+    for seq in range(N):
+        key = seq % KEYS
+        if seq % 37 == 0:
+            counts.pop(key, None)
+            out[str((key, 0))] += 1
+        else:
+            counts[key] = counts.get(key, 0) + 1
+            out[str((key, counts[key]))] += 1
+    return out
+
+
+def read_lines(d: str) -> list[str]:
+    lines: list[str] = []
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.startswith("part-") and not name.endswith(".tmp"):
+            with open(os.path.join(d, name)) as fh:
+                lines.extend(x for x in fh.read().split("\n") if x)
+    return lines
+
+
+def run_until_killed(args: list[str], rnd: random.Random) -> bool:
+    """Start the job; once it reported a random number (1..8) of committed snapshots,
+    wait a random moment (0..150 ms) and SIGKILL it. Returns whether it was killed (it
+    may complete first)."""
+    target = rnd.randint(1, 8)
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if line.startswith("done"):
+                break
+            if line.startswith("snapshots") and int(line.split()[1]) >= target:
+                time.sleep(rnd.uniform(0, 0.15))  # a random moment, not a wait for an outcome
+                p.send_signal(signal.SIGKILL)
+                break
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    return p.returncode == -signal.SIGKILL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(20))
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Any, seed: int) -> None:
+    rnd = random.Random(seed)
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    store, out = str(tmp_path / "store"), str(tmp_path / "out")
+    args = [sys.executable, str(script), store, out]
+    kills = 0
+    for _ in range(1 + seed % 2):  # odd seeds kill the resumed run too
+        if not run_until_killed(args, rnd):
+            break
+        kills += 1
+    r = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "done" in r.stdout
+    assert kills >= 1, "the job completed before it could be killed"
+    got = Counter(read_lines(out))
+    want = expected()
+    assert got == want, (
+        f"lost {sum((want - got).values())} (e.g. {sorted(want - got)[:3]}), "
+        f"duplicated {sum((got - want).values())} (e.g. {sorted(got - want)[:3]})"
+    )
