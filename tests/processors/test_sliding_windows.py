@@ -472,7 +472,7 @@ def test_snapshot_holds_frames_by_key_and_the_cursor() -> None:
     p, outbox = new_processor(single_stage(wd, sum_with_deduct()), capacity=100)
     p.process(0, Inbox([(1, "a", 1), (3, "b", 2), (4, "a", 3)]))
     p.try_process_watermark(WM(2))
-    # frames are handed over as one KeyedStateBatch each; restore sees one entry per key
+    # frames are saved as one map each (a KeyedState); restore sees one entry per key
     entries = expand_entries(saved_entries(p, outbox))
     # frame 2 stays: window 4 still needs it
     assert sorted(entries, key=repr) == sorted(

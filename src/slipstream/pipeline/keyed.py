@@ -21,7 +21,7 @@ from slipstream.core.inbox import Inbox, drop_head
 from slipstream.core.item_errors import blame, failed_position
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import KEYED
-from slipstream.state.keyed import KeyedState, keyed_state
+from slipstream.state.keyed import fast_keyed_state, saved_entry
 from slipstream.state.keys import BroadcastKey
 
 __all__ = ["HashJoinP", "MapStatefulP", "hash_join", "map_stateful", "rolling_aggregate"]
@@ -38,7 +38,8 @@ class MapStatefulP(AbstractProcessor):
     operation's accumulator (``accumulate`` returns the new one, so immutable
     accumulators work) and each item emits ``(key, finish(acc))``: a rolling aggregate.
 
-    The states are a :class:`~slipstream.state.keyed.KeyedState`: while the job takes
+    The states are a :class:`~slipstream.state.keyed.KeyedState` (a plain dict when
+    nothing is tracked: ``fast_keyed_state``): while the job takes
     incremental snapshots, every key an item touched is marked (``fn`` may mutate the
     state in place, so the key is marked before ``fn`` runs, on every item), and a
     snapshot saves only those keys; otherwise nothing is tracked per item.
@@ -60,11 +61,11 @@ class MapStatefulP(AbstractProcessor):
         self._create = create
         self._fn = fn
         self._op = rolling_op
-        self.states: KeyedState = KeyedState()  # replaced in init_processor
+        self.states: dict[Any, Any] = {}  # replaced in init_processor
         self._pending: Any = _NOTHING  # the head item's result, refused by the outbox
 
     def init_processor(self, context: Context) -> None:
-        self.states = keyed_state(context)
+        self.states = fast_keyed_state(context)
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         outbox = self.outbox
@@ -84,7 +85,7 @@ class MapStatefulP(AbstractProcessor):
             self._pending = _NOTHING
             inbox.popleft()
         states = self.states
-        dirty = states.dirty
+        dirty = getattr(states, "dirty", None)
         key_fn = self._key_fn
         op = self._op
         missing = _NOTHING
@@ -136,7 +137,7 @@ class MapStatefulP(AbstractProcessor):
         if n <= 0:
             return
         states = self.states
-        dirty = states.dirty
+        dirty = getattr(states, "dirty", None)
         start = len(bucket)
         size = len(states)
         get = states.get
@@ -184,7 +185,7 @@ class MapStatefulP(AbstractProcessor):
                 dirty.update(map(_first, bucket[start:]))
 
     def save_to_snapshot(self) -> bool:
-        return self.save_state(lambda: [self.states.snapshot_entry()])
+        return self.save_state(lambda: [saved_entry(self.states)])
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         self.states[key] = value

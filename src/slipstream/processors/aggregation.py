@@ -52,7 +52,7 @@ from slipstream.core.item_errors import failed_position
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import BUFFERS_INPUT, KEYED, declare
 from slipstream.core.validation import per_input_fns
-from slipstream.state.keyed import KeyedState, keyed_state
+from slipstream.state.keyed import fast_keyed_state, saved_entry
 
 __all__ = [
     "aggregate",
@@ -227,7 +227,8 @@ class GroupByKeyP(AbstractProcessor):
     some input but before the snapshot was taken are replayed and accumulated twice for
     their keys. Exactly-once (or no restore) accumulates every item once.
 
-    ``groups`` is a :class:`~slipstream.state.keyed.KeyedState`: while the job takes
+    ``groups`` is a :class:`~slipstream.state.keyed.KeyedState` (a plain dict when
+    nothing is tracked: ``fast_keyed_state``): while the job takes
     incremental snapshots each changed key is marked (at C speed where the loop runs at
     C speed: counting, combining), and during emission the emitted keys leave it at the
     next save (as removed keys) or at the end.
@@ -242,7 +243,7 @@ class GroupByKeyP(AbstractProcessor):
         self._key_fn = self._key_fns[0]
         self._op = op
         self._mode = mode
-        self.groups: KeyedState = KeyedState()  # replaced in init_processor
+        self.groups: dict[Any, Any] = {}  # replaced in init_processor
         self._initial: Any = _MISSING
         self._counting = False
         self._key_is_identity = False
@@ -254,7 +255,7 @@ class GroupByKeyP(AbstractProcessor):
         self._gone = 0
 
     def init_processor(self, context: Context) -> None:
-        self.groups = keyed_state(context)
+        self.groups = fast_keyed_state(context)
         op = self._op
         self._key_is_identity = is_identity(self._key_fn)
         self._initial = _shared_initial(op.create)
@@ -269,7 +270,7 @@ class GroupByKeyP(AbstractProcessor):
         if self._mode == "combine":
             self._combine_inbox(inbox)
         elif self._counting and not ordinal:
-            dirty = self.groups.dirty
+            dirty = getattr(self.groups, "dirty", None)
             # an identity key function (``lambda w: w``) is not called per item
             if self._key_is_identity:
                 _count_elements(self.groups, inbox)  # type: ignore[misc]
@@ -313,7 +314,7 @@ class GroupByKeyP(AbstractProcessor):
 
     def _accumulate_inbox(self, ordinal: int, inbox: Inbox) -> None:
         d = self.groups
-        dirty = d.dirty
+        dirty = getattr(d, "dirty", None)
         get = d.get
         acc_fn = self._op.accumulate
         key_fn = self._key_fn
@@ -385,7 +386,7 @@ class GroupByKeyP(AbstractProcessor):
                     f"(key, accumulator) tuples, got {bad!r}"
                 ) from e
             raise
-        dirty = d.dirty
+        dirty = getattr(d, "dirty", None)
         if dirty is not None:
             dirty.update(_builtin_map(_first, inbox))
         inbox.clear()
@@ -426,8 +427,9 @@ class GroupByKeyP(AbstractProcessor):
             self._pos = pos
         if self._pos >= end:
             groups = self.groups
-            if groups.dirty is not None:  # the keys not taken out at a save yet
-                groups.dirty.update(groups)
+            dirty = getattr(groups, "dirty", None)
+            if dirty is not None:  # the keys not taken out at a save yet
+                dirty.update(groups)
             groups.clear()
             self._results = None
             self._pos = self._gone = 0
@@ -443,10 +445,11 @@ class GroupByKeyP(AbstractProcessor):
             gone = results[self._gone : self._pos]
             for k in _builtin_map(_first, gone):
                 del groups[k]
-            if groups.dirty is not None:
-                groups.dirty.update(_builtin_map(_first, gone))
+            dirty = getattr(groups, "dirty", None)
+            if dirty is not None:
+                dirty.update(_builtin_map(_first, gone))
             self._gone = self._pos
-        return [groups.snapshot_entry()]
+        return [saved_entry(groups)]
 
     def save_to_snapshot(self) -> bool:
         return self.save_state(self._saved_map)

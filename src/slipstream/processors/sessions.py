@@ -48,6 +48,7 @@ from typing import Any
 from slipstream.aggregate import AggregateOperation
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
+from slipstream.core.processor import Context
 from slipstream.core.time import MAX_TIMESTAMP
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
@@ -56,6 +57,8 @@ from slipstream.core.validation import (
     per_input_fns,
 )
 from slipstream.processors.windows import LATE_METRIC, WindowingP, _OutOfRange, check_agg_op
+from slipstream.state.keyed import KEYED as KEYED_MAP
+from slipstream.state.keyed import fast_keyed_state, saved_entry
 from slipstream.state.keys import BroadcastKey, KeyedStateKey
 from slipstream.window import KeyedWindowResult
 
@@ -70,6 +73,13 @@ class SessionWindowP(WindowingP):
 
     State: ``sessions`` (key -> list of ``[start, end, acc]`` sorted by start, pairwise
     non-overlapping), the deadline heap, and the current watermark.
+
+    ``sessions`` is a :class:`~slipstream.state.keyed.KeyedState` (``KEYED``: its entries
+    restore as ``(KeyedStateKey(key), sessions)``; a plain dict when nothing is tracked:
+    ``fast_keyed_state``). The lists change in place, so while
+    the job takes incremental snapshots every item marks its key (before it changes the
+    list), as does emitting a key's sessions; a save then holds only those keys (the
+    engine copies the lists it is handed). The watermark is saved every time.
 
     At-least-once behaviour: the snapshot holds every key's session list (under the key,
     so it is restored to the processor owning the key's partition) and the current
@@ -97,16 +107,20 @@ class SessionWindowP(WindowingP):
         super().__init__(invalid_timestamps)
         self._timeout = session_timeout
         self._set_input_fns(key_fn, timestamp_fn, agg_op)
-        self._sessions: dict[Any, list[list[Any]]] = {}
+        self._sessions: dict[Any, list[list[Any]]] = {}  # replaced in init_processor
         self._heap: list[tuple[int, int, Any]] = []
         # key -> sequence number of its live heap entry
         self._scheduled: dict[Any, int] = {}
         self._seq = itertools.count()
         self._wm = NO_WATERMARK
 
+    def init_processor(self, context: Context) -> None:
+        self._sessions = fast_keyed_state(context, KEYED_MAP)
+
     # -- items -----------------------------------------------------------------------
     def process(self, ordinal: int, inbox: Inbox) -> None:
         sessions = self._sessions
+        dirty = getattr(sessions, "dirty", None)
         ts_fn = self._timestamp_fn
         key_fn = self._key_fn
         accumulate = self._op.accumulate
@@ -134,8 +148,12 @@ class SessionWindowP(WindowingP):
                     lst = sessions.get(k)
                     if lst is None:
                         sessions[k] = [[t, e, accumulate(create(), item)]]
+                        if dirty is not None:
+                            dirty.add(k)
                         self._schedule(k, e)
                         continue
+                    if dirty is not None:  # before the list changes
+                        dirty.add(k)
                     # i = index of the first session ending after t (ends are sorted
                     # too); events mostly arrive in order, so scan from the right
                     i = len(lst)
@@ -190,6 +208,7 @@ class SessionWindowP(WindowingP):
         heap = self._heap
         scheduled = self._scheduled
         sessions = self._sessions
+        dirty = getattr(sessions, "dirty", None)
         finish = self._op.finish
         while heap and heap[0][0] < wm:
             _, seq, key = heapq.heappop(heap)
@@ -202,6 +221,8 @@ class SessionWindowP(WindowingP):
                 n += 1
             done = lst[:n]
             del lst[:n]
+            if dirty is not None:
+                dirty.add(key)
             if lst:
                 self._schedule(key, lst[0][1])
             else:
@@ -215,11 +236,9 @@ class SessionWindowP(WindowingP):
 
     # -- snapshots -------------------------------------------------------------------
     def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
-        for key, lst in self._sessions.items():
-            # KeyedStateKey(key): routed by the key, and never mistaken for our own
-            # broadcast entry whatever the user's key is
-            yield KeyedStateKey(key), [tuple(w) for w in lst]
-        yield CURRENT_WATERMARK_KEY, self._wm
+        # one KEYED map: its entries restore as KeyedStateKey(key), routed by the key and
+        # never mistaken for our own broadcast entry whatever the user's key is
+        return iter([saved_entry(self._sessions, KEYED_MAP), (CURRENT_WATERMARK_KEY, self._wm)])
 
     def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
         if key.key in self._sessions:

@@ -59,7 +59,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.item_errors import failed_position
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.late_items import LATE_METRIC
-from slipstream.core.processor import AbstractProcessor
+from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.time import MAX_TIMESTAMP
 from slipstream.core.traits import KEYED, WINDOWED, declare
 from slipstream.core.validation import (
@@ -70,7 +70,9 @@ from slipstream.core.validation import (
     timestamp_out_of_range,
     valid_timestamps,
 )
-from slipstream.state.keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
+from slipstream.state.keyed import KEYED as KEYED_MAP
+from slipstream.state.keyed import StateMap, StateMapSave, fast_keyed_state, saved_entry
+from slipstream.state.keys import BroadcastKey, KeyedStateBatch, KeyedStateKey, expand_entries
 from slipstream.window import KeyedWindowResult, SlidingWindowDef
 
 __all__ = [
@@ -180,7 +182,9 @@ class WindowingP(AbstractProcessor):
     def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
         raise NotImplementedError
 
-    def _set_input_fns(self, key_fn: Any, timestamp_fn: Any, op: AggregateOperation[Any, Any, Any]) -> None:
+    def _set_input_fns(
+        self, key_fn: Any, timestamp_fn: Any, op: AggregateOperation[Any, Any, Any]
+    ) -> None:
         """Key and timestamp functions, one per input ordinal (tuples, or ``None`` for a
         processor whose items carry their own); ``_key_fn``/``_timestamp_fn`` are
         ordinal 0's, which the hot loops use directly."""
@@ -287,6 +291,9 @@ class WindowingP(AbstractProcessor):
         elif type(key) is KeyedStateBatch:  # not expanded by whoever restores us
             for k, v in value.items():
                 self._restore_keyed(KeyedStateKey(k, key.detail), v)
+        elif type(key) is StateMap:  # a saved map, not expanded by whoever restores us
+            for k, v in expand_entries([(key, value)]):
+                self._restore_keyed(k, v)
         elif key == self._cursor_key:
             cursor = self._restored_cursor
             ctx = self.context
@@ -331,6 +338,14 @@ class SlidingWindowP(WindowingP):
     emits all its frames downstream instead of saving them (docs/semantics.md §6), so its state travels
     inside the barrier-aligned stream and stage 2 combines partial frames of the same
     frame and key; it then saves only its emission cursor.
+
+    The last stage keeps each frame in a :class:`~slipstream.state.keyed.KeyedState`
+    (``KEYED``, detail: the frame's end; a plain dict when nothing is tracked, for the
+    loops' speed: ``fast_keyed_state``), saved as one map per frame: its entries restore
+    as ``(KeyedStateKey(key, frame), acc)``. While the job takes incremental snapshots the
+    loops mark each key they change in its frame (a loop of their own, so that a job
+    without them pays nothing per item), a save holds only those keys, a frame evicted
+    since the previous save is saved as dropped, and the cursor is saved every time.
 
     At-least-once behaviour (the last stage saves every ``(KeyedStateKey(key, frame),
     acc)`` and the cursor; on restore the cursor is the minimum over all processors):
@@ -392,6 +407,20 @@ class SlidingWindowP(WindowingP):
         self._flush_it: Iterator[Any] | None = None
         # during a restore: (frame, key) pairs that received a frame saved off the grid
         self._realigned: set[tuple[int, Any]] = set()
+        # incremental snapshots (last stage): the loops mark changed keys, and the frames
+        # evicted since the previous save are saved as dropped (their DROP entries)
+        self._tracked = False
+        self._dropped: list[tuple[StateMap, StateMapSave]] = []
+
+    def init_processor(self, context: Context) -> None:
+        self._tracked = self._last_stage and bool(context.incremental_snapshots)
+
+    def _new_frame(self, f: int) -> dict[Any, Any]:
+        """A new frame: a keyed-state map in the last stage (it is saved), a dict in
+        stage 1 (it flushes its frames instead)."""
+        if self._last_stage:
+            return fast_keyed_state(self.context, KEYED_MAP, f)
+        return {}
 
     # -- items -----------------------------------------------------------------------
     def process(self, ordinal: int, inbox: Inbox) -> None:
@@ -405,6 +434,13 @@ class SlidingWindowP(WindowingP):
             additive = None
         create = self._op.create
         enter = self._enter_frame
+        if self._tracked:
+            items, stamps, late = self._timestamped(inbox, ts_fn)
+            late += self._accumulate_marked(items, stamps, key_fn, accumulate, additive)
+            inbox.clear()
+            if late:
+                self.context.increment_metric(LATE_METRIC, late)
+            return
         if not ordinal and self._indices is not None:
             self._process_indexed(inbox, self._indices)
             return
@@ -463,6 +499,60 @@ class SlidingWindowP(WindowingP):
         if late:
             self.context.increment_metric(LATE_METRIC, late)
 
+    def _accumulate_marked(
+        self, items: Any, stamps: list[int], key_fn: Any, accumulate: Any, additive: Any
+    ) -> int:
+        """``process``'s loops while the job takes incremental snapshots: the same frame
+        logic, each key marked in its frame's ``dirty`` (before ``accumulate``, which may
+        change an accumulator in place; a new key whose accumulate raised is unmarked).
+        The key and value functions of a sum or count run before the late check, as in
+        those loops. Returns how many items were late."""
+        enter = self._enter_frame
+        create = self._op.create
+        add_fn = callable(additive)
+        missing = _MISSING
+        late = 0
+        while True:
+            lo = hi = 0
+            d: Any = None
+            mark: Any = None
+            k: Any = missing
+            v: Any = additive
+            it = iter(items)
+            try:
+                for item, ts in zip(it, stamps, strict=True):
+                    if additive is not None:
+                        k = key_fn(item)
+                        if add_fn:
+                            v = additive(item)
+                    if not lo <= ts < hi:
+                        entered = enter(ts)
+                        if entered is None:
+                            late += 1
+                            continue
+                        lo, hi, d = entered
+                        mark = d.dirty.add
+                    if additive is None:
+                        k = key_fn(item)
+                        mark(k)
+                        acc = d.get(k, missing)
+                        d[k] = accumulate(create() if acc is missing else acc, item)
+                    else:
+                        mark(k)
+                        d[k] = d.get(k, 0) + v
+            except _OutOfRange as e:
+                raise self._out_of_range(items[stamps.index(e.ts)], e.ts) from None
+            except Exception as e:  # noqa: BLE001 - user code: the policy decides
+                if d is not None and k not in d:
+                    d.dirty.discard(k)  # a new key that got no accumulator
+                i = failed_position(len(items), it)
+                if not self.context.item_errors.handle(items[i], e):
+                    raise
+                items = list(items)[i + 1 :]
+                stamps = stamps[i + 1 :]
+                continue
+            return late
+
     def _enter_frame(self, ts: int) -> tuple[int, int, dict[Any, Any]] | None:
         """The bounds ``[lo, hi)`` of the frame of ``ts`` (``hi`` is the frame's end,
         ``higher_frame_ts`` inlined) and its dict, created on first use; ``None`` when
@@ -481,7 +571,7 @@ class SlidingWindowP(WindowingP):
             return None
         d = self._frames.get(f)
         if d is None:
-            d = self._frames[f] = {}
+            d = self._frames[f] = self._new_frame(f)
             if f > self._top:
                 self._top = f
         lo = f - fs
@@ -511,7 +601,9 @@ class SlidingWindowP(WindowingP):
                     if type(ts) is not int or not lo <= ts < hi:
                         if type(ts) is not int:
                             # valid_timestamps' own error names the item
-                            stamps = _checked_stamp(item, ts, self._where(), self._invalid_timestamps)
+                            stamps = _checked_stamp(
+                                item, ts, self._where(), self._invalid_timestamps
+                            )
                             if not stamps:
                                 late += 1
                                 continue
@@ -633,6 +725,10 @@ class SlidingWindowP(WindowingP):
 
     def _evict(self, frame: int) -> None:
         d = self._frames.pop(frame, None)
+        if self._tracked and d is not None:
+            gone = d.dropped_entry()  # type: ignore[attr-defined]
+            if gone is not None:  # a snapshot holds the frame: the next save drops it
+                self._dropped.append(gone)
         if d and self._use_deduct and self._running_end is not None:
             deduct = self._op.deduct
             assert deduct is not None
@@ -668,18 +764,28 @@ class SlidingWindowP(WindowingP):
         return super().save_to_snapshot()
 
     def _snapshot_entries(self) -> Iterator[tuple[Any, Any]]:
-        # one handed-over copy per frame: a C-speed dict copy instead of an entry per key
-        # (restore receives the KeyedStateKey(key, frame) entries it stands for)
-        for f, d in self._frames.items():
-            yield KeyedStateBatch(f), dict(d)
-        yield NEXT_WIN_TO_EMIT_KEY, self._next_win
+        # one map per frame: a C-speed dict copy (or the frame's changed keys) instead of
+        # an entry per key (restore receives the KeyedStateKey(key, frame) entries it
+        # stands for); taken at once, as every frame's save starts its next interval
+        entries: list[tuple[Any, Any]] = []
+        if self._dropped:
+            # a drop relative to a save that did not commit is left out: every map is
+            # then saved whole, so the save replaces the processor's state
+            committed = self.context.committed_snapshot_id
+            entries.extend(e for e in self._dropped if e[1].base_id <= committed)
+            self._dropped.clear()
+        entries.extend(saved_entry(d, KEYED_MAP, f) for f, d in self._frames.items())
+        entries.append((NEXT_WIN_TO_EMIT_KEY, self._next_win))
+        return iter(entries)
 
     def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:
         saved = key.detail
         # the frame of the current grid that the saved frame ends in: the same frame
         # unless the job was restored with another slide or offset (Jet 4.x realigns too)
         f = self._wd.higher_frame_ts(saved - 1)
-        d = self._frames.setdefault(f, {})
+        d = self._frames.get(f)
+        if d is None:
+            d = self._frames[f] = self._new_frame(f)
         k = key.key
         if f != saved:
             if not self._realigned:
@@ -784,7 +890,7 @@ class _CombineToSlidingWindowP(SlidingWindowP):
                         continue
                     d = frames.get(f)  # type: ignore[assignment]
                     if d is None:
-                        d = frames[f] = {}
+                        d = frames[f] = self._new_frame(f)
                         if f > top:
                             top = f
                     lo = f - fs
@@ -799,10 +905,24 @@ class _CombineToSlidingWindowP(SlidingWindowP):
                 f"{self._where()}: expected KeyedWindowResult frames from "
                 f"accumulate_by_frame, cannot combine item {item!r}: {e}"
             ) from e
+        if self._tracked:
+            self._mark_combined(inbox)
         inbox.clear()
         self._top = top
         if late:
             self.context.increment_metric(LATE_METRIC, late)
+
+    def _mark_combined(self, inbox: Inbox) -> None:
+        """Mark the keys the frames of ``inbox`` changed (incremental snapshots only: a
+        second pass, so that the combining loop stays as it is without them)."""
+        frames = self._frames
+        fs = self._fs
+        offset = self._offset
+        for _start, end, k, _v in inbox:
+            t = end - 1
+            d = frames.get(t - (t - offset) % fs + fs)
+            if d is not None and k in d:  # not a late frame's
+                d.dirty.add(k)  # type: ignore[attr-defined]
 
 
 # -- factories -------------------------------------------------------------------------

@@ -56,7 +56,9 @@ __all__ = [
     "StateMap",
     "StateMapSave",
     "dropped_entry",
+    "fast_keyed_state",
     "keyed_state",
+    "saved_entry",
 ]
 
 #: a map whose entries restore as ``(key, value)``: the key is the grouping key itself
@@ -169,6 +171,29 @@ def keyed_state(context: Any, tag: str = PLAIN, detail: Any = None) -> KeyedStat
     """A new :class:`KeyedState` for a processor with ``context``: the engine's factory
     (the place where a state backend is chosen)."""
     return KeyedState(tag, detail, context)
+
+
+def fast_keyed_state(context: Any, tag: str = PLAIN, detail: Any = None) -> dict[Any, Any]:
+    """:func:`keyed_state`, or a plain ``dict`` when that would be an in-memory map that
+    tracks nothing (the job takes no incremental snapshots): CPython specialises item
+    stores and loads (``d[k] = v``) for exact dicts only, and a subclass costs ~5-10 ns
+    per store, ~7 % of a window's summing loop. Save it with :func:`saved_entry`; read
+    its ``dirty`` as ``getattr(state, "dirty", None)``."""
+    state = keyed_state(context, tag, detail)
+    if type(state) is KeyedState and state.dirty is None:
+        return {}
+    return state
+
+
+def saved_entry(
+    state: dict[Any, Any], tag: str = PLAIN, detail: Any = None
+) -> tuple[StateMap, StateMapSave]:
+    """The snapshot entry of a map from :func:`fast_keyed_state` (``tag`` and ``detail``
+    as it was made with): a full copy of a plain ``dict``, else its
+    :meth:`~KeyedState.snapshot_entry`."""
+    if type(state) is dict:
+        return StateMap(tag, detail), StateMapSave(FULL, dict(state))
+    return state.snapshot_entry()  # type: ignore[attr-defined, no-any-return]
 
 
 _MISSING: Any = object()
