@@ -6,6 +6,19 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+#: where keyed processors keep their state (``JobConfig.state_backend``)
+STATE_BACKENDS = ("memory", "sqlite")
+
+
+def check_state_backend(value: Any, where: str) -> str:
+    """``value`` if it names a state backend, else a ValueError naming ``where``."""
+    if not isinstance(value, str) or value not in STATE_BACKENDS:
+        raise ValueError(
+            f"{where}: state_backend must be one of "
+            f"{', '.join(map(repr, STATE_BACKENDS))}, got {value!r}"
+        )
+    return value
+
 
 class ProcessingGuarantee(enum.Enum):
     """What a job promises about its state after a failure.
@@ -109,6 +122,14 @@ class JobConfig:
     under ``auto_restart`` starts again from the last committed snapshot); ``None``
     never fails for that. Output is committed only with snapshots, so a stalled
     snapshot means no output, whatever the sources still read.
+
+    ``state_backend``: where keyed processors (rolling aggregates, ``map_stateful``,
+    keyed aggregations) keep their per-key state. ``"memory"`` (default, the fast path):
+    a dict. ``"sqlite"``: a SQLite database per processor in a private directory under
+    the engine's work dir (``<work_dir>/state``), behind a cache of the hot keys, so a
+    job's state may outgrow its memory; the files are removed when the job ends. A
+    vertex's own ``Vertex.state_backend(...)`` overrides it (docs/fault-tolerance.md,
+    "State backends").
     """
 
     name: str | None = None
@@ -130,6 +151,7 @@ class JobConfig:
     sink_outage_timeout: float = 120.0
     stall_warning_s: float = 30.0
     stall_timeout_s: float | None = 600.0
+    state_backend: str = "memory"
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):
@@ -145,6 +167,7 @@ class JobConfig:
         from slipstream.core.item_errors import check_policy
 
         check_policy(self.on_item_error, "JobConfig")
+        check_state_backend(self.state_backend, "JobConfig")
         if not self.sink_outage_timeout > 0:
             raise ValueError(
                 f"sink_outage_timeout must be > 0 seconds, got {self.sink_outage_timeout!r}"

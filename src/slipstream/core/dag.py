@@ -47,6 +47,7 @@ __all__ = [
 class DagWarning(UserWarning):
     """A DAG that is valid but likely to misbehave (e.g. a window no watermark reaches)."""
 
+
 DEFAULT_QUEUE_SIZE = 1024
 
 
@@ -74,6 +75,7 @@ class Vertex:
             raise DagError(f"vertex {name!r}: {e}") from None
         self._local_parallelism = -1
         self._on_item_error: Any = None
+        self._state_backend: str | None = None
 
     def on_item_error(self, policy: Any) -> Vertex:
         """This vertex's bad-record policy, overriding ``JobConfig.on_item_error``:
@@ -100,6 +102,23 @@ class Vertex:
     def get_on_item_error(self) -> Any:
         """The vertex's own ``on_item_error`` (``None``: the job's)."""
         return self._on_item_error
+
+    def state_backend(self, backend: str) -> Vertex:
+        """Where this vertex's keyed processors keep their state, overriding
+        ``JobConfig.state_backend``: ``"memory"`` or ``"sqlite"`` (on disk, behind a
+        cache of the hot keys). Returns the vertex."""
+        from slipstream.core.config import check_state_backend
+
+        try:
+            check_state_backend(backend, f"vertex {self.name!r}")
+        except ValueError as e:
+            raise DagError(str(e)) from None
+        self._state_backend = backend
+        return self
+
+    def get_state_backend(self) -> str | None:
+        """The vertex's own ``state_backend`` (``None``: the job's)."""
+        return getattr(self, "_state_backend", None)
 
     def local_parallelism(self, n: int) -> Vertex:
         """Processors per member; -1 means the engine's default (its cooperative thread

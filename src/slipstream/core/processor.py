@@ -56,6 +56,9 @@ class Context:
         "committed_snapshot_id",
         "completion_committed",
         "incremental_snapshots",
+        "state_backend",
+        "state_dir",
+        "closers",
         "sink_outage_timeout",
         "snapshot_interval_ms",
         "warning",
@@ -138,6 +141,16 @@ class Context:
         #: :class:`~slipstream.state.keyed.KeyedState` then records changed keys and saves
         #: only those (``False``: every save is full, nothing is tracked per item)
         self.incremental_snapshots = False
+        #: where :func:`~slipstream.state.keyed.keyed_state` keeps keyed state:
+        #: ``"memory"`` (a dict) or ``"sqlite"`` (on disk behind a cache; the engine sets
+        #: it from ``JobConfig.state_backend`` or the vertex's own ``state_backend``)
+        self.state_backend = "memory"
+        #: the directory under which disk-backed state makes its private directory
+        #: (``None``: the system's temporary directory)
+        self.state_dir: str | None = None
+        #: what to call when the processor is closed (the engine does, after
+        #: ``Processor.close``): disk-backed state closes and removes its files
+        self.closers: list[Callable[[], None]] = []
         #: seconds a sink may keep retrying a commit its server refuses before the job
         #: fails (``JobConfig.sink_outage_timeout``)
         self.sink_outage_timeout = 120.0

@@ -118,10 +118,14 @@ class _Execution:
             check_same_dag(restore, dag_shape(job.dag), config.allow_job_change)
             recovering = recovering_completed(restore, self.plans, completed)
         self.tasklets: list[ProcessorTasklet] = []
+        state_dir = os.path.join(engine.work_dir, "state")
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
             s.context.metric_listener = job.late_items.on_metric
             s.context.sink_outage_timeout = config.sink_outage_timeout
+            # keyed state: the vertex's own backend or the job's (state.keyed.keyed_state)
+            s.context.state_backend = s.vertex.vertex.get_state_backend() or config.state_backend
+            s.context.state_dir = state_dir
             if self.coordinator is not None:
                 s.context.snapshot_interval_ms = config.snapshot_interval_ms
             restore_entries = None

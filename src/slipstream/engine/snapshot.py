@@ -683,6 +683,14 @@ def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     pickle round trip. Keys are hashable and taken as immutable; a
     :class:`KeyedStateBatch` mapping is handed over by the processor (it does not change
     it), so only its values are checked."""
+    if StateMap in set(map(type, map(operator.itemgetter(0), entries))) and any(
+        map(_is_lazy, entries)
+    ):
+        # a disk-backed map's view (state.disk.DiskStateView): its values are decoded from
+        # the database as the store reads them, so no one else holds them; reading them
+        # here would read the whole state on the processor's thread
+        rest = iter(detached([e for e in entries if not _is_lazy(e)]))
+        return [e if _is_lazy(e) else next(rest) for e in entries]
     values = list(map(_second, entries))
     key_types = set(map(type, map(operator.itemgetter(0), entries)))
     if KeyedStateBatch in key_types or StateMap in key_types:
@@ -701,6 +709,10 @@ def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     if _frozen(values):
         return entries
     return _copied(entries)
+
+
+def _is_lazy(entry: tuple[Any, Any]) -> bool:
+    return type(entry[0]) is StateMap and getattr(entry[1].upserts, "detached", False) is True
 
 
 def _copied(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:

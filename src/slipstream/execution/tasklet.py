@@ -322,7 +322,12 @@ class ProcessorTasklet:
         """Close the processor once (also on failure); errors are the caller's to log."""
         if not self.closed:
             self.closed = True
-            self.processor.close()
+            try:
+                self.processor.close()
+            finally:
+                closers = self.context.closers
+                while closers:  # disk-backed keyed state: its files go
+                    closers.pop()()
 
     def __repr__(self) -> str:
         return f"ProcessorTasklet({self.vertex_name}#{self.index}, {self.state_name})"

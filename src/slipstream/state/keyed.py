@@ -44,7 +44,7 @@ changed keys (see ``detached`` in :mod:`slipstream.engine.snapshot`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 __all__ = [
     "DELTA",
@@ -168,8 +168,14 @@ def dropped_entry(tag: str, detail: Any, base_id: int) -> tuple[StateMap, StateM
 
 
 def keyed_state(context: Any, tag: str = PLAIN, detail: Any = None) -> KeyedState:
-    """A new :class:`KeyedState` for a processor with ``context``: the engine's factory
-    (the place where a state backend is chosen)."""
+    """A new :class:`KeyedState` for a processor with ``context``: the engine's factory,
+    where the state backend is chosen (``context.state_backend``: ``"memory"``, or
+    ``"sqlite"`` for a :class:`~slipstream.state.disk.DiskKeyedState`, which has the
+    same interface, on disk behind a cache)."""
+    if getattr(context, "state_backend", "memory") == "sqlite":
+        from slipstream.state.disk import DiskKeyedState
+
+        return cast(KeyedState, DiskKeyedState(tag, detail, context))
     return KeyedState(tag, detail, context)
 
 
