@@ -24,21 +24,22 @@ sender/receiver pair: the receiver acknowledges a frame once it has decoded it i
 lanes' queues; a receiver that does not run (a slow or stuck member) stops its sender
 after ``window`` frames, then the lanes' local queues fill and the producers' collectors
 are refused, as with a full in-process queue. (2) Per lane, the sender sends only while
-``sent - taken < capacity``, where ``taken`` is the consumer's ``take_count`` the
-receiver reports back: each lane is bounded exactly like an in-process queue of the
-edge's ``queue_size``, and a consumer that stops reading one lane (barrier alignment)
-never blocks the other lanes of the pair. (A lane holds up to ``capacity`` items on each
-side, so a remote pair buffers about twice what a local one does.)
+``sent - taken < LANE_CREDIT * capacity``, where ``taken`` is the consumer's
+``take_count`` the receiver reports back: each lane is bounded like an in-process queue
+of the edge's ``queue_size`` (twice it, so that a frame as big as the queue can be in
+flight while the consumer works through the previous one), and a consumer that stops
+reading one lane (barrier alignment) never blocks the other lanes of the pair. (With the
+producing side's local queue, a remote lane buffers up to three times what a local
+channel does.)
 
 **Wire format.** Sender to receiver: frames of ``!IB`` (body length, codec) and a body
 that is a flat list ``[lane, kind, payload, ...]``: kinds are a data chunk (the items),
 a watermark (its timestamp), an idle mark, a barrier (``(id, terminal)``), end of stream
 and, once at the start, the lane table (``[(producer, consumer), ...]``). Special items
-are rebuilt from their kind, so no class path crosses. The body is ``marshal``\\ ed when
-every item is a plain ``int``/``float``/``str``/``bytes``/``bool``/``None``/``complex``
-or a tuple of those (exact types, checked per chunk: marshal turns other buffer-like
-objects into ``bytes``), else pickled (protocol 5): measured, marshal costs about half of
-pickle per tuple item (docs/performance.md, "Channels"). Receiver to sender: ``!I``
+are rebuilt from their kind, so no class path crosses. The body is pickled (protocol 5),
+chosen by measurement (docs/performance.md, "Channels"): ``marshal`` is faster on plain
+builtins but carries a ``bytearray`` (any buffer-like object) as ``bytes``, and the type
+scan that would make it safe costs more than it saves. Receiver to sender: ``!I``
 length and a ``marshal``\\ ed list ``[acked_frames, lane, taken, lane, taken, ...]``.
 
 **Trust.** The receiver unpickles what arrives on its socket, so the socket must be one
@@ -56,7 +57,6 @@ import marshal
 import pickle
 import socket
 import struct
-from itertools import chain
 from typing import Any
 
 from slipstream.core.items import (
@@ -76,19 +76,22 @@ __all__ = [
     "ChannelReceiver",
     "DEFAULT_WINDOW",
     "DEFAULT_BATCH_ITEMS",
+    "LANE_CREDIT",
 ]
 
 #: frames in flight per sender/receiver pair
-DEFAULT_WINDOW = 4
+DEFAULT_WINDOW = 16
 #: most items in one frame
 DEFAULT_BATCH_ITEMS = 1024
+#: a lane may hold this many times its capacity beyond what its consumer took (measured:
+#: at 1x a lane whose frames are as big as its queue goes stop-and-wait)
+LANE_CREDIT = 2
 #: bytes read per ``recv``
 _READ_SIZE = 1 << 18
 
 _FRAME = struct.Struct("!IB")
 _REPORT = struct.Struct("!I")
-_MARSHAL = 77  # "M"
-_PICKLE = 80  # "P"
+_PICKLE = 80  # "P": the one codec so far (the byte leaves room for another)
 
 _CHUNK = 0
 _WATERMARK = 1
@@ -96,9 +99,6 @@ _IDLE = 2
 _BARRIER = 3
 _DONE = 4
 _LANES = 5
-
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
-_PLAIN_OR_TUPLE = _PLAIN | {tuple}
 
 #: socket errors that mean the other end is gone
 _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
@@ -110,27 +110,14 @@ class ChannelPeerError(ConnectionError):
     and the peer member."""
 
 
-def _marshallable(chunk: list[Any]) -> bool:
-    """Whether ``marshal`` carries every item of ``chunk`` unchanged (exact plain types,
-    or tuples of them). C-speed scans: ``map(type, ...)`` into sets."""
-    types = set(map(type, chunk))
-    if types <= _PLAIN:
-        return True
-    if not types <= _PLAIN_OR_TUPLE:
-        return False
-    if types == {tuple}:
-        inner = set(map(type, chain.from_iterable(chunk)))
-    else:
-        inner = set(map(type, chain.from_iterable(x for x in chunk if type(x) is tuple)))
-    return inner <= _PLAIN
-
-
 class ChannelSender:
     """The producing member's end of one (edge, remote member) pair: drains its lanes'
     local queues into frames on ``sock`` (module docstring).
 
     ``label`` names the edge (``plan.edge_label``); ``member`` is the remote (consuming)
-    member's index, ``pid`` its process id when known: both go into errors."""
+    member's index, ``pid`` its process id when known: both go into errors. ``window``:
+    frames in flight; ``batch_items``: most items per frame (a frame may pass it by one
+    chunk)."""
 
     cooperative = True
     callback_name = "send"
@@ -166,11 +153,11 @@ class ChannelSender:
         self.in_flight = 0  # frames not yet acknowledged
         self.frames_sent = 0
         self.items_sent = 0
-        self.pickled = False  # the last frame needed pickle
         self._table_sent = False
         self._out: memoryview | None = None  # the unsent rest of the current frame
         self._in = bytearray()  # received report bytes not yet parsed
         self._cursor = 0
+        self._starved = False  # the last frame left entries behind for want of lane credit
         self._done = False
 
     def lane(self, producer: int, consumer: int, capacity: int) -> SpscQueue:
@@ -207,7 +194,11 @@ class ChannelSender:
     def call(self) -> int:
         if self._done:
             return DONE
-        progress = self._read_reports()
+        # reports are read when credits run short (or at the end), not on every call: a
+        # recv that finds nothing costs as much as the frame's own send
+        progress = False
+        if self._starved or self.in_flight * 2 >= self.window or not self.open:
+            progress = self._read_reports()
         if self._out is not None:
             if not self._write():
                 return MADE_PROGRESS if progress else NO_PROGRESS
@@ -239,6 +230,7 @@ class ChannelSender:
         n = len(open_lanes)
         start = self._cursor % n if n else 0
         finished: list[int] = []
+        self._starved = False
         for k in range(n):
             if budget <= 0:
                 break
@@ -247,7 +239,7 @@ class ChannelSender:
             entries = q.entries
             if not entries:
                 continue
-            room = self.capacity[i] - (self.sent[i] - self.taken[i])
+            room = LANE_CREDIT * self.capacity[i] - (self.sent[i] - self.taken[i])
             taken = 0
             at = -1  # where in ``records`` this lane's current chunk is
             owned = False  # that chunk is a list of our own (extend() is allowed)
@@ -288,6 +280,8 @@ class ChannelSender:
                     break
                 else:
                     raise TypeError(f"{q.name}: unexpected special item {entry!r}")
+            if room <= 0 and entries:
+                self._starved = True
             if taken:
                 q.take_count += taken
                 self.sent[i] += taken
@@ -300,24 +294,16 @@ class ChannelSender:
         return self._encode(records)
 
     def _encode(self, records: list[Any]) -> bytes:
-        chunks = [records[j + 2] for j in range(0, len(records), 3) if records[j + 1] == _CHUNK]
-        body: bytes | None = None
-        if all(map(_marshallable, chunks)):
-            body = marshal.dumps(records, 4)
-            codec = _MARSHAL
-            self.pickled = False
-        if body is None:
-            codec = _PICKLE
-            self.pickled = True
-            try:
-                body = pickle.dumps(records, pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:
-                raise pickle.PicklingError(
-                    f"{self.vertex_name}: {_unpicklable(chunks)} cannot be pickled "
-                    f"({type(exc).__name__}: {exc}); items that cross processes "
-                    "(distributed edges) must pickle"
-                ) from exc
-        return _FRAME.pack(len(body), codec) + body
+        try:
+            body = pickle.dumps(records, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            chunks = [records[j + 2] for j in range(0, len(records), 3) if records[j + 1] == _CHUNK]
+            raise pickle.PicklingError(
+                f"{self.vertex_name}: {_unpicklable(chunks)} cannot be pickled "
+                f"({type(exc).__name__}: {exc}); items that cross processes "
+                "(distributed edges) must pickle"
+            ) from exc
+        return _FRAME.pack(len(body), _PICKLE) + body
 
     def _write(self) -> bool:
         """Send what the socket takes of the current frame; ``True`` when all of it went."""
@@ -475,7 +461,9 @@ class ChannelReceiver:
                 if n < end:
                     break
                 body = view[pos + size : end]
-                records = marshal.loads(body) if codec == _MARSHAL else pickle.loads(body)
+                if codec != _PICKLE:
+                    raise ValueError(f"{self.vertex_name}: a frame of unknown codec {codec}")
+                records = pickle.loads(body)
                 body.release()
                 pos = end
                 self._deliver(records)
