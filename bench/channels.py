@@ -53,7 +53,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, cycle
 from typing import Any
 
 from slipstream.core.items import DONE_ITEM
@@ -66,7 +66,7 @@ LABEL = "edge 'a' -> 'b' (ordinal 0)"
 CAPACITY = 1024  # the default Edge.queue_size
 
 
-@dataclass
+@dataclass(slots=True)
 class Point:
     x: int
     y: float
@@ -78,6 +78,17 @@ def payload(kind: str, n: int) -> list[Any]:
     if kind == "tuple":
         return [(f"word{i % 5000}", i) for i in range(n)]
     return [Point(i, i / 2) for i in range(n)]
+
+
+POOL = 1 << 16
+
+
+def chunks(kind: str, batch: int) -> Any:
+    """An endless iterator of chunks of ``batch`` items, cycling over a pool of 65,536
+    distinct items (so no frame pickles the same object twice, which pickle's memo
+    would make cheap)."""
+    pool = payload(kind, POOL)
+    return cycle([pool[i : i + batch] for i in range(0, POOL - batch + 1, batch)])
 
 
 class Idle:
@@ -125,11 +136,11 @@ def drain(q: SpscQueue) -> tuple[int, bool]:
 
 
 def run_queue(items: int, batch: int, kind: str) -> tuple[float, float]:
-    chunk = payload(kind, batch)
+    source = chunks(kind, batch)
     q = SpscQueue(CAPACITY)
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(items // batch):
-        q.offer(chunk, batch)
+        q.offer(next(source), batch)
         drain(q)
     q.offer(DONE_ITEM, 1)
     drain(q)
@@ -139,14 +150,16 @@ def run_queue(items: int, batch: int, kind: str) -> tuple[float, float]:
 def produce(sender: ChannelSender, items: int, batch: int, kind: str, pump: Any = None) -> None:
     """Offer ``items`` items in chunks of ``batch`` and end-of-stream, driving the sender
     (and ``pump``, the in-process receiver side) until the sender is done."""
-    chunk = payload(kind, batch)
+    source = chunks(kind, batch)
     q = sender.queues[0]
     idle = Idle(None if pump is not None else sender.sock)
     left = items // batch
+    chunk = next(source)
     while left:
         progress = False
         while left and q.offer(chunk, batch):
             left -= 1
+            chunk = next(source)
             progress = True
         if sender.call() != NO_PROGRESS:
             progress = True
@@ -276,10 +289,10 @@ def run_connection(items: int, batch: int, kind: str) -> tuple[float, float]:
     mine, theirs = ctx.Pipe()
     p, control = _child(ctx, child_connection, theirs)
     theirs.close()
-    chunk = payload(kind, batch)
+    source = chunks(kind, batch)
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(items // batch):
-        mine.send_bytes(pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL))
+        mine.send_bytes(pickle.dumps(next(source), pickle.HIGHEST_PROTOCOL))
     mine.send_bytes(pickle.dumps(None))
     got, child_cpu = control.recv()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0 + child_cpu
@@ -293,10 +306,10 @@ def run_pipe(items: int, batch: int, kind: str) -> tuple[float, float]:
     r, w = os.pipe()
     p, control = _child(ctx, child_pipe, r)
     os.close(r)
-    chunk = payload(kind, batch)
+    source = chunks(kind, batch)
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(items // batch):
-        body = pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)
+        body = pickle.dumps(next(source), pickle.HIGHEST_PROTOCOL)
         os.write(w, _LEN.pack(len(body)) + body)
     body = pickle.dumps(None)
     os.write(w, _LEN.pack(len(body)) + body)
