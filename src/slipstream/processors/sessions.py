@@ -76,10 +76,10 @@ class SessionWindowP(WindowingP):
 
     ``sessions`` is a :class:`~slipstream.state.keyed.KeyedState` (``KEYED``: its entries
     restore as ``(KeyedStateKey(key), sessions)``; a plain dict when nothing is tracked:
-    ``fast_keyed_state``). The lists change in place, so while
-    the job takes incremental snapshots every item marks its key (before it changes the
-    list), as does emitting a key's sessions; a save then holds only those keys (the
-    engine copies the lists it is handed). The watermark is saved every time.
+    ``fast_keyed_state``). The lists change in place, so while the job takes incremental
+    snapshots every item marks its key (before it changes the list), as does emitting a
+    key's sessions; a save then holds only those keys (the engine copies the lists it is
+    handed). The watermark is saved every time.
 
     At-least-once behaviour: the snapshot holds every key's session list (under the key,
     so it is restored to the processor owning the key's partition) and the current
