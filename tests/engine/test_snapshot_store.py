@@ -507,3 +507,54 @@ def test_two_running_jobs_never_share_a_store(tmp_path: Any) -> None:
     # released at the end: the next submission may resume it
     second = resumed_run(store_dir, resume=True)
     assert Counter(engine.get_list("out")) + Counter(second) == stp.expected_running_sums(N)
+
+
+class _SlowFinalStore(DirectorySnapshotStore):
+    """Holds the write of the job's final snapshot (every processor completed) until the
+    job has ended or 2 s passed, then records whether the job still held the store."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.writing = threading.Event()
+        self.job: Any = None
+        self.held_while_writing: list[bool] = []
+
+    def write(self, data: SnapshotData) -> None:
+        final = all(len(vs.completed) == vs.total_parallelism for vs in data.vertices.values())
+        if final and not self.writing.is_set():
+            self.writing.set()
+            deadline = time.monotonic() + 2.0
+            # (the job may be this fast: new_job() has not returned it yet)
+            while time.monotonic() < deadline and not (
+                self.job is not None and self.job.status.is_terminal
+            ):
+                time.sleep(0.01)
+            self.held_while_writing.append(self._lock_fd is not None)
+        super().write(data)
+
+
+def test_cancel_during_the_final_snapshot_waits_for_its_write_before_releasing_the_store(
+    tmp_path: Any,
+) -> None:
+    """A job cancelled while its final snapshot is written ends only once that write is
+    done, as when any other snapshot is under way: it releases its store when it ends,
+    and the write must not land in a store another job may hold by then. On main the job
+    ended at once (the store thread's final write was not waited for) and the write went
+    on into the released store: the snapshot file, the manifest and the generation of a
+    job that had ended (seen as a vanished temp file when the next job, restored from
+    the store, cleaned it up: 'its final snapshot 24 could not be written ... No such
+    file or directory: .../.tmp-...')."""
+    store = _SlowFinalStore(str(tmp_path / "store"))
+    p = ss.Pipeline()
+    p.read_from(ss.sources.items(range(100))).write_to(sinks.list_sink("o"))
+    engine = ss.local()
+    job = store.job = engine.new_job(p, config(store, name="final"))
+    assert store.writing.wait(60), "the final snapshot was not written"
+    job.cancel()
+    try:
+        job.join(60)
+    except ss.JobCancelledError:
+        pass
+    stp.wait_for(lambda: bool(store.held_while_writing), what="the final write")
+    assert store.held_while_writing == [True], "the job released its store while writing to it"
+    assert DirectorySnapshotStore(str(tmp_path / "store")).latest() is not None

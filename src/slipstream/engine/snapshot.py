@@ -158,12 +158,16 @@ class SnapshotCoordinator:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop requesting snapshots and let the store thread finish the snapshot it is
-        writing (it commits: every processor saved it), at most ``timeout`` seconds."""
+        writing (it commits: every processor saved it), also the job's final one, at
+        most ``timeout`` seconds: the job releases its store once this returns, and a
+        write after that would land in a store another job may hold."""
         self._stop.set()
         with self._lock:
             self._writer_closing = True
             self._commit_event.notify_all()
-            self._commit_event.wait_for(lambda: self._to_write is None, timeout)
+            self._commit_event.wait_for(
+                lambda: self._to_write is None and self._final is not _FINAL_DUE, timeout
+            )
 
     def _run_timer(self) -> None:
         """Requests a snapshot every interval and watches the one in flight (woken at
