@@ -5,16 +5,24 @@ connection to the parent last."""
 from __future__ import annotations
 
 import enum
+import functools
+import operator
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from slipstream.core.config import JobConfig, ProcessingGuarantee
+from slipstream.core.dag import DAG, Edge
 from slipstream.core.inbox import Inbox
+from slipstream.core.items import Watermark
+from slipstream.core.processor import AbstractProcessor, Context
+from slipstream.core.services import InMemoryServices
 from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.plan import build_vertex_plans, wire
 from slipstream.execution.queues import SpscQueue
-from slipstream.execution.remote import ChannelReceiver, ChannelSender
-from slipstream.execution.tasklet import NO_PROGRESS
+from slipstream.execution.remote import ChannelReceiver, ChannelSender, MemberChannels
+from slipstream.execution.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
 
 LABEL = "edge 'tokens' -> 'counts' (ordinal 0)"
 
@@ -118,3 +126,106 @@ def send_then_hang(
         s.call()
     control.send("sent")
     control.recv()  # never comes: the parent kills this process
+
+
+# -- a DAG split over member processes ---------------------------------------------------
+
+
+class Numbers(AbstractProcessor):
+    """Emits its share (by global index) of ``range(n)`` as ``(key, value)`` with a
+    watermark after every 50th value."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def init_processor(self, context: Context) -> None:
+        mine = range(context.global_processor_index, self.n, context.total_parallelism)
+        self._it = iter(
+            [
+                y
+                for v in mine
+                for y in ([(v % 13, v), Watermark(v)] if v % 50 == 0 else [(v % 13, v)])
+            ]
+        )
+
+    def complete(self) -> bool:
+        return self.emit_from(self._it)
+
+
+class Tag(AbstractProcessor):
+    """Passes ``(key, value)`` on as ``(key, value, its own global index)``."""
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        return self.try_emit((*item, self.context.global_processor_index))
+
+
+class Gather(AbstractProcessor):
+    """Keeps what reaches it: items in ``got``, watermark timestamps in ``wms``."""
+
+    def init_processor(self, context: Context) -> None:
+        self.got: list[Any] = []
+        self.wms: list[int] = []
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        self.got.append(item)
+        return True
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        self.wms.append(watermark.timestamp)
+        return True
+
+
+def tagged_dag(n: int) -> DAG:
+    """numbers (2 per member) -partitioned, distributed-> tag (2 per member)
+    -distributed, all-to-one-> gather (1 per member)."""
+    dag = DAG()
+    src = dag.new_vertex("numbers", functools.partial(Numbers, n)).local_parallelism(2)
+    tag = dag.new_vertex("tag", Tag).local_parallelism(2)
+    out = dag.new_vertex("gather", Gather).local_parallelism(1)
+    dag.edge(Edge.between(src, tag).partitioned(operator.itemgetter(0)).distributed())
+    dag.edge(Edge.between(tag, out).distributed().all_to_one())
+    return dag
+
+
+def plans_of(dag: DAG, members: int) -> Any:
+    return build_vertex_plans(dag, JobConfig(), members, 2, InMemoryServices(), "channels")
+
+
+def run_tasklets(tasklets: list[Any]) -> None:
+    """Call every tasklet until all are done (a worker's loop, without its threads)."""
+    live = list(tasklets)
+    while live:
+        progress = False
+        for t in list(live):
+            r = t.call()
+            if r == DONE:
+                live.remove(t)
+            if r != NO_PROGRESS:
+                progress = True
+        if not progress:
+            time.sleep(0.0002)
+
+
+def gathered(specs: list[Any]) -> dict[int, tuple[list[Any], list[int]]]:
+    """What each gather processor of ``specs`` kept, by global index."""
+    return {
+        s.global_index: (s.processor.got, s.processor.wms)
+        for s in specs
+        if s.vertex.vertex.name == "gather"
+    }
+
+
+def run_member(
+    dag: DAG, member: int, members: int, sockets: dict[Any, socket.socket], control: Any
+) -> None:
+    """Run one member's share of ``dag``: its processors, wired with ``MemberChannels``,
+    beside its senders and receivers; send back what its gather processors kept."""
+    plans = plans_of(dag, members)
+    channels = MemberChannels(member, dag, plans, sockets)
+    specs = wire(dag, plans, ProcessingGuarantee.NONE, channels, member=member)
+    tasklets = [ProcessorTasklet(s.processor, s.context, s.inbound, s.outbound) for s in specs]
+    for t in tasklets:
+        t.init()
+    control.send("ready")
+    run_tasklets([*tasklets, *channels.tasklets])
+    control.send(gathered(specs))

@@ -23,12 +23,18 @@ from channel_peer import (
     LABEL,
     Level,
     Point,
+    gathered,
+    plans_of,
     receive_lanes,
     receive_stream,
+    run_member,
+    run_tasklets,
     send_then_hang,
+    tagged_dag,
     take_all,
 )
 
+from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import (
     DONE_ITEM,
@@ -40,14 +46,17 @@ from slipstream.core.items import (
 )
 from slipstream.execution.channels import Channel, ChannelReader, ChannelWriter
 from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.execution.plan import wire
 from slipstream.execution.queues import SpscQueue
 from slipstream.execution.remote import (
     LANE_CREDIT,
     ChannelPeerError,
     ChannelReceiver,
     ChannelSender,
+    channel_pairs,
+    channel_sockets,
 )
-from slipstream.execution.tasklet import DONE
+from slipstream.execution.tasklet import DONE, ProcessorTasklet
 
 CTX = multiprocessing.get_context("forkserver")
 #: only a guard against a hung test: every wait ends on an event long before
@@ -285,6 +294,62 @@ def test_a_receiver_whose_sender_died_names_the_edge_and_the_member(pair: Any) -
         f"{LABEL}: the channel from member 0 (pid {p.pid}) closed before the edge ended: "
         "member 0 died or closed its end (seen by the receiver)"
     )
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_a_dag_split_over_two_processes_runs_as_with_two_simulated_members() -> None:
+    """plan.wire(member=m) with MemberChannels in each of two processes: every
+    processor gets the items (and routing) it gets with members=2 in one process, and
+    the watermarks after them."""
+    n = 20_000
+    dag = tagged_dag(n)
+    # members=2 in one process: the reference
+    plans = plans_of(dag, 2)
+    specs = wire(dag, plans, ProcessingGuarantee.NONE)
+    tasklets = [ProcessorTasklet(s.processor, s.context, s.inbound, s.outbound) for s in specs]
+    for t in tasklets:
+        t.init()
+    run_tasklets(tasklets)
+    want = gathered(specs)
+    # the same DAG, one member per process
+    pairs = channel_pairs(dag, plans)
+    assert pairs == [(0, 0, 1), (0, 1, 0), (1, 0, 1)] or pairs == [(0, 0, 1), (0, 1, 0), (1, 1, 0)]
+    sockets = channel_sockets(dag, plans)
+    children = []
+    for m in (0, 1):
+        mine = {k: ends[0] if k[1] == m else ends[1] for k, ends in sockets.items() if m in k[1:]}
+        parent, child = CTX.Pipe()
+        p = CTX.Process(target=run_member, args=(dag, m, 2, mine, child), daemon=True)
+        p.start()
+        child.close()
+        children.append((p, parent))
+    for ends in sockets.values():
+        for sock in ends:
+            sock.close()
+    got: dict[int, Any] = {}
+    for _p, control in children:
+        assert control.poll(GUARD_S) and control.recv() == "ready"
+    for p, control in children:
+        assert control.poll(GUARD_S)
+        got.update(control.recv())
+        p.join(GUARD_S)
+        assert p.exitcode == 0
+    assert set(got) == set(want) == {0, 1}
+    for g in want:
+        items, wms = got[g]
+        want_items, want_wms = want[g]
+        assert sorted(items) == sorted(want_items)
+        assert wms == sorted(wms) and wms[-1:] == want_wms[-1:]
+    everything = sorted(item[:2] for items, _ in got.values() for item in items)
+    assert everything == sorted((v % 13, v) for v in range(n))
+    assert len(got[0][0]) + len(got[1][0]) == n and min(len(got[0][0]), len(got[1][0])) == 0
+
+
+def test_wiring_one_member_needs_a_queue_factory() -> None:
+    dag = tagged_dag(10)
+    with pytest.raises(ValueError) as e:
+        wire(dag, plans_of(dag, 2), ProcessingGuarantee.NONE, member=0)
+    assert str(e.value) == "wire(member=...) needs a queue_factory for the cross-member pairs"
 
 
 # -- in one process over a socket pair -------------------------------------------------

@@ -280,6 +280,7 @@ def wire(
     plans: dict[str, VertexPlan],
     guarantee: ProcessingGuarantee,
     queue_factory: ChannelFactory | None = None,
+    member: int | None = None,
 ) -> list[TaskletSpec]:
     """Create channels, collectors and inbound streams for every edge.
 
@@ -287,7 +288,15 @@ def wire(
     consumer)`` (global processor indices) when given (the seam where a channel whose
     consumer lives in another process plugs in, :mod:`slipstream.execution.channels`),
     else an in-process :class:`SpscQueue` (a :class:`CrossMemberQueue` between two
-    simulated members)."""
+    simulated members).
+
+    ``member``: wire only that member's side, as a member process does (its queue factory,
+    e.g. :class:`~slipstream.execution.remote.MemberChannels`, gives a pair with a remote
+    end a lane of a cross-process channel): only the member's processors get specs, a
+    collector for each of its producers, an inbound stream for each of its consumers; a
+    pair between two other members gets no channel."""
+    if member is not None and queue_factory is None:
+        raise ValueError("wire(member=...) needs a queue_factory for the cross-member pairs")
     specs: dict[tuple[str, int], TaskletSpec] = {}
     for name, vp in plans.items():
         for g, (p, ctx) in enumerate(zip(vp.processors, vp.contexts, strict=True)):
@@ -300,9 +309,13 @@ def wire(
             feeding: dict[int, list[Channel]] = {c: [] for c in range(dst.total_parallelism)}
             label = edge_label(e)
             for producer in range(src.total_parallelism):
+                local_p = member is None or src.member_of(producer) == member
                 targets = edge_targets(e, src, dst, producer)
                 queues: list[Channel] = []
                 for c in targets:
+                    local_c = member is None or dst.member_of(c) == member
+                    if not (local_p or local_c):
+                        continue
                     if queue_factory is not None:
                         q = queue_factory(e, producer, c)
                     elif src.member_of(producer) != dst.member_of(c):
@@ -317,10 +330,12 @@ def wire(
                             f"{e.source.name}#{producer}->{dst.vertex.name}#{c}",
                         )
                     queues.append(q)
-                    feeding[c].append(q)
-                specs[(src.vertex.name, producer)].outbound.append(
-                    make_collector(e, src, dst, producer, queues)
-                )
+                    if local_c:
+                        feeding[c].append(q)
+                if local_p:
+                    specs[(src.vertex.name, producer)].outbound.append(
+                        make_collector(e, src, dst, producer, queues)
+                    )
             for c, qs in feeding.items():
                 if not qs:
                     continue
@@ -333,4 +348,6 @@ def wire(
                         label=label,
                     )
                 )
+    if member is not None:
+        return [s for s in specs.values() if s.vertex.member_of(s.global_index) == member]
     return list(specs.values())

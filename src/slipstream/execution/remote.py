@@ -57,7 +57,8 @@ import marshal
 import pickle
 import socket
 import struct
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from slipstream.core.items import (
     DONE_ITEM,
@@ -67,11 +68,18 @@ from slipstream.core.items import (
     SnapshotBarrier,
     Watermark,
 )
+from slipstream.execution.plan import VertexPlan, edge_label, edge_targets
 from slipstream.execution.queues import SpscQueue
 from slipstream.execution.tasklet import DONE, MADE_PROGRESS, NO_PROGRESS
 
+if TYPE_CHECKING:
+    from slipstream.core.dag import DAG, Edge
+
 __all__ = [
     "ChannelPeerError",
+    "MemberChannels",
+    "channel_pairs",
+    "channel_sockets",
     "ChannelSender",
     "ChannelReceiver",
     "DEFAULT_WINDOW",
@@ -576,3 +584,107 @@ def _unpicklable(chunks: list[list[Any]]) -> str:
                 )
                 return f"an item of type {name}"
     return "a frame"
+
+
+# -- one member's channels ---------------------------------------------------------------
+
+#: ``(edge index in dag.edges, producing member, consuming member)``
+Pair = tuple[int, int, int]
+
+
+def channel_pairs(dag: DAG, plans: Mapping[str, VertexPlan]) -> list[Pair]:
+    """Every (edge, producing member, consuming member) with at least one lane between two
+    different members: one sender/receiver pair each."""
+    out: set[Pair] = set()
+    for ei, e in enumerate(dag.edges):
+        src = plans[e.source.name]
+        dst = plans[e.dest.name]  # type: ignore[union-attr]
+        for p in range(src.total_parallelism):
+            a = src.member_of(p)
+            for c in edge_targets(e, src, dst, p):
+                b = dst.member_of(c)
+                if a != b:
+                    out.add((ei, a, b))
+    return sorted(out)
+
+
+def channel_sockets(
+    dag: DAG, plans: Mapping[str, VertexPlan]
+) -> dict[Pair, tuple[socket.socket, socket.socket]]:
+    """One ``socketpair()`` per :func:`channel_pairs` entry: ``(sender's end, receiver's
+    end)``; the coordinator hands each end to its member's process and closes its own
+    copies."""
+    return {pair: socket.socketpair() for pair in channel_pairs(dag, plans)}
+
+
+class MemberChannels:
+    """The queue factory of one member process (``plan.wire(..., queue_factory=this,
+    member=member)``): a pair on this member gets an in-process ``SpscQueue``, a pair
+    with a remote end a lane of the (edge, remote member)'s sender or receiver.
+
+    ``sockets`` holds this member's end of every pair it takes part in (keys as
+    :func:`channel_pairs`); ``pids`` the process ids of the other members, when known
+    (errors name them). After wiring, :attr:`tasklets` are the senders and receivers to
+    run beside the processor tasklets."""
+
+    def __init__(
+        self,
+        member: int,
+        dag: DAG,
+        plans: Mapping[str, VertexPlan],
+        sockets: Mapping[Pair, socket.socket],
+        *,
+        pids: Mapping[int, int] | None = None,
+        window: int = DEFAULT_WINDOW,
+        batch_items: int = DEFAULT_BATCH_ITEMS,
+    ) -> None:
+        self.member = member
+        self.plans = plans
+        edges = dag.edges
+        self._index = {id(e): i for i, e in enumerate(edges)}
+        pids = pids or {}
+        self.senders: dict[tuple[int, int], ChannelSender] = {}
+        self.receivers: dict[tuple[int, int], ChannelReceiver] = {}
+        for (ei, a, b), sock in sockets.items():
+            label = edge_label(edges[ei])
+            if a == member and b != member:
+                self.senders[(ei, b)] = ChannelSender(
+                    sock, label, b, pid=pids.get(b), window=window, batch_items=batch_items
+                )
+            elif b == member and a != member:
+                self.receivers[(ei, a)] = ChannelReceiver(sock, label, a, pid=pids.get(a))
+            else:
+                raise ValueError(
+                    f"member {member} was given the socket of {label} from member {a} to "
+                    f"member {b}, a pair it is not an end of"
+                )
+
+    def __call__(self, edge: Edge, producer: int, consumer: int) -> SpscQueue:
+        src = self.plans[edge.source.name]
+        dst = self.plans[edge.dest.name]  # type: ignore[union-attr]
+        a, b = src.member_of(producer), dst.member_of(consumer)
+        capacity = edge.get_queue_size()
+        if a == b == self.member:
+            return SpscQueue(
+                capacity, f"{edge.source.name}#{producer}->{dst.vertex.name}#{consumer}"
+            )
+        ei = self._index[id(edge)]
+        try:
+            if a == self.member:
+                return self.senders[(ei, b)].lane(producer, consumer, capacity)
+            if b == self.member:
+                return self.receivers[(ei, a)].lane(producer, consumer, capacity)
+        except KeyError:
+            raise ValueError(
+                f"{edge_label(edge)}: member {self.member} has no channel for processor "
+                f"{producer} (member {a}) -> {consumer} (member {b})"
+            ) from None
+        raise ValueError(
+            f"{edge_label(edge)}: processor {producer} (member {a}) -> {consumer} (member "
+            f"{b}) does not concern member {self.member}"
+        )
+
+    @property
+    def tasklets(self) -> list[ChannelSender | ChannelReceiver]:
+        """The senders and receivers, to run as cooperative tasklets."""
+        return [*self.senders.values(), *self.receivers.values()]
