@@ -156,6 +156,24 @@ def test_a_full_save_is_a_consistent_view_read_once_off_the_processor() -> None:
     s.close()
 
 
+def test_clearing_the_map_leaves_the_view_of_a_save_in_flight_readable() -> None:
+    """A keyed aggregation clears its groups once it emitted them at the end of its input
+    (GroupByKeyP.complete), which may come right after a save, before the store thread
+    read that save's view. clear() closed the view then, and the snapshot could not be
+    written: 'snapshot state cannot be pickled: the view of the disk-backed keyed state
+    map ('e', None) at ... is closed' failed the job (found by
+    tests/state/test_incremental_differential.py, aggregate with state on disk). The view
+    is a read transaction of its own: it reads the state at the save, cleared or not."""
+    s = DiskKeyedState(context=_ctx(), cache_size=4)
+    for i in range(20):
+        s[i] = i
+    _key, save = s.snapshot_entry()
+    s.clear()
+    assert len(s) == 0 and 3 not in s
+    assert pickle.loads(pickle.dumps(save.upserts)) == {i: i for i in range(20)}
+    s.close()
+
+
 def test_expand_entries_restores_a_keyed_map_from_a_view() -> None:
     s = DiskKeyedState(KEYED, 7, _ctx())
     s["a"], s["b"] = 1, 2

@@ -439,9 +439,9 @@ class DiskKeyedState(MutableMapping[Any, Any]):
         """Empty the map (and the database)."""
         if self.dirty is not None:
             self.dirty.update(self.keys())
-        if self._view is not None:
-            self._view.close()
-            self._view = None
+        # a view handed to a save stays open: it is a read transaction of its own, and
+        # the store thread may not have read it yet (a keyed aggregation clears its
+        # groups once it emitted them, maybe right after a save); it closes once read
         self._young.clear()
         self._old.clear()
         self._unflushed.clear()
