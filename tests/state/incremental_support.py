@@ -483,6 +483,8 @@ class Execution:
     extra: int = 0
     stop: str | None = None
     new_store: bool = False
+    #: ``JobConfig.state_backend``: "memory" or "sqlite" (state on disk)
+    backend: str = "memory"
 
 
 @dataclass
@@ -492,13 +494,14 @@ class Outcome:
     stops: list[tuple[str, int]] = field(default_factory=list)
 
 
-def config(name: str, store: str, interval_ms: int = 10) -> JobConfig:
+def config(name: str, store: str, backend: str = "memory", interval_ms: int = 10) -> JobConfig:
     return JobConfig(
         name=name,
         processing_guarantee=EO,
         snapshot_interval_ms=interval_ms,
         snapshot_store=store,
         auto_restart=False,
+        state_backend=backend,
     )
 
 
@@ -563,7 +566,7 @@ def run_scenario(
                 engines.append(engine)
                 job = engine.new_job(
                     build(kind, run, items, ex.members, ex.keyed_lp),
-                    config(name, store),
+                    config(name, store, ex.backend),
                     restore_from=restore,
                 )
             else:

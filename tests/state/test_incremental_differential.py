@@ -28,6 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 STOPS = ("suspend", "export", "cancel", "inflight")
+#: where the keyed processors keep their state (JobConfig.state_backend); a snapshot
+#: of one restores into the other
+BACKENDS = ("memory", "sqlite")
 
 
 def make_items(rnd: random.Random, kind: str, n_keys: int, skew: float, segments: list[int]) -> list[inc.Item]:
@@ -66,6 +69,7 @@ def scenarios(draw: st.DrawFn) -> tuple[str, list[inc.Item], list[inc.Execution]
     bounds = [0, *cuts, n_segments]
     executions = []
     members, lp = draw(st.sampled_from([1, 2])), draw(st.integers(1, 3))
+    backend = draw(st.sampled_from(BACKENDS))
     for e in range(n_exec):
         stop = None if e == n_exec - 1 else draw(st.sampled_from(STOPS))
         executions.append(
@@ -76,10 +80,12 @@ def scenarios(draw: st.DrawFn) -> tuple[str, list[inc.Item], list[inc.Execution]
                 extra=draw(st.integers(0, 2)),
                 stop=stop,
                 new_store=draw(st.booleans()),
+                backend=backend,
             )
         )
         if stop != "suspend":  # a resumed job keeps its shape; a new job may rescale
             members, lp = draw(st.sampled_from([1, 2])), draw(st.integers(1, 3))
+            backend = draw(st.sampled_from(BACKENDS))
     return kind, items, executions
 
 
@@ -124,15 +130,15 @@ def test_stopped_and_restored_keyed_jobs_match_the_oracle_many(
 @pytest.mark.parametrize("kind", inc.KINDS)
 def test_every_kind_through_every_stop(tmp_path: Any, kind: str) -> None:
     """One fixed scenario per kind: a base, deltas of a few hot keys, and each way of
-    stopping, with a rescale to two members and back."""
+    stopping, with a rescale to two members and back, and state on disk at times."""
     rnd = random.Random(22)
     items = make_items(rnd, kind, 40, 0.9, [80, 20, 20, 20, 20, 20, 20, 20])
     ends = [80, 100, 120, 140, 160, 180, 200, 220]
     executions = [
         inc.Execution(1, 2, ends[0:2], stop="cancel"),
-        inc.Execution(2, 3, ends[2:3], stop="export", new_store=True),
+        inc.Execution(2, 3, ends[2:3], stop="export", new_store=True, backend="sqlite"),
         inc.Execution(1, 1, ends[3:4], extra=2, stop="suspend"),
         inc.Execution(1, 1, ends[4:5], stop="inflight"),
-        inc.Execution(2, 1, ends[5:8]),
+        inc.Execution(2, 1, ends[5:8], backend="sqlite"),
     ]
     check(kind, items, executions, str(tmp_path))
