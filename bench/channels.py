@@ -48,7 +48,6 @@ import marshal
 import multiprocessing
 import os
 import pickle
-import select
 import socket
 import struct
 import time
@@ -57,7 +56,7 @@ from itertools import chain, cycle
 from typing import Any
 
 from slipstream.core.items import DONE_ITEM
-from slipstream.engine.workers import idle_pause
+from slipstream.engine.workers import idle_pause, wait_idle
 from slipstream.execution.queues import SpscQueue
 from slipstream.execution.remote import DEFAULT_BATCH_ITEMS, ChannelReceiver, ChannelSender
 from slipstream.execution.tasklet import DONE, NO_PROGRESS
@@ -92,14 +91,14 @@ def chunks(kind: str, batch: int) -> Any:
 
 
 class Idle:
-    """The engine's idle strategy: pause after passes without progress; with ``sock``
-    the pause waits on it (a frame or a credit report ends it at once), as a member's
-    worker waits on its channels' sockets instead of sleeping blind."""
+    """The engine's idle strategy: pause after passes without progress; with ``waiter``
+    (a sender or receiver) the pause is the engine's ``wait_idle`` on its sockets (a
+    frame or a credit report ends it at once), as a member's worker does."""
 
-    def __init__(self, sock: socket.socket | None = None) -> None:
+    def __init__(self, waiter: Any = None) -> None:
         self.passes = 0
         self.since = 0.0
-        self.sock = sock
+        self.waiters = [waiter] if waiter is not None else []
 
     def __call__(self, progress: bool) -> None:
         if progress:
@@ -110,10 +109,10 @@ class Idle:
             self.since = now
         self.passes += 1
         pause = idle_pause(self.passes, now - self.since)
-        if self.sock is None:
-            time.sleep(pause)
+        if self.waiters:
+            wait_idle(self.waiters, pause)
         else:
-            select.select([self.sock], [], [], pause)
+            time.sleep(pause)
 
 
 def drain(q: SpscQueue) -> tuple[int, bool]:
@@ -152,7 +151,7 @@ def produce(sender: ChannelSender, items: int, batch: int, kind: str, pump: Any 
     (and ``pump``, the in-process receiver side) until the sender is done."""
     source = chunks(kind, batch)
     q = sender.queues[0]
-    idle = Idle(None if pump is not None else sender.sock)
+    idle = Idle(None if pump is not None else sender)
     left = items // batch
     chunk = next(source)
     while left:
@@ -176,7 +175,7 @@ def produce(sender: ChannelSender, items: int, batch: int, kind: str, pump: Any 
 
 
 def consume(receiver: ChannelReceiver, q: SpscQueue) -> int:
-    idle = Idle(receiver.sock)
+    idle = Idle(receiver)
     got = 0
     while not receiver.done:
         r = receiver.call()

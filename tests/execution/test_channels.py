@@ -418,6 +418,16 @@ def test_the_two_ends_must_agree_on_the_lanes(pair: Any) -> None:
     )
 
 
+def test_a_pair_without_lanes_ends_at_once(pair: Any) -> None:
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    while not (sender.done and receiver.done):
+        sender.call()
+        receiver.call()
+    assert sender.frames_sent == receiver.frames_received == 1  # the (empty) lane table
+
+
 def test_special_items_keep_their_types_and_singletons(pair: Any) -> None:
     a, b = pair
     sender = ChannelSender(a, LABEL, 1)

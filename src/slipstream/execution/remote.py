@@ -202,11 +202,7 @@ class ChannelSender:
     def call(self) -> int:
         if self._done:
             return DONE
-        # reports are read when credits run short (or at the end), not on every call: a
-        # recv that finds nothing costs as much as the frame's own send
-        progress = False
-        if self._starved or self.in_flight * 2 >= self.window or not self.open:
-            progress = self._read_reports()
+        progress = self._read_reports() if self._reads_reports() else False
         if self._out is not None:
             if not self._write():
                 return MADE_PROGRESS if progress else NO_PROGRESS
@@ -226,6 +222,21 @@ class ChannelSender:
             self.sock.close()
             return DONE
         return MADE_PROGRESS if progress else NO_PROGRESS
+
+    def waits_on(self) -> tuple[list[socket.socket], list[socket.socket]]:
+        """``(read, write)``: the sockets an idle worker may wait on (``select``) for this
+        sender to have work: its socket for reading when its next call reads credit
+        reports (a report it would leave unread must not wake the worker again and
+        again), for writing while a frame is half sent."""
+        if self._done:
+            return [], []
+        reads = [self.sock] if self._reads_reports() else []
+        return reads, ([self.sock] if self._out is not None else [])
+
+    def _reads_reports(self) -> bool:
+        # reports are read when credits run short (or at the end), not on every call: a
+        # recv that finds nothing costs as much as the frame's own send
+        return self._starved or self.in_flight * 2 >= self.window or not self.open
 
     def _build(self) -> bytes | None:
         """One frame of what the lanes hold and their credits allow (``None``: nothing)."""
@@ -379,6 +390,7 @@ class ChannelReceiver:
         self.cancelled = False
         self.by_key: dict[tuple[int, int], SpscQueue] = {}
         self.queues: list[SpscQueue] = []  # by the sender's lane index
+        self.started = False  # the sender's lane table arrived
         self.reported: list[int] = []
         self.thresholds: list[int] = []
         self.open = 0  # lanes that have not ended
@@ -423,11 +435,19 @@ class ChannelReceiver:
             progress = True
         if self._report():
             progress = True
-        if self._eof and self.queues and self.open == 0 and self._out is None:
+        if self._eof and self.started and self.open == 0 and self._out is None:
             self._done = True
             self.sock.close()
             return DONE
         return MADE_PROGRESS if progress else NO_PROGRESS
+
+    def waits_on(self) -> tuple[list[socket.socket], list[socket.socket]]:
+        """``(read, write)``: the sockets an idle worker may wait on for this receiver to
+        have work: its socket for reading (frames, the end of file), for writing while a
+        credit report is half sent."""
+        if self._done:
+            return [], []
+        return [self.sock], ([self.sock] if self._out is not None else [])
 
     def _read(self) -> bool:
         try:
@@ -435,13 +455,13 @@ class ChannelReceiver:
         except BlockingIOError:
             return False
         except _GONE as exc:
-            if self.queues and not self.open:
+            if self.started and not self.open:
                 # the sender closed with our last report unread: it had every frame acked
                 data = b""
             else:
                 raise self._peer() from exc
         if not data:
-            if not self.queues or self.open:
+            if not self.started or self.open:
                 raise self._peer()
             self._eof = True
             return True
@@ -522,6 +542,7 @@ class ChannelReceiver:
                 f"has {sorted(mine - theirs)} that the sender lacks"
             )
         self.queues = [self.by_key[(p, c)] for p, c in keys]
+        self.started = True
         self.reported = [0] * len(keys)
         # report a lane's progress once a quarter of its capacity was taken (or it ran dry)
         self.thresholds = [max(1, q.capacity // 4) for q in self.queues]
@@ -560,7 +581,7 @@ class ChannelReceiver:
         except BlockingIOError:
             return False
         except _GONE as exc:
-            if not self.open and self.queues:
+            if not self.open and self.started:
                 # every lane ended: the sender needs no more credits
                 self._out = None
                 return True
