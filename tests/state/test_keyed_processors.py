@@ -13,6 +13,7 @@ processor.
 from __future__ import annotations
 
 import operator
+import os
 import pickle
 import random
 from collections.abc import Callable
@@ -41,7 +42,11 @@ class Driver:
     incremental snapshots (``incremental=False``: as the engine does today)."""
 
     def __init__(
-        self, supplier: Callable[[], Processor], incremental: bool = True, skip: bool = False
+        self,
+        supplier: Callable[[], Processor],
+        incremental: bool = True,
+        skip: bool = False,
+        state_dir: str | None = None,
     ) -> None:
         self.supplier = supplier
         self.p = supplier()
@@ -50,6 +55,9 @@ class Driver:
         self.ctx.incremental_snapshots = incremental
         if skip:
             self.ctx.item_errors = ItemErrors(self.ctx, skip=True)
+        if state_dir is not None:  # the disk backend
+            self.ctx.state_backend = "sqlite"
+            self.ctx.state_dir = state_dir
         self.p.init(self.outbox, self.ctx)
         self.output: list[Any] = []
 
@@ -556,3 +564,18 @@ def test_session_chains_restore_what_full_saves_restore() -> None:
     for seed in range(6):
         _chain_equals_full(_sessions(counting()), seed)
         _chain_equals_full(_sessions(to_list()), seed, lag=0)
+
+
+def test_window_frames_on_disk_are_closed_when_evicted(tmp_path: Any) -> None:
+    d = Driver(_window(counting()), state_dir=str(tmp_path))
+    d.feed([(1, "a", 1), (11, "a", 1)])
+    frames = dict(d.p._frames)  # type: ignore[attr-defined]
+    assert {type(f).__name__ for f in frames.values()} == {"DiskKeyedState"}
+    d.save(1, 0)
+    d.watermark(10)  # frame 10 evicted: its files go
+    assert not os.path.exists(frames[10].directory) and os.path.exists(frames[20].directory)
+    assert _frames(d.save(2, 1)) == {
+        10: StateMapSave(DROP, {}, (), 1),
+        20: StateMapSave(DELTA, {}, (), 1),
+    }
+    assert d.watermark(20).output[-2:] == [KeyedWindowResult(10, 20, "a", 1), Watermark(20)]

@@ -94,6 +94,14 @@ _KWR = KeyedWindowResult
 _new = tuple.__new__
 
 
+def _close(frame: Any) -> None:
+    """Release a frame's map that has a ``close()`` (a disk-backed keyed state's files)
+    once the processor no longer holds it."""
+    close = getattr(frame, "close", None)
+    if close is not None:
+        close()
+
+
 def _single_index(fn: Any) -> Any:
     """The index of ``operator.itemgetter(index)`` as a 1-tuple, else ``None``: the hot
     loops subscript the item themselves (``item[i]``, one bytecode) instead of mapping
@@ -411,6 +419,7 @@ class SlidingWindowP(WindowingP):
         # evicted since the previous save are saved as dropped (their DROP entries)
         self._tracked = False
         self._dropped: list[tuple[StateMap, StateMapSave]] = []
+        self._fresh: set[int] = set()  # frames made since the previous save
 
     def init_processor(self, context: Context) -> None:
         self._tracked = self._last_stage and bool(context.incremental_snapshots)
@@ -419,6 +428,8 @@ class SlidingWindowP(WindowingP):
         """A new frame: a keyed-state map in the last stage (it is saved), a dict in
         stage 1 (it flushes its frames instead)."""
         if self._last_stage:
+            if self._tracked:
+                self._fresh.add(f)
             return fast_keyed_state(self.context, KEYED_MAP, f)
         return {}
 
@@ -435,6 +446,9 @@ class SlidingWindowP(WindowingP):
         create = self._op.create
         enter = self._enter_frame
         if self._tracked:
+            if not ordinal and self._indices is not None:
+                self._process_indexed_marked(inbox, self._indices)
+                return
             items, stamps, late = self._timestamped(inbox, ts_fn)
             late += self._accumulate_marked(items, stamps, key_fn, accumulate, additive)
             inbox.clear()
@@ -503,13 +517,13 @@ class SlidingWindowP(WindowingP):
         self, items: Any, stamps: list[int], key_fn: Any, accumulate: Any, additive: Any
     ) -> int:
         """``process``'s loops while the job takes incremental snapshots: the same frame
-        logic, each key marked in its frame's ``dirty`` (before ``accumulate``, which may
-        change an accumulator in place; a new key whose accumulate raised is unmarked).
-        The key and value functions of a sum or count run before the late check, as in
-        those loops. Returns how many items were late."""
+        logic and order of calls, each key also marked in its frame's ``dirty`` (before
+        ``accumulate``, which may change an accumulator in place; a new key whose
+        accumulate raised is unmarked again). A frame made since the previous save is
+        saved whole anyway: nothing is marked in it. Returns how many items were late."""
         enter = self._enter_frame
         create = self._op.create
-        add_fn = callable(additive)
+        fresh = self._fresh
         missing = _MISSING
         late = 0
         while True:
@@ -517,33 +531,41 @@ class SlidingWindowP(WindowingP):
             d: Any = None
             mark: Any = None
             k: Any = missing
-            v: Any = additive
             it = iter(items)
             try:
-                for item, ts in zip(it, stamps, strict=True):
-                    if additive is not None:
+                if additive is None:
+                    for item, ts in zip(it, stamps, strict=True):
+                        if not lo <= ts < hi:
+                            entered = enter(ts)
+                            if entered is None:
+                                late += 1
+                                continue
+                            lo, hi, d = entered
+                            mark = None if d.detail in fresh else d.dirty.add
                         k = key_fn(item)
-                        if add_fn:
-                            v = additive(item)
-                    if not lo <= ts < hi:
-                        entered = enter(ts)
-                        if entered is None:
-                            late += 1
-                            continue
-                        lo, hi, d = entered
-                        mark = d.dirty.add
-                    if additive is None:
-                        k = key_fn(item)
-                        mark(k)
+                        if mark is not None:
+                            mark(k)
                         acc = d.get(k, missing)
                         d[k] = accumulate(create() if acc is missing else acc, item)
-                    else:
-                        mark(k)
+                else:
+                    values = (
+                        map(additive, items) if callable(additive) else repeat(additive, len(items))
+                    )
+                    for ts, k, v in zip(stamps, map(key_fn, it), values, strict=True):
+                        if not lo <= ts < hi:
+                            entered = enter(ts)
+                            if entered is None:
+                                late += 1
+                                continue
+                            lo, hi, d = entered
+                            mark = None if d.detail in fresh else d.dirty.add
                         d[k] = d.get(k, 0) + v
+                        if mark is not None:
+                            mark(k)
             except _OutOfRange as e:
                 raise self._out_of_range(items[stamps.index(e.ts)], e.ts) from None
             except Exception as e:  # noqa: BLE001 - user code: the policy decides
-                if d is not None and k not in d:
+                if mark is not None and k not in d:
                     d.dirty.discard(k)  # a new key that got no accumulator
                 i = failed_position(len(items), it)
                 if not self.context.item_errors.handle(items[i], e):
@@ -628,6 +650,54 @@ class SlidingWindowP(WindowingP):
         if late:
             self.context.increment_metric(LATE_METRIC, late)
 
+    def _process_indexed_marked(self, inbox: Inbox, indices: tuple[Any, Any, Any]) -> None:
+        """:meth:`_process_indexed` while the job takes incremental snapshots: each key
+        also marked in its frame (not in a frame made since the previous save)."""
+        ti, ki, vi = indices
+        enter = self._enter_frame
+        fresh = self._fresh
+        late = 0
+        lo = hi = 0
+        d: Any = {}
+        mark: Any = None
+        item: Any = None
+        it = iter(inbox)
+        while True:
+            try:
+                for item in it:
+                    ts = item[ti]
+                    if type(ts) is not int or not lo <= ts < hi:
+                        if type(ts) is not int:
+                            stamps = _checked_stamp(
+                                item, ts, self._where(), self._invalid_timestamps
+                            )
+                            if not stamps:
+                                late += 1
+                                continue
+                            ts = stamps[0]
+                        entered = enter(ts)
+                        if entered is None:
+                            late += 1
+                            continue
+                        lo, hi, d = entered
+                        mark = None if d.detail in fresh else d.dirty.add
+                    k = item[ki]
+                    d[k] = d.get(k, 0) + item[vi]
+                    if mark is not None:
+                        mark(k)
+            except _OutOfRange as e:
+                raise self._out_of_range(item, e.ts) from None
+            except _InvalidTimestamp as e:
+                raise e.error from None
+            except Exception as e:  # noqa: BLE001 - a malformed item: the policy decides
+                if not self.context.item_errors.handle(item, e):
+                    raise
+                continue  # the same iterator, past the bad item
+            break
+        inbox.clear()
+        if late:
+            self.context.increment_metric(LATE_METRIC, late)
+
     # -- watermarks ------------------------------------------------------------------
     def min_relevant_watermark(self) -> int:
         # a watermark below the next window's end emits no window and leaves the cursor
@@ -666,6 +736,8 @@ class SlidingWindowP(WindowingP):
         evict = self._evict
         while end <= limit:
             content = content_of(end)
+            if type(content) is not dict:  # a frame on disk: read it once, whole
+                content = dict(content.items())
             if content:
                 start = end - ws
                 # tuple.__new__ builds the named tuple without its Python-level __new__,
@@ -744,6 +816,8 @@ class SlidingWindowP(WindowingP):
                     # whatever its accumulator's value
                     del counts[k]
                     del running[k]
+        if d is not None and type(d) is not dict:
+            _close(d)
 
     # -- completion ------------------------------------------------------------------
     def _final_results(self) -> Iterator[Any]:
@@ -775,6 +849,7 @@ class SlidingWindowP(WindowingP):
             entries.extend(e for e in self._dropped if e[1].base_id <= committed)
             self._dropped.clear()
         entries.extend(saved_entry(d, KEYED_MAP, f) for f, d in self._frames.items())
+        self._fresh.clear()
         entries.append((NEXT_WIN_TO_EMIT_KEY, self._next_win))
         return iter(entries)
 
@@ -827,7 +902,7 @@ class SlidingWindowP(WindowingP):
             # saved different cursors) are of no use
             oldest_needed = self._next_win - self._span
             for f in [f for f in frames if f < oldest_needed]:
-                del frames[f]
+                _close(frames.pop(f))
         self._top = max(frames, default=NO_WATERMARK)
         # the running window is rebuilt from the restored frames at the next emission
         self._running.clear()
@@ -916,12 +991,14 @@ class _CombineToSlidingWindowP(SlidingWindowP):
         """Mark the keys the frames of ``inbox`` changed (incremental snapshots only: a
         second pass, so that the combining loop stays as it is without them)."""
         frames = self._frames
+        fresh = self._fresh
         fs = self._fs
         offset = self._offset
         for _start, end, k, _v in inbox:
             t = end - 1
-            d = frames.get(t - (t - offset) % fs + fs)
-            if d is not None and k in d:  # not a late frame's
+            f = t - (t - offset) % fs + fs
+            d = frames.get(f)
+            if d is not None and f not in fresh and k in d:  # not a late frame's
                 d.dirty.add(k)  # type: ignore[attr-defined]
 
 
