@@ -2,7 +2,9 @@
 
     python bench/channels.py [--items 1000000] [--batches 1,64,1024] [--repeat 3]
                              [--payloads int,tuple,object] [--variants queue,channel,...]
-                             [--skip-serialisation] [--skip-start] [--start-rounds 7]
+                             [--skip-throughput] [--skip-latency] [--latency-items 2000]
+                             [--latency-interval-ms 1] [--skip-serialisation]
+                             [--skip-start] [--start-rounds 7]
 
 For each batch size B (items per chunk the producer offers; the sender's ``batch_items``
 is B too, so a frame carries about B items) and payload (``int``: small ints; ``tuple``:
@@ -29,6 +31,13 @@ taken the last item (reported by the child); ``cpu ns/item`` the CPU time of bot
 processes. Idle loops pause as the engine's workers do (``idle_pause``). Best of
 ``--repeat`` rounds.
 
+The latency part sends ``--latency-items`` items one at a time, one per
+``--latency-interval-ms``, each carrying its send time (``perf_counter_ns``, one clock
+for all processes of the machine), and prints p50 / p99 / max of the time until the
+consumer took it: an in-process queue between two threads whose consumer pauses as the
+engine's workers do today (blind sleeps), the channel with both sides pausing through
+``wait_idle`` (select on the socket), and the channel with blind sleeps.
+
 The serialisation part times, per item of a 1024-item chunk, pickle protocol 5 (dumps +
 loads) against ``marshal`` (dumps + loads) plus the exact-type scan that makes marshal
 safe (it would carry a ``bytearray`` as ``bytes``): the channel pickles because of it.
@@ -50,6 +59,7 @@ import os
 import pickle
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from itertools import chain, cycle
@@ -330,6 +340,123 @@ VARIANTS = {
 }
 
 
+# -- latency -----------------------------------------------------------------------------
+
+
+def _percentiles(lat_ns: list[int]) -> tuple[float, float, float]:
+    lat = sorted(lat_ns)
+    return (
+        lat[len(lat) // 2] / 1e3,
+        lat[min(len(lat) - 1, len(lat) * 99 // 100)] / 1e3,
+        lat[-1] / 1e3,
+    )
+
+
+def _paced(n: int, interval: float, offer: Any, step: Any, idle: Idle) -> None:
+    """Offer ``n`` one-item chunks holding their ``perf_counter_ns`` send time, one per
+    ``interval``, calling ``step`` (the sender) and pausing as a worker does between."""
+    start = time.perf_counter()
+    sent = 0
+    while sent < n:
+        progress = False
+        if time.perf_counter() >= start + sent * interval and offer([time.perf_counter_ns()]):
+            sent += 1
+            progress = True
+        if step() != NO_PROGRESS:
+            progress = True
+        idle(progress)
+
+
+def child_latency(sock: socket.socket, control: Any) -> None:
+    n, select_idle = control.recv()
+    receiver = ChannelReceiver(sock, LABEL, 0)
+    q = receiver.lane(0, 1, CAPACITY)
+    control.send("ready")
+    idle = Idle(receiver if select_idle else None)
+    lat: list[int] = []
+    while not receiver.done:
+        r = receiver.call()
+        entries = q.entries
+        taken = 0
+        while entries:
+            e = entries.popleft()
+            taken += 1 if e is DONE_ITEM else len(e)
+            if e is not DONE_ITEM:
+                now = time.perf_counter_ns()
+                lat.extend(now - ts for ts in e)
+        q.take_count += taken
+        idle(r != NO_PROGRESS or taken > 0)
+    control.send(lat[:n])
+
+
+def latency_channel(n: int, interval: float, select_idle: bool) -> list[int]:
+    ctx = multiprocessing.get_context("forkserver")
+    a, b = socket.socketpair()
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=child_latency, args=(b, child), daemon=True)
+    p.start()
+    child.close()
+    b.close()
+    parent.send((n, select_idle))
+    assert parent.recv() == "ready"
+    sender = ChannelSender(a, LABEL, 1)
+    q = sender.lane(0, 1, CAPACITY)
+    _paced(n, interval, lambda c: q.offer(c, 1), sender.call, Idle(sender if select_idle else None))
+    while not q.offer(DONE_ITEM, 1):
+        sender.call()
+    while sender.call() != DONE:
+        pass
+    lat: list[int] = parent.recv()
+    p.join()
+    return lat
+
+
+def latency_queue(n: int, interval: float) -> list[int]:
+    q = SpscQueue(CAPACITY)
+    lat: list[int] = []
+
+    def consumer() -> None:
+        idle = Idle()
+        while True:
+            entries = q.entries
+            taken = 0
+            done = False
+            while entries:
+                e = entries.popleft()
+                taken += 1 if e is DONE_ITEM else len(e)
+                if e is DONE_ITEM:
+                    done = True
+                else:
+                    now = time.perf_counter_ns()
+                    lat.extend(now - ts for ts in e)
+            q.take_count += taken
+            if done:
+                return
+            idle(taken > 0)
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    _paced(n, interval, lambda c: q.offer(c, 1), lambda: NO_PROGRESS, Idle())
+    while not q.offer(DONE_ITEM, 1):
+        time.sleep(0.0001)
+    t.join()
+    return lat
+
+
+def latency(n: int, interval_ms: float) -> None:
+    interval = interval_ms / 1000
+    print(f"\nlatency: {n:,} items one at a time, one per {interval_ms:g} ms (µs)")
+    print(f"{'variant':<40}{'p50':>10}{'p99':>10}{'max':>10}")
+    rows = [
+        ("queue, 2 threads, sleeping idle", lambda: latency_queue(n, interval)),
+        ("channel, waiting on the socket", lambda: latency_channel(n, interval, True)),
+        ("channel, sleeping idle", lambda: latency_channel(n, interval, False)),
+    ]
+    for name, fn in rows:
+        p50, p99, mx = _percentiles(fn())
+        print(f"{name:<40}{p50:>10.0f}{p99:>10.0f}{mx:>10.0f}")
+
+
 # -- serialisation -----------------------------------------------------------------------
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
@@ -434,10 +561,14 @@ def main() -> None:
     ap.add_argument("--skip-start", action="store_true")
     ap.add_argument("--skip-serialisation", action="store_true")
     ap.add_argument("--start-rounds", type=int, default=7)
+    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--latency-items", type=int, default=2000)
+    ap.add_argument("--latency-interval-ms", type=float, default=1.0)
+    ap.add_argument("--skip-throughput", action="store_true")
     a = ap.parse_args()
     print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores")
     variants = a.variants.split(",")
-    for kind in a.payloads.split(","):
+    for kind in [] if a.skip_throughput else a.payloads.split(","):
         print(
             f"\npayload {kind}, {a.items:,} items (batch 1: {a.items // 10:,}), best of {a.repeat}"
         )
@@ -456,6 +587,8 @@ def main() -> None:
                     f"{name:<18}{batch:>6}{wall / items * 1e9:>14,.0f}{items / wall:>14,.0f}"
                     f"{cpu / items * 1e9:>13,.0f}"
                 )
+    if not a.skip_latency:
+        latency(a.latency_items, a.latency_interval_ms)
     if not a.skip_serialisation:
         serialisation(a.payloads.split(","))
     if not a.skip_start:
