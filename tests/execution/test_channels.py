@@ -418,6 +418,26 @@ def test_the_two_ends_must_agree_on_the_lanes(pair: Any) -> None:
     )
 
 
+def test_frames_bigger_than_the_read_buffer_arrive_whole(pair: Any) -> None:
+    """Frames of ~1 MiB (the receiver reads into a 256 KiB buffer that then grows), and
+    small frames after them, arrive unchanged."""
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1, batch_items=100)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 1000)
+    r = receiver.lane(0, 1, 1000)
+    big = [bytes([i]) * 10_000 for i in range(100)]
+    entries: list[Any] = [big, [1, 2], big[::-1], Watermark(7), [b"x" * 300_000], DONE_ITEM]
+    pending = [list(entries)]
+    got: list[Any] = []
+    while not (sender.done and receiver.done):
+        offer_all(sender, [q], pending)
+        receiver.call()
+        take_all(r, got)
+    take_all(r, got)
+    assert got == flat(entries)
+
+
 def test_a_pair_without_lanes_ends_at_once(pair: Any) -> None:
     a, b = pair
     sender = ChannelSender(a, LABEL, 1)

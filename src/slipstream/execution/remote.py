@@ -94,8 +94,12 @@ DEFAULT_BATCH_ITEMS = 1024
 #: a lane may hold this many times its capacity beyond what its consumer took (measured:
 #: at 1x a lane whose frames are as big as its queue goes stop-and-wait)
 LANE_CREDIT = 2
-#: bytes read per ``recv``
+#: the receiver's read buffer (it grows for a bigger frame); ``recv_into`` a buffer that
+#: stays: a fresh ``recv(256 KiB)`` allocated 256 KiB per call, the receiver's largest
+#: cost per one-item frame under cProfile (A/B at load 6.5: 10-15 % less CPU per frame)
 _READ_SIZE = 1 << 18
+#: bytes the sender reads of credit reports per ``recv`` (they are small)
+_REPORT_READ = 1 << 14
 
 _FRAME = struct.Struct("!IB")
 _REPORT = struct.Struct("!I")
@@ -342,7 +346,7 @@ class ChannelSender:
 
     def _read_reports(self) -> bool:
         try:
-            data = self.sock.recv(_READ_SIZE)
+            data = self.sock.recv(_REPORT_READ)
         except BlockingIOError:
             return False
         except _GONE as exc:
@@ -396,7 +400,9 @@ class ChannelReceiver:
         self.open = 0  # lanes that have not ended
         self.frames_received = 0
         self.items_received = 0
-        self._in = bytearray()
+        self._buf = bytearray(_READ_SIZE)  # received bytes: _fill of them, from the start
+        self._view = memoryview(self._buf)
+        self._fill = 0
         self._acks = 0  # decoded frames not yet acknowledged
         self._out: memoryview | None = None
         self._eof = False
@@ -450,54 +456,57 @@ class ChannelReceiver:
         return [self.sock], ([self.sock] if self._out is not None else [])
 
     def _read(self) -> bool:
+        fill = self._fill
         try:
-            data = self.sock.recv(_READ_SIZE)
+            n = self.sock.recv_into(self._view[fill:])
         except BlockingIOError:
             return False
         except _GONE as exc:
             if self.started and not self.open:
                 # the sender closed with our last report unread: it had every frame acked
-                data = b""
+                n = 0
             else:
                 raise self._peer() from exc
-        if not data:
+        if not n:
             if not self.started or self.open:
                 raise self._peer()
             self._eof = True
             return True
-        buf = self._in
-        if buf:
-            buf += data
-            rest = self._frames(buf)
-            del buf[: len(buf) - rest]
-        else:
-            rest = self._frames(data)
-            if rest:
-                buf += data[len(data) - rest :]
+        fill += n
+        pos = self._frames(fill)
+        rest = fill - pos
+        if rest and pos:
+            self._buf[:rest] = self._view[pos:fill].tobytes()
+        self._fill = rest
+        if rest >= _FRAME.size:
+            length = _FRAME.unpack_from(self._buf, 0)[0]
+            need = _FRAME.size + length
+            if need > len(self._buf):  # a frame bigger than the buffer: make room
+                self._view.release()
+                self._buf = self._buf[:rest] + bytearray(need - rest)
+                self._view = memoryview(self._buf)
         return True
 
-    def _frames(self, data: bytes | bytearray) -> int:
-        """Decode and deliver the whole frames at the start of ``data``; returns how
-        many bytes at its end belong to a frame not complete yet."""
+    def _frames(self, fill: int) -> int:
+        """Decode and deliver the whole frames in the first ``fill`` bytes of the buffer;
+        returns where the first incomplete one starts."""
         pos = 0
         size = _FRAME.size
-        n = len(data)
-        with memoryview(data) as view:
-            while n - pos >= size:
-                length, codec = _FRAME.unpack_from(data, pos)
-                end = pos + size + length
-                if n < end:
-                    break
-                body = view[pos + size : end]
-                if codec != _PICKLE:
-                    raise ValueError(f"{self.vertex_name}: a frame of unknown codec {codec}")
-                records = pickle.loads(body)
-                body.release()
-                pos = end
-                self._deliver(records)
-                self.frames_received += 1
-                self._acks += 1
-        return n - pos
+        buf = self._buf
+        view = self._view
+        while fill - pos >= size:
+            length, codec = _FRAME.unpack_from(buf, pos)
+            end = pos + size + length
+            if fill < end:
+                break
+            if codec != _PICKLE:
+                raise ValueError(f"{self.vertex_name}: a frame of unknown codec {codec}")
+            records = pickle.loads(view[pos + size : end])
+            pos = end
+            self._deliver(records)
+            self.frames_received += 1
+            self._acks += 1
+        return pos
 
     def _deliver(self, records: list[Any]) -> None:
         queues = self.queues
