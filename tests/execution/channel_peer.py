@@ -15,7 +15,7 @@ from typing import Any
 from slipstream.core.config import JobConfig, ProcessingGuarantee
 from slipstream.core.dag import DAG, Edge
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import Watermark
+from slipstream.core.items import SnapshotBarrier, Watermark
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.services import InMemoryServices
 from slipstream.execution.inbound import InboundEdgeStream
@@ -133,10 +133,13 @@ def send_then_hang(
 
 class Numbers(AbstractProcessor):
     """Emits its share (by global index) of ``range(n)`` as ``(key, value)`` with a
-    watermark after every 50th value."""
+    watermark after every 50th value, at most 7 entries per call (so a snapshot can fall
+    in the middle); ``saved_at``: the items it had emitted when it saved its snapshot."""
 
     def __init__(self, n: int) -> None:
         self.n = n
+        self.emitted = 0
+        self.saved_at = -1
 
     def init_processor(self, context: Context) -> None:
         mine = range(context.global_processor_index, self.n, context.total_parallelism)
@@ -147,9 +150,24 @@ class Numbers(AbstractProcessor):
                 for y in ([(v % 13, v), Watermark(v)] if v % 50 == 0 else [(v % 13, v)])
             ]
         )
+        self._next: Any = None
 
     def complete(self) -> bool:
-        return self.emit_from(self._it)
+        for _ in range(7):
+            if self._next is None:
+                self._next = next(self._it, None)
+                if self._next is None:
+                    return True
+            if not self.try_emit(self._next):
+                return False
+            if type(self._next) is not Watermark:
+                self.emitted += 1
+            self._next = None
+        return False
+
+    def save_to_snapshot(self) -> bool:
+        self.saved_at = self.emitted
+        return True
 
 
 class Tag(AbstractProcessor):
@@ -165,6 +183,11 @@ class Gather(AbstractProcessor):
     def init_processor(self, context: Context) -> None:
         self.got: list[Any] = []
         self.wms: list[int] = []
+        self.saved_at = -1
+
+    def save_to_snapshot(self) -> bool:
+        self.saved_at = len(self.got)
+        return True
 
     def try_process_item(self, ordinal: int, item: Any) -> bool:
         self.got.append(item)
@@ -215,17 +238,63 @@ def gathered(specs: list[Any]) -> dict[int, tuple[list[Any], list[int]]]:
     }
 
 
+class OneSnapshot:
+    """A snapshot sink (the tasklet's ``SnapshotSink``) that asks sources for snapshot 1
+    once they have called it ``after`` times, and records which processors saved it."""
+
+    hold_sources = False
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.calls = 0
+        self.saved: list[tuple[str, int]] = []
+
+    def requested_snapshot(self) -> SnapshotBarrier | None:
+        self.calls += 1
+        return SnapshotBarrier(1) if self.calls > self.after else None
+
+    def add_entries(self, tasklet: Any, snapshot_id: int, entries: list[Any]) -> None:
+        pass
+
+    def processor_done(self, tasklet: Any, barrier: SnapshotBarrier) -> None:
+        self.saved.append((tasklet.vertex_name, tasklet.index))
+
+    def add_completion_entries(self, tasklet: Any, entries: list[Any]) -> None:
+        pass
+
+    def tasklet_completed(self, tasklet: Any) -> None:
+        pass
+
+
 def run_member(
-    dag: DAG, member: int, members: int, sockets: dict[Any, socket.socket], control: Any
+    dag: DAG,
+    member: int,
+    members: int,
+    sockets: dict[Any, socket.socket],
+    snapshot_after: int | None,
+    control: Any,
 ) -> None:
     """Run one member's share of ``dag``: its processors, wired with ``MemberChannels``,
-    beside its senders and receivers; send back what its gather processors kept."""
+    beside its senders and receivers; send back what its gather processors kept. With
+    ``snapshot_after``, exactly-once with one snapshot (:class:`OneSnapshot`); then also
+    what each processor had done when it saved, and which processors saved."""
     plans = plans_of(dag, members)
     channels = MemberChannels(member, dag, plans, sockets)
-    specs = wire(dag, plans, ProcessingGuarantee.NONE, channels, member=member)
-    tasklets = [ProcessorTasklet(s.processor, s.context, s.inbound, s.outbound) for s in specs]
+    sink = OneSnapshot(snapshot_after) if snapshot_after is not None else None
+    guarantee = ProcessingGuarantee.EXACTLY_ONCE if sink else ProcessingGuarantee.NONE
+    specs = wire(dag, plans, guarantee, channels, member=member)
+    tasklets = [
+        ProcessorTasklet(
+            s.processor, s.context, s.inbound, s.outbound, guarantee=guarantee, snapshot_sink=sink
+        )
+        for s in specs
+    ]
     for t in tasklets:
         t.init()
     control.send("ready")
     run_tasklets([*tasklets, *channels.tasklets])
-    control.send(gathered(specs))
+    saved = {
+        (s.vertex.vertex.name, s.global_index): getattr(s.processor, "saved_at", None)
+        for s in specs
+    }
+    control.send((gathered(specs), saved, sink.saved if sink else []))
