@@ -48,6 +48,8 @@ Item = tuple[Any, int, int]
 GATES: dict[str, int] = {}
 #: (run id, global source index) -> items that processor has emitted
 PROGRESS: dict[tuple[str, int], int] = {}
+#: run id -> (changes tracked, save mode) -> how many saves of KeyedSumP's map
+SAVES: dict[str, Counter[tuple[bool, str]]] = {}
 _runs = itertools.count()
 
 #: total parallelism of the source: kept in every execution (a source position only
@@ -169,6 +171,9 @@ class KeyedSumP(ss.AbstractProcessor):
     values; a negative value removes the key. Emits ``(key, sum)`` (``(key, None)`` for a
     removal). Written the way the keyed-state module documents it."""
 
+    def __init__(self, run: str = "") -> None:
+        self.run = run
+
     def init_processor(self, context: ss.Context) -> None:
         self.sums = keyed_state(context)
 
@@ -191,7 +196,12 @@ class KeyedSumP(ss.AbstractProcessor):
                 dirty.add(key)
 
     def save_to_snapshot(self) -> bool:
-        return self.outbox.offer_to_snapshot(*self.sums.snapshot_entry())
+        key, save = self.sums.snapshot_entry()
+        if not self.outbox.offer_to_snapshot(key, save):
+            return False
+        # what the saves were: full or delta, and whether changes were tracked at all
+        SAVES.setdefault(self.run, Counter())[(self.sums.dirty is not None, save.mode)] += 1
+        return True
 
     def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
         self.sums[key] = value
@@ -240,7 +250,7 @@ def build(kind: str, run: str, items: list[Item], members: int, keyed_lp: int) -
     if kind == "custom":
         dag = DAG()
         s = dag.new_vertex("source", source).local_parallelism(src_lp)
-        k = dag.new_vertex("keyed", KeyedSumP).local_parallelism(keyed_lp)
+        k = dag.new_vertex("keyed", functools.partial(KeyedSumP, run)).local_parallelism(keyed_lp)
         o = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
         dag.edge(Edge.between(s, k).partitioned(key0).distributed()).edge(Edge.between(k, o))
         return dag
@@ -492,6 +502,8 @@ class Outcome:
     output: Counter[Any]
     #: the snapshots the test stopped at, with the source offsets they hold
     stops: list[tuple[str, int]] = field(default_factory=list)
+    #: the custom kind's saves: (changes tracked, mode) -> count
+    saves: Counter[tuple[bool, str]] = field(default_factory=Counter)
 
 
 def config(name: str, store: str, backend: str = "memory", interval_ms: int = 10) -> JobConfig:
@@ -629,9 +641,11 @@ def run_scenario(
                 job = None
         for engine in engines:
             outcome.output.update(_hashable(x) for x in engine.get_list("out"))
+        outcome.saves = SAVES.get(run, Counter())
         return outcome
     finally:
         GATES.pop(run, None)
+        SAVES.pop(run, None)
         for key in [k for k in PROGRESS if k[0] == run]:
             del PROGRESS[key]
         if job is not None and not job.status.is_terminal:

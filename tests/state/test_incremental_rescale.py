@@ -13,6 +13,7 @@ from typing import Any
 import incremental_support as inc
 import pytest
 
+from slipstream.state.keyed import DELTA, FULL
 from slipstream.window import KeyedWindowResult
 
 
@@ -58,6 +59,16 @@ def test_state_over_several_snapshots_restores_at_other_parallelism_and_members(
     got = inc.run_scenario(kind, items, executions, str(tmp_path))
     assert got.output == inc.oracle_output(kind, items)
     assert len(got.stops) == 4
+    if kind == "custom":
+        # the state spread over several snapshots: with incremental snapshots the saves
+        # after the first of each execution are deltas of the hot keys (and the memory
+        # state tracks changes exactly then); without, every save is full
+        tracked = {t for t, _ in got.saves}
+        assert len(tracked) == 1, got.saves
+        if tracked == {True}:
+            assert got.saves[(True, DELTA)] >= 4, got.saves
+        else:
+            assert set(got.saves) == {(False, FULL)}, got.saves
 
 
 def test_window_on_two_members_whose_sources_are_at_other_event_times_suspends_and_resumes(
