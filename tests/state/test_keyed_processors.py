@@ -215,7 +215,7 @@ def test_skipped_items_mark_nothing_they_did_not_change() -> None:
         state.append(item[1])
         return None
 
-    # counting (the per-item loop of the additive path): a bad key leaves no mark
+    # counting (the C-level map of the additive path): a bad key leaves no mark
     d = Driver(rolling_aggregate(key, counting()), skip=True)
     d.feed([("a", 1), ("b", 1), ("c", 1)])
     d.save(1, 0)
@@ -579,3 +579,19 @@ def test_window_frames_on_disk_are_closed_when_evicted(tmp_path: Any) -> None:
         20: StateMapSave(DELTA, {}, (), 1),
     }
     assert d.watermark(20).output[-2:] == [KeyedWindowResult(10, 20, "a", 1), Watermark(20)]
+
+
+def test_rolling_additive_with_a_finish_marks_a_key_whose_finish_raised() -> None:
+    def finish(acc: int) -> int:
+        if acc == 3:
+            raise ValueError("three")
+        return acc * 10
+
+    op = AggregateOperation(create=lambda: 0, accumulate=lambda a, x: a + 1, finish=finish)
+    op.additive = 1  # the per-item loop of the additive path (finish is not the identity)
+    d = Driver(rolling_aggregate(_first, op), skip=True)
+    d.feed([("a", 1), ("a", 1), ("b", 1), ("c", 1)])
+    d.save(1, 0)
+    d.feed([("a", 1), ("b", 1)])  # a's count becomes 3: finish raises, the item is skipped
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {"a": 3, "b": 2}, (), 1)
+    assert d.output == [("a", 10), ("a", 20), ("b", 10), ("c", 10), ("b", 20)]

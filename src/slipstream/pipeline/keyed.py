@@ -124,7 +124,8 @@ class MapStatefulP(AbstractProcessor):
     def _rolling_additive(self, inbox: Inbox) -> None:
         """Rolling sum/count of an additive op (``create()`` is 0, ``accumulate`` adds):
         added inline, results appended straight to the single bucket, at most as many
-        as it has room for. Every item appends ``(key, result)`` to the bucket, so the
+        as it has room for; the keys (and addends) by a C-level map over the chunk when
+        ``finish`` is the identity (sums and counts), else one item at a time. Every item appends ``(key, result)`` to the bucket, so the
         keys it changed are marked from there, in one C-speed step after the loop (also
         after an item the policy set aside: those before it are in), and only while
         the job takes incremental snapshots: ~28 ns per item, nothing while every key is
@@ -146,14 +147,19 @@ class MapStatefulP(AbstractProcessor):
         finish = op.finish
         pop = inbox.popleft
         append = bucket.append
-        if callable(add) and finish is identity:
-            # keys and addends by C-level map over the chunk, then one tight loop
+        if finish is identity:
+            # keys (and addends) by C-level map over the chunk, then one tight loop
             chunk = inbox if n == len(inbox) else list(islice(inbox, n))
             keys = iter(chunk)  # zip takes the key first: it is at the failing item
             try:
-                for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
-                    acc = states[k] = get(k, 0) + v
-                    append((k, acc))
+                if callable(add):
+                    for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
+                        acc = states[k] = get(k, 0) + v
+                        append((k, acc))
+                else:  # counting: the addend is a constant
+                    for k in map(key_fn, keys):
+                        acc = states[k] = get(k, 0) + add
+                        append((k, acc))
             except Exception as e:
                 i = failed_position(n, keys)
                 if dirty is not None and (len(dirty) < size or len(states) > size):
