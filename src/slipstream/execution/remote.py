@@ -47,8 +47,10 @@ nobody else can write to: the engine creates each pair with ``socket.socketpair(
 (no address anyone could connect to) and hands the ends to its own member processes.
 
 **A dead peer** (killed, crashed, closed its end early) surfaces as
-:class:`ChannelPeerError` on the next call of the other side, naming the edge, the
-direction and the member.
+:class:`ChannelPeerError`, naming the edge, the direction and the member: at the
+receiver's next call, at the sender's next frame or credit read (a sender with nothing to
+send and credit to spare does not look). A member that hangs without dying is not
+detected here (that needs a heartbeat between the member processes).
 """
 
 from __future__ import annotations
