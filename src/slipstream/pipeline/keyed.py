@@ -140,7 +140,7 @@ class MapStatefulP(AbstractProcessor):
         states = self.states
         dirty = getattr(states, "dirty", None)
         start = len(bucket)
-        size = len(states)
+        size = len(states) if dirty is not None else 0  # (a disk state may query it)
         get = states.get
         key_fn = self._key_fn
         add = op.additive
