@@ -156,7 +156,11 @@ class KeyedState(dict):  # type: ignore[type-arg]
     def dropped_entry(self) -> tuple[StateMap, StateMapSave] | None:
         """The entry that records this map as gone (call it instead of
         :meth:`snapshot_entry` in the first save after the processor dropped the map,
-        e.g. a closed window frame); ``None`` when no snapshot holds it (nothing to drop)."""
+        e.g. a closed window frame); ``None`` when no snapshot holds it (nothing to drop).
+        The snapshot that holds it may not have committed yet: at the save, leave out a
+        drop whose ``base_id`` is above ``context.committed_snapshot_id`` (that save did
+        not commit, so every other map of the processor saves FULL and the chain starts
+        again without it), as the window processors do."""
         if self._saved_id == 0 or self.dirty is None:
             return None
         return dropped_entry(self.tag, self.detail, self._saved_id)
