@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,3 +268,74 @@ def test_a_snapshot_pickled_before_the_split_still_loads() -> None:
     assert type(back) is SnapshotData
     assert back.vertices["v"].entries[0] == [(KeyedStateKey("k", 1), 5), (BroadcastKey("wm"), 7)]
     assert type(back.vertices["v"].entries[0][0][0]) is KeyedStateKey
+
+
+# -- a snapshot file names no slipstream class ----------------------------------------------------
+def _event(i: int) -> tuple[int, int, int]:
+    return (i % 50, 10 * i, i % 7)  # (key, event time ms, value)
+
+
+def _count_sessions(items: Any) -> int:
+    return len(items)
+
+
+def test_snapshot_files_name_no_slipstream_class(tmp_path: Path) -> None:
+    """The format is plain data (state/format.py): no file of a store written by a
+    Pipeline job with windows, sessions, rolling aggregates, map_stateful and a batch
+    aggregation names a slipstream class (a class path would make the file format
+    depend on where the Python classes live)."""
+    import operator
+
+    import slipstream as ss
+    from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+    from slipstream.aggregate import counting, summing, to_list
+    from slipstream.sources.streaming import generator
+    from slipstream.state.store import DirectorySnapshotStore
+    from slipstream.window import session_window_def, sliding_window_def, tumbling_window_def
+
+    key0, ts1, val2 = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+    p = ss.Pipeline()
+    src = p.read_from(generator(_event, 20_000.0)).with_timestamps(ts1, 100)
+    keyed = src.group_by(key0)
+    keyed.window(tumbling_window_def(5_000)).aggregate(summing(val2)).write_to(sinks.noop())
+    src.window(sliding_window_def(10_000, 1_000)).aggregate(counting()).write_to(sinks.noop())
+    keyed.window(session_window_def(100_000)).aggregate(to_list()).write_to(sinks.noop())
+    keyed.rolling_aggregate(summing(val2)).write_to(sinks.noop())
+    keyed.map_stateful(lambda: [0], lambda s, k, e: s.__setitem__(0, s[0] + 1)).write_to(
+        sinks.noop()
+    )
+    p.read_from(sources.items(range(100))).group_by(lambda x: x % 3).aggregate(counting()).write_to(
+        sinks.noop()
+    )
+    store_dir = str(tmp_path / "store")
+    job = ss.local(cooperative_threads=2).new_job(
+        p,
+        JobConfig(
+            name="bar",
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_ms=50,
+            snapshot_store=store_dir,
+        ),
+    )
+    deadline = time.monotonic() + 120
+    while job.metrics["__job__"]["snapshots"] < 4:
+        assert time.monotonic() < deadline, "no snapshots"
+        time.sleep(0.02)
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(60)
+    store = DirectorySnapshotStore(store_dir)
+    data = store.latest()
+    assert data is not None
+    kinds = {type(k).__name__ for vs in data.vertices.values() for es in vs.entries.values() for k, _v in es}
+    assert len(kinds) > 1, kinds  # the job had state of several kinds
+    names = sorted(os.listdir(store_dir))
+    assert any(n.startswith("chunk-") for n in names)
+    leaks = {}
+    for n in names:
+        with open(os.path.join(store_dir, n), "rb") as fh:
+            raw = fh.read()
+        at = raw.find(b"slipstream")
+        if at >= 0:
+            leaks[n] = raw[max(0, at - 40) : at + 80]
+    assert leaks == {}

@@ -58,26 +58,26 @@ SCRIPT = textwrap.dedent(
     elif point == "unwritable":
         # from the snapshot recording every processor as completed on, the store cannot
         # be written (a full disk); die where the store would be marked completed
-        write, broken = DirectorySnapshotStore.write, []
-        def unwritable(self, data):
-            if broken or all(len(vs.completed) == vs.total_parallelism
-                             for vs in data.vertices.values()):
-                broken.append(data.snapshot_id)
+        commit, broken = DirectorySnapshotStore.commit, []
+        def unwritable(self, manifest):
+            if broken or all(len(vm.completed) == vm.total_parallelism
+                             for vm in manifest.vertices.values()):
+                broken.append(manifest.snapshot_id)
                 raise OSError(28, "injected: No space left on device")
-            return write(self, data)
-        DirectorySnapshotStore.write = unwritable
+            return commit(self, manifest)
+        DirectorySnapshotStore.commit = unwritable
         DirectorySnapshotStore.mark_completed = die
     elif point == "failed":
         # the second snapshot cannot be written; die before the first commit that runs
         # after it (the third snapshot's commit, which also commits what the second staged)
-        write, writes = DirectorySnapshotStore.write_encoded, []
-        def failing_write(self, snapshot_id, payload):
-            writes.append(snapshot_id)
+        commit, writes = DirectorySnapshotStore.commit, []
+        def failing_write(self, manifest):
+            writes.append(manifest.snapshot_id)
             if len(writes) == 2:
-                failed.append(snapshot_id)
+                failed.append(manifest.snapshot_id)
                 raise OSError("injected: the disk is full")
-            return write(self, snapshot_id, payload)
-        DirectorySnapshotStore.write_encoded = failing_write
+            return commit(self, manifest)
+        DirectorySnapshotStore.commit = failing_write
 
     class Numbers(AbstractProcessor):
         # (i, i*i) for i < N; with point "end", "unwritable" or "failed" the second half

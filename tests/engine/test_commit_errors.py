@@ -175,12 +175,12 @@ class HangingStore(DirectorySnapshotStore):
     hanging = threading.Event()
     writes = 0
 
-    def write(self, data: Any) -> None:
+    def commit(self, data: Any) -> None:  # the manifest of snapshot data.snapshot_id
         self.writes += 1
         if self.writes == 2:
             self.hanging.set()
             self.release.wait()
-        super().write(data)
+        super().commit(data)
 
 
 def test_cancel_ends_a_job_whose_snapshot_write_hangs(tmp_path: Any) -> None:
@@ -205,11 +205,11 @@ class TerminalFailingStore(DirectorySnapshotStore):
 
     job: Any = None
 
-    def write(self, data: Any) -> None:
+    def commit(self, data: Any) -> None:  # the manifest of snapshot data.snapshot_id
         req = self.job._execution.coordinator.requested_snapshot() if self.job else None
         if req is not None and req.is_terminal and req.snapshot_id == data.snapshot_id:
             raise OSError(28, "No space left on device")
-        super().write(data)
+        super().commit(data)
 
 
 def test_a_suspend_whose_terminal_snapshot_fails_fails_the_job_and_resume_is_exact(tmp_path: Any) -> None:

@@ -19,7 +19,7 @@ import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sources
 from slipstream.sinks.basic import ListSinkP
 from slipstream.state.keys import BroadcastKey
-from slipstream.state.store import MANIFEST, DirectorySnapshotStore, SnapshotData
+from slipstream.state.store import MANIFEST, DirectorySnapshotStore
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 
@@ -186,7 +186,7 @@ class EndFailingStore(DirectorySnapshotStore):
     every_one = True
     broken_writes = 0
 
-    def write(self, data: SnapshotData) -> None:
+    def commit(self, data: Any) -> None:  # the manifest of snapshot data.snapshot_id
         if self.every_one:
             breaks = all(len(vs.completed) == vs.total_parallelism for vs in data.vertices.values())
         else:
@@ -196,7 +196,7 @@ class EndFailingStore(DirectorySnapshotStore):
             if self.failing:
                 self.failing -= 1 if self.failing > 0 else 0
                 raise OSError(28, "No space left on device")
-        super().write(data)
+        super().commit(data)
 
     def mark_completed(self) -> None:
         if self.failing:
@@ -330,12 +330,12 @@ class LastPeriodicFailingStore(DirectorySnapshotStore):
     The final snapshot (every processor recorded as completed) commits; the completed
     mark fails (as if the process died there)."""
 
-    def write(self, data: SnapshotData) -> None:
+    def commit(self, data: Any) -> None:  # the manifest of snapshot data.snapshot_id
         final = all(len(vs.completed) == vs.total_parallelism for vs in data.vertices.values())
         if not final and self.committed_ids():
             stp.wait_for(lambda: len(SINKS_DONE) == 2, what="the sinks' completion")
             raise OSError(28, "No space left on device")
-        super().write(data)
+        super().commit(data)
 
     def mark_completed(self) -> None:
         raise OSError(28, "No space left on device")

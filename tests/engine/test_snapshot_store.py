@@ -19,11 +19,18 @@ from typing import Any
 import pytest
 import snapshot_test_procs as stp
 
+import format2_store
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
 from slipstream.engine import job as job_module
 from slipstream.state import signing as snapshot_signing
-from slipstream.state.store import MANIFEST, DirectorySnapshotStore, SnapshotData
+from slipstream.state.store import (
+    MANIFEST,
+    DirectorySnapshotStore,
+    Manifest,
+    SnapshotData,
+    VertexManifest,
+)
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 N = 4000
@@ -215,11 +222,11 @@ class FailingStore(DirectorySnapshotStore):
 
     failing = 0  # number of writes still to fail; -1: all
 
-    def write_encoded(self, snapshot_id: int, payload: bytes) -> None:
+    def commit(self, manifest: Any) -> None:
         if self.failing:
             self.failing -= 1 if self.failing > 0 else 0
             raise OSError(28, "No space left on device")
-        super().write_encoded(snapshot_id, payload)
+        super().commit(manifest)
 
 
 def test_store_write_errors_pause_sources_show_in_metrics_and_fail_the_job(tmp_path: Any) -> None:
@@ -278,11 +285,24 @@ def test_forged_or_unsigned_files_are_never_unpickled(tmp_path: Any) -> None:
         fh.write(hashlib.sha256(evil).hexdigest().encode() + b"\n" + evil)
     with pytest.raises(ss.SnapshotError, match="unsigned"):
         store.read(1)
-    # (2) the current format signed with another key
+    # (2) format 2 (a pickled SnapshotData) signed with another key
     other = DirectorySnapshotStore(store_dir, key=b"k" * 32)
-    other.write_encoded(2, evil)
+    format2_store.write_payload(other, 2, evil)
     with pytest.raises(ss.SnapshotError, match="signature"):
         store.read(2)
+    # (3) format 3: a manifest naming a chunk of that pickle, signed with another key
+    other.write(SnapshotData(3, "j"))
+    with pytest.raises(ss.SnapshotError, match="signature"):
+        store.read(3)
+    other.begin(4)
+    ref = other.write_chunk(4, "v", 0, "full", evil)
+    manifest = Manifest(4, "j")
+    manifest.vertices["v"] = VertexManifest(1, chains={0: [ref]})
+    other.commit(manifest)
+    with pytest.raises(ss.SnapshotError, match="signature"):
+        store.read(4)
+    with pytest.raises(ss.SnapshotError, match=r"chunk .*chunk-0000000004-0-.*fails its signature"):
+        store.read_chain([ref], "v", 0, 4)
     assert not os.path.exists("/tmp/slipstream-pwned-by-snapshot")
 
 
@@ -519,7 +539,7 @@ class _SlowFinalStore(DirectorySnapshotStore):
         self.job: Any = None
         self.held_while_writing: list[bool] = []
 
-    def write(self, data: SnapshotData) -> None:
+    def commit(self, data: Any) -> None:  # the manifest of snapshot data.snapshot_id
         final = all(len(vs.completed) == vs.total_parallelism for vs in data.vertices.values())
         if final and not self.writing.is_set():
             self.writing.set()
@@ -530,7 +550,7 @@ class _SlowFinalStore(DirectorySnapshotStore):
             ):
                 time.sleep(0.01)
             self.held_while_writing.append(self._lock_fd is not None)
-        super().write(data)
+        super().commit(data)
 
 
 def test_cancel_during_the_final_snapshot_waits_for_its_write_before_releasing_the_store(

@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 import snapshot_test_procs as stp
 
+import format2_store
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
 from slipstream.state import lineage as snapshot_lineage
 from slipstream.state import store as snapshot_store
-from slipstream.state.store import MANIFEST, DirectorySnapshotStore, SnapshotData
+from slipstream.state.store import MANIFEST, DirectorySnapshotStore
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 N = 4000
@@ -268,21 +269,11 @@ def test_store_of_the_previous_version_still_resumes(
     carry no DAG fingerprint and whose snapshots carry no DAG shape (as the previous
     version wrote them) resumes exactly-once, and is recorded from then on."""
     store_dir = str(tmp_path / "store")
-    write = DirectorySnapshotStore.write
-
-    def old_write(self: DirectorySnapshotStore, data: SnapshotData) -> None:
-        self.dag_shape = None
-        write(self, data)
-
-    def old_encode(data: SnapshotData) -> bytes:
-        vars(data).pop("dag_shape", None)  # pickled without the attribute
-        return snapshot_store.pickle_state(data)
-
     with monkeypatch.context() as m:
-        m.setattr(DirectorySnapshotStore, "write", old_write)
-        m.setattr(DirectorySnapshotStore, "encode", staticmethod(old_encode))
         m.setattr(snapshot_store, "record_generation", lambda *a, **k: None)
         first = interrupted(store_dir)
+    # the files as that version wrote them: format 2, pickled SnapshotData objects
+    format2_store.convert_to_format2(store_dir, old_version=True)
     store = DirectorySnapshotStore(store_dir)
     manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
     assert "dag" not in manifest and "dag" not in store.read_header(manifest["latest"])
@@ -293,6 +284,7 @@ def test_store_of_the_previous_version_still_resumes(
     gen = snapshot_lineage.read_generation(store_dir)
     assert gen is not None and gen.completed
     assert gen.generation == latest_id(store_dir) > manifest["latest"]
+    assert not format2_store.is_format2(store_dir, latest_id(store_dir))  # new ones: format 3
 
 
 def test_generation_file_is_private(tmp_path: Any) -> None:

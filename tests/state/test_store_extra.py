@@ -8,6 +8,7 @@ import pickle
 import shutil
 from pathlib import Path
 
+import format2_store
 from slipstream.spark.streaming import (
     decode_watermarks,
     epoch_extra,
@@ -84,7 +85,7 @@ def test_a_snapshot_pickled_without_extra_reads_with_an_empty_one(tmp_path: Path
     del old.__dict__["extra"]  # as pickled by a version without the field
     store = DirectorySnapshotStore(tmp_path, key=b"a-test-key-16-bytes-long")
     store.job_name = "job"
-    store.write_encoded(1, pickle.dumps(old))
+    format2_store.write_payload(store, 1, pickle.dumps(old))
     data = store.read(1)
     assert data.extra == {} and data.vertices["v"].entries == {0: [("k", 1)]}
     assert snapshot_epoch(data) == -1 and snapshot_watermarks(data) == {}

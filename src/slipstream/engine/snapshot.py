@@ -28,8 +28,10 @@ crash after it (before the store is marked completed) resumes into those idempot
 commits only: see :meth:`SnapshotCoordinator.wait_final`.
 
 Cost at large state: a tasklet hands its saved entries over as they are (no copy of
-immutable values, no serialisation on the cooperative thread); the complete snapshot is
-encoded (C pickler) and written on the coordinator's store thread while the job goes on.
+immutable values, no serialisation on the cooperative thread); each processor's entries
+are encoded as a chunk (:mod:`slipstream.state.format`, C pickler) and written on the
+coordinator's store thread while the job goes on (:meth:`SnapshotCoordinator.write_snapshot`:
+chains of full and delta chunks).
 One snapshot is in flight at a time: the next one is requested only after the previous
 one committed or failed.
 """
@@ -48,12 +50,22 @@ from typing import TYPE_CHECKING, Any
 from slipstream.core.errors import SnapshotError, SnapshotStalledError
 from slipstream.core.items import SnapshotBarrier
 from slipstream.execution.tasklet import CommitBoard
+from slipstream.state import format as fmt
 from slipstream.state.keyed import StateMap
 from slipstream.state.keys import KeyedStateBatch
 from slipstream.state.restore import custom_partitioners as custom_partitioners
 from slipstream.state.restore import recovering_completed as recovering_completed
 from slipstream.state.restore import restore_plan as restore_plan
-from slipstream.state.store import DirectorySnapshotStore, SnapshotData, VertexState, pickle_state
+from slipstream.state.store import (
+    ChunkRef,
+    DirectorySnapshotStore,
+    Manifest,
+    SnapshotData,
+    VertexManifest,
+    VertexState,
+    encode_chunk,
+    pickle_state,
+)
 
 if TYPE_CHECKING:
     from slipstream.execution.tasklet import ProcessorTasklet
@@ -141,6 +153,14 @@ class SnapshotCoordinator:
         #: while the snapshot in flight is stalled: what it waits for, and since when
         self.stall: str | None = None
         self.stalled_s = 0.0
+        # the chains of the last snapshot this execution committed, per (vertex, index);
+        # a delta chunk continues one of them
+        self._chains: dict[tuple[str, int], list[ChunkRef]] = {}
+        # completed processors' chains: (entries in their completion state, chain),
+        # reused by later manifests while the completion state is unchanged
+        self._completed_chains: dict[tuple[str, int], tuple[int, list[ChunkRef]]] = {}
+        #: bytes of the store's files after the last commit
+        self.store_bytes = 0
 
     @property
     def snapshots_committed(self) -> int:
@@ -381,7 +401,7 @@ class SnapshotCoordinator:
                     self._write_final()
                     continue
                 try:
-                    self.store.write(data)
+                    self.write_snapshot(data)
                 except BaseException as e:  # noqa: BLE001
                     self._write_failed(data, e)
                     continue
@@ -397,6 +417,76 @@ class SnapshotCoordinator:
                     self._commit_event.notify_all()
                 if self._on_fatal is not None:
                     self._on_fatal(e)
+
+    def write_snapshot(self, data: SnapshotData) -> None:
+        """The store thread: write ``data`` as chunks and commit its manifest.
+
+        A processor's chunk is a delta when one of its keyed-state maps saved a delta
+        (or a drop): its chain is then the chain the last committed snapshot named for
+        it plus this chunk, which must continue it (its maps' ``base_id`` is that
+        chain's last snapshot; otherwise :class:`SnapshotError`, a bug, and the
+        snapshot fails: the processors' next saves are full). Otherwise its chain is
+        one full chunk. A completed processor's chunk is written once and named again
+        while its completion state is unchanged."""
+        store = self.store
+        sid = data.snapshot_id
+        store.begin(sid)
+        chains: dict[tuple[str, int], list[ChunkRef]] = {}
+        completed_chains: dict[tuple[str, int], tuple[int, list[ChunkRef]]] = {}
+        try:
+            manifest = Manifest(sid, data.job_name, dag_shape=data.dag_shape, extra=data.extra)
+            for name, vs in data.vertices.items():
+                vm = manifest.vertices[name] = VertexManifest(
+                    vs.total_parallelism, set(vs.completed), set(vs.final)
+                )
+                for i, entries in vs.entries.items():
+                    if not entries:
+                        continue
+                    key = (name, i)
+                    if i in vs.completed:
+                        cached = self._completed_chains.get(key)
+                        if cached is not None and cached[0] == len(entries):
+                            chain = cached[1]
+                        else:
+                            payload = encode_chunk(entries, sid, name, i)
+                            chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
+                        completed_chains[key] = (len(entries), chain)
+                    elif fmt.chunk_mode(entries) == fmt.CHUNK_DELTA:
+                        chain = self._continued_chain(key, entries, sid)
+                        payload = encode_chunk(entries, sid, name, i)
+                        chain.append(store.write_chunk(sid, name, i, fmt.CHUNK_DELTA, payload))
+                    else:
+                        payload = encode_chunk(entries, sid, name, i)
+                        chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
+                    vm.chains[i] = chain
+                    chains[key] = chain
+            store.commit(manifest)
+        except BaseException:
+            store.abort(sid)
+            raise
+        self._chains = chains
+        self._completed_chains = completed_chains
+        disk_bytes = getattr(store, "disk_bytes", None)
+        if disk_bytes is not None:
+            self.store_bytes = disk_bytes()
+
+    def _continued_chain(
+        self, key: tuple[str, int], entries: list[Any], snapshot_id: int
+    ) -> list[ChunkRef]:
+        """A copy of the committed chain that ``entries`` (holding a delta) continue."""
+        chain = self._chains.get(key)
+        last = chain[-1].snapshot_id if chain else None
+        bases = fmt.delta_bases(entries)
+        if chain is None or bases != {last}:
+            raise SnapshotError(
+                f"snapshot {snapshot_id}: {key[0]}#{key[1]} saved keyed state as a delta "
+                f"relative to snapshot {', '.join(map(str, sorted(bases)))}, but the last "
+                f"committed snapshot of this execution holds its state as of "
+                + (f"snapshot {last}" if last is not None else "no snapshot")
+                + " (a bug in the processor's or the engine's change tracking; the next "
+                "snapshot saves its state in full)"
+            )
+        return list(chain)
 
     def _write_failed(self, data: SnapshotData, error: BaseException) -> None:
         culprit = self._unpicklable_state(data) if isinstance(error, SnapshotError) else None
@@ -514,7 +604,7 @@ class SnapshotCoordinator:
             error: BaseException | None = None
             if data is not None:
                 try:
-                    self.store.write(data)
+                    self.write_snapshot(data)
                 except BaseException as e:  # noqa: BLE001
                     error = e
             if error is None:

@@ -1,52 +1,56 @@
 """Durable snapshot storage: a directory that a later process can read.
 
-Each committed snapshot is one file ``snapshot-<id:010d>.bin``::
+A committed snapshot is a signed *manifest* ``snapshot-<id:010d>.bin`` naming, per vertex
+and processor, a *chain* of signed chunk files (a full chunk, then deltas); the format is
+documented in :mod:`~slipstream.state.format` (version 3). Stores written before it (format
+2: one pickled ``SnapshotData`` per file) still restore; new snapshots are format 3.
 
-    SLIPSTREAM-SNAPSHOT 2\\n
-    <HMAC-SHA256 hex of header + "\\n" + payload>\\n
-    <header: JSON {snapshot_id, job, execution, size, created, dag}>\\n
-    <payload: the pickled SnapshotData>
-
-It is written to a temporary name (``.tmp-*``), fsynced and renamed; then ``MANIFEST.json``
-(also signed, temp + fsync + rename) names the committed ids, the job and execution that
-own the store and the fingerprint of their DAG. If the manifest cannot be written the new
-snapshot file is removed again, so a snapshot counts as committed only once both are in
-place. Then the store's *generation* (the id of its newest committed snapshot) is
+Writing goes through the store protocol (:class:`SnapshotStore`): :meth:`~SnapshotStore.begin`
+a snapshot, :meth:`~SnapshotStore.write_chunk` per processor (temp name, fsync, rename),
+:meth:`~SnapshotStore.commit` its manifest (temp + fsync + rename, then the directory's
+fsync, which makes the chunks' renames durable too). Then ``MANIFEST.json`` (also signed)
+names the committed ids, the job and execution that own the store and the fingerprint of
+their DAG. If it cannot be written the new manifest is removed again, so a snapshot counts
+as committed only once both are in place; a chunk counts only once a committed manifest
+names it. Then the store's *generation* (the id of its newest committed snapshot) is
 recorded outside the store, where restoring the directory from a backup cannot take it
-back (:mod:`~slipstream.state.lineage`); only then may sinks publish the
-snapshot's output.
+back (:mod:`~slipstream.state.lineage`); only then may sinks publish the snapshot's
+output. Then the manifests beyond ``keep`` are removed, and every chunk file that no
+retained committed manifest names (never one of a snapshot newer than the committed
+ones, nor a compaction's output not yet named).
 
-Reading verifies the signature *before* unpickling (see
-:mod:`~slipstream.state.signing`). The manifest is not a single point of
-failure: every snapshot file carries its id, job and execution, so a deleted or damaged
-manifest is rebuilt from the files. What the store never does is fall back silently: if
-the newest committed snapshot is missing, corrupt or unsigned, :meth:`latest` raises
+Reading verifies every signature *before* unpickling (see
+:mod:`~slipstream.state.signing`). ``MANIFEST.json`` is not a single point of failure:
+every snapshot manifest carries its id, job and execution, so a deleted or damaged
+``MANIFEST.json`` is rebuilt from the files. What the store never does is fall back
+silently: if the newest committed snapshot (its manifest or a chunk it names) is missing,
+corrupt or unsigned, :meth:`latest` raises
 :class:`~slipstream.core.errors.SnapshotStoreDamagedError`, because an older snapshot
 would republish output the newest one already published. The message lists the intact
 older snapshots; restoring one explicitly (``restore_from=store.read(id)``) accepts those
 duplicates.
-
-:meth:`encode` and :meth:`write_encoded` split a commit in two, so that pickling can
-happen wherever the caller likes (a store thread) and only the signed write goes through
-the store.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import io
 import json
 import logging
 import os
 import pickle
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from slipstream.core.errors import SnapshotError, SnapshotStoreDamagedError, SnapshotStoreInUseError
 from slipstream.core.files import atomic_write
 from slipstream.core.pickling import cloudpickle
+from slipstream.state import format as fmt
 from slipstream.state.lineage import DagShape, dag_fingerprint, record_generation
 from slipstream.state.signing import resolve_key, sign, verify
 
@@ -54,9 +58,11 @@ log = logging.getLogger("slipstream.snapshot")
 
 MANIFEST = "MANIFEST.json"
 LOCK = ".lock"
-MAGIC = b"SLIPSTREAM-SNAPSHOT 2\n"
-FORMAT = 2
+MAGIC = fmt.MAGIC
+MAGIC_2 = b"SLIPSTREAM-SNAPSHOT 2\n"
+FORMAT = fmt.FORMAT
 _PREFIX, _SUFFIX = "snapshot-", ".bin"
+_CHUNK_PREFIX = "chunk-"
 
 
 @dataclass
@@ -74,7 +80,8 @@ class VertexState:
 
 @dataclass
 class SnapshotData:
-    """A committed snapshot: per vertex, each processor's saved entries."""
+    """A committed snapshot: per vertex, each processor's saved entries (the in-memory
+    form; on disk it is a manifest and chunks, :mod:`~slipstream.state.format`)."""
 
     snapshot_id: int
     job_name: str
@@ -102,6 +109,154 @@ def pickle_state(obj: Any) -> bytes:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - PicklingError, TypeError, AttributeError
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+# -- the manifest in memory ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChunkRef:
+    """A chunk file as a manifest names it: the file (in the store directory), its MAC,
+    the snapshot whose state it brings its chain to, full or delta, and its size."""
+
+    file: str
+    mac: str
+    snapshot_id: int
+    mode: str
+    size: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "mac": self.mac,
+            "snapshot": self.snapshot_id,
+            "mode": self.mode,
+            "bytes": self.size,
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ChunkRef:
+        return ChunkRef(str(d["file"]), str(d["mac"]), int(d["snapshot"]), str(d["mode"]), int(d["bytes"]))
+
+
+@dataclass
+class VertexManifest:
+    """One vertex in a manifest (as :class:`VertexState` without entries): its parallelism, its completed processors (``final``:
+    those whose chain is their completion state) and each processor's chain."""
+
+    total_parallelism: int
+    completed: set[int] = field(default_factory=set)
+    final: set[int] = field(default_factory=set)
+    chains: dict[int, list[ChunkRef]] = field(default_factory=dict)
+
+
+@dataclass
+class Manifest:
+    """A snapshot as the store commits it (format 3): chains of chunk files."""
+
+    snapshot_id: int
+    job_name: str
+    vertices: dict[str, VertexManifest] = field(default_factory=dict)
+    dag_shape: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def files(self) -> set[str]:
+        return {r.file for vm in self.vertices.values() for c in vm.chains.values() for r in c}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "snapshot_id": self.snapshot_id,
+            "job": self.job_name,
+            "dag_shape": self.dag_shape,
+            "extra": fmt.to_json(self.extra),
+            "vertices": {
+                name: {
+                    "parallelism": vm.total_parallelism,
+                    "completed": sorted(vm.completed),
+                    "final": sorted(vm.final),
+                    "chains": {
+                        str(i): [r.as_json() for r in chain] for i, chain in sorted(vm.chains.items())
+                    },
+                }
+                for name, vm in self.vertices.items()
+            },
+        }
+
+    @staticmethod
+    def from_body(body: dict[str, Any]) -> Manifest:
+        shape = body.get("dag_shape")
+        if shape is not None:
+            shape = (tuple(shape[0]), tuple(tuple(e) for e in shape[1]))
+        m = Manifest(int(body["snapshot_id"]), str(body["job"]), dag_shape=shape)
+        m.extra = fmt.from_json(body.get("extra") or {})
+        for name, v in body["vertices"].items():
+            m.vertices[name] = VertexManifest(
+                int(v["parallelism"]),
+                {int(i) for i in v["completed"]},
+                {int(i) for i in v["final"]},
+                {int(i): [ChunkRef.from_json(r) for r in c] for i, c in v["chains"].items()},
+            )
+        return m
+
+
+class SnapshotStore(Protocol):
+    """What the snapshot coordinator and a restore need of a store (the directory store
+    is one implementation). A snapshot is written as :meth:`begin`, a
+    :meth:`write_chunk` per processor with state, then :meth:`commit` of its manifest
+    (or :meth:`abort`); it counts as committed only once :meth:`commit` returned."""
+
+    directory: str
+
+    def lock(self) -> None: ...
+
+    def begin(self, snapshot_id: int) -> None: ...
+
+    def write_chunk(
+        self, snapshot_id: int, vertex: str, index: int, mode: str, payload: bytes
+    ) -> ChunkRef: ...
+
+    def commit(self, manifest: Manifest) -> None: ...
+
+    def abort(self, snapshot_id: int) -> None: ...
+
+    def read_chunks(
+        self, snapshot_id: int, processors: Iterable[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], list[tuple[Any, Any]]]: ...
+
+    def read(self, snapshot_id: int) -> SnapshotData: ...
+
+    def latest(self) -> SnapshotData | None: ...
+
+
+def chunk_file_name(snapshot_id: int, vertex: str, index: int, compacted: bool = False) -> str:
+    """``chunk-<id>-<index>-<digest of the vertex name>[-c].bin`` (vertex names may hold
+    any character; the chunk's header names the vertex)."""
+    digest = hashlib.sha256(vertex.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{_CHUNK_PREFIX}{snapshot_id:010d}-{index}-{digest}{'-c' if compacted else ''}{_SUFFIX}"
+
+
+def chunk_file_id(name: str) -> int | None:
+    """The snapshot id in a chunk file's name (``None``: not a chunk file)."""
+    if not (name.startswith(_CHUNK_PREFIX) and name.endswith(_SUFFIX)):
+        return None
+    try:
+        return int(name[len(_CHUNK_PREFIX) :].split("-", 1)[0])
+    except ValueError:
+        return None
+
+
+def _write_synced(path: str, parts: Sequence[bytes | memoryview]) -> None:
+    """Write ``path`` under a temporary name, fsync it and rename it into place (the
+    directory's fsync is the commit's)."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for p in parts:
+                fh.write(p)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True)
@@ -138,6 +293,15 @@ class DirectorySnapshotStore:
         self._warned_rebuild = False
         self.last_write_bytes: int | None = None  # size of the last committed file
         self._lock_fd: int | None = None
+        # the snapshot being written (begin .. commit): its chunk files and their bytes
+        self._pending_id: int | None = None
+        self._pending_files: list[str] = []
+        self._pending_bytes = 0
+        # committed manifest id -> the chunk files it names (for GC)
+        self._files_of: dict[int, set[str]] = {}
+        #: chunk files written but not yet named by a committed manifest that GC must
+        #: leave alone (a compaction's output)
+        self.protected: set[str] = set()
 
     def __repr__(self) -> str:
         return f"DirectorySnapshotStore({self.directory!r})"
@@ -329,56 +493,121 @@ class DirectorySnapshotStore:
                 f"user (uid {os.getuid()})"
             )
 
-    @staticmethod
-    def encode(data: SnapshotData) -> bytes:
-        """The payload of ``data`` (a pickle), for :meth:`write_encoded`."""
-        try:
-            return pickle_state(data)
-        except Exception as e:  # noqa: BLE001
-            raise SnapshotError(f"snapshot {data.snapshot_id} state cannot be pickled: {e}") from e
-
-    def write(self, data: SnapshotData) -> None:
-        """Commit ``data`` durably."""
-        if self.job_name is None:
-            self.job_name = data.job_name
-        if data.dag_shape is None and self.dag_shape is not None:
-            data.dag_shape = self.dag_shape
-        self.write_encoded(data.snapshot_id, self.encode(data))
-
-    def write_encoded(self, snapshot_id: int, payload: bytes) -> None:
-        """Commit an encoded snapshot (:meth:`encode`): signed file, then manifest, then
-        the generation outside the store; the oldest snapshots beyond ``keep`` are
-        removed. Raises ``OSError`` (disk full, read-only, ...) with nothing committed,
-        or, when only the generation could not be recorded, with the snapshot in the
-        store but not to be published yet (as after a crash before its sinks commit:
-        the next snapshot names its output too)."""
+    def begin(self, snapshot_id: int) -> None:
+        """Start writing snapshot ``snapshot_id`` (its chunks, then :meth:`commit`)."""
         self._keep_lock()
         self.ensure_directory()
-        info: dict[str, Any] = {
+        self._pending_id = snapshot_id
+        self._pending_files = []
+        self._pending_bytes = 0
+
+    def write_chunk(
+        self,
+        snapshot_id: int,
+        vertex: str,
+        index: int,
+        mode: str,
+        payload: bytes,
+        compacted: bool = False,
+    ) -> ChunkRef:
+        """Write one processor's chunk (``payload``: :func:`~slipstream.state.format.
+        encode_payload` of its records), signed, fsynced and renamed into place; returns
+        what the manifest records of it. ``compacted``: written by compaction (it does
+        not count as the snapshot's own bytes, and its name differs)."""
+        info = {
+            "format": FORMAT,
             "snapshot_id": snapshot_id,
-            "job": self.job_name or "",
-            "execution": self.execution_id,
+            "vertex": vertex,
+            "index": index,
+            "mode": mode,
             "size": len(payload),
+        }
+        header = json.dumps(info, sort_keys=True).encode("utf-8")
+        mac = sign(self.key, header, b"\n", payload)
+        name = chunk_file_name(snapshot_id, vertex, index, compacted)
+        path = os.path.join(self.directory, name)
+        _write_synced(path, [fmt.CHUNK_MAGIC, mac.encode("ascii"), b"\n", header, b"\n", payload])
+        size = len(fmt.CHUNK_MAGIC) + len(mac) + len(header) + 2 + len(payload)
+        if not compacted and snapshot_id == self._pending_id:
+            self._pending_files.append(path)
+            self._pending_bytes += size
+        return ChunkRef(name, mac, snapshot_id, mode, size)
+
+    def abort(self, snapshot_id: int) -> None:
+        """Snapshot ``snapshot_id`` will not be committed: remove the chunks it wrote."""
+        if snapshot_id == self._pending_id:
+            for path in self._pending_files:
+                _unlink(path)
+            self._pending_files = []
+            self._pending_id = None
+
+    def commit(self, manifest: Manifest) -> None:
+        """Commit snapshot ``manifest`` (its chunks written): signed manifest file (temp,
+        fsync, rename, the directory's fsync), then ``MANIFEST.json``, then the
+        generation outside the store; then the manifests beyond ``keep`` and the chunk
+        files no retained manifest names are removed. Raises ``OSError`` (disk full,
+        read-only, ...) with nothing committed, or, when only the generation could not
+        be recorded, with the snapshot in the store but not to be published yet (as
+        after a crash before its sinks commit: the next snapshot names its output too)."""
+        sid = manifest.snapshot_id
+        if self._pending_id != sid:
+            self.begin(sid)
+        if manifest.dag_shape is None and self.dag_shape is not None:
+            manifest.dag_shape = self.dag_shape
+        body = fmt.dumps(manifest.body())
+        chunk_bytes = self._pending_bytes
+        info: dict[str, Any] = {
+            "format": FORMAT,
+            "snapshot_id": sid,
+            "job": self.job_name or manifest.job_name or "",
+            "execution": self.execution_id,
+            "size": len(body),
             "created": time.time(),
+            "chunk_bytes": chunk_bytes,
         }
         if self.dag_shape is not None:
             info["dag"] = dag_fingerprint(self.dag_shape)
         header = json.dumps(info, sort_keys=True).encode("utf-8")
-        mac = sign(self.key, header, b"\n", payload).encode("ascii")
-        path = self._path(snapshot_id)
-        previous = self.committed_ids()
-        atomic_write(path, [MAGIC, mac, b"\n", header, b"\n", payload])
-        self.last_write_bytes = len(MAGIC) + len(mac) + len(header) + 2 + len(payload)
+        mac = sign(self.key, header, b"\n", body).encode("ascii")
+        path = self._path(sid)
         try:
-            ids = sorted(set(previous) | {snapshot_id})
+            previous = self.committed_ids()
+            atomic_write(path, [MAGIC, mac, b"\n", header, b"\n", body])
+        except BaseException:
+            self.abort(sid)
+            raise
+        self.last_write_bytes = chunk_bytes + len(MAGIC) + len(mac) + len(header) + 2 + len(body)
+        try:
+            ids = sorted(set(previous) | {sid})
             stale, ids = ids[: -self.keep], ids[-self.keep :]
             self._write_manifest(ids)
         except BaseException:
             _unlink(path)  # not committed: the manifest does not name it
+            self.abort(sid)
             raise
-        record_generation(self.directory, self.job_name or "", self.execution_id, snapshot_id)
+        self._pending_id = None
+        self._pending_files = []
+        self._files_of[sid] = manifest.files()
+        record_generation(self.directory, self.job_name or "", self.execution_id, sid)
         for i in stale:
             _unlink(self._path(i))
+            self._files_of.pop(i, None)
+        self._collect_garbage(ids, upto=sid)
+
+    def write(self, data: SnapshotData) -> None:
+        """Commit ``data`` durably as one snapshot: a full chunk per processor with
+        entries (:func:`encode_snapshot`)."""
+        if self.job_name is None:
+            self.job_name = data.job_name
+        if data.dag_shape is None and self.dag_shape is not None:
+            data.dag_shape = self.dag_shape
+        self.begin(data.snapshot_id)
+        try:
+            manifest = encode_snapshot(self, data)
+        except BaseException:
+            self.abort(data.snapshot_id)
+            raise
+        self.commit(manifest)
 
     def mark_completed(self) -> None:
         """The owning execution finished normally: a later ``resume`` starts fresh."""
@@ -389,10 +618,64 @@ class DirectorySnapshotStore:
                 self.directory, self.job_name or "", self.execution_id, ids[-1], completed=True
             )
 
+    # -- disk use ------------------------------------------------------------------------------
+    def _names_of(self, snapshot_id: int) -> set[str] | None:
+        """The chunk files committed manifest ``snapshot_id`` names (``None``: it cannot
+        be read; format 2 files name none)."""
+        files = self._files_of.get(snapshot_id)
+        if files is None:
+            try:
+                files = self._files_of[snapshot_id] = self.read_manifest(snapshot_id).files()
+            except SnapshotError:
+                return None
+        return files
+
+    def _collect_garbage(self, retained: Sequence[int], upto: int | None) -> list[str]:
+        """Remove the chunk files no manifest of ``retained`` names, of snapshots up to
+        ``upto`` (``None``: any; a newer one's chunks may belong to a snapshot being
+        written), except :attr:`protected` ones (a compaction's output not yet named).
+        Nothing is removed if a retained manifest cannot be read. Returns the names."""
+        needed: set[str] = set()
+        for i in retained:
+            files = self._names_of(i)
+            if files is None:
+                return []
+            needed |= files
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        removed = []
+        for n in names:
+            cid = chunk_file_id(n)
+            if cid is None or n in needed or n in self.protected:
+                continue
+            if upto is not None and cid > upto:
+                continue
+            _unlink(os.path.join(self.directory, n))
+            removed.append(n)
+        return removed
+
+    def disk_bytes(self) -> int:
+        """The bytes of the store's files (manifests, chunks, ``MANIFEST.json``)."""
+        total = 0
+        try:
+            with os.scandir(self.directory) as it:
+                for e in it:
+                    if e.name.endswith((_SUFFIX, ".json")) and not e.name.startswith("."):
+                        try:
+                            total += e.stat().st_size
+                        except OSError:
+                            continue
+        except FileNotFoundError:
+            return 0
+        return total
+
     def clean_up(self) -> list[str]:
-        """Remove leftover temporary files and snapshot files the manifest does not name
-        (pruned or never committed). Only with a verified manifest: without one every
-        file may be needed to rebuild it. Returns the names removed."""
+        """Remove leftover temporary files, snapshot files the manifest does not name
+        (pruned or never committed) and chunk files no committed snapshot names. Only
+        with a verified manifest: without one every file may be needed to rebuild it.
+        Returns the names removed."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
@@ -411,26 +694,41 @@ class DirectorySnapshotStore:
                     continue
         for n in removed:
             _unlink(os.path.join(self.directory, n))
+        if keep is not None:
+            removed += self._collect_garbage(sorted(keep), upto=None)
         if removed:
             log.info("snapshot store %s: removed leftover files %s", self.directory, removed)
         return removed
 
     def clear(self) -> None:
-        """Remove every snapshot file and the manifest (a fresh start in this store)."""
+        """Remove every snapshot file, chunk and the manifest (a fresh start here)."""
         for i in self.file_ids():
             _unlink(self._path(i))
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            names = []
+        for n in names:
+            if chunk_file_id(n) is not None:
+                _unlink(os.path.join(self.directory, n))
+        self._files_of.clear()
         _unlink(os.path.join(self.directory, MANIFEST))
         self.clean_up()
 
     # -- reading ------------------------------------------------------------------------------
-    def _read_verified(self, snapshot_id: int) -> tuple[dict[str, Any], memoryview]:
+    def _read_verified(self, snapshot_id: int) -> tuple[int, dict[str, Any], memoryview]:
+        """The format, verified header and payload of snapshot file ``snapshot_id``."""
         path = self._path(snapshot_id)
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
         except OSError as e:
             raise SnapshotError(f"snapshot {snapshot_id} cannot be read from {path}: {e}") from e
-        if not raw.startswith(MAGIC):
+        if raw.startswith(MAGIC):
+            version, magic = 3, MAGIC
+        elif raw.startswith(MAGIC_2):
+            version, magic = 2, MAGIC_2
+        else:
             first = raw.split(b"\n", 1)[0]
             what = (
                 "an unsigned snapshot of an older slipstream version"
@@ -438,14 +736,9 @@ class DirectorySnapshotStore:
                 else "not a slipstream snapshot file"
             )
             raise SnapshotError(f"snapshot {snapshot_id} in {path} is {what}; it is not loaded")
-        view = memoryview(raw)[len(MAGIC) :]
-        nl1 = raw.find(b"\n", len(MAGIC))
-        nl2 = raw.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
-        if nl2 < 0:
+        mac, header, payload = _split_signed(raw, len(magic))
+        if header is None:
             raise SnapshotError(f"snapshot {snapshot_id} in {path} is truncated")
-        mac = bytes(view[: nl1 - len(MAGIC)]).decode("ascii", "replace")
-        header = raw[nl1 + 1 : nl2]
-        payload = memoryview(raw)[nl2 + 1 :]
         if not verify(self.key, mac, header, b"\n", payload):
             raise SnapshotError(
                 f"snapshot {snapshot_id} in {path} fails its signature check (corrupt, "
@@ -455,16 +748,116 @@ class DirectorySnapshotStore:
         info = json.loads(header)
         if info.get("snapshot_id") != snapshot_id or info.get("size") != len(payload):
             raise SnapshotError(f"snapshot {snapshot_id} in {path} has an inconsistent header")
-        return info, payload
+        return version, info, payload
 
     def read_header(self, snapshot_id: int) -> dict[str, Any]:
-        """The verified header of one snapshot file (id, job, execution, size, created)."""
-        return self._read_verified(snapshot_id)[0]
+        """The verified header of one snapshot file (id, job, execution, size, created;
+        format 3: ``format`` and ``chunk_bytes``)."""
+        return self._read_verified(snapshot_id)[1]
 
-    def read(self, snapshot_id: int) -> SnapshotData:
-        """Read one snapshot; :class:`SnapshotError` if missing, corrupt or unsigned.
-        Nothing is unpickled before the signature is verified."""
-        _info, payload = self._read_verified(snapshot_id)
+    def read_manifest(self, snapshot_id: int) -> Manifest:
+        """The verified manifest of snapshot ``snapshot_id`` (a format 2 snapshot has no
+        chunks: an empty manifest with its id)."""
+        version, _info, payload = self._read_verified(snapshot_id)
+        if version == 2:
+            return Manifest(snapshot_id, "")
+        try:
+            return Manifest.from_body(json.loads(bytes(payload)))
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise SnapshotError(
+                f"snapshot {snapshot_id} in {self._path(snapshot_id)} has a signed manifest "
+                f"this version cannot parse: {e}"
+            ) from e
+
+    def read_chunk(self, ref: ChunkRef, vertex: str, index: int, snapshot_id: int) -> list[Any]:
+        """The records of chunk ``ref`` (of processor ``vertex#index`` in the chain of
+        snapshot ``snapshot_id``), verified against its own MAC and the manifest's."""
+        path = os.path.join(self.directory, ref.file)
+        where = f"snapshot {snapshot_id}: chunk {path} (vertex {vertex!r}, processor {index})"
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError as e:
+            raise SnapshotError(f"{where} is missing") from e
+        except OSError as e:
+            raise SnapshotError(f"{where} cannot be read: {e}") from e
+        if not raw.startswith(fmt.CHUNK_MAGIC):
+            raise SnapshotError(f"{where} is not a slipstream snapshot chunk")
+        mac, header, payload = _split_signed(raw, len(fmt.CHUNK_MAGIC))
+        if header is None:
+            raise SnapshotError(f"{where} is truncated")
+        if not verify(self.key, mac, header, b"\n", payload):
+            raise SnapshotError(
+                f"{where} fails its signature check (corrupt, truncated, tampered with, or "
+                f"signed with another key; this store's key is the {self.key_origin})"
+            )
+        if not hmac.compare_digest(mac, ref.mac):
+            raise SnapshotError(
+                f"{where} is not the chunk the manifest names: its signature differs from "
+                f"the one the manifest recorded (a validly signed chunk swapped in or "
+                f"reordered)"
+            )
+        info = json.loads(header)
+        if (
+            info.get("snapshot_id") != ref.snapshot_id
+            or info.get("vertex") != vertex
+            or info.get("index") != index
+            or info.get("mode") != ref.mode
+            or info.get("size") != len(payload)
+        ):
+            raise SnapshotError(f"{where} has a header that does not match the manifest: {info}")
+        try:
+            return fmt.decode_payload(payload)
+        except Exception as e:  # noqa: BLE001
+            raise SnapshotError(f"{where} cannot be loaded: {e}") from e
+
+    def read_chain(
+        self, chain: Sequence[ChunkRef], vertex: str, index: int, snapshot_id: int
+    ) -> list[tuple[Any, Any]]:
+        """A processor's chain merged into its full entries (maps as full StateMap
+        entries, :func:`~slipstream.state.format.merge_chain`)."""
+        chunks = [(r.mode, r.snapshot_id, self.read_chunk(r, vertex, index, snapshot_id)) for r in chain]
+        try:
+            return fmt.merge_chain(
+                chunks, f"snapshot {snapshot_id}, vertex {vertex!r}, processor {index}: "
+            )
+        except ValueError as e:
+            files = ", ".join(r.file for r in chain)
+            raise SnapshotError(f"{e} (chunks {files} in {self.directory})") from e
+
+    def read_chunks(
+        self, snapshot_id: int, processors: Iterable[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], list[tuple[Any, Any]]]:
+        """The merged entries of the given processors (``(vertex, index)``; ``None``:
+        all) in snapshot ``snapshot_id``; those without state are absent."""
+        data = self.read(snapshot_id, processors)
+        return {
+            (name, i): es for name, vs in data.vertices.items() for i, es in vs.entries.items()
+        }
+
+    def read(
+        self, snapshot_id: int, processors: Iterable[tuple[str, int]] | None = None
+    ) -> SnapshotData:
+        """Read one snapshot (only ``processors``' chains, if given); SnapshotError if it,
+        or a chunk it names, is missing, corrupt or unsigned. Nothing is unpickled
+        before its signature is verified."""
+        version, _info, payload = self._read_verified(snapshot_id)
+        if version == 2:
+            return self._load_format2(snapshot_id, payload)
+        manifest = self.read_manifest(snapshot_id)
+        wanted = set(processors) if processors is not None else None
+        data = SnapshotData(snapshot_id, manifest.job_name, dag_shape=manifest.dag_shape)
+        data.extra = manifest.extra
+        for name, vm in manifest.vertices.items():
+            vs = data.vertices[name] = VertexState(vm.total_parallelism)
+            vs.completed = set(vm.completed)
+            vs.final = set(vm.final)
+            for i, chain in vm.chains.items():
+                if wanted is None or (name, i) in wanted:
+                    vs.entries[i] = self.read_chain(chain, name, i, snapshot_id)
+        return data
+
+    def _load_format2(self, snapshot_id: int, payload: memoryview) -> SnapshotData:
         try:
             data = _SnapshotUnpickler(io.BytesIO(payload)).load()
         except Exception as e:  # noqa: BLE001
@@ -509,6 +902,42 @@ class DirectorySnapshotStore:
             ) from e
 
 
+def encode_snapshot(store: SnapshotStore, data: SnapshotData) -> Manifest:
+    """Write ``data``'s entries as a full chunk per processor with entries (the store's
+    snapshot is begun); returns the manifest to commit."""
+    manifest = Manifest(data.snapshot_id, data.job_name, dag_shape=data.dag_shape, extra=data.extra)
+    for name, vs in data.vertices.items():
+        vm = manifest.vertices[name] = VertexManifest(
+            vs.total_parallelism, set(vs.completed), set(getattr(vs, "final", ()))
+        )
+        for i, entries in vs.entries.items():
+            if entries:
+                payload = encode_chunk(entries, data.snapshot_id, name, i)
+                vm.chains[i] = [store.write_chunk(data.snapshot_id, name, i, fmt.CHUNK_FULL, payload)]
+    return manifest
+
+
+def encode_chunk(entries: list[tuple[Any, Any]], snapshot_id: int, vertex: str, index: int) -> bytes:
+    """The payload of one processor's chunk; :class:`SnapshotError` naming the processor
+    if its state cannot be pickled."""
+    try:
+        return fmt.encode_payload(fmt.encode_records(entries))
+    except Exception as e:  # noqa: BLE001
+        raise SnapshotError(
+            f"snapshot {snapshot_id}: {vertex}#{index}: snapshot state cannot be pickled: {e}"
+        ) from e
+
+
+def _split_signed(raw: bytes, start: int) -> tuple[str, bytes | None, memoryview]:
+    """``<mac>\\n<header>\\n<payload>`` after a magic of ``start`` bytes."""
+    nl1 = raw.find(b"\n", start)
+    nl2 = raw.find(b"\n", nl1 + 1) if nl1 >= 0 else -1
+    if nl2 < 0:
+        return "", None, memoryview(b"")
+    mac = raw[start:nl1].decode("ascii", "replace")
+    return mac, raw[nl1 + 1 : nl2], memoryview(raw)[nl2 + 1 :]
+
+
 #: Where slipstream versions before ``SnapshotData.extra`` pickled the Spark engine's
 #: snapshots: a subclass of SnapshotData with the epoch's fields as attributes.
 _LEGACY_EPOCH_SNAPSHOT = ("slipstream.spark.streaming", "EpochSnapshot")
@@ -523,7 +952,7 @@ class _LegacyEpochSnapshot(SnapshotData):
 
 
 class _SnapshotUnpickler(pickle.Unpickler):
-    """Unpickles a verified snapshot payload; an older version's Spark ``EpochSnapshot``
+    """Unpickles a verified format 2 payload; an older version's Spark ``EpochSnapshot``
     becomes a :class:`_LegacyEpochSnapshot` (the state layer imports no engine)."""
 
     def find_class(self, module: str, name: str) -> Any:
@@ -533,10 +962,10 @@ class _SnapshotUnpickler(pickle.Unpickler):
 
 
 def upgrade(data: SnapshotData) -> SnapshotData:
-    """``data`` in this version's shape: ``extra`` present (older pickles lack it), and
-    an older Spark ``EpochSnapshot`` as a plain :class:`SnapshotData` whose ``extra``
-    holds its epoch fields (names of :data:`LEGACY_EPOCH_FIELDS`; the Spark engine reads
-    them with its accessors)."""
+    """A format 2 snapshot in this version's shape: ``extra`` present (older pickles lack
+    it), and an older Spark ``EpochSnapshot`` as a plain :class:`SnapshotData` whose
+    ``extra`` holds its epoch fields (names of :data:`LEGACY_EPOCH_FIELDS`; the Spark
+    engine reads them with its accessors)."""
     attrs = vars(data)
     extra = attrs.get("extra")
     if not isinstance(extra, dict):

@@ -1,0 +1,296 @@
+"""The snapshot file format, version 3: a signed manifest per snapshot naming chunks of
+plain records. This module is the format's documentation and its only codec (the store,
+:mod:`~slipstream.state.store`, does the files; the coordinator encodes on its store
+thread).
+
+Files of a store directory
+--------------------------
+``snapshot-<id:010d>.bin``
+    the snapshot's *manifest*::
+
+        SLIPSTREAM-SNAPSHOT 3\\n
+        <HMAC-SHA256 hex of header + "\\n" + body>\\n
+        <header: JSON {format: 3, snapshot_id, job, execution, size, created, dag,
+                       chunk_bytes}>\\n
+        <body: JSON, see below>
+
+    ``size`` is the body's length; ``dag`` the DAG's fingerprint; ``chunk_bytes`` the size
+    of the chunk files this snapshot wrote (what it cost besides its manifest).
+``chunk-<id:010d>-<index>-<vertex digest>[-c].bin``
+    one processor's state as of snapshot ``id`` (``-c``: written by compaction)::
+
+        SLIPSTREAM-CHUNK 3\\n
+        <HMAC-SHA256 hex of header + "\\n" + payload>\\n
+        <header: JSON {format: 3, snapshot_id, vertex, index, mode, size}>\\n
+        <payload: a pickle of a list of records (below)>
+
+``MANIFEST.json``
+    the store's index (signed JSON: the committed ids, owner, completed); see the store.
+
+The manifest body::
+
+    {"snapshot_id": 7, "job": "...", "dag_shape": [[vertex names], [[src, ord, dst, ord]]],
+     "extra": <tagged JSON, below>,
+     "vertices": {"<name>": {"parallelism": 2, "completed": [1], "final": [1],
+                             "chains": {"0": [<chunk ref>, ...]}}}}
+
+with a *chunk ref* ``{"file": "chunk-...bin", "mac": "<hex>", "snapshot": 5,
+"mode": "full" | "delta", "bytes": 1234}``. A processor's *chain* is a full chunk
+followed by delta chunks, oldest first; a processor without state has no chain. Reading
+checks each chunk's MAC against its own header + payload *and* against the MAC the
+manifest recorded for it, so a damaged, missing, swapped or reordered chunk fails the
+restore naming its file; nothing is unpickled before both checks pass.
+
+Records
+-------
+A chunk's payload holds plain data only: lists, tuples, dicts, str, int, and the user's
+own keys and values. No slipstream class is pickled (a file's meaning does not depend on
+the Python class paths of the version that wrote it). One record per saved entry:
+
+====================================================  ===================================
+record                                                 entry it stands for
+====================================================  ===================================
+``("e", key, value)``                                  ``(key, value)``: routed by key
+``("k", key, detail, value)``                          ``(KeyedStateKey(key, detail), value)``
+``("b", name, value)``                                 ``(BroadcastKey(name), value)``
+``("kb", detail, {key: value})``                       ``(KeyedStateBatch(detail), mapping)``
+``("m", tag, detail, mode, {key: value}, [removed],    a saved keyed-state map:
+base_id)``                                             ``(StateMap(tag, detail),
+                                                       StateMapSave(mode, upserts, removed,
+                                                       base_id))``
+====================================================  ===================================
+
+Chains and merging
+------------------
+A *full* chunk holds all of a processor's entries. A *delta* chunk (written when one of
+the processor's maps saved a delta or a drop, see :mod:`~slipstream.state.keyed`):
+
+* its non-map records REPLACE the chain's earlier non-map records wholesale;
+* its maps apply by ``(tag, detail)``: mode ``full`` replaces that map, ``delta`` upserts
+  ``upserts`` and removes ``removed`` (``base_id`` must be the snapshot of the previous
+  chunk of the chain), ``drop`` removes the map;
+* maps it does not name keep their content.
+
+:func:`merge_chain` folds a chain into the entries of one full chunk (maps as full
+:class:`~slipstream.state.keyed.StateMap` entries: no per-key expansion before restore
+routing). Compaction writes such a merged chain as a new full chunk; later manifests
+name it instead of the chunks it replaces.
+
+``extra`` (an engine's metadata) and ``dag_shape`` are JSON; ``extra`` may hold tuples and
+dicts with non-str keys, tagged as ``{"__tuple__": [...]}`` and ``{"__items__": [[k, v],
+...]}`` (see :func:`to_json` / :func:`from_json`).
+
+Format 2 (slipstream before the chunked store): one file ``snapshot-<id>.bin`` with magic
+``SLIPSTREAM-SNAPSHOT 2`` whose payload is a pickled ``SnapshotData``. The store still
+reads it (signed by the same key); it writes format 3 only.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from slipstream.state.keyed import DELTA, DROP, FULL, StateMap, StateMapSave
+from slipstream.state.keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
+
+__all__ = [
+    "CHUNK_DELTA",
+    "CHUNK_FULL",
+    "CHUNK_MAGIC",
+    "FORMAT",
+    "MAGIC",
+    "chunk_mode",
+    "decode_payload",
+    "decode_records",
+    "encode_payload",
+    "encode_records",
+    "from_json",
+    "merge_chain",
+    "to_json",
+]
+
+FORMAT = 3
+MAGIC = b"SLIPSTREAM-SNAPSHOT 3\n"
+CHUNK_MAGIC = b"SLIPSTREAM-CHUNK 3\n"
+#: chunk modes
+CHUNK_FULL = "full"
+CHUNK_DELTA = "delta"
+
+_new = tuple.__new__
+
+
+def encode_records(entries: Iterable[tuple[Any, Any]]) -> list[tuple[Any, ...]]:
+    """A processor's saved entries as plain records (see the module doc)."""
+    out: list[tuple[Any, ...]] = []
+    append = out.append
+    for entry in entries:
+        k, v = entry
+        t = type(k)
+        if t is StateMap:
+            append(("m", k.tag, k.detail, v.mode, v.upserts, list(v.removed), v.base_id))
+        elif t is KeyedStateKey:
+            append(("k", k.key, k.detail, v))
+        elif t is BroadcastKey:
+            append(("b", k.name, v))
+        elif t is KeyedStateBatch:
+            append(("kb", k.detail, v if type(v) is dict else dict(v)))
+        else:
+            append(("e", k, v))
+    return out
+
+
+def decode_records(records: Iterable[Sequence[Any]]) -> list[tuple[Any, Any]]:
+    """The entries ``records`` stand for (the inverse of :func:`encode_records`)."""
+    out: list[tuple[Any, Any]] = []
+    append = out.append
+    for r in records:
+        tag = r[0]
+        if tag == "e":
+            append((r[1], r[2]))
+        elif tag == "k":
+            append((_new(KeyedStateKey, (r[1], r[2])), r[3]))
+        elif tag == "b":
+            append((_new(BroadcastKey, (r[1],)), r[2]))
+        elif tag == "m":
+            append(
+                (
+                    _new(StateMap, (r[1], r[2])),
+                    _new(StateMapSave, (r[3], r[4], tuple(r[5]), r[6])),
+                )
+            )
+        elif tag == "kb":
+            append((_new(KeyedStateBatch, (r[1],)), r[2]))
+        else:
+            raise ValueError(f"unknown snapshot record tag {tag!r}")
+    return out
+
+
+def chunk_mode(entries: Iterable[tuple[Any, Any]]) -> str:
+    """``delta`` iff one of ``entries`` is a map saved as a delta or a drop."""
+    for k, v in entries:
+        if type(k) is StateMap and v.mode != FULL:
+            return CHUNK_DELTA
+    return CHUNK_FULL
+
+
+def delta_bases(entries: Iterable[tuple[Any, Any]]) -> set[int]:
+    """The ``base_id`` of every map of ``entries`` saved as a delta or drop."""
+    return {v.base_id for k, v in entries if type(k) is StateMap and v.mode != FULL}
+
+
+def encode_payload(records: list[tuple[Any, ...]]) -> bytes:
+    """A chunk's payload: the C pickler, or cloudpickle for what only it encodes
+    (lambdas, classes defined in ``__main__``) among the user's values."""
+    try:
+        return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - PicklingError, TypeError, AttributeError
+        from slipstream.core.pickling import cloudpickle
+
+        return cloudpickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+def decode_payload(payload: bytes | memoryview) -> list[Any]:
+    """The records of a *verified* chunk payload."""
+    records = pickle.loads(payload)
+    if not isinstance(records, list):
+        raise ValueError(f"a chunk payload is a list of records, not {type(records).__name__}")
+    return records
+
+
+def merge_chain(chunks: Sequence[tuple[str, int, list[Any]]], where: str = "") -> list[tuple[Any, Any]]:
+    """Fold a chain of decoded chunks ``(mode, snapshot_id, records)`` (oldest first, a
+    full chunk first) into the entries of one full chunk: the chain's last non-map
+    entries, then every map as a full :class:`StateMap` entry. ``where`` names the chain
+    in errors (a ``ValueError``: a delta that does not continue the chain)."""
+    if not chunks:
+        return []
+    if chunks[0][0] != CHUNK_FULL:
+        raise ValueError(f"{where}the chain starts with a delta chunk (of snapshot {chunks[0][1]})")
+    if len(chunks) == 1:
+        return decode_records(chunks[0][2])
+    other: list[tuple[Any, Any]] = []
+    maps: dict[tuple[str, Any], dict[Any, Any]] = {}
+    previous = 0
+    for mode, sid, records in chunks:
+        if mode == CHUNK_FULL:
+            maps = {}
+        other = []
+        for r in records:
+            if r[0] != "m":
+                other.extend(decode_records((r,)))
+                continue
+            name = (r[1], r[2])
+            m_mode = r[3]
+            if m_mode == FULL:
+                maps[name] = r[4]
+            elif m_mode == DELTA:
+                if r[6] != previous:
+                    raise ValueError(
+                        f"{where}the delta of map {name!r} in snapshot {sid} is relative to "
+                        f"snapshot {r[6]}, but the chain's previous chunk is of snapshot "
+                        f"{previous}"
+                    )
+                m = maps.get(name)
+                if m is None:
+                    raise ValueError(
+                        f"{where}snapshot {sid} holds a delta of map {name!r} that no earlier "
+                        f"chunk of its chain holds"
+                    )
+                m.update(r[4])
+                for gone in r[5]:
+                    m.pop(gone, None)
+            elif m_mode == DROP:
+                maps.pop(name, None)
+            else:
+                raise ValueError(f"{where}unknown map mode {m_mode!r} in snapshot {sid}")
+        previous = sid
+    out = other
+    for (tag, detail), m in maps.items():
+        out.append((_new(StateMap, (tag, detail)), _new(StateMapSave, (FULL, m, (), 0))))
+    return out
+
+
+# -- JSON with tuples and non-str keys (the manifest's ``extra``) ------------------------------
+def to_json(value: Any, where: str = "extra") -> Any:
+    """``value`` as JSON data: tuples tagged ``{"__tuple__": [...]}``, dicts with a non-str
+    key as ``{"__items__": [[k, v], ...]}``. Only plain data (dict, list, tuple, str, int,
+    float, bool, None); anything else raises ``TypeError`` naming ``where``."""
+    t = type(value)
+    if value is None or t in (str, int, float, bool):
+        return value
+    if t is list:
+        return [to_json(v, where) for v in value]
+    if t is tuple:
+        return {"__tuple__": [to_json(v, where) for v in value]}
+    if t is dict:
+        if all(type(k) is str for k in value) and not ({"__tuple__", "__items__"} & value.keys()):
+            return {k: to_json(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {"__items__": [[to_json(k, where), to_json(v, where)] for k, v in value.items()]}
+    raise TypeError(
+        f"{where} holds a {t.__module__}.{t.__qualname__}; a snapshot's extra holds plain "
+        f"data only (dict, list, tuple, str, int, float, bool, None)"
+    )
+
+
+def from_json(value: Any) -> Any:
+    """The inverse of :func:`to_json`."""
+    if type(value) is list:
+        return [from_json(v) for v in value]
+    if type(value) is dict:
+        if len(value) == 1 and "__tuple__" in value:
+            return tuple(from_json(v) for v in value["__tuple__"])
+        if len(value) == 1 and "__items__" in value:
+            return {_hashable(from_json(k)): from_json(v) for k, v in value["__items__"]}
+        return {k: from_json(v) for k, v in value.items()}
+    return value
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(_hashable(x) for x in v) if type(v) is list else v
+
+
+def dumps(body: dict[str, Any]) -> bytes:
+    """A manifest body as bytes (sorted keys: the same body, the same bytes)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
