@@ -162,3 +162,62 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.005)
+
+
+class KeyedRunningSum(ss.AbstractProcessor):
+    """(key, running sum) per item, key = item % keys, kept in a KeyedState: with
+    incremental snapshots it saves only the keys that changed. May fail once per
+    FAIL_BUDGET unit after ``fail_after`` items."""
+
+    def __init__(self, keys: int = 1000, fail_after: int = -1) -> None:
+        self.keys = keys
+        self.fail_after = fail_after
+        self.seen = 0
+
+    def init_processor(self, context: ss.Context) -> None:
+        from slipstream.state.keyed import keyed_state
+
+        self.sums = keyed_state(context)
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        k = item % self.keys
+        s = self.sums.get(k, 0) + item
+        if not self.try_emit((k, s)):
+            return False
+        self.sums[k] = s
+        if self.sums.dirty is not None:
+            self.sums.dirty.add(k)
+        self.seen += 1
+        if self.seen == self.fail_after and take_failure():
+            raise RuntimeError(f"injected failure after {self.seen} items")
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_to_snapshot(*self.sums.snapshot_entry())
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.sums[key] = value
+
+
+def keyed_sum_dag(
+    n: int, keys: int = 1000, fail_after: int = -1, rate: float = 40_000.0, sum_lp: int = 2
+) -> DAG:
+    """PacedSource(range(n)) -> KeyedRunningSum (keyed by x % keys) -> list_sink("out")."""
+    dag = DAG()
+    src = dag.new_vertex("src", functools.partial(PacedSource, n, rate)).local_parallelism(2)
+    rs = dag.new_vertex("sum", functools.partial(KeyedRunningSum, keys, fail_after))
+    rs.local_parallelism(sum_lp)
+    sink = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
+    dag.edge(Edge.between(src, rs).partitioned(lambda x, k=keys: x % k).distributed())
+    dag.edge(Edge.between(rs, sink))
+    return dag
+
+
+def expected_keyed_sums(n: int, keys: int = 1000) -> Counter:
+    sums: dict[int, int] = {}
+    out: Counter = Counter()
+    for x in range(n):
+        k = x % keys
+        sums[k] = sums.get(k, 0) + x
+        out[(k, sums[k])] += 1
+    return out

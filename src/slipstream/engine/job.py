@@ -119,6 +119,7 @@ class _Execution:
             recovering = recovering_completed(restore, self.plans, completed)
         self.tasklets: list[ProcessorTasklet] = []
         state_dir = os.path.join(engine.work_dir, "state")
+        incremental = callable(getattr(job.store, "write_chunk", None))
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
             s.context.metric_listener = job.late_items.on_metric
@@ -128,6 +129,9 @@ class _Execution:
             s.context.state_dir = state_dir
             if self.coordinator is not None:
                 s.context.snapshot_interval_ms = config.snapshot_interval_ms
+                # keyed state saves only what changed where the store keeps chains of
+                # full and delta chunks (state/format.py); set before the processors' init
+                s.context.incremental_snapshots = incremental
             restore_entries = None
             if restore is not None and (key not in completed or key in recovering):
                 restore_entries = routed.get(key, [])
