@@ -447,7 +447,7 @@ def wait_until(job: Any, cond: Callable[[], bool], what: str, timeout: float = 1
     job's error, if the job ends meanwhile."""
     deadline = time.monotonic() + timeout
     while not cond():
-        if job.status.is_terminal:
+        if job.status.is_terminal and not cond():
             job.join(1)  # raises the job's failure
             raise AssertionError(f"the job ended ({job.status}) while waiting for {what}")
         if time.monotonic() > deadline:
@@ -500,7 +500,7 @@ class Execution:
 @dataclass
 class Outcome:
     output: Counter[Any]
-    #: the snapshots the test stopped at, with the source offsets they hold
+    #: how each stop went and the id of the snapshot it left
     stops: list[tuple[str, int]] = field(default_factory=list)
     #: the custom kind's saves: (changes tracked, mode) -> count
     saves: Counter[tuple[bool, str]] = field(default_factory=Counter)
@@ -606,9 +606,8 @@ def run_scenario(
                 break
             stop = ex.stop
             if stop == "inflight":
-                # release the rest but the last item: the job cannot complete (a cancel
-                # racing the job's final snapshot is another matter), and the next
-                # commit cuts through the stream
+                # release the rest but the sources' last items (the job cannot complete)
+                # and cancel after the next commit: it cuts through the stream
                 GATES[run] = hold
                 wait_commits(job, 1)
             if stop in ("suspend", "export"):
