@@ -1,5 +1,8 @@
 """Smoke test of bench/state_scale.py (issue 22's yardstick): its --quick path at a toy
-size, run as a user runs it, prints both tables with a row per key count and pattern.
+size, run as a user runs it, prints both markdown tables with a row per key count and
+pattern (the restore columns filled in), and leaves no file behind: not in the temporary
+directory, not in the home directory (the stores' signing keys and generation files go
+to ~/.local/state unless the key directory is pointed elsewhere).
 
 It needs real time (snapshots are taken on a wall-clock interval), hence the slow mark.
 """
@@ -10,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,17 +21,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-def test_state_scale_quick_prints_both_tables() -> None:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path) -> None:
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("SLIPSTREAM_KEY_DIR", "XDG_STATE_HOME")}
+    env.update(PYTHONUNBUFFERED="1", HOME=str(home), TMPDIR=str(tmp))
     r = subprocess.run(
         [
             sys.executable,
             "bench/state_scale.py",
             "--quick",
             "--keys",
-            "1000",
+            "1k",
             "--items",
-            "300000",
+            "1500000",
             "--interval-ms",
             "100",
         ],
@@ -40,14 +48,21 @@ def test_state_scale_quick_prints_both_tables() -> None:
     assert r.returncode == 0, r.stderr
     out = r.stdout
     for pattern in ("uniform", "skewed"):
-        # throughput and memory: none/s, eo/s and its ratio, the CPU rates and ratio,
-        # pause, commit mean and max, RSS none -> eo and its ratio
+        # throughput, snapshots, pause, commit and memory
         assert re.search(
-            rf"^\s+1k {pattern}\s+0\.3M(\s+[\d,]+){{2}}\s+[\d.]+x(\s+[\d,]+){{2}}\s+[\d.]+x"
-            rf"\s+\d+ms\s+\d+ms\s+\d+ms\s+\d+\s+\d+\s+[\d.]+x",
+            rf"^\| 1,000 \| {pattern} \| 1\.5M \| [\d.]+M/s \| [\d.]+M/s \([\d.]+x\) \| [\d.]+x "
+            rf"\| \d+\*? \| [\d,]+ / [\d,]+ ms \| [\d,]+ / [\d,]+ ms "
+            rf"\| [\d,]+ -> [\d,]+ MB \([\d.]+x\) \|$",
             out,
             re.M,
         ), out
-        # snapshots and restore: every one of the 1,000 keys restored from the eo run's store
-        assert re.search(rf"^\s+1k {pattern}\s+\d+\s.*\s1,000(\s+[\d.]+){{3}}$", out, re.M), out
-    assert "restore: read and verify its newest snapshot with state" in out
+        # per-snapshot bytes against what changed, and both restores
+        assert re.search(
+            rf"^\| 1,000 \| {pattern} \| \d+ of \d+ \| [\d.]+ / [\d.]+ \| [\d,]+ \([\d.]+ %\) "
+            rf"\| [\d.]+ / [\d.]+ \| [\d.]+x / [\d.]+x "
+            rf"\| [\d.]+ \+ [\d.]+ = [\d.]+ s \| [\d.]+ \+ [\d.]+ = [\d.]+ s \| [\d.]+x \|$",
+            out,
+            re.M,
+        ), out
+    assert "- written / changed: each snapshot's bytes over" in out
+    assert list(home.rglob("*")) == [] and list(tmp.rglob("*")) == []
