@@ -433,6 +433,19 @@ def state_values(kind: str, data: SnapshotData) -> dict[Any, Any]:
     return out
 
 
+def delta_chunks(store_dir: str, data: SnapshotData) -> int:
+    """How many delta chunks the chains of ``data``'s keyed vertices hold (format 3: the
+    manifest names a chain of a full chunk and deltas per processor)."""
+    manifest = DirectorySnapshotStore(store_dir).read_manifest(data.snapshot_id)
+    return sum(
+        ref.mode == "delta"
+        for name, vm in manifest.vertices.items()
+        if name not in ("source", "sink")
+        for chain in vm.chains.values()
+        for ref in chain
+    )
+
+
 def latest(store_dir: str) -> SnapshotData:
     data = DirectorySnapshotStore(store_dir).latest()
     assert data is not None, f"no committed snapshot in {store_dir}"
@@ -504,6 +517,9 @@ class Outcome:
     stops: list[tuple[str, int]] = field(default_factory=list)
     #: the custom kind's saves: (changes tracked, mode) -> count
     saves: Counter[tuple[bool, str]] = field(default_factory=Counter)
+    #: per stop, the delta chunks in the keyed vertices' chains of its snapshot (how
+    #: many deltas the restore merged)
+    deltas: list[int] = field(default_factory=list)
 
 
 def config(name: str, store: str, backend: str = "memory", interval_ms: int = 10) -> JobConfig:
@@ -622,6 +638,7 @@ def run_scenario(
                 break
             data = latest(store)
             outcome.stops.append((stop or "", data.snapshot_id))
+            outcome.deltas.append(delta_chunks(store, data))
             check_state(kind, items, data, f"stop {n} ({stop})")
             offsets = source_offsets(data, items)
             if stop != "inflight":
