@@ -651,6 +651,10 @@ def run_scenario(
                 restore = job.export_snapshot()
                 assert restore is not None and restore.snapshot_id == data.snapshot_id
                 job.cancel()
+                try:  # it holds its store until it has ended
+                    job.join(60)
+                except ss.JobCancelledError:
+                    pass
                 job = None
             elif stop != "suspend":
                 restore = store
