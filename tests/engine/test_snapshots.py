@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections import Counter
 from typing import Any
 
@@ -106,8 +107,6 @@ def test_restarts_are_bounded_with_clear_final_error(tmp_path: Any) -> None:
 def test_suspend_resume_and_restore_with_other_parallelism(tmp_path: Any) -> None:
     n = 6000
     engine, job = run_job(running_sum_dag(n, rate=5000.0), EO, str(tmp_path), interval=50)
-    import time
-
     time.sleep(0.3)
     job.suspend()
     assert job.status is JobStatus.SUSPENDED
@@ -240,3 +239,36 @@ def test_restore_into_another_window_definition_keeps_every_event(tmp_path: Any)
     assert second and all(r.end % 4 == 0 and r.end - r.start == 4 for r in second)
     assert sum(r.value for r in first + second) == n
     assert job2.metrics["win"].get("late_items_dropped", 0) == 0
+
+
+def test_suspend_of_a_job_without_a_commit_phase_returns_and_resumes(tmp_path: Any) -> None:
+    """A job whose processors have no commit phase (an endless generator into noop)
+    closes every tasklet right after the terminal barrier, before the store committed the
+    terminal snapshot: the execution must wait for that outcome instead of taking the
+    job as completed (it waited forever for a final snapshot: suspend() timed out)."""
+    from slipstream import Pipeline, sinks, sources
+
+    p = Pipeline()
+    (
+        p.read_from(sources.generator(lambda i: (i % 50, 1), 20000.0))
+        .group_by(lambda t: t[0])
+        .rolling_aggregate(ss.aggregate.counting())
+        .write_to(sinks.noop())
+    )
+    engine = ss.local()
+    job = engine.new_job(
+        p,
+        JobConfig(processing_guarantee=EO, snapshot_store=str(tmp_path), snapshot_interval_ms=50),
+    )
+    store = DirectorySnapshotStore(str(tmp_path))
+    deadline = time.monotonic() + 60
+    while not store.committed_ids():  # a snapshot committed: the job runs
+        assert time.monotonic() < deadline and not job.status.is_terminal
+        time.sleep(0.02)
+    job.suspend(timeout=30)
+    assert job.status is JobStatus.SUSPENDED
+    job.resume()
+    assert job.status is JobStatus.RUNNING
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(30)

@@ -492,6 +492,17 @@ class SnapshotCoordinator:
         culprit = self._unpicklable_state(data) if isinstance(error, SnapshotError) else None
         with self._lock:
             terminal = self._requested is not None and self._requested.is_terminal
+        if terminal and self._on_fatal is not None:
+            # the tasklets end after the terminal barrier once its outcome is published:
+            # the execution fails first, so that it does not end as if completed
+            err = SnapshotError(
+                f"the terminal snapshot {data.snapshot_id} of job {self.job_name!r} (taken to "
+                f"suspend or restart it) could not be written to the snapshot store "
+                f"{self.store.directory}: {type(error).__name__}: {error}"
+            )
+            err.__cause__ = error
+            self._on_fatal(err)
+        with self._lock:
             self._requested = None
             self._to_write = None
             self.consecutive_failures += 1
@@ -501,14 +512,6 @@ class SnapshotCoordinator:
             self._final_if_due()
             self._commit_event.notify_all()
         if terminal and self._on_fatal is not None:
-            # the tasklets ended after the terminal barrier: this execution cannot go on
-            err = SnapshotError(
-                f"the terminal snapshot {data.snapshot_id} of job {self.job_name!r} (taken to "
-                f"suspend or restart it) could not be written to the snapshot store "
-                f"{self.store.directory}: {type(error).__name__}: {error}"
-            )
-            err.__cause__ = error
-            self._on_fatal(err)
             return
         if culprit is not None:
             tasklet, e = culprit

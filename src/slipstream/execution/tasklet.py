@@ -83,7 +83,9 @@ class State(enum.IntEnum):
     #: ``context.completion_committed``, then CLOSE
     AWAIT_COMPLETION_COMMIT = 12
     #: no callback: after a terminal barrier (suspend), wait for that snapshot's
-    #: outcome, then COMMIT_FINISH, then CLOSE
+    #: outcome (every tasklet of a job that commits snapshots: the execution must not
+    #: end before the outcome is known), then COMMIT_FINISH if the processor has a
+    #: commit phase, then CLOSE
     AWAIT_OUTCOME = 13
     #: ``close()`` once everything emitted left the outbox and collectors
     CLOSE = 14
@@ -555,7 +557,9 @@ class ProcessorTasklet:
         self.barrier_count = 0
         self.progress = True
         if barrier.is_terminal:
-            self.state = AWAIT_OUTCOME if self._has_commit_phase() else CLOSE
+            # every tasklet waits for the terminal snapshot's outcome: the execution
+            # must not end before it is known (it would be taken as completed)
+            self.state = AWAIT_OUTCOME if self.commits else CLOSE
         else:
             self.state = COMPLETE if self.live_streams == 0 else PROCESS_WATERMARK
 
