@@ -18,7 +18,13 @@ from slipstream.core.config import JobConfig
 from slipstream.core.dag import Vertex
 from slipstream.core.errors import DagError, SnapshotError
 from slipstream.engine.snapshot import detached
-from slipstream.state.disk import DiskKeyedState, DiskStateView, encode_key, private_directory
+from slipstream.state.disk import (
+    DiskKeyedState,
+    DiskStateView,
+    decode_key,
+    encode_key,
+    private_directory,
+)
 from slipstream.state.keyed import DELTA, FULL, KEYED, KeyedState, StateMap, keyed_state
 from slipstream.state.keys import KeyedStateKey, expand_entries
 
@@ -37,6 +43,7 @@ def _ctx(incremental: bool = False, **kw: Any) -> SimpleNamespace:
 
 keys = st.one_of(
     st.integers(-3, 12),
+    st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 10**30]),  # 64-bit and beyond
     st.sampled_from(["a", "b", "c"]),
     st.tuples(st.integers(0, 2), st.sampled_from(["x", "y"])),
 )
@@ -215,6 +222,10 @@ def test_equal_keys_are_one_key_however_they_were_built() -> None:
     assert a is not b
     assert encode_key((a, a)) == encode_key((a, b))
     assert encode_key(1) == encode_key(True) == encode_key(1.0)
+    for k in (0, -1, 2**63 - 1, -(2**63), 2**63, 10**30, "a", (1, "b"), None, 2.5):
+        assert decode_key(encode_key(k)) == k
+    # ints of 64 bits keep their order: keys that come in order share pages
+    assert encode_key(-(2**63)) < encode_key(-1) < encode_key(0) < encode_key(255)
     s = DiskKeyedState(context=_ctx(), cache_size=2)
     s[(a, a)] = 1
     s[1] = "one"

@@ -87,6 +87,9 @@ class MapStatefulP(AbstractProcessor):
         states = self.states
         dirty = getattr(states, "dirty", None)
         key_fn = self._key_fn
+        prefetch = getattr(states, "prefetch", None)
+        if prefetch is not None:  # disk-backed state: one query for the chunk's misses
+            prefetch(map(key_fn, inbox))
         op = self._op
         missing = _NOTHING
         errors = self.context.item_errors
@@ -150,6 +153,9 @@ class MapStatefulP(AbstractProcessor):
         if finish is identity:
             # keys (and addends) by C-level map over the chunk, then one tight loop
             chunk = inbox if n == len(inbox) else list(islice(inbox, n))
+            prefetch = getattr(states, "prefetch", None)
+            if prefetch is not None:  # disk-backed state: one query for the chunk's misses
+                prefetch(map(key_fn, chunk))
             keys = iter(chunk)  # zip takes the key first: it is at the failing item
             try:
                 if callable(add):
