@@ -19,8 +19,10 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
@@ -118,7 +120,12 @@ class _Execution:
             check_same_dag(restore, dag_shape(job.dag), config.allow_job_change)
             recovering = recovering_completed(restore, self.plans, completed)
         self.tasklets: list[ProcessorTasklet] = []
-        state_dir = os.path.join(engine.work_dir, "state")
+        # disk-backed keyed state (state_backend="sqlite") of this execution: created by
+        # the first such state, removed when the execution ends (_remove_state_dir)
+        self.state_dir = os.path.join(
+            engine.work_dir, "state", f"{_dir_safe(job.name)}-{uuid.uuid4().hex[:12]}"
+        )
+        state_dir = self.state_dir
         incremental = callable(getattr(job.store, "write_chunk", None))
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
@@ -159,6 +166,7 @@ class _Execution:
             except BaseException as e:  # noqa: BLE001
                 self.failure = TaskletFailure(t, e)
                 self._close_all()
+                self._remove_state_dir()
                 self.finished.set()
                 self.job._execution_ended(self)
                 return
@@ -255,8 +263,15 @@ class _Execution:
                     s.close(error)
                 except Exception:  # noqa: BLE001
                     log.exception("closing supplier of %s failed", vp.vertex.name)
+        self._remove_state_dir()
         self.finished.set()
         self.job._execution_ended(self)
+
+    def _remove_state_dir(self) -> None:
+        """The execution's disk-backed keyed state goes with it (each state removed its
+        own files when its processor closed, unless a snapshot still held a view)."""
+        if os.path.isdir(self.state_dir):
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def _complete(self, coordinator: SnapshotCoordinator) -> None:
         """Wait for the job's completion to be recorded in the store (the final
@@ -881,3 +896,8 @@ def _load_snapshot(spec: Any, config: JobConfig, job_name: str) -> SnapshotData 
         store.directory, job_name, (data.snapshot_id, data.job_name), config.allow_rollback
     )
     return data
+
+
+def _dir_safe(name: str) -> str:
+    """``name`` as a directory name's part."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]

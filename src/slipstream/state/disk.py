@@ -149,23 +149,33 @@ def _mutable(v: Any) -> bool:
 # -- the private directory ------------------------------------------------------------------
 def private_directory(root: str | os.PathLike[str] | None, prefix: str) -> str:
     """A new directory only this user can enter (``0700``), under ``root`` (created
-    ``0700`` if missing; it must be this user's and not writable by others) or the
-    system's temporary directory."""
+    ``0700`` if missing, with its parent; both must be this user's and writable by no
+    one else) or the system's temporary directory."""
     if root is None:
         root = tempfile.gettempdir()
     else:
-        root = os.fspath(root)
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        st = os.lstat(root)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise SnapshotError(f"keyed state directory {root} is not a directory")
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
-            raise SnapshotError(
-                f"keyed state directory {root} belongs to uid {st.st_uid} with mode "
-                f"{stat.S_IMODE(st.st_mode):o}: it must be this user's (uid {os.getuid()}) "
-                f"and writable by no one else"
-            )
+        root = os.path.abspath(os.fspath(root))
+        parent = os.path.dirname(root)
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+        for path in (parent, root):
+            _check_private(path)
     return tempfile.mkdtemp(prefix=prefix, dir=root)  # 0700, unique, owned by us
+
+
+def _check_private(path: str) -> None:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise SnapshotError(f"keyed state directory {path} is not a directory")
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise SnapshotError(
+            f"keyed state directory {path} belongs to uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}: it must be this user's (uid {os.getuid()}) "
+            f"and writable by no one else"
+        )
 
 
 def _safe(text: str) -> str:
@@ -241,7 +251,9 @@ class DiskKeyedState(MutableMapping[Any, Any]):
         self._old: dict[Any, Any] = {}
         self._unflushed: set[Any] = set()  # cached entries the database lacks
         self._blind: set[Any] = set()  # set without knowing if the database has them
-        self._len = 0  # keys known to be in the map (blind ones not counted)
+        # the map's size less the blind keys the database does not hold (a blind key it
+        # holds was counted when it got there)
+        self._len = 0
         self.directory = private_directory(
             directory if directory is not None else getattr(context, "state_dir", None),
             _prefix(context),
@@ -437,9 +449,8 @@ class DiskKeyedState(MutableMapping[Any, Any]):
         if v is _ABSENT:
             raise KeyError(key)
         if key in self._blind:
-            self._blind.discard(key)  # never counted; the database may hold it: delete
-        else:
-            self._len -= 1
+            self._count_new([key])  # counted now, whether the database held it or not
+        self._len -= 1
         if key in self._young:
             self._young[key] = _ABSENT
         else:  # _load flipped the generations
