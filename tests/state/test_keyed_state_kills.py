@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent(
 
     store, out = sys.argv[1], sys.argv[2]
     dag = DAG()
-    gen = dag.new_vertex("gen", sources.generator(lambda seq: seq, 16000, max_items=N_ITEMS))
+    gen = dag.new_vertex("gen", sources.generator(lambda seq: seq, 8000, max_items=N_ITEMS))
     gen.local_parallelism(2)
     counts = dag.new_vertex("counts", RollingCount).local_parallelism(3)
     sink = dag.new_vertex("out", sinks.write_files(out, roll_interval_ms=50)).local_parallelism(1)
@@ -111,10 +111,11 @@ def read_lines(d: str) -> list[str]:
 
 
 def run_until_killed(args: list[str], rnd: random.Random) -> bool:
-    """Start the job; once it reported a random number (1..8) of committed snapshots,
+    """Start the job; once it reported a random number (1..20) of committed snapshots,
     wait a random moment (0..150 ms) and SIGKILL it. Returns whether it was killed (it
-    may complete first)."""
-    target = rnd.randint(1, 8)
+    may complete first). Chains are compacted once they hold more than a few deltas, so
+    the later kills come while compactions run."""
+    target = rnd.randint(1, 20)
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert p.stdout is not None
