@@ -181,6 +181,29 @@ def test_clearing_the_map_leaves_the_view_of_a_save_in_flight_readable() -> None
     s.close()
 
 
+def test_a_full_save_does_not_write_the_cache_out() -> None:
+    """The view is the database under an overlay of what the cache holds that the
+    database lacks: the barrier does not wait for the cache's writes, and values that
+    may change in place are frozen as they were at the save."""
+    ctx = _ctx()
+    s = DiskKeyedState(context=ctx, cache_size=1000)
+    for i in range(100):
+        s[i] = s.get(i, 0) + 1
+    s["acc"] = [1]
+    del s[5]
+    writes = s._conn.total_changes
+    save = s.snapshot_entry()[1]
+    assert s._conn.total_changes == writes  # nothing written at the save
+    s["acc"].append(2)  # after the save: not in it
+    s[0] = 100
+    expected = {i: 1 for i in range(100) if i != 5}
+    expected["acc"] = [1]  # type: ignore[assignment]
+    assert save.upserts["acc"] == [1] and 5 not in save.upserts
+    assert pickle.loads(pickle.dumps(save.upserts)) == expected
+    assert len(save.upserts) == 100 and s["acc"] == [1, 2]
+    s.close()
+
+
 def test_expand_entries_restores_a_keyed_map_from_a_view() -> None:
     s = DiskKeyedState(KEYED, 7, _ctx())
     s["a"], s["b"] = 1, 2

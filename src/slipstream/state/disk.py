@@ -22,11 +22,12 @@ keys; the database file grows with the state. Why SQLite: see docs/performance.m
 "State beyond memory" (LMDB was faster but maps its whole file into the address space;
 rocksdict's snapshot iterators do not read the snapshot).
 
-Snapshots: a full save flushes the cache (what changed, at most ``cache_size`` entries)
-and hands over a :class:`DiskStateView`, a consistent read of the database (a read
-transaction of SQLite's write-ahead log on a connection of its own) that the snapshot
-store's thread iterates while the processor goes on writing: the barrier's pause is
-proportional to the cache, not to the state. The view pickles as a plain ``dict``
+Snapshots: a full save hands over a :class:`DiskStateView`, a consistent read of the
+database (a read transaction of SQLite's write-ahead log on a connection of its own)
+under an overlay of what the cache holds that the database lacks (a C-speed copy of the
+changed cached entries when they are plain values, pickled copies of values that may
+change in place), which the snapshot store's thread iterates while the processor goes on
+writing: the barrier's pause is a fraction of the cache's size, not of the state's. The view pickles as a plain ``dict``
 streamed from the database (``__reduce__`` with an item iterator), so a snapshot file
 names no slipstream class, and it is read once: its read transaction ends when the
 store has iterated it (a read transaction held longer would keep SQLite from reusing
@@ -91,6 +92,17 @@ _loads = pickle.loads
 _MISS: Any = object()  # not in the cache
 _ABSENT: Any = object()  # in the cache: known not to be in the map
 _SCALARS = frozenset((int, float, str, bytes, bool, complex, type(None)))
+_PLAIN_VALUES = _SCALARS | {object}  # object: _ABSENT
+
+
+class _Frozen:
+    """A value of a view's overlay that could change in place, pickled when the view
+    was taken."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 # -- keys and values ------------------------------------------------------------------------
@@ -318,14 +330,34 @@ class DiskKeyedState(MutableMapping[Any, Any]):
         return dropped_entry(self.tag, self.detail, self._saved_id)
 
     def view(self) -> DiskStateView:
-        """A consistent read of the whole map as it is now (the cache flushed first),
-        for another thread to iterate once while this state goes on changing."""
+        """A consistent read of the whole map as it is now, for another thread to
+        iterate once while this state goes on changing: the database as it is (a read
+        transaction) under what the cache holds that the database lacks (an overlay),
+        so the cache is not written out on the processor's thread."""
         if self._view is not None:
             self._view.close()  # the previous snapshot is over (one at a time)
-        self.flush()
         self._resolve_blind()
-        v = self._view = DiskStateView(self.path, self._len, self.tag, self.detail, self._files)
+        overlay = self._overlay()
+        v = DiskStateView(self.path, self._len, self.tag, self.detail, self._files, overlay)
+        self._view = v
         return v
+
+    def _overlay(self) -> dict[Any, Any]:
+        """The cached entries the database lacks (deleted ones as ``_ABSENT``), and
+        those whose values may have changed in place (pickled: frozen as they are now)."""
+        out: dict[Any, Any] = {}
+        unflushed = self._unflushed
+        for gen in (self._old, self._young):
+            if set(map(type, gen.values())) <= _PLAIN_VALUES:
+                keys = unflushed.intersection(gen)  # C speed: counts and sums
+                out.update(zip(keys, map(gen.__getitem__, keys)))  # noqa: B905
+                continue
+            for k, v in gen.items():
+                if v is not _ABSENT and _mutable(v):
+                    out[k] = _Frozen(_dumps(v, _PROTOCOL))
+                elif k in unflushed:
+                    out[k] = v
+        return out
 
     # -- reading ------------------------------------------------------------------------
     def _load(self, key: Any) -> Any:
@@ -579,9 +611,19 @@ class DiskStateView(Mapping[Any, Any]):
     #: them, so the engine need not copy them (``engine.snapshot.detached``)
     detached = True
 
-    def __init__(self, path: str, length: int, tag: str, detail: Any, files: _Files) -> None:
+    def __init__(
+        self,
+        path: str,
+        length: int,
+        tag: str,
+        detail: Any,
+        files: _Files,
+        overlay: dict[Any, Any] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._len = length
+        #: what the state's cache held that the database lacked when the view was taken
+        self._overlay = overlay or {}
         self._what = f"keyed state map ({tag!r}, {detail!r}) at {path}"
         self.closed = False
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -614,6 +656,7 @@ class DiskStateView(Mapping[Any, Any]):
         with lock:
             cursor = self._open().execute("SELECT k, v FROM s")
         loads = _loads
+        overlay = self._overlay
         try:
             while True:
                 with lock:  # close() waits for a fetch in progress
@@ -622,11 +665,16 @@ class DiskStateView(Mapping[Any, Any]):
                 if not rows:
                     break
                 for kb, vb in rows:
-                    yield decode_key(kb), loads(vb)
+                    k = decode_key(kb)
+                    if k not in overlay:
+                        yield k, loads(vb)
         finally:
             with lock:
                 if self._conn is not None:
                     cursor.close()
+        for k, v in overlay.items():
+            if v is not _ABSENT:
+                yield k, (loads(v.data) if type(v) is _Frozen else v)
         self.close()
 
     def __iter__(self) -> Iterator[Any]:
@@ -636,6 +684,11 @@ class DiskStateView(Mapping[Any, Any]):
         return (v for _, v in self.items())
 
     def __getitem__(self, key: Any) -> Any:
+        v = self._overlay.get(key, _MISS)
+        if v is _ABSENT:
+            raise KeyError(key)
+        if v is not _MISS:
+            return _loads(v.data) if type(v) is _Frozen else v
         with self._lock:
             row = self._open().execute("SELECT v FROM s WHERE k = ?", (encode_key(key),)).fetchone()
         if row is None:
