@@ -188,6 +188,7 @@ class SparkEngine:
         DAG or a supplier that cannot be pickled."""
         dag = as_dag(dag)  # a Pipeline is compiled here
         config = config or JobConfig()
+        check_state_backend(dag, config)
         # the dead-letter vertices and edges compile to RDDs as any others (job.dag)
         dag = with_dead_letters(dag, config.on_item_error)
         job: SparkJobBase
@@ -323,4 +324,21 @@ class SparkEngine:
         return (
             f"SparkEngine(master={self.spark_context.master!r}, members={self.member_count}, "
             f"local_parallelism={self.default_local_parallelism})"
+        )
+
+
+def check_state_backend(dag: DAG, config: JobConfig) -> None:
+    """Refuse a disk-backed keyed state (``state_backend="sqlite"``, the job's or a
+    vertex's): a Spark task's state lives in its task and is handed from epoch to epoch
+    in memory, so the setting would be silently ignored."""
+    named = [
+        f"vertex {v.name!r}" for v in dag.vertices if v.get_state_backend() not in (None, "memory")
+    ]
+    if config.state_backend != "memory":
+        named.insert(0, "JobConfig")
+    if named:
+        raise ValueError(
+            f"state_backend='sqlite' ({', '.join(named)}) keeps keyed state on the embedded "
+            f"engine's disk; the Spark engine keeps each task's state in memory. Run the job "
+            f"on ss.local() for state beyond memory, or use state_backend='memory'"
         )
