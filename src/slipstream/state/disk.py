@@ -302,7 +302,9 @@ class DiskKeyedState(MutableMapping[Any, Any]):
 
     def snapshot_entry(self) -> tuple[StateMap, StateMapSave]:
         """As :meth:`KeyedState.snapshot_entry`; a full save is a :class:`DiskStateView`
-        (the pause is a flush of the cache), a delta a dict of the changed keys."""
+        (the pause is a copy of the cache's changed entries), a delta a dict of the
+        changed keys' values (those out of the cache read in one query per 500, without
+        bringing them into the cache)."""
         ctx = self._context
         sid = int(getattr(ctx, "current_snapshot_id", 0) or 0)
         key = StateMap(self.tag, self.detail)
@@ -313,14 +315,29 @@ class DiskKeyedState(MutableMapping[Any, Any]):
             self.dirty = set()
             committed = int(getattr(ctx, "committed_snapshot_id", 0) or 0)
             if not (base == 0 or committed < base or len(dirty) >= len(self)):
+                young, old = self._young, self._old
                 upserts = {}
                 removed = []
+                uncached = []
                 for k in dirty:
-                    v = self.get(k, _MISS)
+                    v = young.get(k, _MISS)
                     if v is _MISS:
+                        v = old.get(k, _MISS)
+                        if v is _MISS:
+                            uncached.append(k)
+                            continue
+                    if v is _ABSENT:
                         removed.append(k)
                     else:
                         upserts[k] = _loads(_dumps(v, _PROTOCOL)) if _mutable(v) else v
+                if uncached:  # decoded from the database: fresh objects, nothing to copy
+                    found = self._read_many(uncached)
+                    for k in uncached:
+                        raw = found.get(k, _MISS)
+                        if raw is _MISS:
+                            removed.append(k)
+                        else:
+                            upserts[k] = _loads(raw)
                 return key, StateMapSave(DELTA, upserts, tuple(removed), base)
         return key, StateMapSave(FULL, self.view())  # type: ignore[arg-type]
 
@@ -399,6 +416,19 @@ class DiskKeyedState(MutableMapping[Any, Any]):
             young[k] = _ABSENT if raw is None else _loads(raw)
         if len(young) >= self._half:
             self._flip()
+
+    def _read_many(self, keys: list[Any]) -> dict[Any, bytes]:
+        """The stored values (pickled) of those of ``keys`` the database holds."""
+        want = {encode_key(k): k for k in keys}
+        encoded = sorted(want)
+        out: dict[Any, bytes] = {}
+        execute = self._conn.execute
+        for i in range(0, len(encoded), _BATCH):
+            part = encoded[i : i + _BATCH]
+            q = f"SELECT k, v FROM s WHERE k IN ({','.join('?' * len(part))})"
+            for kb, vb in execute(q, part):
+                out[want[kb]] = vb
+        return out
 
     def get(self, key: Any, default: Any = None) -> Any:
         v = self._young.get(key, _MISS)
