@@ -70,18 +70,20 @@ SCRIPT = textwrap.dedent(
     cfg = JobConfig(name="keyed-kill", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
                     snapshot_interval_ms=20, snapshot_store=store, resume=True)
     job = ss.local().new_job(dag, cfg)
-    seen = -1
+    seen = None
     while True:
-        # report each committed snapshot (the test kills after some), until the end
+        # report committed snapshots and items emitted (the test kills at a point of
+        # its choosing), until the end
         try:
             job.join(0.005)
             break
         except TimeoutError:
             pass
-        n = job.metrics["__job__"]["snapshots"]
-        if n != seen:
-            seen = n
-            print("snapshots", n, flush=True)
+        m = job.metrics
+        now = (m["__job__"]["snapshots"], m["gen"]["items_out"])
+        if now != seen:
+            seen = now
+            print("progress", *now, flush=True)
     print("done", flush=True)
     """
 ).replace("N_ITEMS", str(N)).replace("KEYS", str(KEYS))
@@ -110,22 +112,25 @@ def read_lines(d: str) -> list[str]:
     return lines
 
 
-def run_until_killed(args: list[str], rnd: random.Random) -> bool:
-    """Start the job; once it reported a random number (1..20) of committed snapshots,
-    wait a random moment (0..150 ms) and SIGKILL it. Returns whether it was killed (it
-    may complete first). Chains are compacted once they hold more than a few deltas, so
-    the later kills come while compactions run."""
-    target = rnd.randint(1, 20)
+def run_until_killed(args: list[str], rnd: random.Random, share: float) -> bool:
+    """Start the job; once it committed a snapshot and its generator emitted ``share`` of
+    the items (this execution's count), wait a random moment (0..50 ms) and SIGKILL it.
+    Returns whether it was killed (it may complete first). Chains are compacted once they
+    hold more than a few deltas, so most kills come while compactions run or between
+    them; the late ones while the job completes."""
+    threshold = share * N
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert p.stdout is not None
         for line in p.stdout:
             if line.startswith("done"):
                 break
-            if line.startswith("snapshots") and int(line.split()[1]) >= target:
-                time.sleep(rnd.uniform(0, 0.15))  # a random moment, not a wait for an outcome
-                p.send_signal(signal.SIGKILL)
-                break
+            if line.startswith("progress"):
+                snapshots, emitted = map(int, line.split()[1:])
+                if snapshots >= 1 and emitted >= threshold:
+                    time.sleep(rnd.uniform(0, 0.05))  # a random moment, not a wait for an outcome
+                    p.send_signal(signal.SIGKILL)
+                    break
         p.wait(60)
     finally:
         if p.poll() is None:
@@ -142,15 +147,17 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Any, s
     script.write_text(SCRIPT)
     store, out = str(tmp_path / "store"), str(tmp_path / "out")
     args = [sys.executable, str(script), store, out]
-    kills = 0
-    for _ in range(1 + seed % 2):  # odd seeds kill the resumed run too
-        if not run_until_killed(args, rnd):
-            break
-        kills += 1
-    r = subprocess.run(args, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "done" in r.stdout
-    assert kills >= 1, "the job completed before it could be killed"
+    # the first run dies before its generator is through (so every seed kills), after
+    # 2%..95% of the items; odd seeds kill the resumed run too, anywhere up to its end
+    # (it may complete first: then it is not run again, a completed store starts fresh)
+    killed = run_until_killed(args, rnd, rnd.uniform(0.02, 0.95))
+    assert killed, "the job completed before it could be killed"
+    if seed % 2:
+        killed = run_until_killed(args, rnd, rnd.uniform(0.0, 1.0))
+    if killed:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "done" in r.stdout
     got = Counter(read_lines(out))
     want = expected()
     assert got == want, (
