@@ -132,3 +132,37 @@ def test_a_delta_that_does_not_continue_the_committed_chain_fails_the_snapshot(
     assert store.read(2).vertices["v"].entries[0] == [
         (StateMap(PLAIN), StateMapSave(FULL, {"b": 2}))
     ]
+
+
+def test_compacted_chains_restore_exactly(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slipstream.state import compact
+
+    monkeypatch.setattr(compact, "DEFAULT_MAX_DELTAS", 1)
+    store_dir = str(tmp_path / "store")
+    engine = ss.local(cooperative_threads=2)
+    job = engine.new_job(stp.keyed_sum_dag(10**7, KEYS, rate=3000.0), config(store_dir))
+
+    def compacted_head() -> bool:
+        store = DirectorySnapshotStore(store_dir)
+        ids = store.committed_ids()
+        if not ids:
+            return False
+        chains = store.read_manifest(ids[-1]).vertices["sum"].chains.values()
+        return any(c[0].file.endswith("-c.bin") and len(c) > 1 for c in chains)
+
+    stp.wait_for(
+        lambda: job.metrics["__job__"]["snapshot_compactions"] >= 2 and compacted_head(),
+        what="a compacted chain followed by a delta",
+    )
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(30)
+    first = list(engine.get_list("out"))
+    data = DirectorySnapshotStore(store_dir).latest()
+    assert data is not None
+    offsets = {k.name[1]: v for es in data.vertices["src"].entries.values() for k, v in es}
+    n = max(i + 2 * off for i, off in offsets.items()) + 2000
+    engine2 = ss.local(cooperative_threads=2)
+    job2 = engine2.new_job(stp.keyed_sum_dag(n, KEYS, rate=1e9), config(store_dir, resume=True))
+    job2.join(60)
+    assert Counter(first) + Counter(engine2.get_list("out")) == stp.expected_keyed_sums(n, KEYS)

@@ -531,6 +531,8 @@ class Job(JobHandle):
             job["snapshot_stalled_s"] = int(c.stalled_s) if c is not None and c.stall else 0
             # the bytes of the store's files (manifests and chunks) after the last commit
             job["snapshot_store_bytes"] = c.store_bytes if c is not None else 0
+            # chains of delta chunks merged into a full chunk in the background
+            job["snapshot_compactions"] = c.compactions if c is not None else 0
         if c is not None:
             job.update(c.stats.as_metrics())
         out["__job__"] = job

@@ -50,7 +50,9 @@ from typing import TYPE_CHECKING, Any
 from slipstream.core.errors import SnapshotError, SnapshotStalledError
 from slipstream.core.items import SnapshotBarrier
 from slipstream.execution.tasklet import CommitBoard
+from slipstream.state import compact
 from slipstream.state import format as fmt
+from slipstream.state.compact import Compactor
 from slipstream.state.keyed import StateMap
 from slipstream.state.keys import KeyedStateBatch
 from slipstream.state.restore import custom_partitioners as custom_partitioners
@@ -89,6 +91,8 @@ class SnapshotCoordinator:
         stall_warning_s: float | None = None,
         stall_timeout_s: float | None = None,
         on_stall: Callable[[BaseException], None] | None = None,
+        max_deltas: int | None = -1,
+        compact_in_child: bool = True,
     ) -> None:
         """``max_final_failures``: exactly-once, the job's final snapshot is retried at
         the interval until that many snapshots in a row failed (``None``: at-least-once,
@@ -100,7 +104,12 @@ class SnapshotCoordinator:
         that have not saved it, with their state, or the store write; ``stall``), and
         ``on_stall`` is called with a :class:`SnapshotStalledError` once it is
         ``stall_timeout_s`` old (``None``: never). A job whose snapshots stop committing
-        makes no durable progress, whatever its sources still read."""
+        makes no durable progress, whatever its sources still read.
+
+        ``max_deltas``: a committed chain with more delta chunks is compacted in the
+        background (:mod:`slipstream.state.compact`; ``compact_in_child``: in a child
+        process); ``-1``: :data:`slipstream.state.compact.DEFAULT_MAX_DELTAS`, ``None``:
+        never."""
         self.job_name = job_name
         self.store = store
         self.interval_s = interval_ms / 1000.0
@@ -161,6 +170,14 @@ class SnapshotCoordinator:
         self._completed_chains: dict[tuple[str, int], tuple[int, list[ChunkRef]]] = {}
         #: bytes of the store's files after the last commit
         self.store_bytes = 0
+        if max_deltas == -1:
+            max_deltas = compact.DEFAULT_MAX_DELTAS
+        self.max_deltas = max_deltas
+        self._compactor: Compactor | None = (
+            Compactor(store, compact_in_child, job_name)
+            if max_deltas is not None and hasattr(store, "protected")
+            else None
+        )
 
     @property
     def snapshots_committed(self) -> int:
@@ -182,6 +199,8 @@ class SnapshotCoordinator:
         most ``timeout`` seconds: the job releases its store once this returns, and a
         write after that would land in a store another job may hold."""
         self._stop.set()
+        if self._compactor is not None:
+            self._compactor.stop()
         with self._lock:
             self._writer_closing = True
             self._commit_event.notify_all()
@@ -430,6 +449,7 @@ class SnapshotCoordinator:
         while its completion state is unchanged."""
         store = self.store
         sid = data.snapshot_id
+        compacted = self._take_compactions()
         store.begin(sid)
         chains: dict[tuple[str, int], list[ChunkRef]] = {}
         completed_chains: dict[tuple[str, int], tuple[int, list[ChunkRef]]] = {}
@@ -466,9 +486,52 @@ class SnapshotCoordinator:
             raise
         self._chains = chains
         self._completed_chains = completed_chains
+        if compacted:
+            named = manifest.files()
+            for f in compacted:
+                if f in named or not any(c[0].file == f for c in chains.values()):
+                    store.protected.discard(f)  # named now, or superseded (GC removes it)
+        self._compact_long_chains()
         disk_bytes = getattr(store, "disk_bytes", None)
         if disk_bytes is not None:
             self.store_bytes = disk_bytes()
+
+    def _take_compactions(self) -> set[str]:
+        """The store thread, before a snapshot: chains the compactor merged replace the
+        prefix they stand for in the committed chains (a chain that started over with a
+        full chunk meanwhile does not use it). Returns the compacted files in use."""
+        if self._compactor is None:
+            return set()
+        used = set()
+        for key, (covers, ref) in self._compactor.take_done().items():
+            chain = self._chains.get(key)
+            n = len(covers)
+            if chain is not None and tuple(chain[:n]) == covers:
+                self._chains[key] = [ref, *chain[n:]]
+                used.add(ref.file)
+            else:
+                self.store.protected.discard(ref.file)  # superseded: GC removes it
+        return used | {c[0].file for c in self._chains.values() if c[0].file in self.store.protected}
+
+    def _compact_long_chains(self) -> None:
+        """After a commit: hand to the background compaction the chains with more than
+        ``max_deltas`` deltas, or whose deltas outweigh their full chunk (a restore then
+        reads at most about twice the state's encoded size)."""
+        compactor, limit = self._compactor, self.max_deltas
+        if compactor is None or limit is None:
+            return
+        for key, chain in self._chains.items():
+            if len(chain) < 2:
+                continue
+            if (
+                len(chain) - 1 > limit or sum(r.size for r in chain[1:]) > chain[0].size
+            ) and not compactor.busy(key):
+                compactor.submit(key, chain)
+
+    @property
+    def compactions(self) -> int:
+        """Chains compacted in this execution."""
+        return self._compactor.compacted if self._compactor is not None else 0
 
     def _continued_chain(
         self, key: tuple[str, int], entries: list[Any], snapshot_id: int

@@ -1,0 +1,237 @@
+"""Compaction: fold a processor's chain of a full chunk and its deltas into one new full
+chunk, in the background, so that a restore never reads more than a few deltas.
+
+The snapshot coordinator hands a committed chain that holds more than ``max_deltas``
+deltas to a :class:`Compactor` (one background thread per job). It merges the chain
+(:func:`~slipstream.state.format.merge_chain`: every chunk verified first) and writes the
+result as ``chunk-<S>-<index>-<digest>-c.bin``, the processor's state as of snapshot
+``S``, the chain's last. The next manifest names it in place of the chunks it replaces
+(the deltas written after ``S`` follow it); a chunk counts only once a committed manifest
+names it, so a crash during compaction loses nothing (the next start removes the file).
+Until then the file is *protected* from the store's garbage collection.
+
+Where the merge runs: by default in a child process, ``python -m slipstream.state.compact``,
+fed the request (store directory, key, chain) on stdin; it answers the new chunk's
+reference on stdout. Unpickling, merging and pickling a large state then takes no GIL
+from the job's cooperative threads. If the child cannot do it (e.g. a value's class is
+defined in the job's ``__main__``, which a child cannot import), the merge runs on the
+compaction thread instead. ``docs/performance.md`` has the measured figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from slipstream.state import format as fmt
+from slipstream.state.store import ChunkRef, DirectorySnapshotStore, chunk_file_name, encode_chunk
+
+__all__ = ["DEFAULT_MAX_DELTAS", "Compactor", "compact_chain"]
+
+log = logging.getLogger("slipstream.snapshot")
+
+#: A chain holds at most this many delta chunks before it is compacted (the next
+#: snapshots still append deltas while the compaction runs).
+DEFAULT_MAX_DELTAS = 4
+
+Key = tuple[str, int]
+
+
+def compact_chain(
+    store: DirectorySnapshotStore, vertex: str, index: int, chain: Sequence[ChunkRef]
+) -> ChunkRef:
+    """Merge ``chain`` (of processor ``vertex#index``) into one full chunk of its last
+    snapshot, written as a compaction output; returns its reference."""
+    sid = chain[-1].snapshot_id
+    entries = store.read_chain(chain, vertex, index, sid)
+    payload = encode_chunk(entries, sid, vertex, index)
+    return store.write_chunk(sid, vertex, index, fmt.CHUNK_FULL, payload, compacted=True)
+
+
+def _request(store: DirectorySnapshotStore, vertex: str, index: int, chain: Sequence[ChunkRef]) -> bytes:
+    return json.dumps(
+        {
+            "directory": store.directory,
+            "key": store.key.hex(),
+            "vertex": vertex,
+            "index": index,
+            "chain": [r.as_json() for r in chain],
+        }
+    ).encode("utf-8")
+
+
+def compact_in_child(
+    store: DirectorySnapshotStore,
+    vertex: str,
+    index: int,
+    chain: Sequence[ChunkRef],
+    started: Any = None,
+) -> ChunkRef:
+    """:func:`compact_chain` in a child process (the key goes over stdin, never argv;
+    ``started(proc)`` is called with the ``Popen``, e.g. to kill it). Raises
+    ``RuntimeError`` with the child's error text if it fails."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slipstream.state.compact"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    if started is not None:
+        started(proc)
+    out, err = proc.communicate(_request(store, vertex, index, chain))
+    if proc.returncode != 0:
+        text = err.decode("utf-8", "replace").strip().splitlines()
+        raise RuntimeError(text[-1] if text else f"exit status {proc.returncode}")
+    return ChunkRef.from_json(json.loads(out))
+
+
+class Compactor:
+    """The background compaction of one job execution's chains (see the module doc).
+    ``submit`` a committed chain; ``take_done`` the results on the store thread."""
+
+    def __init__(self, store: DirectorySnapshotStore, in_child: bool = True, name: str = "") -> None:
+        self.store = store
+        self.in_child = in_child
+        self._queue: queue.Queue[tuple[Key, tuple[ChunkRef, ...]] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._busy: set[Key] = set()
+        self._done: dict[Key, tuple[tuple[ChunkRef, ...], ChunkRef]] = {}
+        self._thread: threading.Thread | None = None
+        self._name = name
+        self._stopping = False
+        self._child: subprocess.Popen[bytes] | None = None
+        #: chains compacted (results handed over)
+        self.compacted = 0
+        #: compactions that failed (logged; the chain stays as it is)
+        self.failed = 0
+
+    def busy(self, key: Key) -> bool:
+        with self._lock:
+            return key in self._busy or key in self._done
+
+    def idle(self) -> bool:
+        """No compaction is running or queued."""
+        with self._lock:
+            return not self._busy
+
+    def submit(self, key: Key, chain: Sequence[ChunkRef]) -> None:
+        """Compact ``chain`` of processor ``key`` (its output file protected from GC)."""
+        with self._lock:
+            if key in self._busy or key in self._done:
+                return
+            self._busy.add(key)
+        self.store.protected.add(chunk_file_name(chain[-1].snapshot_id, key[0], key[1], True))
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"slipstream-{self._name}-compaction", daemon=True
+            )
+            self._thread.start()
+        self._queue.put((key, tuple(chain)))
+
+    def take_done(self) -> dict[Key, tuple[tuple[ChunkRef, ...], ChunkRef]]:
+        """The finished compactions: per processor, the chain it replaces and the new
+        chunk (still protected: the caller unprotects it once a manifest names it or
+        it is not used)."""
+        with self._lock:
+            done, self._done = self._done, {}
+        return done
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """No more compactions: a child process running one is killed, one running on
+        the thread is waited for (at most ``timeout`` seconds), so that nothing writes
+        into the store once the job released it. A file it left is removed by the next
+        start's clean-up."""
+        self._stopping = True
+        self._queue.put(None)
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            key, chain = job
+            inputs = {r.file for r in chain}
+            self.store.protected.update(inputs)  # GC leaves them while they are read
+            try:
+                if self._stopping:
+                    raise RuntimeError("the job has ended")
+                ref = self._compact(key, chain)
+            except Exception as e:  # noqa: BLE001 - a failed compaction only keeps the chain
+                self.store.protected.difference_update(inputs)
+                self.failed += 1
+                log.log(
+                    logging.DEBUG if self._stopping else logging.WARNING,
+                    "snapshot store %s: compacting the chain of %s#%d (snapshots %s) failed: "
+                    "%s: %s; the chain stays as it is",
+                    self.store.directory,
+                    key[0],
+                    key[1],
+                    [r.snapshot_id for r in chain],
+                    type(e).__name__,
+                    e,
+                )
+                self.store.protected.discard(
+                    chunk_file_name(chain[-1].snapshot_id, key[0], key[1], True)
+                )
+                with self._lock:
+                    self._busy.discard(key)
+                continue
+            self.store.protected.difference_update(inputs - {ref.file})
+            with self._lock:
+                self._busy.discard(key)
+                self._done[key] = (chain, ref)
+                self.compacted += 1
+
+    def _compact(self, key: Key, chain: tuple[ChunkRef, ...]) -> ChunkRef:
+        if self.in_child:
+            try:
+                return compact_in_child(self.store, key[0], key[1], chain, self._started)
+            except Exception as e:  # noqa: BLE001
+                if self._stopping:
+                    raise
+                log.info(
+                    "snapshot store %s: compaction of %s#%d in a child process failed (%s); "
+                    "compacting on the job's compaction thread",
+                    self.store.directory,
+                    key[0],
+                    key[1],
+                    e,
+                )
+        return compact_chain(self.store, key[0], key[1], chain)
+
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        self._child = proc
+        if self._stopping:
+            proc.kill()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m slipstream.state.compact``: one compaction, the request as JSON on stdin
+    (``directory``, ``key`` in hex, ``vertex``, ``index``, ``chain``), the new chunk's
+    reference as JSON on stdout."""
+    req: dict[str, Any] = json.loads(sys.stdin.buffer.read())
+    store = DirectorySnapshotStore(req["directory"], key=bytes.fromhex(req["key"]))
+    chain = [ChunkRef.from_json(r) for r in req["chain"]]
+    ref = compact_chain(store, str(req["vertex"]), int(req["index"]), chain)
+    sys.stdout.write(json.dumps(ref.as_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Compaction (state/compact.py): a chain longer than max_deltas is merged into one full
+chunk in the background, later manifests name it instead of the chunks it replaces, and
+chunk files no retained manifest names are removed (disk use stays bounded)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from slipstream.engine.snapshot import SnapshotCoordinator
+from slipstream.state import compact
+from slipstream.state.keyed import DELTA, FULL, PLAIN, StateMap, StateMapSave
+from slipstream.state.store import DirectorySnapshotStore, SnapshotData, VertexState
+
+
+def wait_for(cond: Any, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def snapshot(sid: int, save: StateMapSave) -> SnapshotData:
+    data = SnapshotData(sid, "j")
+    data.vertices["v"] = VertexState(1, {0: [("offset", sid), (StateMap(PLAIN), save)]})
+    return data
+
+
+class Unimportable:
+    """A value class a child process cannot import (it claims to live in __main__)."""
+
+    __module__ = "__main__"
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unimportable) and other.x == self.x
+
+    def __hash__(self) -> int:
+        return self.x
+
+
+def test_deltas_that_outweigh_their_full_chunk_are_compacted(tmp_path: Any) -> None:
+    """However few they are: a restore then reads at most about twice the state."""
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    store.bind("j", "e1")
+    c = SnapshotCoordinator("j", store, 1000, 1, {"v": 1}, max_deltas=8)
+    c.write_snapshot(snapshot(1, StateMapSave(FULL, {1: 1})))
+    c.write_snapshot(snapshot(2, StateMapSave(DELTA, {k: k for k in range(100)}, (1,), 1)))
+    wait_for(lambda: c.compactions >= 1, "the compaction")
+    c.write_snapshot(snapshot(3, StateMapSave(DELTA, {}, (), 2)))
+    assert [r.snapshot_id for r in store.read_manifest(3).vertices["v"].chains[0]] == [2, 3]
+    c.stop()
+
+
+@pytest.mark.parametrize("in_child", [True, False])
+def test_a_long_chain_is_compacted_and_old_chunks_are_removed(tmp_path: Any, in_child: bool) -> None:
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    store.bind("j", "e1")
+    c = SnapshotCoordinator("j", store, 1000, 1, {"v": 1}, max_deltas=2, compact_in_child=in_child)
+    expected = {k: 0 for k in range(100)}
+    c.write_snapshot(snapshot(1, StateMapSave(FULL, dict(expected))))
+    for sid in range(2, 15):
+        upserts = {sid: sid, sid + 50: -sid}
+        expected.update(upserts)
+        removed = (sid - 1,) if sid % 3 == 0 else ()
+        for k in removed:
+            expected.pop(k, None)
+        c.write_snapshot(snapshot(sid, StateMapSave(DELTA, upserts, removed, sid - 1)))
+        assert c._compactor is not None
+        wait_for(c._compactor.idle, "the compaction")  # (a job does not wait for it)
+        data = store.read(sid)
+        assert data.vertices["v"].entries[0] == [
+            ("offset", sid),
+            (StateMap(PLAIN), StateMapSave(FULL, expected)),
+        ]
+    chain = store.read_manifest(14).vertices["v"].chains[0]
+    assert chain[0].file.endswith("-c.bin") and chain[0].mode == "full"
+    assert len(chain) <= 1 + 2 + 1  # compacted when more than max_deltas, next one applies it
+    assert c.compactions >= 3
+    c.stop()
+    # every chunk file is named by a retained manifest (3 kept): disk use is bounded
+    named = set()
+    for i in store.committed_ids():
+        named |= store.read_manifest(i).files()
+    chunks = {n for n in os.listdir(store.directory) if n.startswith("chunk-")}
+    assert chunks - named == set() or all(n in store.protected for n in chunks - named)
+    assert len(chunks) <= 3 * 5
+    assert c.store_bytes == store.disk_bytes() > 0
+
+
+def test_a_child_that_cannot_load_the_values_compacts_on_the_thread(tmp_path: Any) -> None:
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    store.bind("j", "e1")
+    c = SnapshotCoordinator("j", store, 1000, 1, {"v": 1}, max_deltas=1)
+    base = {k: Unimportable(k) for k in range(100, 300)}  # the deltas do not outweigh it
+    c.write_snapshot(snapshot(1, StateMapSave(FULL, {1: Unimportable(1), **base})))
+    c.write_snapshot(snapshot(2, StateMapSave(DELTA, {2: Unimportable(2)}, (), 1)))
+    c.write_snapshot(snapshot(3, StateMapSave(DELTA, {3: Unimportable(3)}, (), 2)))
+    wait_for(lambda: c.compactions >= 1, "the compaction")
+    c.write_snapshot(snapshot(4, StateMapSave(DELTA, {1: Unimportable(4)}, (), 3)))
+    chain = store.read_manifest(4).vertices["v"].chains[0]
+    assert [r.snapshot_id for r in chain] == [3, 4] and chain[0].file.endswith("-c.bin")
+    assert store.read(4).vertices["v"].entries[0][1] == (
+        StateMap(PLAIN),
+        StateMapSave(FULL, {1: Unimportable(4), **base, 2: Unimportable(2), 3: Unimportable(3)}),
+    )
+    c.stop()
+
+
+def test_a_compaction_superseded_by_a_full_save_is_not_used(tmp_path: Any) -> None:
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    store.bind("j", "e1")
+    c = SnapshotCoordinator("j", store, 1000, 1, {"v": 1}, max_deltas=1)
+    base = {k: 0 for k in range(100, 300)}  # the deltas do not outweigh it
+    c.write_snapshot(snapshot(1, StateMapSave(FULL, {1: 1, **base})))
+    c.write_snapshot(snapshot(2, StateMapSave(DELTA, {2: 2}, (), 1)))
+    c.write_snapshot(snapshot(3, StateMapSave(DELTA, {3: 3}, (), 2)))
+    wait_for(lambda: c.compactions >= 1, "the compaction")
+    c.write_snapshot(snapshot(4, StateMapSave(FULL, {4: 4, **base})))  # every key changed
+    assert [r.mode for r in store.read_manifest(4).vertices["v"].chains[0]] == ["full"]
+    c.write_snapshot(snapshot(5, StateMapSave(DELTA, {5: 5}, (), 4)))
+    assert store.protected == set()
+    c.write_snapshot(snapshot(6, StateMapSave(DELTA, {6: 6}, (), 5)))
+    c.write_snapshot(snapshot(7, StateMapSave(DELTA, {7: 7}, (), 6)))
+    assert not [n for n in os.listdir(store.directory) if n.startswith("chunk-0000000003")]
+    c.stop()
+
+
+def test_the_child_process_entry_point(tmp_path: Any) -> None:
+    """python -m slipstream.state.compact: the request on stdin, the reference on stdout."""
+    store = DirectorySnapshotStore(str(tmp_path / "store"), key=b"k" * 16)
+    store.bind("j", "e1")
+    c = SnapshotCoordinator("j", store, 1000, 1, {"v": 1}, max_deltas=None)
+    c.write_snapshot(snapshot(1, StateMapSave(FULL, {1: 1})))
+    c.write_snapshot(snapshot(2, StateMapSave(DELTA, {2: 2}, (1,), 1)))
+    chain = store.read_manifest(2).vertices["v"].chains[0]
+    ref = compact.compact_in_child(store, "v", 0, chain)
+    assert ref.snapshot_id == 2 and ref.file.endswith("-c.bin")
+    assert store.read_chain([ref], "v", 0, 2) == [
+        ("offset", 2),
+        (StateMap(PLAIN), StateMapSave(FULL, {2: 2})),
+    ]
