@@ -213,7 +213,7 @@ class SnapshotStore(Protocol):
         self, snapshot_id: int, vertex: str, index: int, mode: str, payload: bytes
     ) -> ChunkRef: ...
 
-    def commit(self, manifest: Manifest) -> None: ...
+    def commit(self, manifest: Manifest, chunk_bytes: int | None = None) -> None: ...
 
     def abort(self, snapshot_id: int) -> None: ...
 
@@ -226,11 +226,16 @@ class SnapshotStore(Protocol):
     def latest(self) -> SnapshotData | None: ...
 
 
-def chunk_file_name(snapshot_id: int, vertex: str, index: int, compacted: bool = False) -> str:
-    """``chunk-<id>-<index>-<digest of the vertex name>[-c].bin`` (vertex names may hold
-    any character; the chunk's header names the vertex)."""
+def chunk_file_name(
+    snapshot_id: int, vertex: str, index: int, compacted: bool = False, attempt: str = ""
+) -> str:
+    """``chunk-<id>-<index>-<digest of the vertex name>[-c][-t<attempt>].bin`` (vertex
+    names may hold any character; the chunk's header names the vertex). ``attempt``
+    makes the name unique per writer (a Spark task attempt: a retried or replayed task
+    never overwrites a chunk another attempt wrote, which a manifest may name)."""
     digest = hashlib.sha256(vertex.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    return f"{_CHUNK_PREFIX}{snapshot_id:010d}-{index}-{digest}{'-c' if compacted else ''}{_SUFFIX}"
+    tail = f"-t{attempt}" if attempt else ""
+    return f"{_CHUNK_PREFIX}{snapshot_id:010d}-{index}-{digest}{'-c' if compacted else ''}{tail}{_SUFFIX}"
 
 
 def chunk_file_id(name: str) -> int | None:
@@ -514,24 +519,14 @@ class DirectorySnapshotStore:
         encode_payload` of its records), signed, fsynced and renamed into place; returns
         what the manifest records of it. ``compacted``: written by compaction (it does
         not count as the snapshot's own bytes, and its name differs)."""
-        info = {
-            "format": FORMAT,
-            "snapshot_id": snapshot_id,
-            "vertex": vertex,
-            "index": index,
-            "mode": mode,
-            "size": len(payload),
-        }
-        header = json.dumps(info, sort_keys=True).encode("utf-8")
-        mac = sign(self.key, header, b"\n", payload)
         name = chunk_file_name(snapshot_id, vertex, index, compacted)
+        ref = write_chunk_file(self.directory, self.key, name, snapshot_id, vertex, index, mode, payload)
         path = os.path.join(self.directory, name)
-        _write_synced(path, [fmt.CHUNK_MAGIC, mac.encode("ascii"), b"\n", header, b"\n", payload])
-        size = len(fmt.CHUNK_MAGIC) + len(mac) + len(header) + 2 + len(payload)
+        size = ref.size
         if not compacted and snapshot_id == self._pending_id:
             self._pending_files.append(path)
             self._pending_bytes += size
-        return ChunkRef(name, mac, snapshot_id, mode, size)
+        return ref
 
     def abort(self, snapshot_id: int) -> None:
         """Snapshot ``snapshot_id`` will not be committed: remove the chunks it wrote."""
@@ -541,21 +536,25 @@ class DirectorySnapshotStore:
             self._pending_files = []
             self._pending_id = None
 
-    def commit(self, manifest: Manifest) -> None:
+    def commit(self, manifest: Manifest, chunk_bytes: int | None = None) -> None:
         """Commit snapshot ``manifest`` (its chunks written): signed manifest file (temp,
         fsync, rename, the directory's fsync), then ``MANIFEST.json``, then the
         generation outside the store; then the manifests beyond ``keep`` and the chunk
         files no retained manifest names are removed. Raises ``OSError`` (disk full,
         read-only, ...) with nothing committed, or, when only the generation could not
         be recorded, with the snapshot in the store but not to be published yet (as
-        after a crash before its sinks commit: the next snapshot names its output too)."""
+        after a crash before its sinks commit: the next snapshot names its output too).
+        ``chunk_bytes``: the bytes of the chunks this snapshot wrote when others wrote
+        them (:func:`write_chunk_file`, e.g. Spark executors); by default those written
+        through :meth:`write_chunk` since :meth:`begin`."""
         sid = manifest.snapshot_id
         if self._pending_id != sid:
             self.begin(sid)
         if manifest.dag_shape is None and self.dag_shape is not None:
             manifest.dag_shape = self.dag_shape
         body = fmt.dumps(manifest.body())
-        chunk_bytes = self._pending_bytes
+        if chunk_bytes is None:
+            chunk_bytes = self._pending_bytes
         info: dict[str, Any] = {
             "format": FORMAT,
             "snapshot_id": sid,
@@ -772,58 +771,18 @@ class DirectorySnapshotStore:
     def read_chunk(self, ref: ChunkRef, vertex: str, index: int, snapshot_id: int) -> list[Any]:
         """The records of chunk ``ref`` (of processor ``vertex#index`` in the chain of
         snapshot ``snapshot_id``), verified against its own MAC and the manifest's."""
-        path = os.path.join(self.directory, ref.file)
-        where = f"snapshot {snapshot_id}: chunk {path} (vertex {vertex!r}, processor {index})"
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except FileNotFoundError as e:
-            raise SnapshotError(f"{where} is missing") from e
-        except OSError as e:
-            raise SnapshotError(f"{where} cannot be read: {e}") from e
-        if not raw.startswith(fmt.CHUNK_MAGIC):
-            raise SnapshotError(f"{where} is not a slipstream snapshot chunk")
-        mac, header, payload = _split_signed(raw, len(fmt.CHUNK_MAGIC))
-        if header is None:
-            raise SnapshotError(f"{where} is truncated")
-        if not verify(self.key, mac, header, b"\n", payload):
-            raise SnapshotError(
-                f"{where} fails its signature check (corrupt, truncated, tampered with, or "
-                f"signed with another key; this store's key is the {self.key_origin})"
-            )
-        if not hmac.compare_digest(mac, ref.mac):
-            raise SnapshotError(
-                f"{where} is not the chunk the manifest names: its signature differs from "
-                f"the one the manifest recorded (a validly signed chunk swapped in or "
-                f"reordered)"
-            )
-        info = json.loads(header)
-        if (
-            info.get("snapshot_id") != ref.snapshot_id
-            or info.get("vertex") != vertex
-            or info.get("index") != index
-            or info.get("mode") != ref.mode
-            or info.get("size") != len(payload)
-        ):
-            raise SnapshotError(f"{where} has a header that does not match the manifest: {info}")
-        try:
-            return fmt.decode_payload(payload)
-        except Exception as e:  # noqa: BLE001
-            raise SnapshotError(f"{where} cannot be loaded: {e}") from e
+        return read_chunk_file(
+            self.directory, self.key, ref, vertex, index, snapshot_id, self.key_origin
+        )
 
     def read_chain(
         self, chain: Sequence[ChunkRef], vertex: str, index: int, snapshot_id: int
     ) -> list[tuple[Any, Any]]:
         """A processor's chain merged into its full entries (maps as full StateMap
         entries, :func:`~slipstream.state.format.merge_chain`)."""
-        chunks = [(r.mode, r.snapshot_id, self.read_chunk(r, vertex, index, snapshot_id)) for r in chain]
-        try:
-            return fmt.merge_chain(
-                chunks, f"snapshot {snapshot_id}, vertex {vertex!r}, processor {index}: "
-            )
-        except ValueError as e:
-            files = ", ".join(r.file for r in chain)
-            raise SnapshotError(f"{e} (chunks {files} in {self.directory})") from e
+        return read_chain_files(
+            self.directory, self.key, chain, vertex, index, snapshot_id, self.key_origin
+        )
 
     def read_chunks(
         self, snapshot_id: int, processors: Iterable[tuple[str, int]] | None = None
@@ -900,6 +859,121 @@ class DirectorySnapshotStore:
                 f"{older}; or start from scratch with another snapshot_store (or after "
                 f"removing {self.directory})."
             ) from e
+
+
+# -- one chunk or one chain without a store object (the Spark engine's executors) ----------
+def write_chunk_file(
+    directory: str,
+    key: bytes,
+    name: str,
+    snapshot_id: int,
+    vertex: str,
+    index: int,
+    mode: str,
+    payload: bytes,
+) -> ChunkRef:
+    """Write one processor's chunk ``name`` into store ``directory``, signed with ``key``
+    (temp name, fsync, rename; the directory's fsync is the manifest commit's) and return
+    its ref. Stateless: an executor writes its processors' chunks with it and hands the
+    refs to whoever commits the manifest (:meth:`DirectorySnapshotStore.commit`)."""
+    info = {
+        "format": FORMAT,
+        "snapshot_id": snapshot_id,
+        "vertex": vertex,
+        "index": index,
+        "mode": mode,
+        "size": len(payload),
+    }
+    header = json.dumps(info, sort_keys=True).encode("utf-8")
+    mac = sign(key, header, b"\n", payload)
+    path = os.path.join(directory, name)
+    _write_synced(path, [fmt.CHUNK_MAGIC, mac.encode("ascii"), b"\n", header, b"\n", payload])
+    size = len(fmt.CHUNK_MAGIC) + len(mac) + len(header) + 2 + len(payload)
+    return ChunkRef(name, mac, snapshot_id, mode, size)
+
+
+def read_chunk_file(
+    directory: str,
+    key: bytes,
+    ref: ChunkRef,
+    vertex: str,
+    index: int,
+    snapshot_id: int,
+    key_origin: str = "",
+) -> list[Any]:
+    """The records of chunk ``ref`` in store ``directory`` (of processor ``vertex#index``
+    in the chain of snapshot ``snapshot_id``), verified against its own MAC and the one
+    the manifest recorded before anything is unpickled; :class:`SnapshotError` naming
+    the file otherwise."""
+    path = os.path.join(directory, ref.file)
+    where = f"snapshot {snapshot_id}: chunk {path} (vertex {vertex!r}, processor {index})"
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError as e:
+        raise SnapshotError(f"{where} is missing") from e
+    except OSError as e:
+        raise SnapshotError(f"{where} cannot be read: {e}") from e
+    if not raw.startswith(fmt.CHUNK_MAGIC):
+        raise SnapshotError(f"{where} is not a slipstream snapshot chunk")
+    mac, header, payload = _split_signed(raw, len(fmt.CHUNK_MAGIC))
+    if header is None:
+        raise SnapshotError(f"{where} is truncated")
+    if not verify(key, mac, header, b"\n", payload):
+        origin = f"; this store's key is the {key_origin}" if key_origin else ""
+        raise SnapshotError(
+            f"{where} fails its signature check (corrupt, truncated, tampered with, or "
+            f"signed with another key{origin})"
+        )
+    if not hmac.compare_digest(mac, ref.mac):
+        raise SnapshotError(
+            f"{where} is not the chunk the manifest names: its signature differs from "
+            f"the one the manifest recorded (a validly signed chunk swapped in or "
+            f"reordered)"
+        )
+    info = json.loads(header)
+    if (
+        info.get("snapshot_id") != ref.snapshot_id
+        or info.get("vertex") != vertex
+        or info.get("index") != index
+        or info.get("mode") != ref.mode
+        or info.get("size") != len(payload)
+    ):
+        raise SnapshotError(f"{where} has a header that does not match the manifest: {info}")
+    try:
+        return fmt.decode_payload(payload)
+    except Exception as e:  # noqa: BLE001
+        raise SnapshotError(f"{where} cannot be loaded: {e}") from e
+
+
+def read_chain_files(
+    directory: str,
+    key: bytes,
+    chain: Sequence[ChunkRef],
+    vertex: str,
+    index: int,
+    snapshot_id: int,
+    key_origin: str = "",
+) -> list[tuple[Any, Any]]:
+    """Processor ``vertex#index``'s chain in store ``directory`` (each chunk verified as
+    :func:`read_chunk_file`) merged into its full entries (maps as full StateMap entries,
+    :func:`~slipstream.state.format.merge_chain`). Stateless: an executor restores its
+    processor from the refs of the committed manifest."""
+    chunks = [
+        (
+            r.mode,
+            r.snapshot_id,
+            read_chunk_file(directory, key, r, vertex, index, snapshot_id, key_origin),
+        )
+        for r in chain
+    ]
+    try:
+        return fmt.merge_chain(
+            chunks, f"snapshot {snapshot_id}, vertex {vertex!r}, processor {index}: "
+        )
+    except ValueError as e:
+        files = ", ".join(r.file for r in chain)
+        raise SnapshotError(f"{e} (chunks {files} in {directory})") from e
 
 
 def encode_snapshot(store: SnapshotStore, data: SnapshotData) -> Manifest:
