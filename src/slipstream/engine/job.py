@@ -383,7 +383,6 @@ class Job(JobHandle):
         self.restarts = 0
         self._restart_streak = 0  # restarts since the last committed snapshot
         self.next_snapshot_id = 1
-        self.last_snapshot: SnapshotData | None = None
         self._committed_here = False
         self.submission_time = time.time()
         self.completion_time: float | None = None
@@ -718,8 +717,10 @@ class Job(JobHandle):
         ex.start()
 
     def _on_commit(self, data: SnapshotData) -> None:
+        # keeps nothing of ``data``: holding a committed snapshot's entries (a full save is
+        # a copy of the state) until the next commit cost a copy of the state in memory;
+        # export_snapshot() reads the store
         self.next_snapshot_id = data.snapshot_id + 1
-        self.last_snapshot = data
         self._committed_here = True
         self._restart_streak = 0
 

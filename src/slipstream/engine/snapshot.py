@@ -44,7 +44,7 @@ import operator
 import pickle
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.errors import SnapshotError, SnapshotStalledError
@@ -405,6 +405,8 @@ class SnapshotCoordinator:
         threads, while the job goes on; then the outcome is published. No processor code
         runs here (the commits run on the processors' tasklets)."""
         while True:
+            # hold no finished snapshot while waiting (its entries may be a copy of the state)
+            data = None
             with self._lock:
                 self._commit_event.wait_for(
                     lambda: self._to_write is not None
@@ -820,8 +822,8 @@ _SCALARS = frozenset((int, float, complex, str, bytes, bool, type(None)))
 _second = operator.itemgetter(1)
 
 
-def _frozen(values: list[Any], depth: int = 0) -> bool:
-    """Whether ``values`` are immutable: scalars, tuples of such (three levels deep), and
+def _frozen(values: Collection[Any], depth: int = 0) -> bool:
+    """Whether ``values`` (iterated more than once: a list or a dict's values view) are immutable: scalars, tuples of such (three levels deep), and
     the values of handed-over :class:`KeyedStateBatch` mappings. Type scans at C speed."""
     types = set(map(type, values))
     if types <= _SCALARS:
@@ -858,10 +860,10 @@ def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         for e in entries:
             t = type(e[0])
             if t is KeyedStateBatch:
-                if not _frozen(list(e[1].values())):
+                if not _frozen(e[1].values()):
                     return _copied(entries)
             elif t is StateMap:
-                if not _frozen(list(e[1].upserts.values())):
+                if not _frozen(e[1].upserts.values()):  # no list: a full save's map is large
                     return _copied(entries)
             else:
                 plain.append(e[1])

@@ -140,6 +140,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         self.dirty = set()
         committed = int(getattr(ctx, "committed_snapshot_id", 0) or 0)
         if base == 0 or committed < base or len(dirty) >= len(self):
+            del dirty  # before the copy: the set may be as large as the map
             return key, StateMapSave(FULL, dict(self))
         get = self.get
         missing = _MISSING
