@@ -58,7 +58,7 @@ _EXPORTS = {
         name: f"slipstream.{name}"
         for name in (
             "aggregate", "core", "engine", "pipeline", "processors", "sinks", "sources",
-            "testing", "watermark", "window",
+            "state", "testing", "watermark", "window",
         )
     },
 }
@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from slipstream import processors as processors
     from slipstream import sinks as sinks
     from slipstream import sources as sources
+    from slipstream import state as state
     from slipstream import testing as testing
     from slipstream import watermark as watermark
     from slipstream import window as window

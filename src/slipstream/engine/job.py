@@ -48,6 +48,7 @@ from slipstream.execution.tasklet import AWAIT_COMPLETION_COMMIT, COMMIT_FINISH,
 if TYPE_CHECKING:
     from slipstream.engine.local import LocalEngine
     from slipstream.engine.snapshot import SnapshotCoordinator
+    from slipstream.state.reader import StateRow
     from slipstream.state.store import DirectorySnapshotStore, SnapshotData
 
 # The snapshot modules (the store, its signing, the coordinator) are imported where a job
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slipstream.job")
 _ids = itertools.count(1)
+#: ``Job.state(vertex)`` without a key: every key
+_ANY_KEY: Any = object()
 
 STORE_DRAIN_TIMEOUT_S = 60.0
 """How long the end of an execution waits for the snapshot being written to commit."""
@@ -598,6 +601,23 @@ class Job(JobHandle):
             for t in ex.tasklets
             if t.context.warning is not None
         }
+
+    def state(self, vertex: str, key: Any = _ANY_KEY) -> list[StateRow]:
+        """A point query: the rows of ``key`` (every key if not given) in ``vertex``'s
+        state as of the last snapshot committed to the job's store, read from the store
+        (signatures checked) while the job runs on; see
+        :func:`slipstream.state.read` for what the rows hold. A ``SnapshotError`` if the
+        job takes no snapshots or has committed none yet."""
+        from slipstream.state.reader import read
+
+        if self.store is None:
+            raise SnapshotError(
+                f"job {self.name!r} takes no snapshots (processing_guarantee NONE): it has no "
+                f"state to read"
+            )
+        if key is _ANY_KEY:
+            return read(self.store, vertex)
+        return read(self.store, vertex, key=key)
 
     def export_snapshot(self) -> SnapshotData | None:
         """The last committed snapshot (pass it as ``restore_from`` to a new job)."""

@@ -2,7 +2,31 @@
 their routing (:mod:`~slipstream.state.keys`), keyed state that records what changed
 (:mod:`~slipstream.state.keyed`), the snapshot file format (:mod:`~slipstream.state.format`),
 the store protocol and the durable directory store (:mod:`~slipstream.state.store`), its
-signing keys (:mod:`~slipstream.state.signing`), the store's generation and the checks a resume makes (:mod:`~slipstream.state.lineage`), and
-restore routing (:mod:`~slipstream.state.restore`).
+signing keys (:mod:`~slipstream.state.signing`), the store's generation and the checks a resume makes (:mod:`~slipstream.state.lineage`),
+restore routing (:mod:`~slipstream.state.restore`), and reading a job's state as rows
+(:mod:`~slipstream.state.reader`: ``ss.state.read``, ``ss.state.changes``).
 
-Both engines use it; it imports neither (``tests/test_layers.py`` checks it)."""
+Both engines use it; it imports neither (``tests/test_layers.py`` checks it). The
+reader's names are imported on first use (``slipstream._lazy``): importing the state
+layer does not import the store."""
+
+from slipstream import _lazy
+
+TYPE_CHECKING = False
+_EXPORTS = {
+    name: f"slipstream.state.reader:{name}"
+    for name in ("StateChange", "StateRow", "changes", "read", "to_arrow", "to_pandas")
+}
+_lazy.install(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from slipstream.state.reader import (
+        StateChange,
+        StateRow,
+        changes,
+        read,
+        to_arrow,
+        to_pandas,
+    )
+
+__all__ = ["StateChange", "StateRow", "changes", "read", "to_arrow", "to_pandas"]

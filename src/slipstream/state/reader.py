@@ -1,0 +1,412 @@
+"""Reading a job's state as data: the entries of a committed snapshot as rows.
+
+A snapshot store holds, per vertex and processor, a chain of signed chunks of plain
+records (:mod:`~slipstream.state.format`). :func:`read` turns one retained snapshot into
+:class:`StateRow` s through the store's own reader (every manifest and chunk is verified
+before anything in it is unpickled), and :func:`changes` compares two retained snapshots.
+Nothing here imports an engine: a store written by a job that is not running, or by
+another process, reads the same way (with the same signing key).
+
+What the rows of each kind of state look like (``kind`` says which):
+
+``"keyed"``
+    a key's state: rolling aggregates, ``map_stateful``, group-by aggregations and
+    custom processors' keyed entries. ``key`` is the grouping key, ``detail`` ``None``
+    (or what a custom processor put in ``KeyedStateKey.detail``), ``value`` the
+    accumulator (for ``counting()`` or ``summing()`` the running int) or the state
+    object ``map_stateful`` keeps.
+``"window"``
+    one key's accumulator in one frame of a sliding or tumbling window: ``detail`` is
+    ``{"frame_end": ts}``. A frame holds the items with timestamps in
+    ``[frame_end - slide, frame_end)``; for a tumbling window the frame *is* the window
+    ``[frame_end - size, frame_end)``; a sliding window ending at ``E`` combines the
+    frames ending in ``(E - size, E]``. Only the last stage of a window keeps frames
+    (a two-stage window's first stage flushes them downstream at every snapshot).
+``"session"``
+    one open session of one key: ``detail`` is ``{"start": ts, "end": ts}`` (``end`` is
+    the last event's timestamp + the timeout), ``value`` the session's accumulator.
+``"offset"``
+    a source's position: ``key`` is the source's own entry name (``("generator", 0)``);
+    ``detail`` names what it is the position of and ``value`` the position, as a dict:
+    a generator ``{"processor": i}`` -> ``{"next_seq": n, "parallelism": p}`` (processor
+    ``i`` emitted the sequence numbers ``i, i + p, ...`` below ``n``); a batch or file
+    source ``{"processor": i}`` -> ``{"parallelism": p, "position": pos}``; Kafka
+    ``{"topic": t, "partition": n}`` -> ``{"offset": o, "watermark": w}``;
+    ``stream_files`` ``{"file": identity}`` -> ``{"name", "offset", "line", "head",
+    "tail"}``.
+``"broadcast"``
+    any other entry restored to every processor of its vertex, as saved: ``key`` is its
+    name (``"window.next_win_to_emit"``: a window's emission cursor;
+    ``"session_window.current_watermark"``, ``"insert_watermarks.wm"``: watermarks; a
+    sink's pending transactions), ``detail`` ``None``, ``value`` as saved.
+
+``processor`` is the global index of the processor whose chain held the entry.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from slipstream.core.errors import SnapshotError
+from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
+
+__all__ = [
+    "StateChange",
+    "StateRow",
+    "changes",
+    "open_store",
+    "read",
+    "to_arrow",
+    "to_pandas",
+]
+
+#: broadcast names of processors whose keyed entries are window frames / sessions
+_WINDOW_CURSOR = "window.next_win_to_emit"
+_SESSION_WATERMARK = "session_window.current_watermark"
+#: tags of sources that save ``(tag, global_index) -> (parallelism, position)``
+_POSITIONED = {
+    "offset", "items-offset", "list-offset", "map-offset", "files-offset", "csv-offset",
+    "jsonl-offset", "parquet-offset", "sql-rows",
+}  # fmt: skip
+#: how many times :func:`read` tries again when a running job pruned the snapshot it read
+_RETRIES = 5
+#: ``read(key=...)`` not given: every key
+_ALL: Any = object()
+
+
+class StateRow(NamedTuple):
+    """One entry of a snapshot (see the module doc for each ``kind``)."""
+
+    vertex: str
+    processor: int
+    key: Any
+    detail: Any
+    value: Any
+    kind: str
+
+
+class StateChange(NamedTuple):
+    """An entry ``added``, ``changed`` or ``removed`` between two snapshots: ``value`` is
+    its value in the newer one (``None`` when removed), ``previous`` in the older one
+    (``None`` when added)."""
+
+    vertex: str
+    processor: int
+    key: Any
+    detail: Any
+    value: Any
+    kind: str
+    change: str
+    previous: Any
+
+
+# -- the store ---------------------------------------------------------------------------
+def open_store(store: Any) -> Any:
+    """A :class:`~slipstream.state.store.DirectorySnapshotStore` for ``store``: a store,
+    a job (its store), or a store directory. A directory that does not exist, or whose
+    signing key cannot be found, is a :class:`SnapshotError` (nothing is created)."""
+    from slipstream.state.signing import KEY_ENV, store_key_path
+    from slipstream.state.store import DirectorySnapshotStore
+
+    if isinstance(store, DirectorySnapshotStore):
+        return store
+    job_store = getattr(store, "store", None)
+    if isinstance(job_store, DirectorySnapshotStore):
+        return job_store
+    if hasattr(store, "store") and job_store is None:
+        raise SnapshotError(
+            f"{store!r} takes no snapshots (processing_guarantee NONE): it has no state to read"
+        )
+    if not isinstance(store, str | os.PathLike):
+        raise TypeError(
+            f"expected a snapshot store directory, a DirectorySnapshotStore or a job, got {store!r}"
+        )
+    directory = os.fspath(store)
+    if not os.path.isdir(directory):
+        raise SnapshotError(f"no snapshot store at {directory}: no such directory")
+    names = os.listdir(directory)
+    if not any(n == "MANIFEST.json" or n.startswith("snapshot-") for n in names):
+        raise SnapshotError(
+            f"snapshot store {directory} holds no committed snapshot (not a snapshot store, "
+            f"or its job has not committed one yet)"
+        )
+    if not os.environ.get(KEY_ENV) and not os.path.exists(store_key_path(directory)):
+        raise SnapshotError(
+            f"no signing key for snapshot store {directory}: its key file "
+            f"{store_key_path(directory)} does not exist (the store was written by another "
+            f"user or with another key directory); set ${KEY_ENV} or pass "
+            f"DirectorySnapshotStore({directory!r}, key=...)"
+        )
+    return DirectorySnapshotStore(directory)
+
+
+def _snapshot(store: Any, vertex: str | None, snapshot_id: int | None) -> tuple[int, Any]:
+    """The id and :class:`~slipstream.state.store.SnapshotData` to read (only
+    ``vertex``'s processors if given)."""
+    last: SnapshotError | None = None
+    for _ in range(_RETRIES):
+        ids = store.committed_ids()
+        if not ids:
+            raise SnapshotError(f"snapshot store {store.directory} holds no committed snapshot")
+        sid = ids[-1] if snapshot_id is None else snapshot_id
+        if sid not in ids:
+            raise SnapshotError(
+                f"snapshot {sid} is not retained in snapshot store {store.directory}; "
+                f"retained: {', '.join(map(str, ids))}"
+            )
+        try:
+            manifest = store.read_manifest(sid)
+            processors = None
+            if vertex is not None:
+                vm = manifest.vertices.get(vertex)
+                if vm is None and manifest.vertices:
+                    names = ", ".join(repr(n) for n in sorted(manifest.vertices))
+                    raise ValueError(
+                        f"snapshot {sid} in {store.directory} has no vertex {vertex!r}; its "
+                        f"vertices: {names}"
+                    )
+                processors = [(vertex, i) for i in vm.chains] if vm is not None else None
+            data = store.read(sid, processors)
+            if vertex is not None and vertex not in data.vertices:
+                names = ", ".join(repr(n) for n in sorted(data.vertices))
+                raise ValueError(
+                    f"snapshot {sid} in {store.directory} has no vertex {vertex!r}; its "
+                    f"vertices: {names}"
+                )
+            return sid, data
+        except SnapshotError as e:
+            last = e
+            if store.committed_ids() != ids:
+                continue  # a running job committed and pruned meanwhile: read the new one
+            if snapshot_id is None:
+                store.latest()  # raises the store's SnapshotStoreDamagedError
+            raise
+    assert last is not None
+    raise last
+
+
+# -- rows ----------------------------------------------------------------------------------
+def _unwrap(key: Any) -> Any:
+    """The original key of a fused pipeline stage's first processor (``FirstKey``)."""
+    inner: Any
+    for inner in (getattr(key, "name", None), getattr(key, "detail", None)):
+        t = type(inner)
+        if t.__name__ == "FirstKey" and t.__module__ == "slipstream.pipeline.fused":
+            return inner.key
+    return key
+
+
+def _offset(name: Any, value: Any) -> tuple[Any, Any] | None:
+    """``(detail, value)`` of a source offset entry named ``name``; ``None``: not one."""
+    if type(name) is not tuple or not name:
+        return None
+    tag = name[0]
+    try:
+        if tag == "generator" and len(name) == 2:
+            next_seq, parallelism = value
+            return {"processor": name[1]}, {"next_seq": next_seq, "parallelism": parallelism}
+        if tag in _POSITIONED and len(name) == 2:
+            parallelism, position = value
+            return {"processor": name[1]}, {"parallelism": parallelism, "position": position}
+        if tag == "kafka-offset" and len(name) == 3:
+            offset, watermark = value
+            return {"topic": name[1], "partition": name[2]}, {"offset": offset, "watermark": watermark}
+        if tag == "stream_files" and len(name) == 2:
+            if type(value) is int:  # an earlier version's name-keyed offset
+                return {"file": name[1]}, {"offset": value}
+            fname, offset, line, head, tail = value
+            return {"file": name[1]}, {
+                "name": fname, "offset": offset, "line": line, "head": head, "tail": tail,
+            }  # fmt: skip
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+def processor_rows(vertex: str, index: int, entries: Iterable[tuple[Any, Any]]) -> list[StateRow]:
+    """The rows of one processor's merged entries (see the module doc)."""
+    flat = expand_entries([(_unwrap(k), v) for k, v in entries])
+    names = {k.name for k, _ in flat if type(k) is BroadcastKey}
+    windows = _WINDOW_CURSOR in names
+    sessions = _SESSION_WATERMARK in names
+    rows: list[StateRow] = []
+    append = rows.append
+    for k, v in flat:
+        t = type(k)
+        if t is BroadcastKey:
+            off = _offset(k.name, v)
+            if off is not None:
+                append(StateRow(vertex, index, k.name, off[0], off[1], "offset"))
+            else:
+                append(StateRow(vertex, index, k.name, None, v, "broadcast"))
+        elif t is KeyedStateKey:
+            d = k.detail
+            if windows and type(d) is int:
+                append(StateRow(vertex, index, k.key, {"frame_end": d}, v, "window"))
+            elif sessions and d is None and type(v) in (list, tuple):
+                for s in v:
+                    append(StateRow(vertex, index, k.key, {"start": s[0], "end": s[1]}, s[2], "session"))
+            else:
+                append(StateRow(vertex, index, k.key, d, v, "keyed"))
+        else:
+            append(StateRow(vertex, index, k, None, v, "keyed"))
+    return rows
+
+
+def _rows(data: Any, vertex: str | None) -> list[StateRow]:
+    rows: list[StateRow] = []
+    for name, vs in data.vertices.items():
+        if vertex is not None and name != vertex:
+            continue
+        for i in sorted(vs.entries):
+            rows.extend(processor_rows(name, i, vs.entries[i]))
+    return rows
+
+
+def read(
+    store: Any,
+    vertex: str | None = None,
+    snapshot_id: int | None = None,
+    *,
+    key: Any = _ALL,
+) -> list[StateRow]:
+    """The entries of a committed snapshot of ``store`` (a directory, a
+    :class:`~slipstream.state.store.DirectorySnapshotStore`, or a job) as
+    :class:`StateRow` s: the newest by default, any retained one with ``snapshot_id``.
+    ``vertex`` reads only that vertex's chunks; ``key`` keeps the rows of that key.
+
+    Errors: :class:`SnapshotError` when there is no store, no committed snapshot, or
+    ``snapshot_id`` is not retained (the message lists the retained ids);
+    ``ValueError`` for an unknown ``vertex`` (listing the snapshot's vertices); the
+    store's own :class:`~slipstream.core.errors.SnapshotStoreDamagedError` when its
+    newest snapshot cannot be read (a file missing, corrupt or failing its signature),
+    and its ``SnapshotError`` naming the file for an older one."""
+    s = open_store(store)
+    _sid, data = _snapshot(s, vertex, snapshot_id)
+    rows = _rows(data, vertex)
+    if key is not _ALL:
+        rows = [r for r in rows if _same_key(r.key, key)]
+    return rows
+
+
+def read_with_id(
+    store: Any, vertex: str | None = None, snapshot_id: int | None = None
+) -> tuple[int, list[StateRow]]:
+    """:func:`read` and the id of the snapshot it read."""
+    s = open_store(store)
+    sid, data = _snapshot(s, vertex, snapshot_id)
+    return sid, _rows(data, vertex)
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a key's __eq__ may raise on another type
+        return False
+
+
+# -- changes -------------------------------------------------------------------------------
+def _hashable(x: Any) -> Any:
+    if type(x) is dict:
+        return tuple((k, _hashable(v)) for k, v in x.items())
+    if type(x) is list:
+        return tuple(_hashable(v) for v in x)
+    try:
+        hash(x)
+    except TypeError:
+        return repr(x)
+    return x
+
+
+def _identity(r: StateRow) -> tuple[Any, ...]:
+    """What names an entry across snapshots: a keyed entry by its key and detail (it may
+    move to another processor when a job is restored at another parallelism), the rest
+    by processor and name as well."""
+    if r.kind in ("keyed", "window", "session"):
+        return (r.vertex, r.kind, _hashable(r.key), _hashable(r.detail))
+    return (r.vertex, r.kind, r.processor, _hashable(r.key), _hashable(r.detail))
+
+
+def _differs(a: Any, b: Any) -> bool:
+    try:
+        return bool(a != b)
+    except Exception:  # noqa: BLE001 - arrays and the like: compare what they pickle as
+        return repr(a) != repr(b)
+
+
+def changes(
+    store: Any, from_id: int, to_id: int, vertex: str | None = None
+) -> list[StateChange]:
+    """The entries ``added``, ``changed`` and ``removed`` from retained snapshot
+    ``from_id`` to retained snapshot ``to_id`` of ``store`` (a change feed): the newer
+    snapshot's rows that are new or whose value differs, in its order, then the rows it
+    no longer has. A session that grew is a removed session and an added one (its
+    bounds are its detail)."""
+    s = open_store(store)
+    _a, old = _snapshot(s, vertex, from_id)
+    _b, new = _snapshot(s, vertex, to_id)
+    before: dict[tuple[Any, ...], StateRow] = {}
+    for r in _rows(old, vertex):
+        before[_identity(r)] = r
+    out: list[StateChange] = []
+    seen: set[tuple[Any, ...]] = set()
+    for r in _rows(new, vertex):
+        ident = _identity(r)
+        seen.add(ident)
+        prev = before.get(ident)
+        if prev is None:
+            out.append(StateChange(*r, "added", None))
+        elif _differs(prev.value, r.value):
+            out.append(StateChange(*r, "changed", prev.value))
+    for ident, prev in before.items():
+        if ident not in seen:
+            out.append(StateChange(*prev[:4], None, prev.kind, "removed", prev.value))
+    return out
+
+
+# -- data frames -----------------------------------------------------------------------------
+def _columns(rows: Sequence[tuple[Any, ...]]) -> tuple[tuple[str, ...], list[list[Any]]]:
+    fields: tuple[str, ...] = (
+        tuple(getattr(rows[0], "_fields", ())) if rows else StateRow._fields
+    )
+    cols: list[list[Any]] = [[] for _ in fields]
+    for r in rows:
+        for c, v in zip(cols, r, strict=True):
+            c.append(v)
+    return fields, cols
+
+
+def to_pandas(rows: Sequence[tuple[Any, ...]]) -> Any:
+    """``rows`` (of :func:`read` or :func:`changes`) as a ``pandas.DataFrame``, one
+    column per field (keys, details and values as the Python objects they are)."""
+    try:
+        import pandas as pd
+    except ImportError as e:
+        raise ImportError(
+            "slipstream.state.to_pandas needs pandas, which is not installed: pip install pandas"
+        ) from e
+    fields, cols = _columns(rows)
+    return pd.DataFrame(dict(zip(fields, cols, strict=True)), columns=list(fields))
+
+
+def to_arrow(rows: Sequence[tuple[Any, ...]]) -> Any:
+    """``rows`` (of :func:`read` or :func:`changes`) as a ``pyarrow.Table``. A column
+    whose values Arrow cannot hold as one type (keys of mixed types, tuples next to
+    ints, objects) holds their ``repr`` strings instead."""
+    try:
+        import pyarrow as pa
+    except ImportError as e:
+        raise ImportError(
+            "slipstream.state.to_arrow needs pyarrow, which is not installed: pip install "
+            "pyarrow (or slipstream[parquet])"
+        ) from e
+    fields, cols = _columns(rows)
+    arrays = []
+    for c in cols:
+        try:
+            arrays.append(pa.array(c))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            arrays.append(pa.array([None if v is None else repr(v) for v in c], pa.string()))
+    return pa.Table.from_arrays(arrays, names=list(fields))
