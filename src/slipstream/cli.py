@@ -1,4 +1,6 @@
-"""Command line: ``slipstream run TARGET [options] [-- ARGS]`` and ``slipstream dot TARGET``.
+"""Command line: ``slipstream run TARGET [options] [-- ARGS]``, ``slipstream dot TARGET``
+and ``slipstream state STORE`` (a job's state from its snapshot store:
+:mod:`slipstream.cli_state`).
 
 ``TARGET`` is ``path/to/file.py:function`` or ``module:function``; the function returns
 a :class:`DAG` (or anything with ``to_dag()``). Arguments after ``--`` (``key=value``,
@@ -448,6 +450,9 @@ def parser() -> argparse.ArgumentParser:
     _add_target(dot)
     dot.add_argument("--svg", metavar="FILE", help="write an SVG picture to FILE ('-': stdout)")
     dot.set_defaults(fn=cmd_dot)
+    from slipstream.cli_state import add_parser as add_state
+
+    add_state(sub)
     return ap
 
 

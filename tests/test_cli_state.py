@@ -1,0 +1,154 @@
+"""``slipstream state STORE`` (issue 25, item 2): a job's state from its snapshot store as
+a table, CSV or JSON lines, one vertex, one key, an older snapshot, and the errors with
+their exit status."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import operator
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream.aggregate import counting
+from slipstream.core.errors import JobCancelledError
+from slipstream.state.store import DirectorySnapshotStore
+
+
+def event(seq: int) -> tuple[str, int]:
+    return ("abc"[seq % 3], seq)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The store of a rolling count per key behind a generator, cancelled after 4
+    committed snapshots (all retained)."""
+    directory = str(tmp_path_factory.mktemp("cli-state") / "store")
+    p = ss.Pipeline()
+    p.read_from(sources.generator(event, 2000.0)).group_by(operator.itemgetter(0)).rolling_aggregate(
+        counting()
+    ).write_to(sinks.noop())
+    engine = ss.local()
+    try:
+        job = engine.new_job(
+            p,
+            JobConfig(
+                name="counts",
+                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                snapshot_interval_ms=20,
+                snapshot_store=DirectorySnapshotStore(directory, keep=50),
+            ),
+        )
+        deadline = time.monotonic() + 120
+        while int(job.metrics["__job__"]["snapshots"]) < 4:
+            assert not job.status.is_terminal and time.monotonic() < deadline
+            time.sleep(0.005)
+        job.cancel()
+        with pytest.raises(JobCancelledError):
+            job.join(60)
+    finally:
+        engine.shutdown()
+    return directory
+
+
+def state(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slipstream", "state", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def newest(store: str) -> int:
+    return DirectorySnapshotStore(store).committed_ids()[-1]
+
+
+def test_jsonl_is_every_row(store: str) -> None:
+    r = state(store, "--format", "jsonl")
+    assert r.returncode == 0, r.stderr
+    rows = ss.state.read(store)
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    want = [
+        {
+            "vertex": row.vertex,
+            "processor": row.processor,
+            "kind": row.kind,
+            "key": list(row.key) if type(row.key) is tuple else row.key,
+            "detail": row.detail,
+            "value": row.value,
+        }
+        for row in rows
+    ]
+    assert got == want
+    assert {g["kind"] for g in got} == {"keyed", "offset"}
+    assert r.stderr == f"snapshot {newest(store)} of {store}: {len(rows)} rows\n"
+
+
+def test_one_key_of_one_vertex_as_csv(store: str) -> None:
+    r = state(store, "--vertex", "rolling_aggregate", "--key", "b", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    (row,) = ss.state.read(store, "rolling_aggregate", key="b")
+    assert r.stdout == (
+        "vertex,processor,kind,key,detail,value\n"
+        f"rolling_aggregate,{row.processor},keyed,'b',,{row.value}\n"
+    )
+    # the key matched by its repr as well
+    assert state(store, "--vertex", "rolling_aggregate", "--key", "'b'", "--format", "csv").stdout == r.stdout
+    assert list(csv.reader(io.StringIO(r.stdout)))[1][3] == "'b'"
+    assert r.stderr == f"snapshot {newest(store)} of {store}, vertex 'rolling_aggregate': 1 row\n"
+
+
+def test_table_of_an_older_snapshot(store: str) -> None:
+    first = DirectorySnapshotStore(store).committed_ids()[0]
+    r = state(store, "--snapshot", str(first))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["vertex", "processor", "kind", "key", "detail", "value"]
+    rows: list[Any] = ss.state.read(store, snapshot_id=first)
+    assert len(lines) == 1 + len(rows)
+    for line, row in zip(lines[1:], rows, strict=True):
+        assert line.startswith(f"{row.vertex}  ")
+        assert line.endswith(repr(row.value))
+    # the source's offset row, its detail as name=value
+    assert any(
+        line.split()[:4] == ["source", "0", "offset", "('generator',"] and "processor=0" in line
+        for line in lines
+    )
+    assert r.stderr == f"snapshot {first} of {store}: {len(rows)} rows\n"
+
+
+def test_errors_and_exit_status(store: str, tmp_path: Path) -> None:
+    r = state(str(tmp_path / "none"))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"error: no snapshot store at {tmp_path / 'none'}: no such directory\n"
+    r = state(store, "--vertex", "nope")
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"error: snapshot {newest(store)} in {store} has no vertex 'nope'; its vertices: "
+        "'rolling_aggregate', 'sink', 'source'\n"
+    )
+    ids = DirectorySnapshotStore(store).committed_ids()
+    r = state(store, "--snapshot", "99999")
+    assert r.returncode == 1
+    assert r.stderr == (
+        f"error: snapshot 99999 is not retained in snapshot store {store}; retained: "
+        + ", ".join(map(str, ids))
+        + "\n"
+    )
+    r = state(store, "--vertex", "rolling_aggregate", "--key", "zzz")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (
+        f"error: no entry with key 'zzz' in snapshot {newest(store)} of {store}, vertex "
+        "'rolling_aggregate'\n"
+    )
+    r = state(store, "--format", "xml")
+    assert r.returncode == 2 and "invalid choice: 'xml'" in r.stderr
