@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import os
 import pickle
 import threading
 import time
@@ -173,6 +174,8 @@ class SnapshotCoordinator:
         if max_deltas == -1:
             max_deltas = compact.DEFAULT_MAX_DELTAS
         self.max_deltas = max_deltas
+        # compaction outputs taken into the chains that no committed manifest names yet
+        self._unnamed: set[str] = set()
         self._compactor: Compactor | None = (
             Compactor(store, compact_in_child, job_name)
             if max_deltas is not None and hasattr(store, "protected")
@@ -204,9 +207,11 @@ class SnapshotCoordinator:
         with self._lock:
             self._writer_closing = True
             self._commit_event.notify_all()
-            self._commit_event.wait_for(
+            idle = self._commit_event.wait_for(
                 lambda: self._to_write is None and self._final is not _FINAL_DUE, timeout
             )
+        if idle and self._compactor is not None:
+            self._drop_unnamed_compactions()
 
     def _run_timer(self) -> None:
         """Requests a snapshot every interval and watches the one in flight (woken at
@@ -451,7 +456,7 @@ class SnapshotCoordinator:
         while its completion state is unchanged."""
         store = self.store
         sid = data.snapshot_id
-        compacted = self._take_compactions()
+        self._take_compactions()
         store.begin(sid)
         chains: dict[tuple[str, int], list[ChunkRef]] = {}
         completed_chains: dict[tuple[str, int], tuple[int, list[ChunkRef]]] = {}
@@ -488,32 +493,53 @@ class SnapshotCoordinator:
             raise
         self._chains = chains
         self._completed_chains = completed_chains
-        if compacted:
+        if self._unnamed:
             named = manifest.files()
-            for f in compacted:
-                if f in named or not any(c[0].file == f for c in chains.values()):
-                    store.protected.discard(f)  # named now, or superseded (GC removes it)
+            for f in list(self._unnamed):
+                if f in named:
+                    self._unnamed.discard(f)
+                    store.protected.discard(f)  # a committed manifest names it now
+                elif not any(c[0].file == f for c in chains.values()):
+                    self._drop_compaction(f)  # superseded before any manifest named it
         self._compact_long_chains()
         disk_bytes = getattr(store, "disk_bytes", None)
         if disk_bytes is not None:
             self.store_bytes = disk_bytes()
 
-    def _take_compactions(self) -> set[str]:
+    def _drop_unnamed_compactions(self) -> None:
+        """The execution ends (the compactor stopped, no snapshot being written): remove
+        the compactions' outputs that no committed manifest names (finished too late to
+        be used), so that a completed job leaves no file behind."""
+        assert self._compactor is not None
+        for _covers, ref in self._compactor.take_done().values():
+            self._unnamed.add(ref.file)
+        for f in list(self._unnamed):
+            self._drop_compaction(f)
+
+    def _drop_compaction(self, name: str) -> None:
+        """Remove compaction output ``name``, which no committed manifest names."""
+        self._unnamed.discard(name)
+        self.store.protected.discard(name)
+        try:
+            os.unlink(os.path.join(self.store.directory, name))
+        except OSError:
+            pass
+
+    def _take_compactions(self) -> None:
         """The store thread, before a snapshot: chains the compactor merged replace the
         prefix they stand for in the committed chains (a chain that started over with a
-        full chunk meanwhile does not use it). Returns the compacted files in use."""
+        full chunk meanwhile does not use it). Their files stay protected, in
+        ``_unnamed``, until a committed manifest names them."""
         if self._compactor is None:
-            return set()
-        used = set()
+            return
         for key, (covers, ref) in self._compactor.take_done().items():
             chain = self._chains.get(key)
             n = len(covers)
+            self._unnamed.add(ref.file)
             if chain is not None and tuple(chain[:n]) == covers:
                 self._chains[key] = [ref, *chain[n:]]
-                used.add(ref.file)
             else:
-                self.store.protected.discard(ref.file)  # superseded: GC removes it
-        return used | {c[0].file for c in self._chains.values() if c[0].file in self.store.protected}
+                self._drop_compaction(ref.file)  # superseded: the chain started over
 
     def _compact_long_chains(self) -> None:
         """After a commit: hand to the background compaction the chains with more than

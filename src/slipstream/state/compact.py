@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -155,7 +156,11 @@ class Compactor:
         self._queue.put(None)
         child = self._child
         if child is not None and child.poll() is None:
-            child.kill()
+            child.terminate()  # it removes its temporary file (see main)
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                child.kill()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -186,9 +191,13 @@ class Compactor:
                     type(e).__name__,
                     e,
                 )
-                self.store.protected.discard(
-                    chunk_file_name(chain[-1].snapshot_id, key[0], key[1], True)
-                )
+                # its output, if written before the failure, is never used
+                output = chunk_file_name(chain[-1].snapshot_id, key[0], key[1], True)
+                self.store.protected.discard(output)
+                try:
+                    os.unlink(os.path.join(self.store.directory, output))
+                except OSError:
+                    pass
                 with self._lock:
                     self._busy.discard(key)
                 continue
@@ -218,13 +227,15 @@ class Compactor:
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
         self._child = proc
         if self._stopping:
-            proc.kill()
+            proc.terminate()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m slipstream.state.compact``: one compaction, the request as JSON on stdin
     (``directory``, ``key`` in hex, ``vertex``, ``index``, ``chain``), the new chunk's
     reference as JSON on stdout."""
+    # SIGTERM (the job ended) unwinds: the chunk being written removes its temp file
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     req: dict[str, Any] = json.loads(sys.stdin.buffer.read())
     store = DirectorySnapshotStore(req["directory"], key=bytes.fromhex(req["key"]))
     chain = [ChunkRef.from_json(r) for r in req["chain"]]

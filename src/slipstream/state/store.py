@@ -775,6 +775,17 @@ class DirectorySnapshotStore:
             self.directory, self.key, ref, vertex, index, snapshot_id, self.key_origin
         )
 
+    def check(self, snapshot_id: int) -> None:
+        """Verify snapshot ``snapshot_id``: its manifest and every chunk it names (their
+        signatures and headers; nothing is unpickled). :class:`SnapshotError` if not."""
+        manifest = self.read_manifest(snapshot_id)
+        for name, vm in manifest.vertices.items():
+            for i, chain in vm.chains.items():
+                for ref in chain:
+                    verified_chunk_file(
+                        self.directory, self.key, ref, name, i, snapshot_id, self.key_origin
+                    )
+
     def read_chain(
         self, chain: Sequence[ChunkRef], vertex: str, index: int, snapshot_id: int
     ) -> list[tuple[Any, Any]]:
@@ -840,7 +851,7 @@ class DirectorySnapshotStore:
             intact = []
             for i in reversed(ids[:-1]):
                 try:
-                    self.read_header(i)
+                    self.check(i)  # its manifest and the chunks it names
                     intact.append(i)
                 except SnapshotError:
                     continue
@@ -905,6 +916,24 @@ def read_chunk_file(
     in the chain of snapshot ``snapshot_id``), verified against its own MAC and the one
     the manifest recorded before anything is unpickled; :class:`SnapshotError` naming
     the file otherwise."""
+    where, payload = verified_chunk_file(directory, key, ref, vertex, index, snapshot_id, key_origin)
+    try:
+        return fmt.decode_payload(payload)
+    except Exception as e:  # noqa: BLE001
+        raise SnapshotError(f"{where} cannot be loaded: {e}") from e
+
+
+def verified_chunk_file(
+    directory: str,
+    key: bytes,
+    ref: ChunkRef,
+    vertex: str,
+    index: int,
+    snapshot_id: int,
+    key_origin: str = "",
+) -> tuple[str, memoryview]:
+    """Chunk ``ref``'s payload, verified as :func:`read_chunk_file` does (not unpickled),
+    and the text that names it in errors."""
     path = os.path.join(directory, ref.file)
     where = f"snapshot {snapshot_id}: chunk {path} (vertex {vertex!r}, processor {index})"
     try:
@@ -940,10 +969,7 @@ def read_chunk_file(
         or info.get("size") != len(payload)
     ):
         raise SnapshotError(f"{where} has a header that does not match the manifest: {info}")
-    try:
-        return fmt.decode_payload(payload)
-    except Exception as e:  # noqa: BLE001
-        raise SnapshotError(f"{where} cannot be loaded: {e}") from e
+    return where, payload
 
 
 def read_chain_files(
