@@ -186,6 +186,11 @@ def test_rows_of_one_vertex_and_one_key(store: str) -> None:
     one = ss.state.read(store, vertex="window-combine", key=1)
     assert one and {r.key for r in one} == {1}
     assert ss.state.read(store, vertex="sink", key=1) == []
+    # key= looks the key up in each map: the same rows as filtering every row
+    every = ss.state.read(store)
+    for k in (0, 1, 2, 3, "window.next_win_to_emit", ("generator", 0)):
+        assert ss.state.read(store, key=k) == [r for r in every if r.key == k], k
+    assert ss.state.read(store, key=[1]) == []  # an unhashable key: compared with every row
 
 
 def test_changes_between_two_retained_snapshots(store: str) -> None:
@@ -281,6 +286,26 @@ def test_a_damaged_store_is_reported_as_the_store_reports_it(tmp_path: Path) -> 
         ss.state.read(directory)
     with pytest.raises(SnapshotError, match=f"chunk {chunk} .*fails its signature check"):
         ss.state.read(directory, snapshot_id=newest)
+
+
+def test_a_format_2_store_reads_as_it_did_in_format_3(tmp_path: Path) -> None:
+    """A store written before the chunked format (one pickled SnapshotData per file)
+    reads into the same rows, one vertex too."""
+    from format2_store import convert_to_format2, is_format2
+
+    directory = str(tmp_path / "store")
+    run_and_cancel(directory, 3)
+    before = {sid: ss.state.read(directory, snapshot_id=sid) for sid in ids(directory)}
+    converted = convert_to_format2(directory)
+    assert all(is_format2(directory, sid) for sid in converted)
+    for sid, rows in before.items():
+        assert ss.state.read(directory, snapshot_id=sid) == rows
+    newest = max(before)
+    assert ss.state.read(directory, "rolling_aggregate") == [
+        r for r in before[newest] if r.vertex == "rolling_aggregate"
+    ]
+    with pytest.raises(ValueError, match="has no vertex 'nope'; its vertices: 'rolling_aggregate', "):
+        ss.state.read(directory, "nope")
 
 
 def test_a_store_without_its_key_is_refused_before_anything_is_read(

@@ -50,6 +50,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from slipstream.core.errors import SnapshotError
+from slipstream.state.keyed import FULL, StateMap, StateMapSave
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
 
 __all__ = [
@@ -225,6 +226,19 @@ def _offset(name: Any, value: Any) -> tuple[Any, Any] | None:
     return None
 
 
+def _narrow(entries: Iterable[tuple[Any, Any]], key: Any) -> list[tuple[Any, Any]]:
+    """``entries`` with each full map cut down to ``key``'s entry (a dict lookup instead
+    of a row per key; the other entries stay, a window's cursor tells its frames)."""
+    out: list[tuple[Any, Any]] = []
+    for k, v in entries:
+        if type(k) is StateMap and v.mode == FULL:
+            if key in v.upserts:
+                out.append((k, StateMapSave(FULL, {key: v.upserts[key]}, (), 0)))
+        else:
+            out.append((k, v))
+    return out
+
+
 def processor_rows(vertex: str, index: int, entries: Iterable[tuple[Any, Any]]) -> list[StateRow]:
     """The rows of one processor's merged entries (see the module doc)."""
     flat = expand_entries([(_unwrap(k), v) for k, v in entries])
@@ -255,13 +269,23 @@ def processor_rows(vertex: str, index: int, entries: Iterable[tuple[Any, Any]]) 
     return rows
 
 
-def _rows(data: Any, vertex: str | None) -> list[StateRow]:
+def _rows(data: Any, vertex: str | None, key: Any = _ALL) -> list[StateRow]:
+    """The rows of ``data`` (``vertex``'s only, if given; ``key``'s only, if given)."""
+    narrow = key is not _ALL
+    if narrow:
+        try:
+            hash(key)
+        except TypeError:
+            narrow = False
     rows: list[StateRow] = []
     for name, vs in data.vertices.items():
         if vertex is not None and name != vertex:
             continue
         for i in sorted(vs.entries):
-            rows.extend(processor_rows(name, i, vs.entries[i]))
+            entries = vs.entries[i]
+            rows.extend(processor_rows(name, i, _narrow(entries, key) if narrow else entries))
+    if key is not _ALL:
+        rows = [r for r in rows if _same_key(r.key, key)]
     return rows
 
 
@@ -285,10 +309,7 @@ def read(
     and its ``SnapshotError`` naming the file for an older one."""
     s = open_store(store)
     _sid, data = _snapshot(s, vertex, snapshot_id)
-    rows = _rows(data, vertex)
-    if key is not _ALL:
-        rows = [r for r in rows if _same_key(r.key, key)]
-    return rows
+    return _rows(data, vertex, key)
 
 
 def read_with_id(
