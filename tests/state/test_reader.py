@@ -8,7 +8,6 @@ job."""
 from __future__ import annotations
 
 import operator
-import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -353,11 +352,25 @@ def test_job_state_errors(tmp_path: Path) -> None:
     engine = ss.local()
     try:
         job = engine.new_job(build(), JobConfig(name="nostate"))
-        with pytest.raises(SnapshotError, match="takes no snapshots"):
+        with pytest.raises(SnapshotError, match="job 'nostate' takes no snapshots"):
             job.state("rolling_aggregate", 1)
+        with pytest.raises(SnapshotError, match="takes no snapshots"):
+            ss.state.read(job)
         job.cancel()
         with pytest.raises(JobCancelledError):
             job.join(60)
+        directory = str(tmp_path / "store")
+        later_config = config(directory)
+        later_config.name, later_config.snapshot_interval_ms = "later", 3_600_000
+        later = engine.new_job(build(), later_config)
+        with pytest.raises(SnapshotError) as e:
+            later.state("rolling_aggregate", 1)
+        assert str(e.value) == (
+            f"job 'later' has committed no snapshot yet (its store is {directory}): there is "
+            "no state to read"
+        )
+        later.cancel()
+        with pytest.raises(JobCancelledError):
+            later.join(60)
     finally:
         engine.shutdown()
-    assert os.path.exists(tmp_path)

@@ -615,6 +615,11 @@ class Job(JobHandle):
                 f"job {self.name!r} takes no snapshots (processing_guarantee NONE): it has no "
                 f"state to read"
             )
+        if not self.store.committed_ids():
+            raise SnapshotError(
+                f"job {self.name!r} has committed no snapshot yet (its store is "
+                f"{self.store.directory}): there is no state to read"
+            )
         if key is _ANY_KEY:
             return read(self.store, vertex)
         return read(self.store, vertex, key=key)
