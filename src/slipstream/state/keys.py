@@ -92,3 +92,43 @@ def routing_key(snapshot_key: Any) -> Any:
 
 def is_broadcast(snapshot_key: Any) -> bool:
     return type(snapshot_key) is BroadcastKey
+
+
+#: the tag of a wrapped snapshot key of a fused pair's first processor (plain data: the
+#: snapshot format pickles no slipstream class)
+_FIRST = "\x00first"
+
+
+def wrap_first_key(key: Any) -> Any:
+    """The snapshot key ``key`` of the first processor of a fused pair (the Pipeline's
+    ``PipeP``), wrapped so that a restore can tell it from the second one's and still
+    routes it like the original key."""
+    if type(key) is BroadcastKey:
+        return BroadcastKey((_FIRST, key.name))
+    if type(key) is KeyedStateKey:
+        return KeyedStateKey(key.key, (_FIRST, "k", key.detail))
+    if type(key) is StateMap or type(key) is KeyedStateBatch:
+        # a map is routed by each of its keys: it would need unwrapping per key
+        raise TypeError(f"the first processor of a fused pair cannot save keyed-state maps ({key!r})")
+    return KeyedStateKey(key, (_FIRST, "e"))
+
+
+def unwrap_first_key(key: Any) -> Any:
+    """The original key of a key wrapped by :func:`wrap_first_key` (or by the
+    ``FirstKey`` class of snapshots before format 3, recognised by name: this layer
+    imports no pipeline code); ``None`` if ``key`` is not wrapped."""
+    t = type(key)
+    if t is BroadcastKey:
+        inner = key.name
+    elif t is KeyedStateKey:
+        inner = key.detail
+        if type(inner) is tuple and len(inner) >= 2 and inner[0] == _FIRST:
+            return KeyedStateKey(key.key, inner[2]) if inner[1] == "k" else key.key
+    else:
+        return None
+    if type(inner) is tuple and len(inner) == 2 and inner[0] == _FIRST and t is BroadcastKey:
+        return BroadcastKey(inner[1])
+    it = type(inner)
+    if it.__name__ == "FirstKey" and it.__module__ == "slipstream.pipeline.fused":
+        return inner.key
+    return None
