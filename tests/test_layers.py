@@ -307,16 +307,6 @@ def test_snapshot_files_name_no_slipstream_class(tmp_path: Path) -> None:
     p.read_from(sources.items(range(100))).group_by(lambda x: x % 3).aggregate(counting()).write_to(
         sinks.noop()
     )
-    # watermarks inserted inside the window's first stage (a PipeP: its first processor's
-    # keys are wrapped)
-    (
-        p.read_from(generator(_event, 20_000.0))
-        .with_timestamps(ts1, 100)
-        .group_by(key0)
-        .window(tumbling_window_def(5_000))
-        .aggregate(counting())
-        .write_to(sinks.noop())
-    )
     store_dir = str(tmp_path / "store")
     job = ss.local(cooperative_threads=2).new_job(
         p,

@@ -19,7 +19,6 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from test_kill_restart import committed, read_lines
 
 N = 12_000
 
@@ -57,6 +56,23 @@ SCRIPT = textwrap.dedent(
     print("done", flush=True)
     """
 )
+
+
+def committed(store: str) -> list[int]:
+    try:
+        with open(os.path.join(store, "MANIFEST.json")) as fh:
+            return list(json.load(fh)["committed"])
+    except (OSError, ValueError):
+        return []
+
+
+def read_lines(d: str) -> list[str]:
+    lines: list[str] = []
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.startswith("part-"):
+            with open(os.path.join(d, name)) as fh:
+                lines.extend(x for x in fh.read().split("\n") if x)
+    return lines
 
 
 def expected() -> Counter:

@@ -37,7 +37,7 @@ from slipstream.core.item_errors import ItemErrors, failed_position
 from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor
-from slipstream.state.keys import unwrap_first_key, wrap_first_key
+from slipstream.state.keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
 __all__ = ["ChainFn", "FusedChainP", "InputFusedP", "PipeP", "STATELESS_KINDS"]
 
@@ -282,16 +282,26 @@ class InputFusedP(Processor):
 
 
 class FirstKey(NamedTuple):
-    """How snapshots of slipstream before format 3 wrapped a snapshot key of
-    :class:`PipeP`'s first processor (still read; new snapshots wrap keys in tagged plain
-    tuples, :func:`~slipstream.state.keys.wrap_first_key`, so that no slipstream class is
-    pickled into a snapshot file)."""
+    """A snapshot key of :class:`PipeP`'s first processor, wrapped so that a restore can
+    tell it from the second one's (and still routes it like the original key)."""
 
     key: Any
 
 
-_wrap_first = wrap_first_key
-_unwrap_first = unwrap_first_key
+def _wrap_first(key: Any) -> Any:
+    if is_broadcast(key):
+        return BroadcastKey(FirstKey(key))
+    return KeyedStateKey(routing_key(key), FirstKey(key))
+
+
+def _unwrap_first(key: Any) -> Any:
+    """The first processor's original key, or ``None`` if ``key`` is the second's."""
+    t = type(key)
+    if t is BroadcastKey and type(key.name) is FirstKey:
+        return key.name.key
+    if t is KeyedStateKey and type(key.detail) is FirstKey:
+        return key.detail.key
+    return None
 
 
 def _next_special(types: list[type], start: int) -> int:
@@ -317,7 +327,7 @@ class PipeP(Processor):
     So the engine never takes a snapshot or completes with items between the two.
 
     Snapshots hold both processors' state; the first one's keys are wrapped
-    (tagged plain tuples, routed as the original key) so a restore gives each its own.
+    (:class:`FirstKey`, routed as the original key) so a restore gives each its own.
     Both processors must be cooperative. Each applies the bad-record policy to its own
     functions if it handles item errors (dead letters go to this processor's outbox).
     """

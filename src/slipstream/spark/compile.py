@@ -56,6 +56,7 @@ from slipstream.spark.feed import RESULT_TAG, ROWS_TAG
 from slipstream.spark.io import SparkDataFrameSink, SparkRowSource, SparkStreamSource
 from slipstream.spark.shuffle import ordered_shuffle
 from slipstream.spark.task import InboundSpec, OutboundSpec, RunMode, VertexTask
+from slipstream.state.restore import custom_partitioners
 
 __all__ = ["CompiledDag", "EpochInput", "compile_dag", "is_narrow", "plan_vertices", "validate"]
 
@@ -163,8 +164,11 @@ def _member_suppliers(
 class EpochInput:
     """What makes a compilation one epoch of a streaming job: the epoch's rows for each
     stream source vertex (``streams``: vertex name -> RDD) and the state carried from
-    the previous epoch (a broadcast of
-    ``{"restore": {(vertex, index): entries} | None, "watermarks": {...}}``).
+    the previous epoch (a broadcast of ``{"restore": {(vertex, index): entries} | None,
+    "watermarks": {...}, "store": {"directory", "key"}, "restore_id", "chains",
+    "write_id"}``: the entries the driver routed, the chains of the committed snapshot
+    ``restore_id`` the tasks read themselves and the snapshot they write, see
+    :mod:`slipstream.spark.epoch_state`).
 
     Without ``streams`` the epoch belongs to a driver-driven micro-batch job whose
     sources are slipstream processors: each source processor runs for up to
@@ -358,6 +362,9 @@ class _Compiler:
             dataframe_sink=meta.name if isinstance(meta, SparkDataFrameSink) else None,
             services=self.services,
             epoch_state=epoch.state if epoch is not None else None,
+            restore_partitioner=custom_partitioners(self.dag).get(v.name)
+            if epoch is not None
+            else None,
             epoch_ms=epoch.epoch_ms
             if epoch is not None and self.mode is RunMode.MICRO_EPOCH
             else None,

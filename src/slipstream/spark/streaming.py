@@ -3,23 +3,29 @@
 A DAG whose source is :func:`~slipstream.spark.io.spark_stream_source` runs as a query
 ``df.writeStream.foreachBatch(...)``. For every micro-batch (``epoch_id``) the driver
 
-1. loads the state committed by the previous epoch (a snapshot in slipstream's
-   :class:`~slipstream.state.store.DirectorySnapshotStore` under the
-   checkpoint location) and routes its entries to the processors exactly as the
-   embedded engine restores a snapshot (:func:`~slipstream.state.restore.restore_plan`:
-   keyed entries to the owner of the key's partition, ``BroadcastKey`` entries to every
-   processor);
+1. reads the manifest of the snapshot committed by the previous epoch (slipstream's
+   :class:`~slipstream.state.store.DirectorySnapshotStore` under the checkpoint
+   location, format 3) and sends the tasks the refs of its chunks, never the state: at
+   the same parallelism each task reads its own processor's chain from the checkpoint
+   (:mod:`slipstream.spark.epoch_state`). A vertex whose parallelism changed (or one
+   of whose processors saved an entry another one owns, or a store of an older
+   version) is still read and routed on the driver, exactly as the embedded engine
+   restores a snapshot (:func:`~slipstream.state.restore.restore_plan`: keyed entries
+   to the owner of the key's partition, ``BroadcastKey`` entries to every processor);
 2. runs the DAG once over the micro-batch's rows, compiled as for a batch job
    (:mod:`slipstream.spark.compile`) but in *epoch mode*: every processor first
    restores its share of the state (``restore_from_snapshot`` /
    ``finish_snapshot_restore``), the source emits the epoch's rows and then a terminal
-   snapshot barrier; each processor saves its state (``save_to_snapshot``), forwards the
-   barrier and closes. No ``complete()`` is called, so open windows stay open (in the
-   saved state) instead of being flushed as at the end of a batch;
-3. commits the new state atomically as the next snapshot (temp file + fsync + rename,
-   then the manifest), recording ``epoch_id``, with each processor's
-   watermark-coalescing state, so watermarks continue across epochs (a window opened in
-   epoch n closes in epoch n+k);
+   snapshot barrier; each processor saves its state (``save_to_snapshot``), its task
+   writes it as a signed chunk into the checkpoint (a file name of its own per task
+   attempt) and returns the chunk's ref, forwards the barrier and closes. No
+   ``complete()`` is called, so open windows stay open (in the saved state) instead of
+   being flushed as at the end of a batch;
+3. commits the next snapshot's manifest from the tasks' refs (temp file + fsync +
+   rename, then ``MANIFEST.json`` and the generation), recording ``epoch_id``, with each
+   processor's watermark-coalescing state, so watermarks continue across epochs (a
+   window opened in epoch n closes in epoch n+k); chunks no committed manifest names
+   (a failed attempt's, an abandoned epoch's) are removed at that commit;
 4. hands the sinks' list/map output to the engine.
 
 Event time follows Spark's rule, not Jet's per-split coalescing: the watermark is the
@@ -71,19 +77,26 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
 from slipstream.core.errors import DagError
-from slipstream.core.pickling import cloudpickle
 from slipstream.execution.plan import VertexPlan, member_addresses
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
 from slipstream.state.lineage import check_not_rolled_back, check_same_dag, dag_shape
 from slipstream.state.restore import custom_partitioners, restore_plan
-from slipstream.state.store import DirectorySnapshotStore, SnapshotData, VertexState
+from slipstream.state.store import (
+    FORMAT,
+    ChunkRef,
+    DirectorySnapshotStore,
+    Manifest,
+    SnapshotData,
+    VertexManifest,
+    VertexState,
+)
 
 __all__ = [
     "DEFAULT_EPOCH_MS",
@@ -115,6 +128,10 @@ DEFAULT_MAX_LIST_ITEMS = 1_000_000
 # Older versions pickled these as attributes of an ``EpochSnapshot(SnapshotData)``
 # subclass; the store reads those files into the same keys (state.store.upgrade).
 
+#: A committed snapshot as an epoch starts from it: its manifest (format 3), or the whole
+#: snapshot of a store an older version wrote (format 2)
+Snapshot = Manifest | SnapshotData
+
 #: A processor's watermark state as the tasks use it (capture/restore_watermarks), by
 #: (vertex, processor index).
 Watermarks = dict[tuple[str, int], dict[str, Any]]
@@ -138,29 +155,29 @@ def epoch_extra(
     }
 
 
-def snapshot_epoch(data: SnapshotData, default: int = -1) -> int:
+def snapshot_epoch(data: SnapshotData | Manifest, default: int = -1) -> int:
     """Spark's epoch id of the epoch that committed ``data`` (``default`` if it has none:
     a snapshot the embedded engine wrote)."""
     value = data.extra.get("epoch_id")
     return int(value) if isinstance(value, int) else default
 
 
-def snapshot_finished(data: SnapshotData) -> bool:
+def snapshot_finished(data: SnapshotData | Manifest) -> bool:
     """Whether ``data`` was committed by a micro-batch job's final run."""
     return bool(data.extra.get("finished", False))
 
 
-def snapshot_no_data(data: SnapshotData) -> bool:
+def snapshot_no_data(data: SnapshotData | Manifest) -> bool:
     """Whether ``data`` was committed by a no-data epoch."""
     return bool(data.extra.get("no_data", False))
 
 
-def snapshot_watermark_pending(data: SnapshotData) -> bool:
+def snapshot_watermark_pending(data: SnapshotData | Manifest) -> bool:
     """Whether the epoch that committed ``data`` left a watermark pending."""
     return bool(data.extra.get("watermark_pending", False))
 
 
-def snapshot_watermarks(data: SnapshotData) -> Watermarks:
+def snapshot_watermarks(data: SnapshotData | Manifest) -> Watermarks:
     """Each processor's watermark-coalescing state saved with ``data`` (empty for a
     snapshot the embedded engine wrote)."""
     return decode_watermarks(data.extra.get("watermarks"))
@@ -252,7 +269,7 @@ class _EpochJob(SparkJobBase):
         # whether the newest committed epoch left a watermark pending (None: not known yet)
         self._watermark_pending: bool | None = None
         # the newest snapshot, read before the first epoch (see _resumed_epoch)
-        self._prefetched: SnapshotData | None = None
+        self._prefetched: Snapshot | None = None
         #: the id of the snapshot of ``checkpoint_location`` the job started from (0: none)
         self.resumed_from_snapshot = 0
         self.last_epoch_id: int | None = None
@@ -336,14 +353,22 @@ class _EpochJob(SparkJobBase):
         """The epoch that committed snapshot ``snapshot_id`` (for the resume warning)."""
         return snapshot_id - 1
 
-    def _latest(self, committed: list[int]) -> SnapshotData | None:
-        """The newest committed snapshot (``None`` at the start)."""
+    def _latest(self, committed: list[int]) -> Snapshot | None:
+        """The newest committed snapshot (``None`` at the start): its manifest (the
+        chunks stay where they are), or the whole snapshot of a format-2 store."""
         if not committed:
             return None
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched.snapshot_id == committed[-1]:
             return prefetched
-        return self.store.read(committed[-1])
+        return self._read_snapshot(committed[-1])
+
+    def _read_snapshot(self, snapshot_id: int) -> Snapshot:
+        """The manifest of snapshot ``snapshot_id`` (an older version's format-2 file:
+        the whole snapshot, restored through the driver as before)."""
+        if self.store.read_header(snapshot_id).get("format") == FORMAT:
+            return self.store.read_manifest(snapshot_id)
+        return self.store.read(snapshot_id)
 
     def _epoch_snapshot_id(
         self, epoch_id: int, committed: list[int], latest: Any, no_data: bool
@@ -353,20 +378,60 @@ class _EpochJob(SparkJobBase):
         snapshot_id = epoch_id + 1
         return None if snapshot_id in committed else snapshot_id
 
-    def _load_state(self, data: SnapshotData | None) -> dict[str, Any] | None:
-        """The state to restore before an epoch: the latest committed snapshot ``data``,
-        routed to the processors (``None`` at the start)."""
+    def _load_state(self, data: Snapshot | None, write_id: int) -> dict[str, Any]:
+        """What the epoch's tasks restore from and write to (module doc of
+        :mod:`slipstream.spark.epoch_state`): the checkpoint's store, the chains of the
+        latest committed snapshot ``data`` each task reads itself, and the entries the
+        driver routed for the vertices it cannot leave to the tasks (another
+        parallelism, an entry away from its owner, a snapshot of an older version)."""
+        state: dict[str, Any] = {
+            "store": {"directory": self.store.directory, "key": self.store.key},
+            "write_id": write_id,
+            "restore": None,
+            "chains": None,
+            "watermarks": {},
+        }
         if data is None:
-            return None
-        routed, _completed = restore_plan(data, self._plans, custom_partitioners(self.dag))
-        check_same_dag(data, dag_shape(self.dag), self.config.allow_job_change)
+            return state
+        check_same_dag(cast(Any, data), dag_shape(self.dag), self.config.allow_job_change)
         same = {
             name
             for name, vs in data.vertices.items()
             if name in self._plans and vs.total_parallelism == self._plans[name].total_parallelism
         }
-        watermarks = {k: v for k, v in snapshot_watermarks(data).items() if k[0] in same}
-        return {"restore": routed, "watermarks": watermarks}
+        state["watermarks"] = {
+            k: v for k, v in snapshot_watermarks(data).items() if k[0] in same
+        }
+        if isinstance(data, SnapshotData):  # format 2: the driver routes it all
+            state["restore"] = restore_plan(data, self._plans, custom_partitioners(self.dag))[0]
+            return state
+        flags = data.extra.get("executor_state")
+        spill = {str(v) for v, _i in (flags or {}).get("spill", [])}
+        broadcast = {(str(v), int(i)) for v, i in (flags or {}).get("broadcast", [])}
+        on_tasks = {n for n in same if flags is not None and n not in spill}
+        chains: dict[str, list[list[Any]]] = {}
+        for name in on_tasks:
+            vm = data.vertices[name]
+            chains[name] = [
+                [i, [r.as_json() for r in chain], (name, i) in broadcast]
+                for i, chain in sorted(vm.chains.items())
+            ]
+        # a task reads its own chain and the others' that hold broadcast entries
+        state["chains"] = chains
+        state["restore_id"] = data.snapshot_id
+        rest = {n: vm for n, vm in data.vertices.items() if n not in on_tasks}
+        if rest:
+            # the driver reads and routes these as before: issue 23's rerouting through a
+            # shuffle is not built yet
+            routed_data = SnapshotData(data.snapshot_id, data.job_name)
+            for name, vm in rest.items():
+                vs = routed_data.vertices[name] = VertexState(vm.total_parallelism)
+                vs.completed, vs.final = set(vm.completed), set(vm.final)
+                for i, chain in vm.chains.items():
+                    vs.entries[i] = self.store.read_chain(chain, name, i, data.snapshot_id)
+            plans = {n: p for n, p in self._plans.items() if n not in on_tasks}
+            state["restore"] = restore_plan(routed_data, plans, custom_partitioners(self.dag))[0]
+        return state
 
     def _run_one_epoch(
         self,
@@ -403,9 +468,10 @@ class _EpochJob(SparkJobBase):
                 )
                 self.epochs_skipped += 1
             return None
-        state = self._load_state(latest)
+        self.store.ensure_directory()
+        state = self._load_state(latest, snapshot_id)
         del latest
-        state_bc = sc.broadcast(state) if state is not None else None
+        state_bc = sc.broadcast(state)
         compiled = None
         try:
             sc.setJobGroup(
@@ -432,28 +498,44 @@ class _EpochJob(SparkJobBase):
         finally:
             for rdd in compiled.persisted if compiled is not None else []:
                 quietly(rdd.unpersist)
-            if state_bc is not None:
-                quietly(state_bc.unpersist)
+            quietly(state_bc.unpersist)
 
         results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
         if self._before_commit is not None:
             self._before_commit(epoch_id)  # a test hook: a driver failure before the commit
-        snapshot = SnapshotData(snapshot_id, self.name)
+        # the tasks wrote their processors' chunks; the epoch commits the manifest naming
+        # them (the driver never holds the state, see slipstream.spark.epoch_state)
+        manifest = Manifest(snapshot_id, self.name)
         watermarks: Watermarks = {}
+        spill: list[list[Any]] = []
+        broadcast: list[list[Any]] = []
+        chunk_bytes = 0
         for r in results:
-            if "snapshot" not in r:
+            saved = r.get("snapshot")
+            if saved is None:
                 continue  # the final run takes no snapshot
-            vs = snapshot.vertices.get(r["vertex"])
-            if vs is None:
+            vm = manifest.vertices.get(r["vertex"])
+            if vm is None:
                 total = compiled.total_parallelism[r["vertex"]]
-                vs = snapshot.vertices[r["vertex"]] = VertexState(total)
-            vs.entries[r["index"]] = [e for blob in r["snapshot"] for e in cloudpickle.loads(blob)]
+                vm = manifest.vertices[r["vertex"]] = VertexManifest(total)
+            if saved["chunk"] is not None:
+                ref = ChunkRef.from_json(saved["chunk"])
+                vm.chains[r["index"]] = [ref]
+                chunk_bytes += ref.size
+            if saved["spill"]:
+                spill.append([r["vertex"], r["index"]])
+            if saved["broadcast"]:
+                broadcast.append([r["vertex"], r["index"]])
             watermarks[(r["vertex"], r["index"])] = r["watermarks"]
         pending = _watermark_pending(results)
-        snapshot.extra = epoch_extra(
+        manifest.extra = epoch_extra(
             epoch_id, watermarks, finished=final, no_data=no_data, watermark_pending=pending
         )
-        self.store.write(snapshot)  # the commit point of the epoch
+        manifest.extra["executor_state"] = {"spill": spill, "broadcast": broadcast}
+        if self.store.job_name is None:
+            self.store.job_name = self.name
+        self.store.begin(snapshot_id)
+        self.store.commit(manifest, chunk_bytes=chunk_bytes)  # the commit point of the epoch
         self._watermark_pending = pending
         committed_at = time.time()
         engine.merge_results(results)
@@ -529,7 +611,7 @@ class SparkStreamingJob(_EpochJob):
     def _resumed_epoch(self, snapshot_id: int) -> int:
         """Spark's epoch id of snapshot ``snapshot_id`` (read once: the first epoch
         restores from it)."""
-        self._prefetched = data = self.store.read(snapshot_id)
+        self._prefetched = data = self._read_snapshot(snapshot_id)
         return snapshot_epoch(data, snapshot_id - 1)
 
     def _epoch_snapshot_id(
@@ -835,7 +917,7 @@ class SparkMicroBatchJob(_EpochJob):
                 self._status = JobStatus.RUNNING
             committed = self.store.committed_ids()
             latest = committed[-1] if committed else 0
-            if latest and snapshot_finished(self.store.read(latest)):
+            if latest and snapshot_finished(self._read_snapshot(latest)):
                 log.info("job %s: already finished at snapshot %d", self.name, latest)
                 self._finished = True
                 return

@@ -35,8 +35,9 @@ import enum
 import functools
 import itertools
 import pickle
+import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -44,6 +45,7 @@ from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.dag import Edge
 from slipstream.core.item_errors import ItemErrors
 from slipstream.core.items import SnapshotBarrier, Watermark
+from slipstream.core.partition import key_routing
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.services import InMemoryServices
 from slipstream.core.suppliers import ProcessorSupplier, SupplierContext
@@ -57,6 +59,7 @@ from slipstream.execution.plan import (
 )
 from slipstream.execution.queues import UNBOUNDED, SpscQueue
 from slipstream.execution.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
+from slipstream.spark.epoch_state import restore_entries, write_epoch_chunk
 from slipstream.spark.failures import ProcessorFailure, encode_failure
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG, InputFeed
 
@@ -242,6 +245,9 @@ class VertexTask:
     #: the state to restore (``mode.restores``): a broadcast of ``{"restore": ...,
     #: "watermarks": ...}`` (see :class:`slipstream.spark.compile.EpochInput`)
     epoch_state: Any = None
+    #: the custom partitioner that restore routing uses for this vertex (``None``: the
+    #: default), to tell whether a saved entry belongs to its processor
+    restore_partitioner: Any = None
     #: ``MICRO_EPOCH``: how long a source processor (no inbound edge) runs per epoch
     epoch_ms: float | None = None
     #: the job's key for signing failure markers (:mod:`slipstream.spark.failures`)
@@ -372,11 +378,11 @@ class VertexTask:
         restore: list[Any] | None = None
         saved_wm: Any = None
         if self.mode.restores:
-            if self.mode.epoch:
-                run.epoch_sink = EpochSnapshotSink(run.epoch_source)
             state = _value(self.epoch_state) or {}
-            if state.get("restore") is not None:
-                restore = list(state["restore"].get((self.vertex, index), []))
+            if self.mode.epoch:
+                write = functools.partial(self._write_chunk, state, index)
+                run.epoch_sink = EpochSnapshotSink(run.epoch_source, write)
+            restore = restore_entries(state, self.vertex, index)
             saved_wm = (state.get("watermarks") or {}).get((self.vertex, index))
             run.sent_wm = dict(saved_wm["sent"]) if saved_wm is not None else {}
         tasklet = ProcessorTasklet(
@@ -423,13 +429,37 @@ class VertexTask:
             "maps": maps,
         }
         if run.epoch_sink is not None:
-            result["snapshot"] = run.epoch_sink.blobs
+            saved = run.epoch_sink.result
+            if saved is None:
+                raise RuntimeError(
+                    f"{self.vertex}#{index}: the epoch ended without the processor's "
+                    "snapshot; this is a bug in the Spark engine"
+                )
+            result["snapshot"] = saved
             result["watermarks"] = {**capture_watermarks(tasklet), "sent": run.sent_wm}
         if run.gate is not None:
             result["source_done"] = run.gate.done
         yield (0, (RESULT_TAG, result))
 
     # ------------------------------------------------------------------ helpers
+    def _write_chunk(
+        self, state: Mapping[str, Any], index: int, entries: list[Any]
+    ) -> dict[str, Any]:
+        """Write this processor's saved ``entries`` into the checkpoint as snapshot
+        ``state["write_id"]`` under a name unique to this task attempt."""
+        owner = key_routing(
+            self.restore_partitioner, self.member_count, self.local_parallelism
+        ).owner
+        return write_epoch_chunk(
+            state["store"],
+            state["write_id"],
+            self.vertex,
+            index,
+            _attempt_token(),
+            entries,
+            owner,
+        )
+
     def _make_processor(self, member: int, local: int) -> tuple[ProcessorSupplier, Processor]:
         """The processor at ``local`` of the member's shipped supplier (the same creation
         as the embedded engine's, :func:`~slipstream.execution.plan.member_processors`);
@@ -625,16 +655,25 @@ class EpochSnapshotSink:
     """The tasklet's snapshot sink inside one epoch's task (the SnapshotSink protocol).
 
     Requests the terminal epoch barrier from a stream source once it has emitted all its
-    rows, or from a gated source (:class:`EpochSourceGate`) once its epoch is over (other processors receive the barrier from upstream; one without any input gets
-    it at once). Saved entries are pickled as they arrive, as Jet's
-    ``offerToSnapshot`` serializes immediately."""
+    rows, or from a gated source (:class:`EpochSourceGate`) once its epoch is over (other
+    processors receive the barrier from upstream; one without any input gets it at once).
+    When the processor has saved its state (``processor_done``), ``write`` turns its
+    entries into a chunk in the checkpoint (:func:`~slipstream.spark.epoch_state.
+    write_epoch_chunk`) before the task closes the processor; ``result`` is what the
+    task hands the driver instead of the entries."""
 
     committed_id = 0
-    hold_sources = False  # an epoch's state goes to the driver, not to a store
+    hold_sources = False  # the epoch's state goes to the checkpoint, not to a store
 
-    def __init__(self, source: StreamRowSourceP | EpochSourceGate | None) -> None:
+    def __init__(
+        self,
+        source: StreamRowSourceP | EpochSourceGate | None,
+        write: Callable[[list[Any]], dict[str, Any]],
+    ) -> None:
         self.source = source
-        self.blobs: list[bytes] = []
+        self._write = write
+        self.entries: list[Any] = []
+        self.result: dict[str, Any] | None = None
 
     def requested_snapshot(self) -> SnapshotBarrier | None:
         if self.source is None or self.source.exhausted:
@@ -642,12 +681,13 @@ class EpochSnapshotSink:
         return None
 
     def add_entries(self, tasklet: Any, snapshot_id: int, entries: list[Any]) -> None:
-        from pyspark import cloudpickle  # an executor may lack the cloudpickle package
-
-        self.blobs.append(cloudpickle.dumps(entries))
+        self.entries.extend(entries)
 
     def processor_done(self, tasklet: Any, barrier: SnapshotBarrier) -> None:
-        pass
+        # the terminal barrier: the processor saved all its state and processes nothing
+        # more, so its entries are encoded now, before it is closed
+        entries, self.entries = self.entries, []
+        self.result = self._write(entries)
 
     def add_completion_entries(self, tasklet: Any, entries: list[Any]) -> None:
         pass  # an epoch ends with its terminal barrier, never with complete()
@@ -676,6 +716,22 @@ def restore_watermarks(tasklet: ProcessorTasklet, state: dict[str, Any]) -> None
     for s in tasklet.streams:
         s.coalescer.restore_state(state["edges"][s.ordinal])
     tasklet.coalescer.restore_state(state["tasklet"])
+
+
+def _attempt_token() -> str:
+    """A name part unique to this task attempt: Spark's attempt number (when run by
+    Spark) and random bits (task ids restart with every SparkContext, so a replay after
+    a driver restart could reuse them)."""
+    attempt = ""
+    try:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if tc is not None:
+            attempt = f"{tc.stageId()}.{tc.attemptNumber()}."
+    except ImportError:  # pragma: no cover - the engine runs under pyspark
+        pass
+    return attempt + secrets.token_hex(8)
 
 
 def _value(broadcast: Any) -> Any:

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 from slipstream.core.errors import SnapshotError
 from slipstream.state.keyed import FULL, StateMap, StateMapSave
-from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries, unwrap_first_key
+from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
 
 __all__ = [
     "StateChange",
@@ -190,9 +190,13 @@ def _snapshot(store: Any, vertex: str | None, snapshot_id: int | None) -> tuple[
 
 # -- rows ----------------------------------------------------------------------------------
 def _unwrap(key: Any) -> Any:
-    """The original key of a fused pipeline stage's first processor."""
-    original = unwrap_first_key(key)
-    return key if original is None else original
+    """The original key of a fused pipeline stage's first processor (``FirstKey``)."""
+    inner: Any
+    for inner in (getattr(key, "name", None), getattr(key, "detail", None)):
+        t = type(inner)
+        if t.__name__ == "FirstKey" and t.__module__ == "slipstream.pipeline.fused":
+            return inner.key
+    return key
 
 
 def _offset(name: Any, value: Any) -> tuple[Any, Any] | None:

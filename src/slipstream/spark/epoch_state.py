@@ -1,0 +1,130 @@
+"""Keyed state on the executors: what a Spark task of a streaming epoch does with its
+processor's state (issue 23, item 1).
+
+The driver commits each epoch's snapshot as a format-3 manifest
+(:mod:`slipstream.state.format`) under the checkpoint location, but it never holds the
+processors' entries:
+
+* **Saving.** At the epoch's terminal barrier each task writes its processor's entries
+  as one full chunk into the store directory itself (:func:`write_epoch_chunk`, signed
+  with the store's key, which the driver hands to the executors in the epoch's state
+  broadcast; the file name is unique per task attempt, so a retried, speculative or
+  replayed task never overwrites a chunk another attempt wrote). The task's result
+  carries only the chunk's ref (file, MAC, mode, bytes) and two flags; the driver
+  builds the manifest from the refs and commits it (temp + fsync + rename,
+  ``MANIFEST.json``, the generation: :meth:`DirectorySnapshotStore.commit`). Chunks of
+  attempts that no committed manifest names are removed by the store's garbage
+  collection at the next commit.
+* **Restoring.** At the same parallelism each task reads its own processor's chain from
+  the checkpoint (:func:`restore_entries`; the driver sends the refs of the committed
+  manifest, never the state). Restore routing (:func:`~slipstream.state.restore.
+  restore_plan`) also gives every processor of a vertex the ``BroadcastKey`` entries of
+  all of them, and moves a keyed entry to the processor owning its key: so a task also
+  reads the chains of its vertex that hold broadcast entries (keeping only those), and
+  a vertex any of whose chains holds an entry its writer does not own (the ``spill``
+  flag) is routed on the driver, as is every vertex whose parallelism changed.
+
+The two flags are recorded per chain in the manifest's ``extra`` (``executor_state``,
+see :mod:`slipstream.spark.streaming`), so a restarted driver decides without reading a
+chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from slipstream.state import format as fmt
+from slipstream.state.keyed import StateMap
+from slipstream.state.keys import KeyedStateBatch, KeyedStateKey, expand_entries, is_broadcast
+from slipstream.state.store import (
+    ChunkRef,
+    chunk_file_name,
+    encode_chunk,
+    read_chain_files,
+    write_chunk_file,
+)
+
+__all__ = ["entry_flags", "restore_entries", "write_epoch_chunk"]
+
+
+def restore_entries(state: Mapping[str, Any], vertex: str, index: int) -> list[Any] | None:
+    """The entries processor ``vertex#index`` restores from the epoch's ``state`` (the
+    value of its broadcast, see :class:`~slipstream.spark.compile.EpochInput`): entries
+    the driver routed (``restore``) and those of the chains this task reads itself
+    (``chains``: per vertex, ``[[index, [ref json, ...], holds_broadcast], ...]`` by
+    index): all of its own chain's, the ``BroadcastKey`` entries of the others that hold
+    some, in the order restore routing gives them. ``None``: nothing to restore."""
+    routed = state.get("restore")
+    chains = (state.get("chains") or {}).get(vertex)
+    if routed is None and chains is None:
+        return None
+    out: list[Any] = list(routed.get((vertex, index), [])) if routed is not None else []
+    if chains:
+        store = state["store"]
+        sid = state["restore_id"]
+        for j, refs, holds_broadcast in chains:
+            if j != index and not holds_broadcast:
+                continue
+            entries = read_chain_files(
+                store["directory"],
+                store["key"],
+                [ChunkRef.from_json(r) for r in refs],
+                vertex,
+                j,
+                sid,
+            )
+            if j == index:
+                out.extend(expand_entries(entries))
+            else:
+                out.extend(e for e in entries if is_broadcast(e[0]))
+    return out
+
+
+def _keys(entries: Iterable[tuple[Any, Any]]) -> Iterable[Any]:
+    """The routing key of every keyed entry (``BroadcastKey`` entries are skipped)."""
+    for k, v in entries:
+        t = type(k)
+        if t is StateMap:
+            yield from v.upserts
+        elif t is KeyedStateBatch:
+            yield from v
+        elif t is KeyedStateKey:
+            yield k.key
+        elif not is_broadcast(k):
+            yield k
+
+
+def entry_flags(
+    entries: list[tuple[Any, Any]], index: int, owner: Callable[[Any], int]
+) -> tuple[bool, bool]:
+    """``(spill, broadcast)`` of a processor's saved entries: whether one keyed entry
+    belongs to another processor than ``index`` (``owner``: the vertex's restore
+    routing), and whether one is a ``BroadcastKey`` entry."""
+    broadcast = any(is_broadcast(k) for k, _v in entries)
+    spill = any(owner(key) != index for key in _keys(entries))
+    return spill, broadcast
+
+
+def write_epoch_chunk(
+    store: Mapping[str, Any],
+    snapshot_id: int,
+    vertex: str,
+    index: int,
+    attempt: str,
+    entries: list[tuple[Any, Any]],
+    owner: Callable[[Any], int],
+) -> dict[str, Any]:
+    """Write processor ``vertex#index``'s saved ``entries`` as a full chunk of snapshot
+    ``snapshot_id`` into ``store`` (``{"directory", "key"}``) under a name of its own
+    (``attempt``); returns what the task's result carries to the driver: the chunk's
+    ref as JSON (``None`` without entries) and the flags of :func:`entry_flags`."""
+    if not entries:
+        return {"chunk": None, "spill": False, "broadcast": False}
+    spill, broadcast = entry_flags(entries, index, owner)
+    payload = encode_chunk(entries, snapshot_id, vertex, index)
+    name = chunk_file_name(snapshot_id, vertex, index, attempt=attempt)
+    ref = write_chunk_file(
+        store["directory"], store["key"], name, snapshot_id, vertex, index, fmt.CHUNK_FULL, payload
+    )
+    return {"chunk": ref.as_json(), "spill": spill, "broadcast": broadcast}
