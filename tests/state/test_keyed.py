@@ -108,3 +108,21 @@ def test_expand_entries_refuses_an_unmerged_delta() -> None:
 def test_bad_tag() -> None:
     with pytest.raises(ValueError, match="tag must be PLAIN or KEYED"):
         KeyedState("x")
+
+
+def test_asked_again_for_the_same_snapshot_it_returns_the_same_entry() -> None:
+    """A processor whose offer_to_snapshot was refused calls snapshot_entry() again for
+    the same snapshot: a second call must not turn into an empty delta relative to the
+    snapshot being saved (the changes would be lost)."""
+    ctx = _ctx()
+    s = KeyedState(context=ctx)
+    s["a"], s["b"] = 1, 1
+    _save(s, ctx, 1, 0)
+    s["a"] = 2
+    s.changed("a")
+    first = _save(s, ctx, 2, 1)
+    assert first[1] == (DELTA, {"a": 2}, (), 1)
+    assert _save(s, ctx, 2, 1) is first
+    s["b"] = 5
+    s.changed("b")
+    assert _save(s, ctx, 3, 2)[1] == (DELTA, {"b": 5}, (), 2)

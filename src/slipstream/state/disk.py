@@ -258,6 +258,7 @@ class DiskKeyedState(MutableMapping[Any, Any]):
         self.dirty: set[Any] | None = None
         self._context: Any = None
         self._saved_id = 0
+        self._entry: tuple[StateMap, StateMapSave] | None = None
         self._half = cache_size // 2
         self._young: dict[Any, Any] = {}
         self._old: dict[Any, Any] = {}
@@ -307,6 +308,13 @@ class DiskKeyedState(MutableMapping[Any, Any]):
         bringing them into the cache)."""
         ctx = self._context
         sid = int(getattr(ctx, "current_snapshot_id", 0) or 0)
+        if sid and sid == self._saved_id and self._entry is not None:
+            return self._entry  # asked again for the same snapshot: the same entry
+        self._entry = entry = self._new_entry(sid)
+        return entry
+
+    def _new_entry(self, sid: int) -> tuple[StateMap, StateMapSave]:
+        ctx = self._context
         key = StateMap(self.tag, self.detail)
         dirty = self.dirty
         base = self._saved_id

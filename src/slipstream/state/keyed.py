@@ -99,7 +99,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
     """A processor's keyed state: a ``dict`` that records changed keys in :attr:`dirty`
     while the job takes incremental snapshots (see the module doc)."""
 
-    __slots__ = ("tag", "detail", "dirty", "_context", "_saved_id")
+    __slots__ = ("tag", "detail", "dirty", "_context", "_saved_id", "_entry")
 
     def __init__(self, tag: str = PLAIN, detail: Any = None, context: Any = None) -> None:
         super().__init__()
@@ -112,6 +112,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         self.dirty: set[Any] | None = None
         self._context: Any = None
         self._saved_id = 0  # the snapshot the previous save went into (0: none yet)
+        self._entry: tuple[StateMap, StateMapSave] | None = None  # that save's entry
         if context is not None:
             self.attach(context)
 
@@ -128,9 +129,20 @@ class KeyedState(dict):  # type: ignore[type-arg]
 
     def snapshot_entry(self) -> tuple[StateMap, StateMapSave]:
         """The entry to offer to the snapshot being saved (``context.current_snapshot_id``):
-        full or delta (see the module doc). Starts the next interval of change tracking."""
+        full or delta (see the module doc). Starts the next interval of change tracking;
+        called again for the same snapshot (the outbox refused the entry), it returns the
+        same entry."""
         ctx = self._context
         sid = int(getattr(ctx, "current_snapshot_id", 0) or 0)
+        if sid and sid == self._saved_id and self._entry is not None:
+            # asked again for the same snapshot (the outbox refused the entry): the same
+            # entry, not a delta relative to the snapshot being saved
+            return self._entry
+        self._entry = entry = self._new_entry(sid)
+        return entry
+
+    def _new_entry(self, sid: int) -> tuple[StateMap, StateMapSave]:
+        ctx = self._context
         key = StateMap(self.tag, self.detail)
         dirty = self.dirty
         base = self._saved_id
