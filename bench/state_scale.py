@@ -2,9 +2,13 @@
 
     python bench/state_scale.py [--keys 10k,1M,3M,10M] [--patterns uniform,skewed]
                                 [--items N] [--repeat 3] [--threads N] [--interval-ms 1000]
-                                [--quick]
+                                [--writer thread|fork] [--quick]
 
 ``--keys`` takes counts with an optional ``k`` / ``M`` suffix (``10k``, ``1M``, ``2500000``).
+``--writer``: the eo run's ``JobConfig(snapshot_writer=...)``: ``thread`` (default: a full
+save copies the map at the barrier, the store thread encodes it) or ``fork`` (a child
+process forked at the barrier encodes and writes it); with ``fork`` the peak RSS column
+also gives the largest writer child's peak RSS (``snapshot_writer_peak_rss_kb``).
 ``--quick`` is a smoke run: 10k and 100k keys (unless ``--keys``), 3M items (skewed: K +
 3M), one round.
 
@@ -334,6 +338,7 @@ def run_job(a: argparse.Namespace, eo: bool) -> dict[str, Any]:
             processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
             snapshot_interval_ms=a.interval_ms,
             snapshot_store=a.store,
+            snapshot_writer=a.writer,
         )
     else:
         cfg = JobConfig(name=JOB_NAME)
@@ -365,6 +370,7 @@ def run_job(a: argparse.Namespace, eo: bool) -> dict[str, Any]:
         "commit_ms_max": jm.get("snapshot_duration_us_max", 0) / 1000,
         "pause_ms_max": jm.get("snapshot_pause_us_max", 0) / 1000,
         "peak_mb": peak_rss_mb(),
+        "writer_peak_mb": jm.get("snapshot_writer_peak_rss_kb", 0) / 1024,
     }
     if eo:
         result.update(per_snapshot(a, sampler))
@@ -529,6 +535,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="engine cooperative threads")
     ap.add_argument("--interval-ms", type=int, default=1000, help="snapshot interval")
     ap.add_argument(
+        "--writer",
+        default="thread",
+        choices=("thread", "fork"),
+        help="JobConfig.snapshot_writer of the eo runs",
+    )
+    ap.add_argument(
         "--quick", action="store_true", help="a smoke run: 10k and 100k keys, 3M items, 1 round"
     )
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
@@ -588,7 +600,7 @@ def run_cell(
     state) full, restore and restore-full, each in its own process."""
     n = items_for(p, k, a.items)
     args = ["--pattern", p, "--key-count", str(k), "--items", str(n), "--tmp", tmp]
-    args += ["--interval-ms", str(a.interval_ms)]
+    args += ["--interval-ms", str(a.interval_ms), "--writer", a.writer]
     if a.threads:
         args += ["--threads", str(a.threads)]
     store = os.path.join(tmp, f"store-{p}-{k}-{round_no}")
@@ -632,7 +644,8 @@ def print_tables(
 ) -> None:
     print(
         f"\nrolling_aggregate(counting()) over K keys, exactly-once snapshots every "
-        f"{a.interval_ms} ms vs no guarantee; best of {a.repeat} round(s)\n"
+        f"{a.interval_ms} ms ({a.writer} writer) vs no guarantee; best of {a.repeat} "
+        f"round(s)\n"
     )
     print(
         "| keys | pattern | items | no guarantee | exactly-once (wall) | CPU ratio | snapshots "
@@ -647,13 +660,15 @@ def print_tables(
         if eo["snapshots"] < MIN_SNAPSHOTS:
             short.append(f"{_keys(k)} {p}: {eo['snapshots']}")
         pauses = [c["pause_ms"] for c in eo.get("commits", [])]
+        child = eo.get("writer_peak_mb", 0)
+        child_col = f"; writer child {child:,.0f} MB" if child else ""
         print(
             f"| {k:,} | {p} | {none['items'] / 1e6:.1f}M | {rate / 1e6:.2f}M/s "
             f"| {eo_rate / 1e6:.2f}M/s ({eo_rate / rate:.2f}x) | {eo_cpu / cpu:.2f}x "
             f"| {eo['snapshots']}{'*' if eo['snapshots'] < MIN_SNAPSHOTS else ''} "
             f"| {eo['pause_ms_max']:,.0f} / {_median(pauses):,.0f} ms "
             f"| {eo['commit_ms_mean']:,.0f} / {eo['commit_ms_max']:,.0f} ms "
-            f"| {none['peak_mb']:,.0f} -> {eo['peak_mb']:,.0f} MB ({eo['peak_mb'] / none['peak_mb']:.2f}x) |"
+            f"| {none['peak_mb']:,.0f} -> {eo['peak_mb']:,.0f} MB ({eo['peak_mb'] / none['peak_mb']:.2f}x){child_col} |"
         )
     print(
         "\n| keys | pattern | snapshots counted | MB written per snapshot, mean / max "
@@ -702,7 +717,9 @@ def print_tables(
         "to barrier forwarded); max over the run (snapshot_pause_us_max), median over its "
         "snapshots.\n"
         "- request to commit: snapshot_duration_us_mean / _max.\n"
-        "- peak RSS: ru_maxrss of each run's own process.\n"
+        "- peak RSS: ru_maxrss of each run's own process; with --writer fork also the "
+        "largest peak RSS of a forked writer child (ru_maxrss from wait4: the pages it "
+        "shares with the job count in both).\n"
         "- snapshots counted: the columns up to written / changed are over the exactly-"
         "once run's snapshots taken in the steady state (the interval since the previous "
         "snapshot began once every key existed: after the creation pass when skewed, "

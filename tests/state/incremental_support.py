@@ -522,6 +522,10 @@ class Outcome:
     deltas: list[int] = field(default_factory=list)
 
 
+#: ``JobConfig.snapshot_writer`` of the scenarios' jobs (the tests run both writers)
+WRITER = "thread"
+
+
 def config(name: str, store: str, backend: str = "memory", interval_ms: int = 10) -> JobConfig:
     return JobConfig(
         name=name,
@@ -530,6 +534,7 @@ def config(name: str, store: str, backend: str = "memory", interval_ms: int = 10
         snapshot_store=store,
         auto_restart=False,
         state_backend=backend,
+        snapshot_writer=WRITER,
     )
 
 

@@ -38,6 +38,13 @@ STOPS = ("suspend", "export", "cancel", "inflight")
 BACKENDS = ("memory", "sqlite")
 
 
+@pytest.fixture(autouse=True, params=["thread", "fork"])
+def writer(request: Any, monkeypatch: Any) -> str:
+    """Every scenario with both snapshot writers (``JobConfig.snapshot_writer``)."""
+    monkeypatch.setattr(inc, "WRITER", request.param)
+    return str(request.param)
+
+
 def make_items(rnd: random.Random, kind: str, n_keys: int, skew: float, segments: list[int]) -> list[inc.Item]:
     """Items in segments; each segment draws most of its keys from a small hot set (its
     own), the rest uniformly. Timestamps grow by random gaps (some longer than the

@@ -17,6 +17,13 @@ from slipstream.state.keyed import DELTA, FULL
 from slipstream.window import KeyedWindowResult
 
 
+@pytest.fixture(autouse=True, params=["thread", "fork"])
+def writer(request: Any, monkeypatch: Any) -> str:
+    """Every scenario with both snapshot writers (``JobConfig.snapshot_writer``)."""
+    monkeypatch.setattr(inc, "WRITER", request.param)
+    return str(request.param)
+
+
 def spread_items(rnd: random.Random, kind: str, n_keys: int) -> tuple[list[inc.Item], list[int]]:
     """A base segment over every key, then ten segments of 15 items over 3 hot keys each
     (different ones each time); returns the items and the segment ends."""

@@ -68,7 +68,8 @@ SCRIPT = textwrap.dedent(
     dag.edge(Edge.between(gen, counts).partitioned(lambda seq: seq % KEYS).distributed())
     dag.edge(Edge.between(counts, sink))
     cfg = JobConfig(name="keyed-kill", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-                    snapshot_interval_ms=20, snapshot_store=store, resume=True)
+                    snapshot_interval_ms=20, snapshot_store=store, resume=True,
+                    snapshot_writer=sys.argv[3])
     job = ss.local().new_job(dag, cfg)
     seen = None
     while True:
@@ -140,13 +141,16 @@ def run_until_killed(args: list[str], rnd: random.Random, share: float) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("writer", ["thread", "fork"])
 @pytest.mark.parametrize("seed", range(20))
-def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Any, seed: int) -> None:
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
+    tmp_path: Any, seed: int, writer: str
+) -> None:
     rnd = random.Random(seed)
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     store, out = str(tmp_path / "store"), str(tmp_path / "out")
-    args = [sys.executable, str(script), store, out]
+    args = [sys.executable, str(script), store, out, writer]
     # the first run dies before its generator is through (so every seed kills), after
     # 2%..95% of the items; odd seeds kill the resumed run too, anywhere up to its end
     # (it may complete first: then it is not run again, a completed store starts fresh)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import enum
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 #: where keyed processors keep their state (``JobConfig.state_backend``)
 STATE_BACKENDS = ("memory", "sqlite")
+#: how a full save of keyed state is encoded and written (``JobConfig.snapshot_writer``)
+SNAPSHOT_WRITERS = ("thread", "fork")
 
 
 def check_state_backend(value: Any, where: str) -> str:
@@ -130,6 +134,18 @@ class JobConfig:
     job's state may outgrow its memory; the files are removed when the job ends. A
     vertex's own ``Vertex.state_backend(...)`` overrides it (docs/fault-tolerance.md,
     "State backends").
+
+    ``snapshot_writer``: how a processor's *full* save of in-memory keyed state is
+    written (exactly-once or at-least-once, incremental store). ``"thread"`` (default):
+    the processor copies its maps at the barrier and the coordinator's store thread
+    encodes and writes them (the encoding holds the GIL the processors need).
+    ``"fork"`` (opt-in, POSIX only): the processor's thread forks at the barrier and the
+    child process encodes that processor's state from its copy-on-write view, writes its
+    chunk file and exits; the store thread waits for it and commits the manifest. The
+    pause is the fork's (no copy), the encoding takes no GIL of the job; the child's
+    memory is the pages the job changes while it writes plus those it touches
+    (``snapshot_writer_peak_rss_kb`` in ``job.metrics['__job__']``). Deltas are written
+    by the store thread either way.
     """
 
     name: str | None = None
@@ -152,6 +168,7 @@ class JobConfig:
     stall_warning_s: float = 30.0
     stall_timeout_s: float | None = 600.0
     state_backend: str = "memory"
+    snapshot_writer: str = "thread"
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):
@@ -168,6 +185,16 @@ class JobConfig:
 
         check_policy(self.on_item_error, "JobConfig")
         check_state_backend(self.state_backend, "JobConfig")
+        if self.snapshot_writer not in SNAPSHOT_WRITERS:
+            raise ValueError(
+                f"JobConfig: snapshot_writer must be one of "
+                f"{', '.join(map(repr, SNAPSHOT_WRITERS))}, got {self.snapshot_writer!r}"
+            )
+        if self.snapshot_writer == "fork" and not hasattr(os, "fork"):
+            raise ValueError(
+                "JobConfig: snapshot_writer='fork' needs os.fork, which this platform "
+                f"({sys.platform}) does not have; use snapshot_writer='thread'"
+            )
         if not self.sink_outage_timeout > 0:
             raise ValueError(
                 f"sink_outage_timeout must be > 0 seconds, got {self.sink_outage_timeout!r}"

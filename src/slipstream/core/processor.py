@@ -56,6 +56,7 @@ class Context:
         "committed_snapshot_id",
         "completion_committed",
         "incremental_snapshots",
+        "snapshot_writer",
         "state_backend",
         "state_dir",
         "closers",
@@ -141,6 +142,10 @@ class Context:
         #: :class:`~slipstream.state.keyed.KeyedState` then records changed keys and saves
         #: only those (``False``: every save is full, nothing is tracked per item)
         self.incremental_snapshots = False
+        #: ``"fork"`` when a full save of a :class:`~slipstream.state.keyed.KeyedState`
+        #: hands the map itself over (no copy: a forked child writes it, see
+        #: ``JobConfig.snapshot_writer``), else ``"thread"``
+        self.snapshot_writer = "thread"
         #: where :func:`~slipstream.state.keyed.keyed_state` keeps keyed state:
         #: ``"memory"`` (a dict) or ``"sqlite"`` (on disk behind a cache; the engine sets
         #: it from ``JobConfig.state_backend`` or the vertex's own ``state_backend``)

@@ -107,6 +107,7 @@ class _Execution:
                 stall_warning_s=config.stall_warning_s,
                 stall_timeout_s=config.stall_timeout_s,
                 on_stall=self._on_stall,
+                snapshot_writer=config.snapshot_writer,
             )
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
@@ -142,6 +143,7 @@ class _Execution:
                 # keyed state saves only what changed where the store keeps chains of
                 # full and delta chunks (state/format.py); set before the processors' init
                 s.context.incremental_snapshots = incremental
+                s.context.snapshot_writer = config.snapshot_writer if incremental else "thread"
             restore_entries = None
             if restore is not None and (key not in completed or key in recovering):
                 restore_entries = routed.get(key, [])

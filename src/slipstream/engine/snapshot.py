@@ -54,7 +54,8 @@ from slipstream.execution.tasklet import CommitBoard
 from slipstream.state import compact
 from slipstream.state import format as fmt
 from slipstream.state.compact import Compactor
-from slipstream.state.keyed import StateMap
+from slipstream.state.forked import ForkedChunk, copied_maps, fork_chunk, has_live_map
+from slipstream.state.keyed import KeyedState, StateMap
 from slipstream.state.keys import KeyedStateBatch
 from slipstream.state.restore import custom_partitioners as custom_partitioners
 from slipstream.state.restore import recovering_completed as recovering_completed
@@ -94,6 +95,7 @@ class SnapshotCoordinator:
         on_stall: Callable[[BaseException], None] | None = None,
         max_deltas: int | None = -1,
         compact_in_child: bool = True,
+        snapshot_writer: str = "thread",
     ) -> None:
         """``max_final_failures``: exactly-once, the job's final snapshot is retried at
         the interval until that many snapshots in a row failed (``None``: at-least-once,
@@ -110,7 +112,12 @@ class SnapshotCoordinator:
         ``max_deltas``: a committed chain with more delta chunks is compacted in the
         background (:mod:`slipstream.state.compact`; ``compact_in_child``: in a child
         process); ``-1``: :data:`slipstream.state.compact.DEFAULT_MAX_DELTAS`, ``None``:
-        never."""
+        never.
+
+        ``snapshot_writer``: ``"fork"``: a processor whose save holds a keyed-state map
+        handed over itself (a full save, see ``JobConfig.snapshot_writer``) forks a
+        child that writes its chunk (:mod:`slipstream.state.forked`) when it is done
+        saving; the store thread waits for the child."""
         self.job_name = job_name
         self.store = store
         self.interval_s = interval_ms / 1000.0
@@ -176,6 +183,12 @@ class SnapshotCoordinator:
         self.max_deltas = max_deltas
         # compaction outputs taken into the chains that no committed manifest names yet
         self._unnamed: set[str] = set()
+        self._fork = snapshot_writer == "fork"
+        if self._fork:
+            from slipstream.core.pickling import cloudpickle  # noqa: F401 - no import in a child
+        # the children writing chunks of the snapshot in flight, per (vertex, index)
+        self._forked: dict[tuple[str, int], ForkedChunk] = {}
+        self._fork_culprit: tuple[ProcessorTasklet, Exception] | None = None
         self._compactor: Compactor | None = (
             Compactor(store, compact_in_child, job_name)
             if max_deltas is not None and hasattr(store, "protected")
@@ -204,6 +217,12 @@ class SnapshotCoordinator:
         self._stop.set()
         if self._compactor is not None:
             self._compactor.stop()
+        if self._fork:
+            with self._lock:
+                writing = self._to_write is not None
+            if not writing:  # the store thread waits for those of the snapshot it writes
+                for child in self._take_forked(-1).values():
+                    child.cancel()
         with self._lock:
             self._writer_closing = True
             self._commit_event.notify_all()
@@ -304,6 +323,7 @@ class SnapshotCoordinator:
                 lst.extend(entries)
 
     def processor_done(self, tasklet: ProcessorTasklet, barrier: SnapshotBarrier) -> None:
+        fork_s = self._fork_writer(tasklet, barrier.snapshot_id) if self._fork else 0.0
         with self._lock:
             if self._requested is None or barrier.snapshot_id != self._requested.snapshot_id:
                 raise SnapshotError(
@@ -311,14 +331,54 @@ class SnapshotCoordinator:
                     f"{barrier.snapshot_id} that was not requested"
                 )
             self._reported.add(id(tasklet))
-            pause = getattr(tasklet, "last_save_seconds", 0.0)
+            pause = getattr(tasklet, "last_save_seconds", 0.0) + fork_s
             if pause > self._pause_s:
                 self._pause_s = pause
             self._check_commit()
 
+    def _fork_writer(self, tasklet: ProcessorTasklet, snapshot_id: int) -> float:
+        """The processor's thread, its save done: when its entries hold a map handed over
+        itself, fork the child that writes its full chunk, or (a delta chunk) copy such
+        maps as the thread writer would. Returns the seconds it took (part of the
+        processor's pause)."""
+        t0 = time.perf_counter()
+        key = (tasklet.vertex_name, tasklet.index)
+        with self._lock:
+            entries = self._entries.get(key)
+            if self._requested is None or self._requested.snapshot_id != snapshot_id:
+                return 0.0
+        if not entries or not has_live_map(entries):
+            return 0.0
+        if fmt.chunk_mode(entries) == fmt.CHUNK_FULL:
+            store = self.store
+            child = fork_chunk(
+                store.directory, store.key, snapshot_id, key[0], key[1], entries
+            )
+            with self._lock:
+                self._forked[key] = child
+        else:
+            copy = _detached_or_error(tasklet, copied_maps(entries), "snapshot state")
+            with self._lock:
+                self._entries[key] = copy
+        return time.perf_counter() - t0
+
+    def _take_forked(self, snapshot_id: int) -> dict[tuple[str, int], ForkedChunk]:
+        """The children writing chunks of snapshot ``snapshot_id``; any other is stopped."""
+        with self._lock:
+            forked, self._forked = self._forked, {}
+        out = {}
+        for key, child in forked.items():
+            if child.snapshot_id == snapshot_id:
+                out[key] = child
+            else:
+                child.cancel()
+        return out
+
     def add_completion_entries(self, tasklet: ProcessorTasklet, entries: list[Any]) -> None:
         """Entries a processor offered to the snapshot in ``complete()``: its completion
         state, recorded with its completion in every later snapshot."""
+        if self._fork and has_live_map(entries):  # kept and reused: a copy, not the map
+            entries = copied_maps(entries)
         entries = _detached_or_error(tasklet, entries, "completion state")
         with self._lock:
             self._completion_state.setdefault((tasklet.vertex_name, tasklet.index), []).extend(
@@ -352,6 +412,9 @@ class SnapshotCoordinator:
         self.next_id += 1
         self._reported = set()
         self._entries = {}
+        for child in self._forked.values():  # of a snapshot that was never written
+            child.cancel()
+        self._forked = {}
         self._pause_s = 0.0
         self._requested_at = time.perf_counter()
         self._requested = SnapshotBarrier(sid, terminal)
@@ -456,6 +519,9 @@ class SnapshotCoordinator:
         while its completion state is unchanged."""
         store = self.store
         sid = data.snapshot_id
+        forked = self._take_forked(sid) if self._fork else {}
+        forked_refs: list[ChunkRef] = []
+        written = 0  # bytes of the chunks written for this snapshot
         self._take_compactions()
         store.begin(sid)
         chains: dict[tuple[str, int], list[ChunkRef]] = {}
@@ -470,27 +536,42 @@ class SnapshotCoordinator:
                     if not entries:
                         continue
                     key = (name, i)
-                    if i in vs.completed:
+                    child = forked.pop(key, None)
+                    if child is not None:  # a forked writer wrote its full chunk
+                        chain = [self._wait_child(child)]
+                        forked_refs.append(chain[0])
+                    elif i in vs.completed:
                         cached = self._completed_chains.get(key)
                         if cached is not None and cached[0] == len(entries):
                             chain = cached[1]
                         else:
                             payload = encode_chunk(entries, sid, name, i)
                             chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
+                            written += chain[0].size
                         completed_chains[key] = (len(entries), chain)
                     elif fmt.chunk_mode(entries) == fmt.CHUNK_DELTA:
                         chain = self._continued_chain(key, entries, sid)
                         payload = encode_chunk(entries, sid, name, i)
                         chain.append(store.write_chunk(sid, name, i, fmt.CHUNK_DELTA, payload))
+                        written += chain[-1].size
                     else:
                         payload = encode_chunk(entries, sid, name, i)
                         chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
+                        written += chain[0].size
                     vm.chains[i] = chain
                     chains[key] = chain
-            store.commit(manifest)
+            if forked_refs:  # the store counts only the chunks it wrote itself
+                store.commit(manifest, chunk_bytes=written + sum(r.size for r in forked_refs))
+            else:
+                store.commit(manifest)
         except BaseException:
             store.abort(sid)
+            for ref in forked_refs:
+                _unlink_quietly(os.path.join(store.directory, ref.file))
             raise
+        finally:
+            for child in forked.values():  # not waited for: the snapshot failed first
+                child.cancel()
         self._chains = chains
         self._completed_chains = completed_chains
         if self._unnamed:
@@ -524,6 +605,20 @@ class SnapshotCoordinator:
             os.unlink(os.path.join(self.store.directory, name))
         except OSError:
             pass
+
+    def _wait_child(self, child: ForkedChunk) -> ChunkRef:
+        """The store thread: the chunk a forked writer wrote (its peak RSS recorded);
+        a :class:`SnapshotError` naming the processor if it failed."""
+        try:
+            return child.wait()
+        except SnapshotError as e:
+            if child.error is not None:
+                for t in self._tasklets:
+                    if (t.vertex_name, t.index) == (child.vertex, child.index):
+                        self._fork_culprit = (t, e.__class__(child.error))
+            raise
+        finally:
+            self.stats.writer_rss_kb = max(self.stats.writer_rss_kb, child.peak_rss_kb)
 
     def _take_compactions(self) -> None:
         """The store thread, before a snapshot: chains the compactor merged replace the
@@ -580,7 +675,9 @@ class SnapshotCoordinator:
         return list(chain)
 
     def _write_failed(self, data: SnapshotData, error: BaseException) -> None:
-        culprit = self._unpicklable_state(data) if isinstance(error, SnapshotError) else None
+        culprit, self._fork_culprit = self._fork_culprit, None
+        if culprit is None and isinstance(error, SnapshotError):
+            culprit = self._unpicklable_state(data)
         with self._lock:
             terminal = self._requested is not None and self._requested.is_terminal
         if terminal and self._on_fatal is not None:
@@ -624,7 +721,7 @@ class SnapshotCoordinator:
         for t in self._tasklets:
             vs = data.vertices.get(t.vertex_name)
             entries = vs.entries.get(t.index) if vs is not None else None
-            if entries:
+            if entries and not has_live_map(entries):  # a live map: its child reported
                 try:
                     pickle_state(entries)
                 except Exception as e:  # noqa: BLE001
@@ -811,6 +908,8 @@ class SnapshotStats:
         self.duration_us_max = 0
         self.bytes_total = 0
         self.pause_us_max = 0
+        #: the peak RSS of the forked snapshot writers (``snapshot_writer="fork"``), KiB
+        self.writer_rss_kb = 0
 
     def record(self, duration_s: float, size: int, entries: int, pause_s: float) -> None:
         duration_us = int(duration_s * 1e6)
@@ -838,6 +937,8 @@ class SnapshotStats:
             out["snapshot_duration_us_mean"] = self.duration_us_total // self.count
             out["snapshot_bytes_mean"] = self.bytes_total // self.count
             out["snapshot_pause_us_max"] = self.pause_us_max
+        if self.writer_rss_kb:
+            out["snapshot_writer_peak_rss_kb"] = self.writer_rss_kb
         return out
 
 
@@ -900,7 +1001,19 @@ def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
 
 
 def _is_lazy(entry: tuple[Any, Any]) -> bool:
-    return type(entry[0]) is StateMap and getattr(entry[1].upserts, "detached", False) is True
+    """A map no one else can change: a disk-backed map's view, or a map handed over itself
+    to a forked writer (the child sees it as of the fork; see ``_fork_writer``)."""
+    if type(entry[0]) is not StateMap:
+        return False
+    upserts = entry[1].upserts
+    return getattr(upserts, "detached", False) is True or isinstance(upserts, KeyedState)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _copied(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:

@@ -147,13 +147,16 @@ class KeyedState(dict):  # type: ignore[type-arg]
         dirty = self.dirty
         base = self._saved_id
         self._saved_id = sid
+        # a forked writer (JobConfig.snapshot_writer="fork") takes the map itself: the
+        # child process encodes its copy-on-write view, so nothing is copied here
+        live = getattr(ctx, "snapshot_writer", "thread") == "fork"
         if dirty is None:
-            return key, StateMapSave(FULL, dict(self))
+            return key, StateMapSave(FULL, self if live else dict(self))
         self.dirty = set()
         committed = int(getattr(ctx, "committed_snapshot_id", 0) or 0)
         if base == 0 or committed < base or len(dirty) >= len(self):
             del dirty  # before the copy: the set may be as large as the map
-            return key, StateMapSave(FULL, dict(self))
+            return key, StateMapSave(FULL, self if live else dict(self))
         get = self.get
         missing = _MISSING
         upserts = {}

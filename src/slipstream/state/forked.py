@@ -1,0 +1,187 @@
+"""A forked writer for one processor's full chunk (``JobConfig(snapshot_writer="fork")``).
+
+The way Redis saves: at the barrier the processor's thread forks; the child process
+holds a copy-on-write view of the processor's state as of the barrier, encodes that
+processor's saved entries with the chunk codec (:mod:`slipstream.state.format`), writes
+the chunk file as the store does (signed, temp + fsync + rename:
+:func:`~slipstream.state.store.write_chunk_file`), sends the chunk's ref (or the error)
+back on a pipe and ``os._exit``\\ s. The job's pause is the fork; nothing is copied in the
+job's process and the encoding takes none of its GIL. The coordinator's store thread
+waits for the child (:meth:`ForkedChunk.wait`) and commits the manifest as usual.
+
+The child runs no code of the job besides pickling the state's values: no logging, no
+lock (locks other threads held at the fork stay held in the child forever), no import
+(the chunk codec's modules are imported by the parent), and it closes every inherited
+file descriptor but its pipe at once (the store's lock among them: a child must not keep
+the store locked for a job that died). Its chunk file has a name of its own
+(``chunk_file_name(attempt=...)``): a child orphaned by a killed job can finish its
+write but never overwrite a chunk a later execution wrote and named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from typing import Any
+
+from slipstream.core.errors import SnapshotError
+from slipstream.state import format as fmt
+from slipstream.state.keyed import KeyedState, StateMap, StateMapSave
+from slipstream.state.store import ChunkRef, chunk_file_name, write_chunk_file
+
+__all__ = ["ForkedChunk", "fork_chunk", "has_live_map"]
+
+_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
+
+
+def has_live_map(entries: list[tuple[Any, Any]]) -> bool:
+    """Whether ``entries`` hold a :class:`KeyedState` handed over itself (a full save
+    under ``snapshot_writer="fork"``) rather than a copy."""
+    return any(
+        type(k) is StateMap and isinstance(v.upserts, KeyedState) for k, v in entries
+    )
+
+
+def copied_maps(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """``entries`` with every map handed over itself replaced by a plain ``dict`` copy
+    (what a full save is under ``snapshot_writer="thread"``)."""
+    return [
+        (k, StateMapSave(v.mode, dict(v.upserts), v.removed, v.base_id))
+        if type(k) is StateMap and isinstance(v.upserts, KeyedState)
+        else (k, v)
+        for k, v in entries
+    ]
+
+
+class ForkedChunk:
+    """A child process writing one processor's full chunk of snapshot ``snapshot_id``."""
+
+    def __init__(self, pid: int, fd: int, snapshot_id: int, vertex: str, index: int, name: str):
+        self.pid = pid
+        self.fd = fd
+        self.snapshot_id = snapshot_id
+        self.vertex = vertex
+        self.index = index
+        self.name = name
+        #: the child's peak RSS in KiB (``ru_maxrss``), once it was waited for
+        self.peak_rss_kb = 0
+        #: the text of the child's error (its state could not be encoded or written)
+        self.error: str | None = None
+        self._done = False
+
+    def wait(self) -> ChunkRef:
+        """Wait for the child (blocking reads and ``waitpid`` release the GIL) and return
+        the chunk it wrote; :class:`SnapshotError` naming the processor otherwise."""
+        parts = []
+        try:
+            while True:
+                b = os.read(self.fd, 65536)
+                if not b:
+                    break
+                parts.append(b)
+        finally:
+            self._reap()
+        where = f"snapshot {self.snapshot_id}: {self.vertex}#{self.index}"
+        try:
+            msg = json.loads(b"".join(parts).decode("utf-8")) if parts else {}
+        except ValueError:
+            msg = {}
+        if "ref" in msg:
+            return ChunkRef.from_json(msg["ref"])
+        if "unpicklable" in msg:
+            self.error = str(msg["unpicklable"])
+            raise SnapshotError(f"{where}: snapshot state cannot be pickled: {self.error}")
+        self.error = str(msg.get("error") or f"the writer process ended ({self._status})")
+        raise SnapshotError(f"{where}: the forked snapshot writer failed: {self.error}")
+
+    _status = "no status"
+
+    def _reap(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        try:
+            _, status, usage = os.wait4(self.pid, 0)
+        except ChildProcessError:
+            return
+        self.peak_rss_kb = int(usage.ru_maxrss)
+        if os.WIFSIGNALED(status):
+            self._status = f"killed by signal {os.WTERMSIG(status)}"
+        else:
+            self._status = f"exit status {os.WEXITSTATUS(status)}"
+
+    def cancel(self) -> None:
+        """Stop the child (its snapshot will not be committed) and reap it."""
+        if not self._done:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+            self._reap()
+
+
+def fork_chunk(
+    directory: str,
+    key: bytes,
+    snapshot_id: int,
+    vertex: str,
+    index: int,
+    entries: list[tuple[Any, Any]],
+) -> ForkedChunk:
+    """Fork a child that writes ``entries`` (one processor's full save, maps handed over
+    themselves) as its full chunk of snapshot ``snapshot_id`` into store ``directory``
+    signed with ``key``. Call it on the processor's thread before the processor runs
+    again: the child sees the state as it is at the fork."""
+    name = chunk_file_name(snapshot_id, vertex, index, attempt="f" + secrets.token_hex(4))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        _child(w, directory, key, name, snapshot_id, vertex, index, entries)
+    os.close(w)
+    return ForkedChunk(pid, r, snapshot_id, vertex, index, name)
+
+
+def _child(
+    w: int,
+    directory: str,
+    key: bytes,
+    name: str,
+    snapshot_id: int,
+    vertex: str,
+    index: int,
+    entries: list[tuple[Any, Any]],
+) -> None:
+    code = 1
+    try:
+        os.closerange(3, w)
+        os.closerange(w + 1, _MAX_FD)
+        try:
+            records = fmt.encode_records(copied_maps(entries))
+            payload = fmt.encode_payload(records)
+        except Exception as e:  # noqa: BLE001 - the state cannot be pickled
+            msg: dict[str, Any] = {"unpicklable": str(e)}
+        else:
+            ref = write_chunk_file(
+                directory, key, name, snapshot_id, vertex, index, fmt.CHUNK_FULL, payload
+            )
+            msg = {"ref": ref.as_json()}
+        _write_all(w, json.dumps(msg).encode("utf-8"))
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - nothing may escape into the job's code
+        try:
+            _write_all(w, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode("utf-8"))
+        except BaseException:  # noqa: BLE001, S110
+            pass
+    finally:
+        os._exit(code)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -1,0 +1,157 @@
+"""The forked snapshot writer (``JobConfig(snapshot_writer="fork")``, state/forked.py): a
+processor's full save is written by a child process forked at the barrier."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream.state.keyed import keyed_state
+
+EO = ProcessingGuarantee.EXACTLY_ONCE
+
+
+class KeyedCount(ss.AbstractProcessor):
+    """Counts items per key in a KeyedState; a key ``"lock"`` holds a lock instead."""
+
+    def init_processor(self, context: Any) -> None:
+        self.counts = keyed_state(context)
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        key = item % 50
+        counts = self.counts
+        counts[key] = threading.Lock() if key == 7 and self.with_lock else counts.get(key, 0) + 1
+        self.counts.changed(key)
+        return True
+
+    with_lock = False
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_to_snapshot(*self.counts.snapshot_entry())
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.counts[key] = value
+
+
+class LockedCount(KeyedCount):
+    with_lock = True
+
+
+def keyed_dag(proc: Any, name: str = "counts") -> DAG:
+    dag = DAG()
+    gen = dag.new_vertex("gen", sources.generator(lambda seq: seq, 20_000.0, max_items=None))
+    gen.local_parallelism(1)
+    counts = dag.new_vertex(name, proc).local_parallelism(2)
+    sink = dag.new_vertex("sink", sinks.noop()).local_parallelism(1)
+    dag.edge(Edge.between(gen, counts).partitioned(lambda seq: seq % 50))
+    dag.edge(Edge.between(counts, sink))
+    return dag
+
+
+def config(store: str, writer: str) -> JobConfig:
+    return JobConfig(
+        processing_guarantee=EO,
+        snapshot_interval_ms=20,
+        snapshot_store=store,
+        auto_restart=False,
+        snapshot_writer=writer,
+    )
+
+
+def wait_for_commits(job: Any, n: int) -> None:
+    deadline = time.monotonic() + 120
+    while job.metrics["__job__"].get("snapshots", 0) < n:
+        if job.status.is_terminal:
+            job.join()
+        assert time.monotonic() < deadline, "no snapshot committed"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("writer", ["thread", "fork"])
+def test_unpicklable_keyed_state_fails_the_job_naming_the_processor(
+    tmp_path: Any, writer: str
+) -> None:
+    job = ss.local().new_job(keyed_dag(LockedCount, "locked"), config(str(tmp_path), writer))
+    with pytest.raises(ss.JobFailedError, match=r"'locked'.*cannot be pickled") as info:
+        job.join(120)
+    assert info.value.vertex == "locked"
+    assert "cannot pickle '_thread.lock' object" in str(info.value)
+
+
+def test_the_writer_child_neither_logs_nor_needs_a_lock_another_thread_holds(
+    tmp_path: Any,
+) -> None:
+    """A logging handler whose lock another thread holds through the job's snapshots:
+    the children write their chunks all the same (a child that used the handler would
+    block on the lock, or, reinitialised, log under its own pid) and log nothing."""
+    emitted = str(tmp_path / "emitted")
+
+    class PidHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            with open(emitted, "a") as fh:
+                fh.write(f"{os.getpid()} {record.getMessage()}\n")
+
+    handler = PidHandler(logging.DEBUG)
+    logger = logging.getLogger("slipstream")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        handler.acquire()
+        held.set()
+        release.wait()
+        handler.release()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    held.wait()
+    store = str(tmp_path / "store")
+    job = ss.local().new_job(keyed_dag(KeyedCount), config(store, "fork"))
+    try:
+        wait_for_commits(job, 5)
+        release.set()  # the snapshots committed while the lock was held
+        jm = job.metrics["__job__"]
+        assert jm["snapshot_writer_peak_rss_kb"] > 0  # written by forked children
+    finally:
+        release.set()
+        job.cancel()
+        try:
+            job.join(60)
+        except ss.JobCancelledError:
+            pass
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    pids = set()
+    if os.path.exists(emitted):
+        with open(emitted) as fh:
+            pids = {line.split()[0] for line in fh}
+    assert pids <= {str(os.getpid())}
+    # the chunks the children wrote name no slipstream class (a KeyedState is a dict
+    # subclass: it is written as a plain dict)
+    chunks = [n for n in os.listdir(store) if n.startswith("chunk-") and "-tf" in n]
+    assert chunks
+    for n in chunks:
+        with open(os.path.join(store, n), "rb") as fh:
+            assert b"slipstream" not in fh.read().split(b"\n", 3)[3]
+
+
+def test_fork_is_refused_where_the_platform_has_no_fork(monkeypatch: Any) -> None:
+    monkeypatch.delattr(os, "fork")
+    with pytest.raises(ValueError, match=r"snapshot_writer='fork' needs os\.fork"):
+        JobConfig(snapshot_writer="fork")
+
+
+def test_an_unknown_writer_is_refused() -> None:
+    with pytest.raises(
+        ValueError, match=r"snapshot_writer must be one of 'thread', 'fork', got 'process'"
+    ):
+        JobConfig(snapshot_writer="process")
