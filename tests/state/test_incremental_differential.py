@@ -216,6 +216,10 @@ def test_generator_job_cut_mid_stream_restores_exactly(
     if job.status is ss.JobStatus.COMPLETED:  # too fast to cut: nothing to restore
         return
     data = inc.latest(store)
+    if all(len(vs.completed) == vs.total_parallelism for vs in data.vertices.values()):
+        # the input ended before the cancel: the last snapshot records every processor
+        # as completed (the job's final one) and holds no keyed state to check
+        return
     offsets = {
         name[1]: value[0] for name, value in inc.broadcast_entries(data, "source").items()
     }
