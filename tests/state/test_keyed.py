@@ -110,6 +110,24 @@ def test_bad_tag() -> None:
         KeyedState("x")
 
 
+def test_a_full_save_keeps_no_copy_of_the_map_until_the_next_save() -> None:
+    """A full save's entry is a copy of the whole map: the state does not hold it between
+    saves (a second copy of the state in memory); asked again for the same snapshot, it
+    copies the unchanged map again. With a forked writer it hands the map itself over."""
+    ctx = _ctx()
+    s = KeyedState(context=ctx)
+    s["a"], s["b"] = 1, 2
+    first = _save(s, ctx, 1, 0)
+    again = _save(s, ctx, 1, 0)
+    assert first[1] == again[1] == (FULL, {"a": 1, "b": 2}, (), 0)
+    assert again[1].upserts is not first[1].upserts
+    assert type(first[1].upserts) is dict
+    ctx.snapshot_writer = "fork"
+    s.changed("a")
+    s.changed("b")
+    assert _save(s, ctx, 2, 1)[1].upserts is s
+
+
 def test_asked_again_for_the_same_snapshot_it_returns_the_same_entry() -> None:
     """A processor whose offer_to_snapshot was refused calls snapshot_entry() again for
     the same snapshot: a second call must not turn into an empty delta relative to the

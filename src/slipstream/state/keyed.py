@@ -137,9 +137,20 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if sid and sid == self._saved_id and self._entry is not None:
             # asked again for the same snapshot (the outbox refused the entry): the same
             # entry, not a delta relative to the snapshot being saved
+            if self._entry is _FULL_AGAIN:  # the map has not changed since: copy it again
+                return StateMap(self.tag, self.detail), StateMapSave(FULL, self._full())
             return self._entry
-        self._entry = entry = self._new_entry(sid)
+        entry = self._new_entry(sid)
+        # a full entry is not kept until the next save: it is a copy of the whole map
+        self._entry = _FULL_AGAIN if entry[1].mode == FULL else entry
         return entry
+
+    def _full(self) -> dict[Any, Any]:
+        """A full save's map: a copy, or the map itself for a forked writer
+        (JobConfig.snapshot_writer="fork"), whose child encodes its copy-on-write view."""
+        if getattr(self._context, "snapshot_writer", "thread") == "fork":
+            return self
+        return dict(self)
 
     def _new_entry(self, sid: int) -> tuple[StateMap, StateMapSave]:
         ctx = self._context
@@ -147,16 +158,13 @@ class KeyedState(dict):  # type: ignore[type-arg]
         dirty = self.dirty
         base = self._saved_id
         self._saved_id = sid
-        # a forked writer (JobConfig.snapshot_writer="fork") takes the map itself: the
-        # child process encodes its copy-on-write view, so nothing is copied here
-        live = getattr(ctx, "snapshot_writer", "thread") == "fork"
         if dirty is None:
-            return key, StateMapSave(FULL, self if live else dict(self))
+            return key, StateMapSave(FULL, self._full())
         self.dirty = set()
         committed = int(getattr(ctx, "committed_snapshot_id", 0) or 0)
         if base == 0 or committed < base or len(dirty) >= len(self):
             del dirty  # before the copy: the set may be as large as the map
-            return key, StateMapSave(FULL, self if live else dict(self))
+            return key, StateMapSave(FULL, self._full())
         get = self.get
         missing = _MISSING
         upserts = {}
@@ -223,3 +231,5 @@ def saved_entry(
 
 
 _MISSING: Any = object()
+#: KeyedState._entry after a full save: asked again, it copies the map again
+_FULL_AGAIN: Any = (None, None)
