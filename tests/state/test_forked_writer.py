@@ -155,3 +155,27 @@ def test_an_unknown_writer_is_refused() -> None:
         ValueError, match=r"snapshot_writer must be one of 'thread', 'fork', got 'process'"
     ):
         JobConfig(snapshot_writer="process")
+
+
+def test_a_failed_fork_falls_back_to_the_store_thread(
+    tmp_path: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    store = str(tmp_path / "store")
+    job = ss.local().new_job(keyed_dag(KeyedCount), config(store, "fork"))
+    try:
+        wait_for_commits(job, 3)
+        assert "snapshot_writer_peak_rss_kb" not in job.metrics["__job__"]
+    finally:
+        job.cancel()
+        try:
+            job.join(60)
+        except ss.JobCancelledError:
+            pass
+    assert "counts#0: cannot fork a snapshot writer ([Errno 11] Resource temporarily " in (
+        caplog.text
+    )
+    assert not [n for n in os.listdir(store) if "-tf" in n]  # every chunk by the store thread

@@ -351,15 +351,26 @@ class SnapshotCoordinator:
             return 0.0
         if fmt.chunk_mode(entries) == fmt.CHUNK_FULL:
             store = self.store
-            child = fork_chunk(
-                store.directory, store.key, snapshot_id, key[0], key[1], entries
-            )
-            with self._lock:
-                self._forked[key] = child
-        else:
-            copy = _detached_or_error(tasklet, copied_maps(entries), "snapshot state")
-            with self._lock:
-                self._entries[key] = copy
+            try:
+                child = fork_chunk(
+                    store.directory, store.key, snapshot_id, key[0], key[1], entries
+                )
+            except OSError as e:  # no process or pipe to be had: the thread writer's way
+                log.warning(
+                    "job %s: %s#%d: cannot fork a snapshot writer (%s); its state is "
+                    "copied and written by the store thread",
+                    self.job_name,
+                    key[0],
+                    key[1],
+                    e,
+                )
+            else:
+                with self._lock:
+                    self._forked[key] = child
+                return time.perf_counter() - t0
+        copy = _detached_or_error(tasklet, copied_maps(entries), "snapshot state")
+        with self._lock:
+            self._entries[key] = copy
         return time.perf_counter() - t0
 
     def _take_forked(self, snapshot_id: int) -> dict[tuple[str, int], ForkedChunk]:
