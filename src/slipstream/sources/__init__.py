@@ -10,6 +10,7 @@ _lazy.install(
         "items": "slipstream.sources.batch:items",
         "list_source": "slipstream.sources.batch:list_source",
         "map_source": "slipstream.sources.batch:map_source",
+        "snapshot": "slipstream.sources.batch:snapshot",
         "read_csv": "slipstream.sources.files:read_csv",
         "read_files": "slipstream.sources.files:read_files",
         "read_jsonl": "slipstream.sources.files:read_jsonl",
@@ -26,7 +27,7 @@ _lazy.install(
 )
 
 if TYPE_CHECKING:
-    from slipstream.sources.batch import items, list_source, map_source
+    from slipstream.sources.batch import items, list_source, map_source, snapshot
     from slipstream.sources.files import read_csv, read_files, read_jsonl, read_parquet
     from slipstream.sources.kafka import kafka
     from slipstream.sources.sql import sql_source as sql
@@ -39,6 +40,7 @@ __all__ = [
     "items",
     "list_source",
     "map_source",
+    "snapshot",
     "read_files",
     "read_csv",
     "read_jsonl",

@@ -4,7 +4,8 @@ their routing (:mod:`~slipstream.state.keys`), keyed state that records what cha
 the store protocol and the durable directory store (:mod:`~slipstream.state.store`), its
 signing keys (:mod:`~slipstream.state.signing`), the store's generation and the checks a resume makes (:mod:`~slipstream.state.lineage`),
 restore routing (:mod:`~slipstream.state.restore`), and reading a job's state as rows
-(:mod:`~slipstream.state.reader`: ``ss.state.read``, ``ss.state.changes``).
+(:mod:`~slipstream.state.reader`: ``ss.state.read``, ``ss.state.changes``) and writing
+it (:mod:`~slipstream.state.bootstrap`: ``ss.state.bootstrap``, ``ss.state.transform``).
 
 Both engines use it; it imports neither (``tests/test_layers.py`` checks it). The
 reader's names are imported on first use (``slipstream._lazy``): importing the state
@@ -17,9 +18,13 @@ _EXPORTS = {
     name: f"slipstream.state.reader:{name}"
     for name in ("StateChange", "StateRow", "changes", "read", "to_arrow", "to_pandas")
 }
+_EXPORTS.update(
+    {name: f"slipstream.state.bootstrap:{name}" for name in ("bootstrap", "transform")}
+)
 _lazy.install(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
+    from slipstream.state.bootstrap import bootstrap, transform
     from slipstream.state.reader import (
         StateChange,
         StateRow,
@@ -29,4 +34,13 @@ if TYPE_CHECKING:
         to_pandas,
     )
 
-__all__ = ["StateChange", "StateRow", "changes", "read", "to_arrow", "to_pandas"]
+__all__ = [
+    "StateChange",
+    "StateRow",
+    "bootstrap",
+    "changes",
+    "read",
+    "to_arrow",
+    "to_pandas",
+    "transform",
+]

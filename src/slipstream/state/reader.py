@@ -69,7 +69,7 @@ _SESSION_WATERMARK = "session_window.current_watermark"
 #: tags of sources that save ``(tag, global_index) -> (parallelism, position)``
 _POSITIONED = {
     "offset", "items-offset", "list-offset", "map-offset", "files-offset", "csv-offset",
-    "jsonl-offset", "parquet-offset", "sql-rows",
+    "jsonl-offset", "parquet-offset", "sql-rows", "snapshot-offset",
 }  # fmt: skip
 #: how many times :func:`read` tries again when a running job pruned the snapshot it read
 _RETRIES = 5

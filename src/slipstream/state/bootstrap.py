@@ -1,0 +1,434 @@
+"""Writing a job's state as data: seed a store from rows (``ss.state.bootstrap``) and
+rewrite a committed snapshot entry by entry (``ss.state.transform``).
+
+Both write an ordinary format-3 snapshot (:mod:`~slipstream.state.format`) through the
+store's own protocol (``begin``, a signed full chunk per processor with state, then
+``commit`` of the signed manifest: nothing is committed unless every chunk was written),
+stamped with the DAG's shape and fingerprint as a job's snapshots are. A job started
+with ``restore_from=`` that store (or ``JobConfig(resume=True)`` under the same job name)
+continues from it as from a snapshot it took itself.
+
+What can be seeded: the state of a *keyed* vertex that keeps one plain map ``key ->
+state`` (a rolling aggregate: the accumulator, for ``counting()``/``summing()`` the
+running int; ``map_stateful``: the state object; either stage of a group-by
+aggregation: the accumulator). Window and session state is not seeded: a window's
+frames need the frame ends and the window's emission cursor consistent with the
+watermark the sources restart at, a session's bounds the same; refused naming the
+vertex. Source positions can be set with ``offsets=`` for the generator and the Kafka
+source. Each entry goes to the processor that owns its key under the routing a live
+item takes (:func:`~slipstream.core.partition.key_routing`, as a restore routes it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from slipstream.core.errors import SnapshotError
+from slipstream.core.partition import key_routing
+from slipstream.state.keyed import FULL, PLAIN, StateMap, StateMapSave
+from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
+from slipstream.state.reader import StateRow, _snapshot, open_store, processor_rows
+
+__all__ = ["bootstrap", "transform"]
+
+#: processor classes whose state is one PLAIN map key -> state (module, name)
+_PLAIN_KEYED = {
+    ("slipstream.pipeline.keyed", "MapStatefulP"): "map_stateful / rolling aggregate",
+    ("slipstream.processors.aggregation", "GroupByKeyP"): "group-by aggregation",
+}
+_WINDOWED_MODULES = ("slipstream.processors.windows", "slipstream.processors.sessions")
+_GENERATOR = ("slipstream.sources.streaming", "GeneratorP")
+_KAFKA = ("slipstream.sources.kafka", "KafkaSourceP")
+_INPUT_FUSED = ("slipstream.pipeline.fused", "InputFusedP")
+
+
+def _processor_class(supplier: Any) -> type | None:
+    """The processor class a vertex's supplier makes (through ``functools.partial`` and
+    an input-fused chain), ``None`` when it cannot be told without calling it."""
+    for _ in range(8):
+        target = supplier.func if isinstance(supplier, functools.partial) else supplier
+        if not isinstance(target, type):
+            return None
+        if (target.__module__, target.__name__) == _INPUT_FUSED and isinstance(
+            supplier, functools.partial
+        ):
+            supplier = (
+                supplier.args[0] if supplier.args else supplier.keywords.get("inner_supplier")
+            )
+            continue
+        return target
+    return None
+
+
+def _class_id(cls: type | None) -> tuple[str, str]:
+    return ("", "") if cls is None else (cls.__module__, cls.__name__)
+
+
+def _keyed_kind(dag: Any, vertex: str) -> str:
+    """What ``vertex`` of ``dag`` keeps, or a ``ValueError`` naming it."""
+    names = [v.name for v in dag.vertices]
+    if vertex not in names:
+        raise ValueError(
+            f"the DAG has no vertex {vertex!r}; its vertices: {', '.join(map(repr, sorted(names)))}"
+        )
+    cls = _processor_class(dag.vertex(vertex).supplier)
+    cid = _class_id(cls)
+    if cid in _PLAIN_KEYED:
+        return _PLAIN_KEYED[cid]
+    what = (
+        f"its processor is {cid[0]}.{cid[1]}" if cls is not None else "its processor is not known"
+    )
+    if cid[0] in _WINDOWED_MODULES:
+        raise ValueError(
+            f"vertex {vertex!r} keeps window or session state ({what}); bootstrap seeds a "
+            f"keyed vertex whose state is one value per key (a rolling aggregate, "
+            f"map_stateful, a group-by aggregation). Window frames and sessions need frame "
+            f"ends and an emission cursor that agree with the watermark the job restarts at"
+        )
+    raise ValueError(
+        f"vertex {vertex!r} is not a keyed vertex bootstrap can seed ({what}); it seeds a "
+        f"rolling aggregate, map_stateful or a group-by aggregation"
+    )
+
+
+def _parallelism(v: Any, default: int) -> int:
+    from slipstream.core.dag import effective_parallelism
+
+    return effective_parallelism(v, default)
+
+
+def _owner(dag: Any, vertex: str, total: int) -> Callable[[Any], int]:
+    from slipstream.state.restore import custom_partitioners
+
+    partitioner = custom_partitioners(dag).get(vertex)
+    return key_routing(partitioner, 1, total).owner
+
+
+def _row_pair(row: Any, n: int, vertex: str) -> tuple[Any, Any]:
+    """``(key, value)`` of input row number ``n``; a ``ValueError``/``TypeError`` naming
+    it when it does not fit a plain keyed vertex."""
+    if isinstance(row, StateRow):
+        if row.kind != "keyed" or row.detail is not None:
+            raise ValueError(
+                f"row {n} ({row!r}) is {row.kind!r} state with detail {row.detail!r}; "
+                f"vertex {vertex!r} keeps one value per key (kind 'keyed', detail None)"
+            )
+        key, value = row.key, row.value
+    elif type(row) is tuple or (isinstance(row, tuple) and not hasattr(row, "_fields")):
+        if len(row) != 2:
+            raise ValueError(f"row {n} ({row!r}) is not a (key, value) pair")
+        key, value = row
+    elif isinstance(row, list) and len(row) == 2:
+        key, value = row
+    else:
+        raise TypeError(
+            f"row {n} ({row!r}) is a {type(row).__name__}, not a (key, value) pair or a StateRow"
+        )
+    try:
+        hash(key)
+    except TypeError as e:
+        raise TypeError(f"row {n} ({row!r}): its key is unhashable ({e})") from None
+    return key, value
+
+
+def _source_offsets(dag: Any, vertex: str, spec: Any, total: int) -> dict[int, list[Any]]:
+    """The offset entries of source ``vertex`` per processor, from ``spec``."""
+    if vertex not in {v.name for v in dag.vertices}:
+        raise ValueError(f"offsets: the DAG has no vertex {vertex!r}")
+    v = dag.vertex(vertex)
+    cid = _class_id(_processor_class(v.supplier))
+    out: dict[int, list[Any]] = {}
+    if cid == _GENERATOR:
+        if isinstance(spec, bool) or not isinstance(spec, int) or spec < 0:
+            raise ValueError(
+                f"offsets[{vertex!r}]: a generator's offset is the number of sequence "
+                f"numbers already emitted (an int >= 0), got {spec!r}"
+            )
+        for i in range(total):
+            # processor i emits i, i + total, ...: the first of them at or above spec
+            out[i] = [(BroadcastKey(("generator", i)), (spec + (i - spec) % total, total))]
+        return out
+    if cid == _KAFKA:
+        from slipstream.sources.kafka import KafkaSourceP, partition_owner
+
+        if not isinstance(spec, Mapping):
+            raise ValueError(
+                f"offsets[{vertex!r}]: a Kafka source's offsets are a dict "
+                f"{{(topic, partition): next offset to read}}, got {spec!r}"
+            )
+        tag = KafkaSourceP.snapshot_tag
+        for tp, offset in spec.items():
+            if not (
+                isinstance(tp, tuple)
+                and len(tp) == 2
+                and isinstance(tp[0], str)
+                and isinstance(tp[1], int)
+                and isinstance(offset, int)
+                and not isinstance(offset, bool)
+                and offset >= 0
+            ):
+                raise ValueError(
+                    f"offsets[{vertex!r}]: {tp!r}: {offset!r} is not (topic, partition): "
+                    f"next offset to read (an int >= 0)"
+                )
+            owner = partition_owner(tp[0], tp[1], total)
+            out.setdefault(owner, []).append((BroadcastKey((tag, tp[0], tp[1])), (offset, None)))
+        return out
+    raise ValueError(
+        f"offsets: vertex {vertex!r} is not a source whose offsets bootstrap can set "
+        f"(the generator and the Kafka source); its processor is {cid[0]}.{cid[1]}"
+    )
+
+
+def _as_store(store: Any) -> Any:
+    from slipstream.state.store import DirectorySnapshotStore
+
+    if isinstance(store, DirectorySnapshotStore):
+        return store
+    if isinstance(store, str | os.PathLike):
+        return DirectorySnapshotStore(store)
+    raise TypeError(
+        f"expected a snapshot store directory or a DirectorySnapshotStore, got {store!r}"
+    )
+
+
+def _write(
+    store: Any,
+    job_name: str,
+    shape: Any,
+    extra: dict[str, Any],
+    parallelism: Mapping[str, int],
+    entries: Mapping[tuple[str, int], list[Any]],
+    execution: str | None = None,
+    completed: Mapping[str, tuple[set[int], set[int]]] | None = None,
+) -> int:
+    """Commit one snapshot of ``entries`` per ``(vertex, processor)`` (every vertex of
+    ``parallelism`` recorded, those without entries with no chain) as the next id of
+    ``store`` under its lock; returns the id. Nothing is committed if a chunk fails."""
+    from slipstream.state import format as fmt
+    from slipstream.state.lineage import recorded_generation
+    from slipstream.state.store import Manifest, VertexManifest, encode_chunk
+
+    store.lock()
+    try:
+        sid = max(max(store.file_ids(), default=0), recorded_generation(store.directory)) + 1
+        store.bind(job_name, execution or os.urandom(16).hex(), shape)
+        store.begin(sid)
+        manifest = Manifest(sid, job_name, dag_shape=shape, extra=dict(extra))
+        try:
+            for name, total in parallelism.items():
+                done, final = (completed or {}).get(name, (set(), set()))
+                vm = manifest.vertices[name] = VertexManifest(total, set(done), set(final))
+                for i in range(total):
+                    es = entries.get((name, i))
+                    if es:
+                        payload = encode_chunk(es, sid, name, i)
+                        vm.chains[i] = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
+        except BaseException:
+            store.abort(sid)
+            raise
+        store.commit(manifest)
+        return sid
+    finally:
+        store.unlock()
+
+
+def bootstrap(
+    dag_or_pipeline: Any,
+    vertex: str,
+    rows: Iterable[Any],
+    store: Any,
+    *,
+    job_name: str = "bootstrap",
+    parallelism: int | None = None,
+    offsets: Mapping[str, Any] | None = None,
+) -> int:
+    """Write a signed snapshot of ``dag_or_pipeline`` (a DAG or a Pipeline, compiled as
+    ``new_job`` compiles it) into ``store`` (a directory or a ``DirectorySnapshotStore``
+    holding no snapshot yet) in which keyed ``vertex`` holds ``rows`` and every other
+    vertex holds no state; returns the snapshot's id. Start the job with
+    ``restore_from=store`` to continue from it.
+
+    ``rows``: ``(key, value)`` pairs (``value``: the vertex's per-key state, e.g. a
+    rolling aggregate's accumulator), :class:`~slipstream.state.reader.StateRow` s of
+    ``ss.state.read`` (kind ``keyed``), or the ``(key, result)`` output of another job
+    whose result is the accumulator (``counting()``, ``summing()``). ``parallelism``: the
+    local parallelism of the vertices that set none (``None``: 1); a job at another
+    parallelism restores it all the same (keyed entries are routed by key).
+    ``offsets``: ``{source vertex: position}`` where history ends: a generator's count of
+    emitted sequence numbers (an int), a Kafka source's ``{(topic, partition): next
+    offset to read}``. ``job_name``: the name the store is stamped with (a job resuming
+    it with ``JobConfig(resume=True)`` has this name).
+
+    Raises ``ValueError``/``TypeError`` naming the row or vertex that does not fit (an
+    unknown vertex, one that is not keyed, a row that is not a pair, an unhashable or
+    repeated key) before anything is written, and :class:`SnapshotError` for a store
+    that already holds snapshots."""
+    from slipstream.core.dag import as_dag
+    from slipstream.state.lineage import dag_shape
+
+    dag = as_dag(dag_or_pipeline)
+    _keyed_kind(dag, vertex)
+    default = 1 if parallelism is None else int(parallelism)
+    if default < 1:
+        raise ValueError(f"parallelism must be >= 1, got {parallelism!r}")
+    totals = {v.name: _parallelism(v, default) for v in dag.vertices}
+    total = totals[vertex]
+    owner = _owner(dag, vertex, total)
+    maps: list[dict[Any, Any]] = [{} for _ in range(total)]
+    first_row: dict[Any, int] = {}
+    for n, row in enumerate(rows):
+        key, value = _row_pair(row, n, vertex)
+        seen = first_row.setdefault(key, n)
+        if seen != n:
+            raise ValueError(f"row {n} ({row!r}): key {key!r} is already in row {seen}")
+        maps[owner(key)][key] = value
+    entries: dict[tuple[str, int], list[Any]] = {}
+    for i, m in enumerate(maps):
+        if m:
+            entries[(vertex, i)] = [(StateMap(PLAIN, None), StateMapSave(FULL, m))]
+    for source, spec in (offsets or {}).items():
+        for i, es in _source_offsets(dag, source, spec, totals.get(source, 0)).items():
+            entries.setdefault((source, i), []).extend(es)
+    s = _as_store(store)
+    if s.file_ids() or s.committed_ids():
+        raise SnapshotError(
+            f"snapshot store {s.directory} already holds snapshots; bootstrap writes the "
+            f"first snapshot of an empty store (use ss.state.transform to rewrite one)"
+        )
+    return _write(s, job_name, dag_shape(dag), {}, totals, entries)
+
+
+_REWRITTEN = ("keyed", "window")
+
+
+def _entry_of(row: Any, original: StateRow, plain: bool, where: str) -> tuple[Any, Any]:
+    """The snapshot entry of ``fn``'s result ``row`` for entry ``original``."""
+    if isinstance(row, StateRow):
+        if row.vertex != original.vertex:
+            raise ValueError(
+                f"{where}: fn returned a row of vertex {row.vertex!r} ({row!r}); it may only "
+                f"return rows of vertex {original.vertex!r}"
+            )
+        if row.kind != original.kind:
+            raise ValueError(
+                f"{where}: fn returned a row of kind {row.kind!r} for an entry of kind "
+                f"{original.kind!r} ({row!r})"
+            )
+        key, detail, value = row.key, row.detail, row.value
+    elif type(row) is tuple and len(row) == 2:
+        key, value = row
+        detail = original.detail
+    else:
+        raise TypeError(
+            f"{where}: fn returned {row!r} ({type(row).__name__}); it returns a StateRow "
+            f"(e.g. row._replace(value=...)), a (key, value) tuple, or None to drop the entry"
+        )
+    try:
+        hash(key)
+    except TypeError as e:
+        raise TypeError(f"{where}: fn returned an unhashable key {key!r} ({e})") from None
+    if original.kind == "window":
+        frame = detail.get("frame_end") if isinstance(detail, dict) else None
+        if type(frame) is not int:
+            raise ValueError(
+                f"{where}: a window row's detail is {{'frame_end': int}}, fn returned {detail!r}"
+            )
+        return KeyedStateKey(key, frame), value
+    if plain:
+        if detail is not None:
+            raise ValueError(
+                f"{where}: the vertex keeps one value per key (detail None), fn returned "
+                f"detail {detail!r}"
+            )
+        return key, value
+    return KeyedStateKey(key, detail), value
+
+
+def transform(
+    store: Any,
+    vertex: str,
+    fn: Callable[[StateRow], Any],
+    *,
+    to_store: Any = None,
+) -> int:
+    """Write a new snapshot: the newest committed one of ``store`` with each entry of
+    ``vertex`` passed through ``fn(row) -> row | None`` (a
+    :class:`~slipstream.state.reader.StateRow` of kind ``keyed`` or ``window``; return
+    it changed, e.g. ``row._replace(value=...)``, or a ``(key, value)`` tuple, or
+    ``None`` to drop the entry). Other entries (other vertices, the vertex's broadcast
+    state and offsets) are kept as they are. Committed into ``store`` under the next id
+    (the store must not be in use by a running job) or into ``to_store`` (empty or
+    not); returns the new id.
+
+    ``fn`` runs over every entry before anything is written: a result that does not fit
+    (a row of another vertex or kind, a non-tuple, an unhashable key, two entries with
+    one key) raises naming the entry, and nothing is committed."""
+    src = open_store(store)
+    sid, data = _snapshot(src, None, None)
+    if vertex not in data.vertices:
+        names = ", ".join(repr(n) for n in sorted(data.vertices))
+        raise ValueError(
+            f"snapshot {sid} in {src.directory} has no vertex {vertex!r}; its vertices: {names}"
+        )
+    vs = data.vertices[vertex]
+    total = vs.total_parallelism
+    owner = key_routing(None, 1, total).owner
+    out: dict[tuple[str, int], list[Any]] = {}
+    keys: dict[Any, str] = {}
+    plain_maps: dict[int, dict[Any, Any]] = {}
+    for i in sorted(vs.entries):
+        for entry in expand_entries(vs.entries[i]):
+            k, v = entry
+            plain = type(k) not in (KeyedStateKey, BroadcastKey)
+            rows = processor_rows(vertex, i, [entry])
+            if len(rows) != 1 or rows[0].kind not in _REWRITTEN:
+                out.setdefault((vertex, i), []).append(entry)  # kept as it is
+                continue
+            original = rows[0]
+            where = f"snapshot {sid}, vertex {vertex!r}, processor {i}, entry {original.key!r}"
+            if original.kind == "window":
+                where += f" (frame_end {original.detail['frame_end']})"
+            result = fn(original)
+            if result is None:
+                continue
+            new = _entry_of(result, original, plain, where)
+            ident = new[0]
+            try:
+                other = keys.get(ident)
+            except TypeError:
+                other = None
+            if other is not None:
+                raise ValueError(f"{where}: fn returned key {new[0]!r}, which {other} has too")
+            keys[ident] = where
+            nk = new[0].key if type(new[0]) is KeyedStateKey else new[0]
+            target = i if _same(nk, original.key) else owner(nk)
+            if type(new[0]) is KeyedStateKey:
+                out.setdefault((vertex, target), []).append(new)
+            else:
+                plain_maps.setdefault(target, {})[new[0]] = new[1]
+    for i, m in sorted(plain_maps.items()):
+        out.setdefault((vertex, i), []).append((StateMap(PLAIN, None), StateMapSave(FULL, m)))
+    for name, other_vs in data.vertices.items():
+        if name != vertex:
+            for i, es in other_vs.entries.items():
+                out[(name, i)] = list(es)
+    totals = {name: v.total_parallelism for name, v in data.vertices.items()}
+    extra = {k: v for k, v in data.extra.items() if k != "executor_state"}
+    dest = src if to_store is None else _as_store(to_store)
+    owner_info = src.owner()
+    execution = owner_info.execution if owner_info is not None and dest is src else None
+    completed = {
+        name: (set(v.completed), set(getattr(v, "final", ()))) for name, v in data.vertices.items()
+    }
+    return _write(dest, data.job_name, data.dag_shape, extra, totals, out, execution, completed)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a key's __eq__ may raise on another type
+        return False
