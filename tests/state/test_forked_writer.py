@@ -7,13 +7,15 @@ import logging
 import os
 import threading
 import time
+import types
 from typing import Any
 
 import pytest
 
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
-from slipstream.state.keyed import keyed_state
+from slipstream.state.forked import copied_maps
+from slipstream.state.keyed import DELTA, KeyedState, StateMap, StateMapSave, keyed_state
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 
@@ -179,3 +181,31 @@ def test_a_failed_fork_falls_back_to_the_store_thread(
         caplog.text
     )
     assert not [n for n in os.listdir(store) if "-tf" in n]  # every chunk by the store thread
+
+
+def test_a_live_delta_is_what_the_thread_writer_saves() -> None:
+    """Under the fork writer a delta save hands over the map and its changed keys (the
+    child picks the values); materialised, it is the thread writer's delta."""
+    entries = {}
+    for writer in ("thread", "fork"):
+        ctx = types.SimpleNamespace(
+            incremental_snapshots=True,
+            current_snapshot_id=1,
+            committed_snapshot_id=0,
+            snapshot_writer=writer,
+        )
+        s = KeyedState(context=ctx)
+        for k in range(10):
+            s[k] = k
+        s.snapshot_entry()
+        ctx.current_snapshot_id, ctx.committed_snapshot_id = 2, 1
+        s[3] = 30
+        s.changed(3)
+        del s[4]
+        s.changed(4)
+        entries[writer] = [s.snapshot_entry()]
+    live = entries["fork"][0][1]
+    assert live.mode == DELTA and type(live.upserts) is KeyedState
+    assert copied_maps(entries["fork"]) == entries["thread"] == [
+        (StateMap("e", None), StateMapSave(DELTA, {3: 30}, (4,), 1))
+    ]

@@ -338,9 +338,9 @@ class SnapshotCoordinator:
 
     def _fork_writer(self, tasklet: ProcessorTasklet, snapshot_id: int) -> float:
         """The processor's thread, its save done: when its entries hold a map handed over
-        itself, fork the child that writes its full chunk, or (a delta chunk) copy such
-        maps as the thread writer would. Returns the seconds it took (part of the
-        processor's pause)."""
+        itself (a full save or a live delta), fork the child that writes its chunk (full
+        or delta); if no child can be forked, copy such maps as the thread writer would.
+        Returns the seconds it took (part of the processor's pause)."""
         t0 = time.perf_counter()
         key = (tasklet.vertex_name, tasklet.index)
         with self._lock:
@@ -349,25 +349,30 @@ class SnapshotCoordinator:
                 return 0.0
         if not entries or not has_live_map(entries):
             return 0.0
-        if fmt.chunk_mode(entries) == fmt.CHUNK_FULL:
-            store = self.store
-            try:
-                child = fork_chunk(
-                    store.directory, store.key, snapshot_id, key[0], key[1], entries
-                )
-            except OSError as e:  # no process or pipe to be had: the thread writer's way
-                log.warning(
-                    "job %s: %s#%d: cannot fork a snapshot writer (%s); its state is "
-                    "copied and written by the store thread",
-                    self.job_name,
-                    key[0],
-                    key[1],
-                    e,
-                )
-            else:
-                with self._lock:
-                    self._forked[key] = child
-                return time.perf_counter() - t0
+        store = self.store
+        try:
+            child = fork_chunk(
+                store.directory,
+                store.key,
+                snapshot_id,
+                key[0],
+                key[1],
+                entries,
+                fmt.chunk_mode(entries),
+            )
+        except OSError as e:  # no process or pipe to be had: the thread writer's way
+            log.warning(
+                "job %s: %s#%d: cannot fork a snapshot writer (%s); its state is "
+                "copied and written by the store thread",
+                self.job_name,
+                key[0],
+                key[1],
+                e,
+            )
+        else:
+            with self._lock:
+                self._forked[key] = child
+            return time.perf_counter() - t0
         copy = _detached_or_error(tasklet, copied_maps(entries), "snapshot state")
         with self._lock:
             self._entries[key] = copy
@@ -548,9 +553,13 @@ class SnapshotCoordinator:
                         continue
                     key = (name, i)
                     child = forked.pop(key, None)
-                    if child is not None:  # a forked writer wrote its full chunk
-                        chain = [self._wait_child(child)]
-                        forked_refs.append(chain[0])
+                    if child is not None:  # a forked writer wrote its chunk
+                        ref = self._wait_child(child)
+                        forked_refs.append(ref)
+                        if ref.mode == fmt.CHUNK_DELTA:
+                            chain = [*self._continued_chain(key, entries, sid), ref]
+                        else:
+                            chain = [ref]
                     elif i in vs.completed:
                         cached = self._completed_chains.get(key)
                         if cached is not None and cached[0] == len(entries):

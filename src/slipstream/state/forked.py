@@ -27,7 +27,7 @@ from typing import Any
 
 from slipstream.core.errors import SnapshotError
 from slipstream.state import format as fmt
-from slipstream.state.keyed import KeyedState, StateMap, StateMapSave
+from slipstream.state.keyed import DELTA, KeyedState, StateMap, StateMapSave
 from slipstream.state.store import ChunkRef, chunk_file_name, write_chunk_file
 
 __all__ = ["ForkedChunk", "fork_chunk", "has_live_map"]
@@ -36,22 +36,45 @@ _MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 def has_live_map(entries: list[tuple[Any, Any]]) -> bool:
-    """Whether ``entries`` hold a :class:`KeyedState` handed over itself (a full save
-    under ``snapshot_writer="fork"``) rather than a copy."""
+    """Whether ``entries`` hold a :class:`KeyedState` handed over itself (a full save or
+    a live delta under ``snapshot_writer="fork"``) rather than a copy."""
     return any(
         type(k) is StateMap and isinstance(v.upserts, KeyedState) for k, v in entries
     )
 
 
 def copied_maps(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-    """``entries`` with every map handed over itself replaced by a plain ``dict`` copy
-    (what a full save is under ``snapshot_writer="thread"``)."""
+    """``entries`` with every map handed over itself replaced by what the thread writer
+    gets: a plain ``dict`` copy for a full save, the changed keys' values and the removed
+    keys for a *live delta* (``StateMapSave(DELTA, <the map>, <its changed keys>,
+    base_id)``, see :meth:`KeyedState.snapshot_entry`)."""
     return [
-        (k, StateMapSave(v.mode, dict(v.upserts), v.removed, v.base_id))
+        (k, materialized(v))
         if type(k) is StateMap and isinstance(v.upserts, KeyedState)
         else (k, v)
         for k, v in entries
     ]
+
+
+def materialized(save: StateMapSave) -> StateMapSave:
+    """A map handed over itself (full, or a live delta) as plain data."""
+    m = save.upserts
+    if save.mode != DELTA:
+        return StateMapSave(save.mode, dict(m), save.removed, save.base_id)
+    missing = _MISSING
+    get = m.get
+    upserts = {}
+    removed = []
+    for k in save.removed:  # a live delta's changed keys
+        v = get(k, missing)
+        if v is missing:
+            removed.append(k)
+        else:
+            upserts[k] = v
+    return StateMapSave(DELTA, upserts, tuple(removed), save.base_id)
+
+
+_MISSING: Any = object()
 
 
 class ForkedChunk:
@@ -132,16 +155,17 @@ def fork_chunk(
     vertex: str,
     index: int,
     entries: list[tuple[Any, Any]],
+    mode: str = fmt.CHUNK_FULL,
 ) -> ForkedChunk:
-    """Fork a child that writes ``entries`` (one processor's full save, maps handed over
-    themselves) as its full chunk of snapshot ``snapshot_id`` into store ``directory``
-    signed with ``key``. Call it on the processor's thread before the processor runs
+    """Fork a child that writes ``entries`` (one processor's save, maps handed over
+    themselves) as its chunk of snapshot ``snapshot_id`` (``mode``: full or delta) into
+    store ``directory`` signed with ``key``. Call it on the processor's thread before the processor runs
     again: the child sees the state as it is at the fork."""
     name = chunk_file_name(snapshot_id, vertex, index, attempt="f" + secrets.token_hex(4))
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
-        _child(w, directory, key, name, snapshot_id, vertex, index, entries)
+        _child(w, directory, key, name, snapshot_id, vertex, index, entries, mode)
     os.close(w)
     return ForkedChunk(pid, r, snapshot_id, vertex, index, name)
 
@@ -155,6 +179,7 @@ def _child(
     vertex: str,
     index: int,
     entries: list[tuple[Any, Any]],
+    mode: str,
 ) -> None:
     code = 1
     try:
@@ -167,7 +192,7 @@ def _child(
             msg: dict[str, Any] = {"unpicklable": str(e)}
         else:
             ref = write_chunk_file(
-                directory, key, name, snapshot_id, vertex, index, fmt.CHUNK_FULL, payload
+                directory, key, name, snapshot_id, vertex, index, mode, payload
             )
             msg = {"ref": ref.as_json()}
         _write_all(w, json.dumps(msg).encode("utf-8"))

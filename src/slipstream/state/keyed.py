@@ -165,6 +165,11 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if base == 0 or committed < base or len(dirty) >= len(self):
             del dirty  # before the copy: the set may be as large as the map
             return key, StateMapSave(FULL, self._full())
+        if getattr(ctx, "snapshot_writer", "thread") == "fork":
+            # a *live delta*: the map itself and the changed keys; the forked writer's
+            # child picks their values out of its copy-on-write view (see
+            # slipstream.state.forked.materialized), so the pause does not grow with them
+            return key, StateMapSave(DELTA, self, dirty, base)  # type: ignore[arg-type]
         get = self.get
         missing = _MISSING
         upserts = {}
