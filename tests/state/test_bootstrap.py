@@ -25,7 +25,7 @@ from slipstream.aggregate import counting
 from slipstream.core.errors import JobCancelledError, SnapshotError
 from slipstream.core.partition import key_routing
 from slipstream.state.reader import StateRow
-from slipstream.window import tumbling_window_def
+from slipstream.window import session_window_def, tumbling_window_def
 
 HISTORY = list("aabbbcdddde")
 LIVE = list("abcfaa")
@@ -218,6 +218,52 @@ def test_generator_offsets_resume_where_history_ends(tmp_path: Path) -> None:
         assert per_key(list(engine.get_list("out"))) == per_key(oracle(history, live))
 
 
+def timed_event(seq: int) -> tuple[str, int]:
+    return ("abc"[seq % 3 if seq % 4 else 0], seq * 7)
+
+
+def windowed(items: list[Any]) -> ss.Pipeline:
+    """A 1 s tumbling count per key (vertices ``with_timestamps+window-accumulate`` and
+    ``window-combine``: the frames)."""
+    p = ss.Pipeline()
+    p.read_from(sources.items(items)).with_timestamps(lambda e: e[1], 0).group_by(
+        lambda e: e[0]
+    ).window(tumbling_window_def(1000)).aggregate(counting()).write_to(sinks.list_sink("out"))
+    return p
+
+
+def test_window_frames_are_seeded(tmp_path: Path) -> None:
+    """The open window's frame at the cutoff (per key, the count of history's events in
+    it), seeded as (key, frame_end, count) at parallelism 2: the windows the restored
+    job emits over the live events equal those of one run over history + live that end
+    after the cutoff; and the frames read back as window rows seed the same again."""
+    events = [timed_event(s) for s in range(1000)]
+    cut = 400  # the last history event at ts 2793: the window [2000, 3000) is open
+    history, live = events[:cut], events[cut:]
+    whole = ss.local()
+    whole.new_job(windowed(events)).join(120)
+    open_end = (history[-1][1] // 1000 + 1) * 1000
+    expected = sorted(repr(r) for r in whole.get_list("out") if r.end >= open_end)
+    frames = Counter(k for k, ts in history if ts >= open_end - 1000)
+    seed = tmp_path / "seed"
+    ss.state.bootstrap(
+        windowed([]), "window-combine", [(k, open_end, n) for k, n in frames.items()], seed,
+        parallelism=2,
+    )  # fmt: skip
+    rows = [r for r in ss.state.read(seed, "window-combine") if r.kind == "window"]
+    assert sorted((r.key, r.detail["frame_end"], r.value) for r in rows) == sorted(
+        (k, open_end, n) for k, n in frames.items()
+    )
+    again = tmp_path / "again"
+    ss.state.bootstrap(windowed([]), "window-combine", rows, again)
+    for store in (seed, again):
+        engine = ss.local()
+        engine.new_job(
+            windowed(live), config(tmp_path / f"live-{store.name}"), restore_from=store
+        ).join(120)
+        assert sorted(repr(r) for r in engine.get_list("out")) == expected
+
+
 def test_rows_and_vertices_that_do_not_fit_are_refused(tmp_path: Path) -> None:
     p = rolling([])
     seed = tmp_path / "seed"
@@ -239,12 +285,29 @@ def test_rows_and_vertices_that_do_not_fit_are_refused(tmp_path: Path) -> None:
         match=r"vertex 'sink' is not a keyed vertex bootstrap can seed \(its processor is slipstream.sinks.basic.ListSinkP\)",
     ):
         ss.state.bootstrap(p, "sink", [("a", 1)], seed)
-    window = ss.Pipeline()
-    window.read_from(sources.items([])).with_timestamps(lambda x: 0, 0).group_by(
+    session = ss.Pipeline()
+    session.read_from(sources.items([])).with_timestamps(lambda x: 0, 0).group_by(
         lambda x: x
-    ).window(tumbling_window_def(10)).aggregate(counting()).write_to(sinks.noop())
-    with pytest.raises(ValueError, match=r"vertex 'window-combine' keeps window or session state"):
+    ).window(session_window_def(10)).aggregate(counting()).write_to(sinks.noop())
+    with pytest.raises(
+        ValueError,
+        match=r"vertex 'window' keeps window or session state bootstrap cannot seed \(its "
+        r"processor is slipstream.processors.sessions.SessionWindowP\)",
+    ):
+        ss.state.bootstrap(session, "window", [("a", 1)], seed)
+    window = windowed([])
+    with pytest.raises(
+        ValueError, match=r"row 0 \(\('a', 1\)\) is not a \(key, frame_end, accumulator\) tuple"
+    ):
         ss.state.bootstrap(window, "window-combine", [("a", 1)], seed)
+    with pytest.raises(ValueError, match=r"row 1 .*: key 'a' in frame 1000 is already in row 0"):
+        ss.state.bootstrap(window, "window-combine", [("a", 1000, 1), ("a", 1000, 2)], seed)
+    with pytest.raises(
+        ValueError,
+        match=r"vertex 'with_timestamps\+window-accumulate' is not a keyed vertex bootstrap "
+        r"can seed \(its processor is slipstream.pipeline.fused.PipeP\)",
+    ):
+        ss.state.bootstrap(window, "with_timestamps+window-accumulate", [("a", 1)], seed)
     window_row = StateRow("w", 0, "a", {"frame_end": 10}, 1, "window")
     with pytest.raises(
         ValueError, match=r"row 0 .* is 'window' state with detail \{'frame_end': 10\}"

@@ -11,10 +11,12 @@ continues from it as from a snapshot it took itself.
 What can be seeded: the state of a *keyed* vertex that keeps one plain map ``key ->
 state`` (a rolling aggregate: the accumulator, for ``counting()``/``summing()`` the
 running int; ``map_stateful``: the state object; either stage of a group-by
-aggregation: the accumulator). Window and session state is not seeded: a window's
-frames need the frame ends and the window's emission cursor consistent with the
-watermark the sources restart at, a session's bounds the same; refused naming the
-vertex. Source positions can be set with ``offsets=`` for the generator and the Kafka
+aggregation: the accumulator), and the frames of a sliding or tumbling window's last
+stage (``KeyedStateKey(key, frame_end) -> accumulator``, with an emission cursor of "no
+window emitted yet": the first watermark past a frame's windows emits them, so seed
+only the frames of windows the history did not emit). Session state (each key's open
+sessions, closed by the watermark the job restarts at) and a window's first stage
+(which keeps no frames across snapshots) are refused naming the vertex. Source positions can be set with ``offsets=`` for the generator and the Kafka
 source. Each entry goes to the processor that owns its key under the routing a live
 item takes (:func:`~slipstream.core.partition.key_routing`, as a restore routes it).
 """
@@ -40,9 +42,16 @@ _PLAIN_KEYED = {
     ("slipstream.processors.aggregation", "GroupByKeyP"): "group-by aggregation",
 }
 _WINDOWED_MODULES = ("slipstream.processors.windows", "slipstream.processors.sessions")
+#: processors whose state is window frames: KeyedStateKey(key, frame_end) -> accumulator
+_FRAMES = {
+    ("slipstream.processors.windows", "SlidingWindowP"),
+    ("slipstream.processors.windows", "_CombineToSlidingWindowP"),
+}
 _GENERATOR = ("slipstream.sources.streaming", "GeneratorP")
 _KAFKA = ("slipstream.sources.kafka", "KafkaSourceP")
 _INPUT_FUSED = ("slipstream.pipeline.fused", "InputFusedP")
+#: a sliding window's emission cursor (processors/windows.py NEXT_WIN_TO_EMIT_KEY)
+_WINDOW_CURSOR = "window.next_win_to_emit"
 
 
 def _processor_class(supplier: Any) -> type | None:
@@ -78,15 +87,17 @@ def _keyed_kind(dag: Any, vertex: str) -> str:
     cid = _class_id(cls)
     if cid in _PLAIN_KEYED:
         return _PLAIN_KEYED[cid]
+    if cid in _FRAMES:
+        return "window"
     what = (
         f"its processor is {cid[0]}.{cid[1]}" if cls is not None else "its processor is not known"
     )
     if cid[0] in _WINDOWED_MODULES:
         raise ValueError(
-            f"vertex {vertex!r} keeps window or session state ({what}); bootstrap seeds a "
-            f"keyed vertex whose state is one value per key (a rolling aggregate, "
-            f"map_stateful, a group-by aggregation). Window frames and sessions need frame "
-            f"ends and an emission cursor that agree with the watermark the job restarts at"
+            f"vertex {vertex!r} keeps window or session state bootstrap cannot seed "
+            f"({what}); it seeds the frames of a window's last stage (a two-stage "
+            f"window's '-combine' vertex) and keyed vertices whose state is one value per "
+            f"key (a rolling aggregate, map_stateful, a group-by aggregation)"
         )
     raise ValueError(
         f"vertex {vertex!r} is not a keyed vertex bootstrap can seed ({what}); it seeds a "
@@ -105,6 +116,32 @@ def _owner(dag: Any, vertex: str, total: int) -> Callable[[Any], int]:
 
     partitioner = custom_partitioners(dag).get(vertex)
     return key_routing(partitioner, 1, total).owner
+
+
+def _frame_row(row: Any, n: int, vertex: str) -> tuple[Any, Any]:
+    """``(KeyedStateKey(key, frame_end), accumulator)`` of input row number ``n`` for a
+    window vertex: a ``StateRow`` of kind ``window`` or a ``(key, frame_end, acc)``
+    tuple."""
+    if isinstance(row, StateRow):
+        frame = row.detail.get("frame_end") if isinstance(row.detail, dict) else None
+        if row.kind != "window" or type(frame) is not int:
+            raise ValueError(
+                f"row {n} ({row!r}) is {row.kind!r} state with detail {row.detail!r}; "
+                f"window vertex {vertex!r} keeps frames (kind 'window', detail "
+                f"{{'frame_end': int}})"
+            )
+        key, value = row.key, row.value
+    elif type(row) is tuple and len(row) == 3 and type(row[1]) is int:
+        key, frame, value = row
+    else:
+        raise ValueError(
+            f"row {n} ({row!r}) is not a (key, frame_end, accumulator) tuple or a window StateRow"
+        )
+    try:
+        hash(key)
+    except TypeError as e:
+        raise TypeError(f"row {n} ({row!r}): its key is unhashable ({e})") from None
+    return KeyedStateKey(key, frame), value
 
 
 def _row_pair(row: Any, n: int, vertex: str) -> tuple[Any, Any]:
@@ -255,7 +292,9 @@ def bootstrap(
     ``rows``: ``(key, value)`` pairs (``value``: the vertex's per-key state, e.g. a
     rolling aggregate's accumulator), :class:`~slipstream.state.reader.StateRow` s of
     ``ss.state.read`` (kind ``keyed``), or the ``(key, result)`` output of another job
-    whose result is the accumulator (``counting()``, ``summing()``). ``parallelism``: the
+    whose result is the accumulator (``counting()``, ``summing()``); for a window's last
+    stage (``window-combine``) ``(key, frame_end, accumulator)`` tuples or ``window``
+    rows. ``parallelism``: the
     local parallelism of the vertices that set none (``None``: 1); a job at another
     parallelism restores it all the same (keyed entries are routed by key).
     ``offsets``: ``{source vertex: position}`` where history ends: a generator's count of
@@ -271,7 +310,7 @@ def bootstrap(
     from slipstream.state.lineage import dag_shape
 
     dag = as_dag(dag_or_pipeline)
-    _keyed_kind(dag, vertex)
+    kind = _keyed_kind(dag, vertex)
     default = 1 if parallelism is None else int(parallelism)
     if default < 1:
         raise ValueError(f"parallelism must be >= 1, got {parallelism!r}")
@@ -280,16 +319,33 @@ def bootstrap(
     owner = _owner(dag, vertex, total)
     maps: list[dict[Any, Any]] = [{} for _ in range(total)]
     first_row: dict[Any, int] = {}
+    entries: dict[tuple[str, int], list[Any]] = {}
     for n, row in enumerate(rows):
+        if kind == "window":
+            entry = _frame_row(row, n, vertex)
+            seen = first_row.setdefault(entry[0], n)
+            if seen != n:
+                raise ValueError(
+                    f"row {n} ({row!r}): key {entry[0].key!r} in frame {entry[0].detail} is "
+                    f"already in row {seen}"
+                )
+            entries.setdefault((vertex, owner(entry[0].key)), []).append(entry)
+            continue
         key, value = _row_pair(row, n, vertex)
         seen = first_row.setdefault(key, n)
         if seen != n:
             raise ValueError(f"row {n} ({row!r}): key {key!r} is already in row {seen}")
         maps[owner(key)][key] = value
-    entries: dict[tuple[str, int], list[Any]] = {}
     for i, m in enumerate(maps):
         if m:
             entries[(vertex, i)] = [(StateMap(PLAIN, None), StateMapSave(FULL, m))]
+    if kind == "window":
+        from slipstream.core.time import NO_WATERMARK
+
+        # no window emitted yet: the first watermark past a frame's windows emits them
+        # (what a processor restores without a cursor too; saved, the rows read as windows)
+        for i in range(total):
+            entries.setdefault((vertex, i), []).append((BroadcastKey(_WINDOW_CURSOR), NO_WATERMARK))
     for source, spec in (offsets or {}).items():
         for i, es in _source_offsets(dag, source, spec, totals.get(source, 0)).items():
             entries.setdefault((source, i), []).extend(es)
