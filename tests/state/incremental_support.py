@@ -606,7 +606,8 @@ def run_scenario(
                 job.resume()  # after a suspend stop
             if data is not None:
                 # the gate holds: the restored job emits nothing new, so what it saves is
-                # exactly the state it restored, in a full save (its first)
+                # exactly the state it restored (a delta continuing its chain when it was
+                # restored at the same parallelism from its own store, else a full save)
                 wait_commits(job, 1)
                 job.suspend()
                 after = latest(store)

@@ -57,6 +57,9 @@ class Context:
         "completion_committed",
         "incremental_snapshots",
         "snapshot_writer",
+        "restored_snapshot_id",
+        "_restored_maps",
+        "_restored_states",
         "state_backend",
         "state_dir",
         "closers",
@@ -146,6 +149,17 @@ class Context:
         #: hands the map itself over (no copy: a forked child writes it, see
         #: ``JobConfig.snapshot_writer``), else ``"thread"``
         self.snapshot_writer = "thread"
+        #: the snapshot whose chain (state/format.py) this processor was restored from
+        #: exactly: the same processor of the same vertex parallelism got back just the
+        #: entries it saved (no other processor's, no broadcast entry). Keyed state then
+        #: continues that chain: its first save is a delta relative to this snapshot, not
+        #: a full copy (0: restored otherwise, or not at all; the first save is full)
+        self.restored_snapshot_id = 0
+        # set with restored_snapshot_id until the restore entries are taken: the chain's
+        # maps ((tag, detail) -> size), and the keyed states made meanwhile
+        # (state.keyed.continue_restored_chain checks that they equal the chain)
+        self._restored_maps: dict[Any, int] | None = None
+        self._restored_states: list[Any] | None = None
         #: where :func:`~slipstream.state.keyed.keyed_state` keeps keyed state:
         #: ``"memory"`` (a dict) or ``"sqlite"`` (on disk behind a cache; the engine sets
         #: it from ``JobConfig.state_backend`` or the vertex's own ``state_backend``)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from slipstream.engine.local import LocalEngine
     from slipstream.engine.snapshot import SnapshotCoordinator
     from slipstream.state.reader import StateRow
-    from slipstream.state.store import DirectorySnapshotStore, SnapshotData
+    from slipstream.state.store import ChunkRef, DirectorySnapshotStore, SnapshotData
 
 # The snapshot modules (the store, its signing, the coordinator) are imported where a job
 # has a processing guarantee or restores: a job without one never needs them, and a short
@@ -112,6 +112,9 @@ class _Execution:
         routed: dict[tuple[str, int], list[Any]] = {}
         completed: set[tuple[str, int]] = set()
         recovering: set[tuple[str, int]] = set()
+        # processors restored from exactly their own chain in this job's store: their
+        # keyed state continues it (a delta, not a full save, after the restore)
+        continued: dict[tuple[str, int], list[ChunkRef]] = {}
         if restore is not None:
             from slipstream.state.lineage import check_same_dag, dag_shape
             from slipstream.state.restore import (
@@ -120,9 +123,13 @@ class _Execution:
                 restore_plan,
             )
 
-            routed, completed = restore_plan(restore, self.plans, custom_partitioners(job.dag))
+            own: set[tuple[str, int]] = set()
+            routed, completed = restore_plan(
+                restore, self.plans, custom_partitioners(job.dag), own
+            )
             check_same_dag(restore, dag_shape(job.dag), config.allow_job_change)
             recovering = recovering_completed(restore, self.plans, completed)
+            continued = _continued_chains(restore, job.store, own)
         self.tasklets: list[ProcessorTasklet] = []
         # disk-backed keyed state (state_backend="sqlite") of this execution: created by
         # the first such state, removed when the execution ends (_remove_state_dir)
@@ -144,6 +151,11 @@ class _Execution:
                 # full and delta chunks (state/format.py); set before the processors' init
                 s.context.incremental_snapshots = incremental
                 s.context.snapshot_writer = config.snapshot_writer if incremental else "thread"
+                chain = continued.get(key) if incremental else None
+                if chain is not None and restore is not None:
+                    s.context.restored_snapshot_id = chain[-1].snapshot_id
+                    s.context._restored_maps = _chain_maps(restore, key)
+                    s.context._restored_states = []
             restore_entries = None
             if restore is not None and (key not in completed or key in recovering):
                 restore_entries = routed.get(key, [])
@@ -162,6 +174,8 @@ class _Execution:
             )
         if self.coordinator is not None:
             self.coordinator.attach(self.tasklets)
+            if incremental:
+                self.coordinator.continue_chains(continued)
         self.pool: WorkerPool | None = None
 
     def start(self) -> None:
@@ -926,6 +940,38 @@ def _load_snapshot(spec: Any, config: JobConfig, job_name: str) -> SnapshotData 
         store.directory, job_name, (data.snapshot_id, data.job_name), config.allow_rollback
     )
     return data
+
+
+def _continued_chains(
+    restore: SnapshotData, store: DirectorySnapshotStore | None, own: set[tuple[str, int]]
+) -> dict[tuple[str, int], list[ChunkRef]]:
+    """The chains of ``own`` (processors restored from exactly their own chain) that this
+    job's snapshots may continue: ``restore`` was read from ``store`` itself, where it is
+    a committed snapshot whose chunk files are all there (a snapshot passed in as data, or
+    read from another store, starts new chains)."""
+    source = getattr(restore, "source", None)
+    if not own or store is None or source is None:
+        return {}
+    directory, chains = source
+    if directory != os.path.realpath(store.directory):
+        return {}
+    if restore.snapshot_id not in store.committed_ids():
+        return {}
+    out = {}
+    for key in own:
+        chain = chains.get(key)
+        if chain and all(os.path.exists(os.path.join(store.directory, r.file)) for r in chain):
+            out[key] = chain
+    return out
+
+
+def _chain_maps(restore: SnapshotData, key: tuple[str, int]) -> dict[Any, int]:
+    """The keyed-state maps of processor ``key``'s merged chain: ``(tag, detail) -> size``."""
+    from slipstream.state.keyed import StateMap
+
+    vs = restore.vertices.get(key[0])
+    entries = vs.entries.get(key[1], []) if vs is not None else []
+    return {(k.tag, k.detail): len(v.upserts) for k, v in entries if type(k) is StateMap}
 
 
 def _dir_safe(name: str) -> str:

@@ -676,6 +676,16 @@ class SnapshotCoordinator:
         """Chains compacted in this execution."""
         return self._compactor.compacted if self._compactor is not None else 0
 
+    def continue_chains(self, chains: dict[tuple[str, int], list[ChunkRef]]) -> None:
+        """Before the first snapshot: the committed chains (of the snapshot this execution
+        was restored from) that processors restored from exactly their own chain continue
+        (their keyed state saves a delta relative to it, see
+        :func:`~slipstream.state.keyed.continue_restored_chain`); a processor whose first
+        save is full starts a new chain instead."""
+        with self._lock:
+            for key, chain in chains.items():
+                self._chains.setdefault(key, list(chain))
+
     def _continued_chain(
         self, key: tuple[str, int], entries: list[Any], snapshot_id: int
     ) -> list[ChunkRef]:

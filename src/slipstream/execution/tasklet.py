@@ -31,6 +31,7 @@ from slipstream.core.processor import Context, Processor
 from slipstream.execution.coalescer import NO_NEW_WM, WatermarkCoalescer
 from slipstream.execution.collectors import Collector
 from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.state.keyed import continue_restored_chain
 
 NO_PROGRESS = 0
 MADE_PROGRESS = 1
@@ -667,6 +668,9 @@ class ProcessorTasklet:
             if inbox:
                 return
         self.restore_entries = None
+        if self.context.restored_snapshot_id:
+            # restored from exactly its own chain: its keyed state continues it
+            continue_restored_chain(self.context)
         self.state = FINISH_RESTORE
         self.progress = True
 

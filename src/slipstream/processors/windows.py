@@ -902,7 +902,17 @@ class SlidingWindowP(WindowingP):
             # saved different cursors) are of no use
             oldest_needed = self._next_win - self._span
             for f in [f for f in frames if f < oldest_needed]:
-                _close(frames.pop(f))
+                d = frames.pop(f)
+                if self._tracked:
+                    gone = d.dropped_entry()  # type: ignore[attr-defined]
+                    if gone is not None:  # restored from its chain: the next save drops it
+                        self._dropped.append(gone)
+                _close(d)
+        if self._fresh:
+            # frames restored from the processor's own chain continue it (their first save
+            # is a delta, see state.keyed.continue_restored_chain): not fresh, their
+            # changes are marked
+            self._fresh = {f for f in self._fresh if not getattr(frames.get(f), "saved_id", 0)}
         self._top = max(frames, default=NO_WATERMARK)
         # the running window is rebuilt from the restored frames at the next emission
         self._running.clear()

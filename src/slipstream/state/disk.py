@@ -69,6 +69,7 @@ from slipstream.state.keyed import (
     StateMap,
     StateMapSave,
     dropped_entry,
+    restoring,
 )
 
 __all__ = [
@@ -296,6 +297,12 @@ class DiskKeyedState(MutableMapping[Any, Any]):
         """Track changes if ``context`` (the processor's) takes incremental snapshots."""
         self._context = context
         self.dirty = set() if getattr(context, "incremental_snapshots", False) else None
+        restoring(self, context)
+
+    @property
+    def saved_id(self) -> int:
+        """As :attr:`KeyedState.saved_id`."""
+        return self._saved_id
 
     def changed(self, key: Any) -> None:
         if self.dirty is not None:

@@ -57,6 +57,7 @@ __all__ = [
     "StateMapSave",
     "dropped_entry",
     "fast_keyed_state",
+    "continue_restored_chain",
     "keyed_state",
     "saved_entry",
 ]
@@ -120,6 +121,14 @@ class KeyedState(dict):  # type: ignore[type-arg]
         """Track changes if ``context`` (the processor's) takes incremental snapshots."""
         self._context = context
         self.dirty = set() if getattr(context, "incremental_snapshots", False) else None
+        restoring(self, context)
+
+    @property
+    def saved_id(self) -> int:
+        """The snapshot that holds this map's previous save (or the one it was restored
+        from as it is, see :func:`continue_restored_chain`); 0: none, the next save is
+        full."""
+        return self._saved_id
 
     def changed(self, key: Any) -> None:
         """Record that ``key`` was set or removed (the slower spelling of
@@ -193,6 +202,61 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if self._saved_id == 0 or self.dirty is None:
             return None
         return dropped_entry(self.tag, self.detail, self._saved_id)
+
+
+def restoring(state: Any, context: Any) -> None:
+    """Record ``state`` (a keyed-state map being made) while its processor is restored
+    from its own chain (see :func:`continue_restored_chain`)."""
+    states = getattr(context, "_restored_states", None)
+    if states is not None:
+        states.append(state)
+
+
+def continue_restored_chain(context: Any) -> bool:
+    """Called by the engine once a processor took its restore entries (before
+    ``finish_snapshot_restore``), when it was restored from exactly its own chain
+    (``context.restored_snapshot_id``): the keyed-state maps it made meanwhile continue
+    that chain, so their first save is a delta relative to that snapshot, not a full
+    copy; what the restore wrote into them is not counted as a change.
+
+    Only if the maps equal the chain's: each of the chain's maps was made again, under
+    the same ``(tag, detail)``, with as many keys as the chain holds (the restore put
+    every entry back where it came from; a processor that merged, dropped or moved
+    restored entries fails this), and tracks changes. Otherwise nothing changes, the
+    context's ``restored_snapshot_id`` becomes 0 and the first save is full (a new
+    chain). A map made after the restore is new: its first save is full. Returns whether
+    the chain is continued."""
+    sid = int(getattr(context, "restored_snapshot_id", 0) or 0)
+    states = getattr(context, "_restored_states", None)
+    maps = getattr(context, "_restored_maps", None)
+    context._restored_states = None
+    context._restored_maps = None
+    if not sid or states is None or maps is None:
+        context.restored_snapshot_id = 0
+        return False
+    by_name: dict[Any, Any] = {}
+    ok = True
+    for s in states:
+        name = (s.tag, s.detail)
+        if s.dirty is None or name in by_name:
+            ok = False
+            break
+        by_name[name] = s
+    if ok:
+        for name, size in maps.items():
+            s = by_name.get(name)
+            if s is None or len(s) != size:
+                ok = False
+                break
+    if not ok:
+        context.restored_snapshot_id = 0
+        return False
+    for name, s in by_name.items():
+        if name in maps:
+            s._saved_id = sid
+            s._entry = None
+            s.dirty.clear()  # in place: a processor may hold the set
+    return True
 
 
 def dropped_entry(tag: str, detail: Any, base_id: int) -> tuple[StateMap, StateMapSave]:

@@ -38,7 +38,10 @@ class PlanShape(Protocol):
 
 
 def restore_plan(
-    data: SnapshotData, plans: Mapping[str, PlanShape], partitioners: dict[str, Any]
+    data: SnapshotData,
+    plans: Mapping[str, PlanShape],
+    partitioners: dict[str, Any],
+    own_chains: set[tuple[str, int]] | None = None,
 ) -> tuple[dict[tuple[str, int], list[Any]], set[tuple[str, int]]]:
     """Route a snapshot's entries to the processors of the new execution.
 
@@ -46,6 +49,15 @@ def restore_plan(
     distributed partitioned edge (the vertex's own partitioner if its inbound edge has a
     custom one), broadcast entries to every processor. Returns the entries per (vertex,
     global index) and the processors to restore as already completed.
+
+    ``own_chains`` (if given) receives the processors that get back exactly the entries
+    saved: the vertex has the same total parallelism, every key the processor saved
+    routes back to it and no other processor's key to it (so with the same member count
+    and the same partitioner). Broadcast entries (every processor gets all of them) do
+    not count: they are not keyed-state map entries, and a processor saves all of its
+    other entries in each chunk. Their keyed state may continue their chain
+    (:func:`~slipstream.state.keyed.continue_restored_chain`, which checks that the maps
+    it restored equal the chain's).
     """
     lost = sorted(
         n for n, vs in data.vertices.items() if n not in plans and any(vs.entries.values())
@@ -85,14 +97,25 @@ def restore_plan(
         # the routing of a live item on a distributed partitioned edge into this vertex
         owner = key_routing(partitioners.get(name), vp.member_count, vp.local_parallelism).owner
         everyone = [routed[(name, g)] for g in range(total)]
-        for entries in vs.entries.values():
+        track = own_chains is not None and vs.total_parallelism == total
+        moved: set[int] = set()  # processors that lose or gain a key (with track)
+        for i, entries in vs.entries.items():
             for entry in expand_entries(entries):
                 k = entry[0]
                 if is_broadcast(k):
                     for lst in everyone:
                         lst.append(entry)
                 else:
-                    routed[(name, owner(routing_key(k)))].append(entry)
+                    g = owner(routing_key(k))
+                    routed[(name, g)].append(entry)
+                    if track and g != i:
+                        moved.add(i)
+                        moved.add(g)
+        if track:
+            assert own_chains is not None
+            own_chains.update(
+                (name, i) for i in vs.entries if i not in moved and i not in vs.completed
+            )
     return routed, completed
 
 

@@ -96,6 +96,13 @@ class SnapshotData:
     #: epoch id and watermarks, see :mod:`slipstream.spark.streaming`); empty in
     #: snapshots of older versions (:meth:`DirectorySnapshotStore.read` fills it in)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: in memory only, set by :meth:`DirectorySnapshotStore.read`: the store directory
+    #: and each processor's chain ``(vertex, index) -> [ChunkRef]`` the entries were
+    #: merged from (a resumed job continues the chains of processors restored as they
+    #: were, :func:`~slipstream.state.keyed.continue_restored_chain`)
+    source: tuple[str, dict[tuple[str, int], list[ChunkRef]]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def entry_count(self) -> int:
         return sum(len(es) for v in self.vertices.values() for es in v.entries.values())
@@ -825,6 +832,10 @@ class DirectorySnapshotStore:
             for i, chain in vm.chains.items():
                 if wanted is None or (name, i) in wanted:
                     vs.entries[i] = self.read_chain(chain, name, i, snapshot_id)
+        data.source = (
+            os.path.realpath(self.directory),
+            {(name, i): list(c) for name, vm in manifest.vertices.items() for i, c in vm.chains.items()},
+        )
         return data
 
     def _load_format2(self, snapshot_id: int, payload: memoryview) -> SnapshotData:
