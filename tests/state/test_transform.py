@@ -23,6 +23,8 @@ from test_bootstrap import (
     per_key,
     rolling,
     run,
+    timed_event,
+    windowed,
 )
 
 import slipstream as ss
@@ -186,3 +188,34 @@ def test_transform_a_running_jobs_store_then_resume(tmp_path: Path) -> None:
 def test_a_snapshot_error_names_the_missing_store(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match=r"no snapshot store at .*nowhere: no such directory"):
         ss.state.transform(tmp_path / "nowhere", "v", lambda r: r)
+
+
+def test_transform_window_frames(tmp_path: Path) -> None:
+    """A window's frames are passed to fn as window rows (its cursor kept): doubling the
+    open window's counts doubles the history's part of that window's results."""
+    events = [timed_event(s) for s in range(1000)]
+    history, live = events[:400], events[400:]
+    open_end = (history[-1][1] // 1000 + 1) * 1000
+    frames = Counter(k for k, ts in history if ts >= open_end - 1000)
+    seed = tmp_path / "seed"
+    ss.state.bootstrap(
+        windowed([]), "window-combine", [(k, open_end, n) for k, n in frames.items()], seed
+    )
+    seen: list[str] = []
+
+    def double(r: StateRow) -> StateRow:
+        seen.append(r.kind)
+        return r._replace(value=2 * r.value)
+
+    ss.state.transform(seed, "window-combine", double)
+    assert seen == ["window"] * len(frames)
+    rows = ss.state.read(seed, "window-combine")
+    assert sorted((r.key, r.value) for r in rows if r.kind == "window") == sorted(
+        (k, 2 * n) for k, n in frames.items()
+    )
+    assert [r.key for r in rows if r.kind == "broadcast"] == ["window.next_win_to_emit"]
+    engine = ss.local()
+    engine.new_job(windowed(live), config(tmp_path / "live"), restore_from=seed).join(120)
+    live_in_open = Counter(k for k, ts in live if ts < open_end)
+    first = {r.key: r.value for r in engine.get_list("out") if r.end == open_end}
+    assert first == {k: 2 * frames[k] + live_in_open[k] for k in frames | live_in_open}

@@ -437,10 +437,22 @@ def transform(
     keys: dict[Any, str] = {}
     plain_maps: dict[int, dict[Any, Any]] = {}
     for i in sorted(vs.entries):
-        for entry in expand_entries(vs.entries[i]):
-            k, v = entry
+        flat = expand_entries(vs.entries[i])
+        # the processor's broadcast entries tell what its keyed entries are (a window's
+        # cursor: frames), as the reader tells it
+        context = [e for e in flat if type(e[0]) is BroadcastKey]
+        for entry in flat:
+            k = entry[0]
             plain = type(k) not in (KeyedStateKey, BroadcastKey)
-            rows = processor_rows(vertex, i, [entry])
+            rows = (
+                []
+                if type(k) is BroadcastKey
+                else [
+                    r
+                    for r in processor_rows(vertex, i, [*context, entry])
+                    if r.kind != "broadcast" and r.kind != "offset"
+                ]
+            )
             if len(rows) != 1 or rows[0].kind not in _REWRITTEN:
                 out.setdefault((vertex, i), []).append(entry)  # kept as it is
                 continue
