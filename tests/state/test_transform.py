@@ -29,7 +29,12 @@ from test_bootstrap import (
 
 import slipstream as ss
 from slipstream import sinks, sources
-from slipstream.core.errors import JobCancelledError, SnapshotError, SnapshotStoreDamagedError
+from slipstream.core.errors import (
+    JobCancelledError,
+    SnapshotError,
+    SnapshotStoreDamagedError,
+    SnapshotStoreInUseError,
+)
 from slipstream.state.reader import StateRow
 from slipstream.state.store import DirectorySnapshotStore
 
@@ -219,3 +224,27 @@ def test_transform_window_frames(tmp_path: Path) -> None:
     live_in_open = Counter(k for k, ts in live if ts < open_end)
     first = {r.key: r.value for r in engine.get_list("out") if r.end == open_end}
     assert first == {k: 2 * frames[k] + live_in_open[k] for k in frames | live_in_open}
+
+
+def test_a_store_a_running_job_holds_is_refused(tmp_path: Path) -> None:
+    """Neither the job's own store object nor its directory is written while it runs;
+    the job keeps its lock."""
+    store = tmp_path / "store"
+    engine = ss.local()
+    cfg = config(store, "held")
+    cfg.snapshot_interval_ms = 20
+    job = engine.new_job(generator_pipeline(None, rate=20000.0), cfg)
+    try:
+        deadline = time.monotonic() + 120
+        while job.metrics["__job__"]["snapshots"] < 1:
+            assert not job.status.is_terminal and time.monotonic() < deadline
+            time.sleep(0.005)
+        for target in (job, store):
+            with pytest.raises(SnapshotStoreInUseError, match=f"snapshot store {store} is in use"):
+                ss.state.transform(target, "rolling_aggregate", lambda r: r)
+        with pytest.raises(SnapshotStoreInUseError):
+            DirectorySnapshotStore(store).lock()
+    finally:
+        job.cancel()
+        with pytest.raises(JobCancelledError):
+            job.join(60)

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from slipstream.core.errors import SnapshotError
+from slipstream.core.errors import SnapshotError, SnapshotStoreInUseError
 from slipstream.core.partition import key_routing
 from slipstream.state.keyed import FULL, PLAIN, StateMap, StateMapSave
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
@@ -249,6 +249,12 @@ def _write(
     from slipstream.state.lineage import recorded_generation
     from slipstream.state.store import Manifest, VertexManifest, encode_chunk
 
+    if getattr(store, "_lock_fd", None) is not None:
+        # this very store object holds the lock: a job of this process runs on it
+        raise SnapshotStoreInUseError(
+            f"snapshot store {store.directory} is in use by a running job; a snapshot is "
+            f"written into a store no job holds (join() the job first)"
+        )
     store.lock()
     try:
         sid = max(max(store.file_ids(), default=0), recorded_generation(store.directory)) + 1
