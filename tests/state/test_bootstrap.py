@@ -264,6 +264,14 @@ def test_window_frames_are_seeded(tmp_path: Path) -> None:
         assert sorted(repr(r) for r in engine.get_list("out")) == expected
 
 
+def _named_generator() -> ss.Pipeline:
+    p = ss.Pipeline()
+    p.read_from(sources.generator(event_of, None, max_items=10)).group_by(
+        lambda x: x
+    ).rolling_aggregate(counting()).write_to(sinks.noop())
+    return p
+
+
 def test_rows_and_vertices_that_do_not_fit_are_refused(tmp_path: Path) -> None:
     p = rolling([])
     seed = tmp_path / "seed"
@@ -318,6 +326,25 @@ def test_rows_and_vertices_that_do_not_fit_are_refused(tmp_path: Path) -> None:
         match=r"offsets: vertex 'source' is not a source whose offsets bootstrap can set",
     ):
         ss.state.bootstrap(p, "rolling_aggregate", [("a", 1)], seed, offsets={"source": 3})
+    k = ss.Pipeline()
+    k.read_from(sources.kafka("t", {"bootstrap.servers": "127.0.0.1:1"})).group_by(
+        lambda r: r[0]
+    ).rolling_aggregate(counting()).write_to(sinks.noop())
+    with pytest.raises(
+        ValueError, match=r"offsets\['source'\]: a Kafka source's offsets are a dict"
+    ):
+        ss.state.bootstrap(k, "rolling_aggregate", [], seed, offsets={"source": 5})
+    with pytest.raises(
+        ValueError, match=r"offsets\['source'\]: \('t', '0'\): 5 is not \(topic, partition\)"
+    ):
+        ss.state.bootstrap(k, "rolling_aggregate", [], seed, offsets={"source": {("t", "0"): 5}})
+    with pytest.raises(
+        ValueError, match=r"offsets\['source'\]: a generator's offset is the number"
+    ):
+        ss.state.bootstrap(
+            _named_generator(),
+            "rolling_aggregate", [], seed, offsets={"source": -1},
+        )  # fmt: skip
     assert not seed.exists() or not any(n.endswith(".bin") for n in os.listdir(seed))
     ss.state.bootstrap(p, "rolling_aggregate", [("a", 1)], seed)
     with pytest.raises(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -189,14 +190,16 @@ def _source_offsets(dag: Any, vertex: str, spec: Any, total: int) -> dict[int, l
             out[i] = [(BroadcastKey(("generator", i)), (spec + (i - spec) % total, total))]
         return out
     if cid == _KAFKA:
-        from slipstream.sources.kafka import KafkaSourceP, partition_owner
-
+        # the class and its module are loaded (the DAG's supplier holds the class): the
+        # state layer imports no source module for them
+        cls = _processor_class(v.supplier)
+        partition_owner = sys.modules[cid[0]].partition_owner
+        tag = cls.snapshot_tag  # type: ignore[union-attr]
         if not isinstance(spec, Mapping):
             raise ValueError(
                 f"offsets[{vertex!r}]: a Kafka source's offsets are a dict "
                 f"{{(topic, partition): next offset to read}}, got {spec!r}"
             )
-        tag = KafkaSourceP.snapshot_tag
         for tp, offset in spec.items():
             if not (
                 isinstance(tp, tuple)
