@@ -1,12 +1,14 @@
 """Driver memory and time per epoch of a Spark streaming rolling count with a large state.
 
     PYTHONPATH=src python bench/spark_executor_state.py [--keys 1000000] [--epochs 4]
-        [--items 200000]
+        [--items 200000] [--hot 0]
 
 The job of issue 23's table: a rolling count per key (``rolling_aggregate`` on a
 distributed partitioned edge) into a noop sink, run as a Spark streaming job
 (``SparkStreamingJob``) in ``local[2]``. Epoch 0 creates ``--keys`` keys (one item
-each); then ``--epochs`` epochs of ``--items`` items over random keys of that state.
+each); then ``--epochs`` epochs of ``--items`` items over random keys of that state
+(``--hot N``: over N keys only, others in every epoch: the skewed pattern, where a task
+that continues its chain writes a delta of those keys instead of its whole state).
 Each epoch's rows are made on the executors (``sc.range(...).map``), so the driver
 holds no input; the epochs are fed to the job's ``foreachBatch`` function directly (the
 same epoch code as a Structured Streaming query, without its file source).
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--items", type=int, default=200_000)
+    ap.add_argument("--hot", type=int, default=0)
     ap.add_argument("--master", default="local[2]")
     args = ap.parse_args()
 
@@ -102,17 +105,26 @@ def main() -> None:
             if epoch_id == 0:
                 rdd = sc.range(keys, numSlices=2).map(lambda i: (f"k{i}", i))
             else:
-                seed, n = epoch_id, args.items
-                rdd = sc.range(n, numSlices=2).map(
-                    lambda i, s=seed: (f"k{(i * 2654435761 + s * 97) % keys}", i)
-                )
+                seed, n, hot = epoch_id, args.items, args.hot
+                if hot:
+                    rdd = sc.range(n, numSlices=2).map(
+                        lambda i, s=seed, h=hot: (f"k{((i % h) * 2654435761 + s * 7919) % keys}", i)
+                    )
+                else:
+                    rdd = sc.range(n, numSlices=2).map(
+                        lambda i, s=seed: (f"k{(i * 2654435761 + s * 97) % keys}", i)
+                    )
             t0 = time.perf_counter()
             job._epoch(_Batch(rdd), epoch_id)
             times.append(time.perf_counter() - t0)
             written.append(job._last_epoch["bytes"] if job._last_epoch else None)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"slipstream from {os.path.dirname(ss.__file__)}")
-        print(f"keys {keys:,}, then {args.epochs} epochs of {args.items:,} items, {args.master}")
+        over = f"{args.hot:,} hot keys each" if args.hot else "random keys"
+        print(
+            f"keys {keys:,}, then {args.epochs} epochs of {args.items:,} items over {over}, "
+            f"{args.master}"
+        )
         print(f"driver RSS before the first epoch {before:.0f} MB, peak {peak:.0f} MB")
         for i, (t, b) in enumerate(zip(times, written, strict=True)):
             print(f"epoch {i}: {t:.2f} s, {b or 0:,} bytes written")

@@ -128,7 +128,10 @@ def test_rolling_count_restarts_from_the_executors_chunks_as_the_embedded_engine
     assert [s["restore"] for s in shipped] == [None, None, None]
     assert [s["restore_id"] for s in shipped] == [3, 4, 5]
     chains = shipped[0]["chains"]["count"]
-    assert [(i, len(refs), b) for i, refs, b in chains] == [(0, 1, False), (1, 1, False)]
+    # each task continued its chain after epoch 0: a full chunk and two deltas
+    assert [(i, [r["mode"] for r in refs], b) for i, refs, b in chains] == [
+        (i, ["full", "delta", "delta"], False) for i in (0, 1)
+    ]
     store = _store(tmp_path)
     manifest = store.read_manifest(store.committed_ids()[-1])
     assert manifest.extra["executor_state"] == {"spill": [], "broadcast": []}
@@ -156,12 +159,15 @@ def test_the_driver_receives_chunk_refs_not_state(tmp_path: Path) -> None:
         manifest = store.read_manifest(sid)
         for r in results:
             saved = r["snapshot"]
-            assert set(saved) == {"chunk", "spill", "broadcast"}
+            assert set(saved) == {"chunk", "spill", "broadcast", "base"}
             chain = manifest.vertices[r["vertex"]].chains.get(r["index"])
             if saved["chunk"] is None:
                 assert chain is None
             else:
-                assert [c.as_json() for c in chain] == [saved["chunk"]]
+                # a new chain, or (a delta: the task continued its own) the committed one
+                # it continues followed by the task's chunk
+                assert chain[-1].as_json() == saved["chunk"]
+                assert len(chain) == 1 if saved["base"] is None else chain[-2].snapshot_id == saved["base"]
         # each task's whole result is far smaller than the state it saved
         state_bytes = sum(len(pickle.dumps(es)) for es in store.read(sid).vertices["count"].entries.values())
         result_bytes = sum(len(pickle.dumps(r["snapshot"])) for r in results)

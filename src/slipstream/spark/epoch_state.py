@@ -48,13 +48,21 @@ from slipstream.state.store import (
 __all__ = ["entry_flags", "restore_entries", "write_epoch_chunk"]
 
 
-def restore_entries(state: Mapping[str, Any], vertex: str, index: int) -> list[Any] | None:
+def restore_entries(
+    state: Mapping[str, Any], vertex: str, index: int, own: dict[str, Any] | None = None
+) -> list[Any] | None:
     """The entries processor ``vertex#index`` restores from the epoch's ``state`` (the
     value of its broadcast, see :class:`~slipstream.spark.compile.EpochInput`): entries
     the driver routed (``restore``) and those of the chains this task reads itself
     (``chains``: per vertex, ``[[index, [ref json, ...], holds_broadcast], ...]`` by
     index): all of its own chain's, the ``BroadcastKey`` entries of the others that hold
-    some, in the order restore routing gives them. ``None``: nothing to restore."""
+    some, in the order restore routing gives them. ``None``: nothing to restore.
+
+    ``own`` (if given) receives, when the task reads its own chain (its vertex is
+    restored on the tasks: the same parallelism, no key away from its owner),
+    ``snapshot`` (the chain's last snapshot) and ``maps`` (its keyed-state maps,
+    ``(tag, detail) -> size``): the processor's keyed state may then continue the chain
+    with a delta (:func:`~slipstream.state.keyed.continue_restored_chain`)."""
     routed = state.get("restore")
     chains = (state.get("chains") or {}).get(vertex)
     if routed is None and chains is None:
@@ -75,6 +83,13 @@ def restore_entries(state: Mapping[str, Any], vertex: str, index: int) -> list[A
                 sid,
             )
             if j == index:
+                if own is not None and refs:
+                    own["snapshot"] = int(refs[-1]["snapshot"])
+                    own["maps"] = {
+                        (k.tag, k.detail): len(v.upserts)
+                        for k, v in entries
+                        if type(k) is StateMap
+                    }
                 out.extend(expand_entries(entries))
             else:
                 out.extend(e for e in entries if is_broadcast(e[0]))
@@ -115,16 +130,30 @@ def write_epoch_chunk(
     entries: list[tuple[Any, Any]],
     owner: Callable[[Any], int],
 ) -> dict[str, Any]:
-    """Write processor ``vertex#index``'s saved ``entries`` as a full chunk of snapshot
+    """Write processor ``vertex#index``'s saved ``entries`` as a chunk of snapshot
     ``snapshot_id`` into ``store`` (``{"directory", "key"}``) under a name of its own
     (``attempt``); returns what the task's result carries to the driver: the chunk's
-    ref as JSON (``None`` without entries) and the flags of :func:`entry_flags`."""
+    ref as JSON (``None`` without entries), the flags of :func:`entry_flags` and
+    ``base``: for a delta chunk (the processor continued the chain it restored, see
+    :func:`restore_entries`) the snapshot it is relative to, the chain's last, which
+    the driver checks before it appends the chunk to that chain (``None``: a full
+    chunk, a new chain)."""
     if not entries:
-        return {"chunk": None, "spill": False, "broadcast": False}
+        return {"chunk": None, "spill": False, "broadcast": False, "base": None}
     spill, broadcast = entry_flags(entries, index, owner)
+    mode = fmt.chunk_mode(entries)
+    base = None
+    if mode == fmt.CHUNK_DELTA:
+        bases = fmt.delta_bases(entries)
+        if len(bases) != 1:
+            raise ValueError(
+                f"{vertex}#{index}: the keyed state of snapshot {snapshot_id} holds deltas "
+                f"relative to snapshots {sorted(bases)}; a chunk continues one chain"
+            )
+        base = bases.pop()
     payload = encode_chunk(entries, snapshot_id, vertex, index)
     name = chunk_file_name(snapshot_id, vertex, index, attempt=attempt)
     ref = write_chunk_file(
-        store["directory"], store["key"], name, snapshot_id, vertex, index, fmt.CHUNK_FULL, payload
+        store["directory"], store["key"], name, snapshot_id, vertex, index, mode, payload
     )
-    return {"chunk": ref.as_json(), "spill": spill, "broadcast": broadcast}
+    return {"chunk": ref.as_json(), "spill": spill, "broadcast": broadcast, "base": base}

@@ -81,11 +81,14 @@ from typing import Any, cast
 
 from slipstream.core.config import JobConfig, JobStatus
 from slipstream.core.dag import DAG
-from slipstream.core.errors import DagError
+from slipstream.core.errors import DagError, SnapshotError
 from slipstream.execution.plan import VertexPlan, member_addresses
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
+from slipstream.state import compact
+from slipstream.state import format as fmt
+from slipstream.state.compact import Compactor
 from slipstream.state.lineage import check_not_rolled_back, check_same_dag, dag_shape
 from slipstream.state.restore import custom_partitioners, restore_plan
 from slipstream.state.store import (
@@ -284,6 +287,14 @@ class _EpochJob(SparkJobBase):
         # a lookup map): shipped once, not per epoch, so sink output that accumulates
         # on the driver is not shipped back again and again
         self._services: Any = None
+        # compaction of the chains (a full chunk and the deltas of processors that
+        # continued theirs), in a child process on the driver over the checkpoint path,
+        # off the epochs' critical path; made at the first chain to compact
+        self._compactor: Compactor | None = None
+        # compaction outputs taken into a manifest being built that no committed one names
+        self._unnamed: set[str] = set()
+        #: chains compacted by this job
+        self.compactions = 0
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -433,6 +444,92 @@ class _EpochJob(SparkJobBase):
             state["restore"] = restore_plan(routed_data, plans, custom_partitioners(self.dag))[0]
         return state
 
+    def _chain(
+        self,
+        chains: Mapping[tuple[str, int], list[ChunkRef]],
+        vertex: str,
+        index: int,
+        ref: ChunkRef,
+        saved: Mapping[str, Any],
+    ) -> list[ChunkRef]:
+        """The chain of processor ``vertex#index`` in the manifest being built: its new
+        full chunk ``ref``, or the committed chain its delta continues plus ``ref`` (the
+        delta must be relative to that chain's last snapshot)."""
+        base = saved.get("base")
+        if base is None:
+            return [ref]
+        chain = chains.get((vertex, index))
+        last = chain[-1].snapshot_id if chain else None
+        if chain is None or last != base:
+            raise SnapshotError(
+                f"snapshot {ref.snapshot_id}: {vertex}#{index} wrote {ref.file} as a delta "
+                f"relative to snapshot {base}, but the committed chain it continues ends "
+                + (f"at snapshot {last}" if last is not None else "nowhere (it has none)")
+                + " (a bug in the change tracking; the epoch fails and runs again)"
+            )
+        return [*chain, ref]
+
+    def _take_compactions(self, chains: dict[tuple[str, int], list[ChunkRef]]) -> None:
+        """Before a manifest is built: chains the compactor merged replace the prefix
+        they stand for in the committed ``chains`` (a chain that started over meanwhile
+        does not use it: its output is removed)."""
+        if self._compactor is None:
+            return
+        for key, (covers, ref) in self._compactor.take_done().items():
+            chain = chains.get(key)
+            n = len(covers)
+            if chain is not None and tuple(chain[:n]) == covers:
+                chains[key] = [ref, *chain[n:]]
+                self._unnamed.add(ref.file)
+                self.compactions += 1
+            else:
+                self._drop_compaction(ref.file)
+
+    def _drop_compaction(self, name: str) -> None:
+        self._unnamed.discard(name)
+        self.store.protected.discard(name)
+        try:
+            os.unlink(os.path.join(self.store.directory, name))
+        except OSError:
+            pass
+
+    def _after_commit(self, manifest: Manifest) -> None:
+        """After an epoch's commit: compaction outputs it names are no longer protected
+        (the store's GC keeps what a committed manifest names), and chains with more than
+        :data:`~slipstream.state.compact.DEFAULT_MAX_DELTAS` deltas, or whose deltas
+        outweigh their full chunk, go to the background compaction, so that a task's
+        restore reads a bounded chain."""
+        if self._unnamed:
+            named = manifest.files()
+            for f in list(self._unnamed):
+                if f in named:
+                    self._unnamed.discard(f)
+                    self.store.protected.discard(f)
+                else:
+                    self._drop_compaction(f)
+        limit = compact.DEFAULT_MAX_DELTAS
+        for name, vm in manifest.vertices.items():
+            for i, chain in vm.chains.items():
+                if len(chain) < 2 or chain[-1].mode != fmt.CHUNK_DELTA:
+                    continue
+                if len(chain) - 1 > limit or sum(r.size for r in chain[1:]) > chain[0].size:
+                    if self._compactor is None:
+                        self._compactor = Compactor(self.store, True, self.name)
+                    if not self._compactor.busy((name, i)):
+                        self._compactor.submit((name, i), chain)
+
+    def _finish_reports(self) -> None:
+        """At the job's end also stop the compaction and remove its outputs that no
+        committed manifest names."""
+        compactor, self._compactor = self._compactor, None
+        if compactor is not None:
+            compactor.stop()
+            for _covers, ref in compactor.take_done().values():
+                self._unnamed.add(ref.file)
+        for f in list(self._unnamed):
+            self._drop_compaction(f)
+        super()._finish_reports()
+
     def _run_one_epoch(
         self,
         epoch_id: int,
@@ -470,6 +567,12 @@ class _EpochJob(SparkJobBase):
             return None
         self.store.ensure_directory()
         state = self._load_state(latest, snapshot_id)
+        # the committed chains: a task that continued its own saves a delta appended to it
+        chains: dict[tuple[str, int], list[ChunkRef]] = (
+            {(n, i): list(c) for n, vm in latest.vertices.items() for i, c in vm.chains.items()}
+            if isinstance(latest, Manifest)
+            else {}
+        )
         del latest
         state_bc = sc.broadcast(state)
         compiled = None
@@ -506,6 +609,7 @@ class _EpochJob(SparkJobBase):
         # the tasks wrote their processors' chunks; the epoch commits the manifest naming
         # them (the driver never holds the state, see slipstream.spark.epoch_state)
         manifest = Manifest(snapshot_id, self.name)
+        self._take_compactions(chains)
         watermarks: Watermarks = {}
         spill: list[list[Any]] = []
         broadcast: list[list[Any]] = []
@@ -520,7 +624,7 @@ class _EpochJob(SparkJobBase):
                 vm = manifest.vertices[r["vertex"]] = VertexManifest(total)
             if saved["chunk"] is not None:
                 ref = ChunkRef.from_json(saved["chunk"])
-                vm.chains[r["index"]] = [ref]
+                vm.chains[r["index"]] = self._chain(chains, r["vertex"], r["index"], ref, saved)
                 chunk_bytes += ref.size
             if saved["spill"]:
                 spill.append([r["vertex"], r["index"]])
@@ -536,6 +640,7 @@ class _EpochJob(SparkJobBase):
             self.store.job_name = self.name
         self.store.begin(snapshot_id)
         self.store.commit(manifest, chunk_bytes=chunk_bytes)  # the commit point of the epoch
+        self._after_commit(manifest)
         self._watermark_pending = pending
         committed_at = time.time()
         engine.merge_results(results)

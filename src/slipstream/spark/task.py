@@ -377,12 +377,20 @@ class VertexTask:
         epoch's state when the mode says so."""
         restore: list[Any] | None = None
         saved_wm: Any = None
+        own: dict[str, Any] = {}
         if self.mode.restores:
             state = _value(self.epoch_state) or {}
             if self.mode.epoch:
                 write = functools.partial(self._write_chunk, state, index)
                 run.epoch_sink = EpochSnapshotSink(run.epoch_source, write)
-            restore = restore_entries(state, self.vertex, index)
+            restore = restore_entries(state, self.vertex, index, own)
+            if own and self.mode.epoch:
+                # restored from exactly its own chain: its keyed state tracks what changes
+                # and saves a delta continuing that chain (the driver appends it)
+                context.incremental_snapshots = True
+                context.restored_snapshot_id = own["snapshot"]
+                context._restored_maps = own["maps"]
+                context._restored_states = []
             saved_wm = (state.get("watermarks") or {}).get((self.vertex, index))
             run.sent_wm = dict(saved_wm["sent"]) if saved_wm is not None else {}
         tasklet = ProcessorTasklet(
@@ -394,6 +402,9 @@ class VertexTask:
             snapshot_sink=run.epoch_sink,
             restore_entries=restore,
         )
+        if context.restored_snapshot_id:
+            # a delta is relative to a committed snapshot (state.keyed): the one restored
+            context.committed_snapshot_id = context.restored_snapshot_id
         if saved_wm is not None:
             restore_watermarks(tasklet, saved_wm)
         tasklet.init()
