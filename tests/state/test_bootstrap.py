@@ -76,13 +76,17 @@ def event_of(seq: int) -> str:
     return "abcde"[seq % 5 if seq % 3 else 0]
 
 
-def generator_pipeline(max_items: int | None, rate: float | None = None) -> ss.Pipeline:
+def generator_pipeline(
+    max_items: int | None, rate: float | None = None, parallelism: int = 1
+) -> ss.Pipeline:
     """A rolling count over the generator's events (vertices ``events``,
-    ``rolling_aggregate``, ``sink``), one processor each."""
+    ``rolling_aggregate``, ``sink``), ``parallelism`` processors for the first two."""
     p = ss.Pipeline()
-    p.read_from(sources.generator(event_of, rate, max_items=max_items)).set_name("events").group_by(
-        lambda x: x
-    ).rolling_aggregate(counting()).write_to(sinks.list_sink("out"))
+    p.read_from(sources.generator(event_of, rate, max_items=max_items)).set_name(
+        "events"
+    ).set_local_parallelism(parallelism).group_by(lambda x: x).rolling_aggregate(
+        counting()
+    ).set_local_parallelism(parallelism).write_to(sinks.list_sink("out"))
     return p
 
 
@@ -203,8 +207,8 @@ def test_generator_offsets_resume_where_history_ends(tmp_path: Path) -> None:
     live = [event_of(s) for s in range(cut, total)]
     seed = tmp_path / "seed"
     ss.state.bootstrap(
-        generator_pipeline(total), "rolling_aggregate", Counter(history).items(), seed,
-        parallelism=2, offsets={"events": cut},
+        generator_pipeline(total, parallelism=2), "rolling_aggregate", Counter(history).items(), seed,
+        offsets={"events": cut},
     )  # fmt: skip
     offsets = [r for r in ss.state.read(seed, "events") if r.kind == "offset"]
     assert sorted((r.detail["processor"], r.value["next_seq"]) for r in offsets) == [
@@ -213,8 +217,9 @@ def test_generator_offsets_resume_where_history_ends(tmp_path: Path) -> None:
     ]
     for parallelism in (1, 2, 3):
         engine = ss.local()
-        p = generator_pipeline(total)
-        engine.new_job(p, config(tmp_path / f"live{parallelism}"), restore_from=seed).join(120)
+        p = generator_pipeline(total, parallelism=parallelism)
+        job = engine.new_job(p, config(tmp_path / f"live{parallelism}"), restore_from=seed)
+        job.join(120)
         assert per_key(list(engine.get_list("out"))) == per_key(oracle(history, live))
 
 
