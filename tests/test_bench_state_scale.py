@@ -35,9 +35,9 @@ def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path
             "--keys",
             "1k",
             "--items",
-            "1500000",
+            "4000000",
             "--interval-ms",
-            "100",
+            "50",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -50,7 +50,7 @@ def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path
     for pattern in ("uniform", "skewed"):
         # throughput, snapshots, pause, commit and memory
         assert re.search(
-            rf"^\| 1,000 \| {pattern} \| 1\.5M \| [\d.]+M/s \| [\d.]+M/s \([\d.]+x\) \| [\d.]+x "
+            rf"^\| 1,000 \| {pattern} \| 4\.0M \| [\d.]+M/s \| [\d.]+M/s \([\d.]+x\) \| [\d.]+x "
             rf"\| \d+\*? \| [\d,]+ / [\d,]+ ms \| [\d,]+ / [\d,]+ ms "
             rf"\| [\d,]+ -> [\d,]+ MB \([\d.]+x\) \|$",
             out,
