@@ -144,3 +144,20 @@ def test_asked_again_for_the_same_snapshot_it_returns_the_same_entry() -> None:
     s["b"] = 5
     s.changed("b")
     assert _save(s, ctx, 3, 2)[1] == (DELTA, {"b": 5}, (), 2)
+
+
+def test_mark_all_makes_the_next_save_full_and_lets_the_marks_go() -> None:
+    ctx = _ctx()
+    s = KeyedState(context=ctx)
+    for k in range(10):
+        s[k] = 0
+    _save(s, ctx, 1, 0)
+    s.dirty.update(range(6))  # type: ignore[union-attr]
+    s.mark_all()
+    assert s.all_dirty and s.dirty == set()
+    s[3] = 7
+    save = _save(s, ctx, 2, 1)[1]
+    assert save.mode == FULL and save.upserts[3] == 7 and not s.all_dirty
+    s[4] = 1
+    s.changed(4)
+    assert _save(s, ctx, 3, 2)[1] == (DELTA, {4: 1}, (), 2)

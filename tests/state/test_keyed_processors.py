@@ -595,3 +595,20 @@ def test_rolling_additive_with_a_finish_marks_a_key_whose_finish_raised() -> Non
     d.feed([("a", 1), ("b", 1)])  # a's count becomes 3: finish raises, the item is skipped
     assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {"a": 3, "b": 2}, (), 1)
     assert d.output == [("a", 10), ("a", 20), ("b", 10), ("c", 10), ("b", 20)]
+
+
+def test_a_large_map_whose_keys_nearly_all_changed_stops_marking_and_saves_full() -> None:
+    """The uniform pattern: once more than half of a large map's keys are marked, the
+    marks are let go (the set would grow as large as the map) and the next save is full;
+    the save after that is a delta again."""
+    n = 10_000
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.feed([(k, 1) for k in range(n)])
+    d.save(1, 0)
+    d.feed([(k, 1) for k in range(0, n, 2)] + [(1, 1)] * 10)  # half, then one more key
+    st = d.p.states
+    assert st.all_dirty and len(st.dirty) < 100
+    save = d.save(2, 1)[0][1]
+    assert save.mode == FULL and save.upserts[0] == 2 and save.upserts[1] == 11
+    d.feed([(5, 1)])
+    assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {5: 2}, (), 2)

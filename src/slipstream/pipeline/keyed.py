@@ -21,13 +21,31 @@ from slipstream.core.inbox import Inbox, drop_head
 from slipstream.core.item_errors import blame, failed_position
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import KEYED
-from slipstream.state.keyed import fast_keyed_state, saved_entry
+from slipstream.state.keyed import KeyedState, fast_keyed_state, saved_entry
 from slipstream.state.keys import BroadcastKey
 
 __all__ = ["HashJoinP", "MapStatefulP", "hash_join", "map_stateful", "rolling_aggregate"]
 
 _NOTHING: Any = object()
 _first = itemgetter(0)
+
+
+def _mark_from(states: Any, dirty: set[Any], bucket: list[Any], start: int) -> None:
+    """Mark the keys of the ``(key, result)`` pairs appended to ``bucket`` since
+    ``start``; once more than half of an in-memory map's keys are marked (and more than
+    a few thousand), the next save
+    is full anyway: :meth:`~slipstream.state.keyed.KeyedState.mark_all` lets the marks go
+    and the additive path stops marking until that save (the uniform pattern: every key
+    changes between two snapshots, and the set of marks would grow as large as the map)."""
+    dirty.update(map(_first, bucket[start:]))
+    n = len(dirty)
+    if n > _MARKS_WORTH_KEEPING and type(states) is KeyedState and n * 2 > len(states):
+        states.mark_all()
+
+
+#: below this many marks the set costs too little memory to let it go (and a small map's
+#: saves stay deltas)
+_MARKS_WORTH_KEEPING = 4096
 
 
 class MapStatefulP(AbstractProcessor):
@@ -142,6 +160,8 @@ class MapStatefulP(AbstractProcessor):
             return
         states = self.states
         dirty = getattr(states, "dirty", None)
+        if dirty is not None and getattr(states, "all_dirty", False):
+            dirty = None  # the next save is full anyway: nothing to mark until then
         start = len(bucket)
         size = len(states) if dirty is not None else 0  # (a disk state may query it)
         get = states.get
@@ -169,13 +189,13 @@ class MapStatefulP(AbstractProcessor):
             except Exception as e:
                 i = failed_position(n, keys)
                 if dirty is not None and (len(dirty) < size or len(states) > size):
-                    dirty.update(map(_first, bucket[start:]))
+                    _mark_from(states, dirty, bucket, start)
                 if not self.context.item_errors.handle(chunk[i], e):
                     raise
                 n = i + 1  # the items before it are done: drop them and it
             else:
                 if dirty is not None and (len(dirty) < size or len(states) > size):
-                    dirty.update(map(_first, bucket[start:]))
+                    _mark_from(states, dirty, bucket, start)
             drop_head(inbox, n)
             return
         errors = self.context.item_errors
@@ -194,7 +214,7 @@ class MapStatefulP(AbstractProcessor):
                         raise
         finally:
             if dirty is not None and (len(dirty) < size or len(states) > size):
-                dirty.update(map(_first, bucket[start:]))
+                _mark_from(states, dirty, bucket, start)
 
     def save_to_snapshot(self) -> bool:
         return self.save_state(lambda: [saved_entry(self.states)])

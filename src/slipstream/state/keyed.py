@@ -100,7 +100,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
     """A processor's keyed state: a ``dict`` that records changed keys in :attr:`dirty`
     while the job takes incremental snapshots (see the module doc)."""
 
-    __slots__ = ("tag", "detail", "dirty", "_context", "_saved_id", "_entry")
+    __slots__ = ("tag", "detail", "dirty", "all_dirty", "_context", "_saved_id", "_entry")
 
     def __init__(self, tag: str = PLAIN, detail: Any = None, context: Any = None) -> None:
         super().__init__()
@@ -111,6 +111,8 @@ class KeyedState(dict):  # type: ignore[type-arg]
         #: the keys changed or removed since the last save; ``None`` when nothing is
         #: tracked (the job takes no incremental snapshots)
         self.dirty: set[Any] | None = None
+        #: ``True`` after :meth:`mark_all`: the next save is full, marking may stop
+        self.all_dirty = False
         self._context: Any = None
         self._saved_id = 0  # the snapshot the previous save went into (0: none yet)
         self._entry: tuple[StateMap, StateMapSave] | None = None  # that save's entry
@@ -135,6 +137,15 @@ class KeyedState(dict):  # type: ignore[type-arg]
         ``dirty.add(key)`` for code that does not hold ``dirty``)."""
         if self.dirty is not None:
             self.dirty.add(key)
+
+    def mark_all(self) -> None:
+        """Record that (about) every key changed: the next save is full, so a processor
+        may stop marking keys until then (it reads :attr:`all_dirty`), and the set of
+        marks, as large as the map by then, is let go at once (the uniform access
+        pattern: every key changes between two snapshots)."""
+        if self.dirty is not None:
+            self.all_dirty = True
+            self.dirty = set()
 
     def snapshot_entry(self) -> tuple[StateMap, StateMapSave]:
         """The entry to offer to the snapshot being saved (``context.current_snapshot_id``):
@@ -171,7 +182,8 @@ class KeyedState(dict):  # type: ignore[type-arg]
             return key, StateMapSave(FULL, self._full())
         self.dirty = set()
         committed = int(getattr(ctx, "committed_snapshot_id", 0) or 0)
-        if base == 0 or committed < base or len(dirty) >= len(self):
+        all_dirty, self.all_dirty = self.all_dirty, False
+        if all_dirty or base == 0 or committed < base or len(dirty) >= len(self):
             del dirty  # before the copy: the set may be as large as the map
             return key, StateMapSave(FULL, self._full())
         if getattr(ctx, "snapshot_writer", "thread") == "fork":
