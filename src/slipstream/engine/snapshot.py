@@ -181,8 +181,6 @@ class SnapshotCoordinator:
         if max_deltas == -1:
             max_deltas = compact.DEFAULT_MAX_DELTAS
         self.max_deltas = max_deltas
-        # compaction outputs taken into the chains that no committed manifest names yet
-        self._unnamed: set[str] = set()
         self._fork = snapshot_writer == "fork"
         if self._fork:
             from slipstream.core.pickling import cloudpickle  # noqa: F401 - no import in a child
@@ -230,7 +228,7 @@ class SnapshotCoordinator:
                 lambda: self._to_write is None and self._final is not _FINAL_DUE, timeout
             )
         if idle and self._compactor is not None:
-            self._drop_unnamed_compactions()
+            self._compactor.drop_unnamed()
 
     def _run_timer(self) -> None:
         """Requests a snapshot every interval and watches the one in flight (woken at
@@ -594,37 +592,12 @@ class SnapshotCoordinator:
                 child.cancel()
         self._chains = chains
         self._completed_chains = completed_chains
-        if self._unnamed:
-            named = manifest.files()
-            for f in list(self._unnamed):
-                if f in named:
-                    self._unnamed.discard(f)
-                    store.protected.discard(f)  # a committed manifest names it now
-                elif not any(c[0].file == f for c in chains.values()):
-                    self._drop_compaction(f)  # superseded before any manifest named it
+        if self._compactor is not None:
+            self._compactor.settle(manifest.files(), chains.values())
         self._compact_long_chains()
         disk_bytes = getattr(store, "disk_bytes", None)
         if disk_bytes is not None:
             self.store_bytes = disk_bytes()
-
-    def _drop_unnamed_compactions(self) -> None:
-        """The execution ends (the compactor stopped, no snapshot being written): remove
-        the compactions' outputs that no committed manifest names (finished too late to
-        be used), so that a completed job leaves no file behind."""
-        assert self._compactor is not None
-        for _covers, ref in self._compactor.take_done().values():
-            self._unnamed.add(ref.file)
-        for f in list(self._unnamed):
-            self._drop_compaction(f)
-
-    def _drop_compaction(self, name: str) -> None:
-        """Remove compaction output ``name``, which no committed manifest names."""
-        self._unnamed.discard(name)
-        self.store.protected.discard(name)
-        try:
-            os.unlink(os.path.join(self.store.directory, name))
-        except OSError:
-            pass
 
     def _wait_child(self, child: ForkedChunk) -> ChunkRef:
         """The store thread: the chunk a forked writer wrote (its peak RSS recorded);
@@ -642,19 +615,9 @@ class SnapshotCoordinator:
 
     def _take_compactions(self) -> None:
         """The store thread, before a snapshot: chains the compactor merged replace the
-        prefix they stand for in the committed chains (a chain that started over with a
-        full chunk meanwhile does not use it). Their files stay protected, in
-        ``_unnamed``, until a committed manifest names them."""
-        if self._compactor is None:
-            return
-        for key, (covers, ref) in self._compactor.take_done().items():
-            chain = self._chains.get(key)
-            n = len(covers)
-            self._unnamed.add(ref.file)
-            if chain is not None and tuple(chain[:n]) == covers:
-                self._chains[key] = [ref, *chain[n:]]
-            else:
-                self._drop_compaction(ref.file)  # superseded: the chain started over
+        prefix they stand for in the committed chains (:meth:`Compactor.take_into`)."""
+        if self._compactor is not None:
+            self._compactor.take_into(self._chains)
 
     def _compact_long_chains(self) -> None:
         """After a commit: hand to the background compaction the chains with more than

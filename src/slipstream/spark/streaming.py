@@ -291,8 +291,6 @@ class _EpochJob(SparkJobBase):
         # continued theirs), in a child process on the driver over the checkpoint path,
         # off the epochs' critical path; made at the first chain to compact
         self._compactor: Compactor | None = None
-        # compaction outputs taken into a manifest being built that no committed one names
-        self._unnamed: set[str] = set()
         #: chains compacted by this job
         self.compactions = 0
 
@@ -471,27 +469,9 @@ class _EpochJob(SparkJobBase):
 
     def _take_compactions(self, chains: dict[tuple[str, int], list[ChunkRef]]) -> None:
         """Before a manifest is built: chains the compactor merged replace the prefix
-        they stand for in the committed ``chains`` (a chain that started over meanwhile
-        does not use it: its output is removed)."""
-        if self._compactor is None:
-            return
-        for key, (covers, ref) in self._compactor.take_done().items():
-            chain = chains.get(key)
-            n = len(covers)
-            if chain is not None and tuple(chain[:n]) == covers:
-                chains[key] = [ref, *chain[n:]]
-                self._unnamed.add(ref.file)
-                self.compactions += 1
-            else:
-                self._drop_compaction(ref.file)
-
-    def _drop_compaction(self, name: str) -> None:
-        self._unnamed.discard(name)
-        self.store.protected.discard(name)
-        try:
-            os.unlink(os.path.join(self.store.directory, name))
-        except OSError:
-            pass
+        they stand for in the committed ``chains`` (:meth:`Compactor.take_into`)."""
+        if self._compactor is not None:
+            self.compactions += self._compactor.take_into(chains)
 
     def _after_commit(self, manifest: Manifest) -> None:
         """After an epoch's commit: compaction outputs it names are no longer protected
@@ -499,14 +479,9 @@ class _EpochJob(SparkJobBase):
         :data:`~slipstream.state.compact.DEFAULT_MAX_DELTAS` deltas, or whose deltas
         outweigh their full chunk, go to the background compaction, so that a task's
         restore reads a bounded chain."""
-        if self._unnamed:
-            named = manifest.files()
-            for f in list(self._unnamed):
-                if f in named:
-                    self._unnamed.discard(f)
-                    self.store.protected.discard(f)
-                else:
-                    self._drop_compaction(f)
+        if self._compactor is not None:
+            chains = [c for vm in manifest.vertices.values() for c in vm.chains.values()]
+            self._compactor.settle(manifest.files(), chains)
         limit = compact.DEFAULT_MAX_DELTAS
         for name, vm in manifest.vertices.items():
             for i, chain in vm.chains.items():
@@ -524,10 +499,7 @@ class _EpochJob(SparkJobBase):
         compactor, self._compactor = self._compactor, None
         if compactor is not None:
             compactor.stop()
-            for _covers, ref in compactor.take_done().values():
-                self._unnamed.add(ref.file)
-        for f in list(self._unnamed):
-            self._drop_compaction(f)
+            compactor.drop_unnamed()
         super()._finish_reports()
 
     def _run_one_epoch(

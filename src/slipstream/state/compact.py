@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 from slipstream.state import format as fmt
@@ -115,6 +115,8 @@ class Compactor:
         self.compacted = 0
         #: compactions that failed (logged; the chain stays as it is)
         self.failed = 0
+        # outputs taken into chains that no committed manifest names yet
+        self._unnamed: set[str] = set()
 
     def busy(self, key: Key) -> bool:
         with self._lock:
@@ -146,6 +148,57 @@ class Compactor:
         with self._lock:
             done, self._done = self._done, {}
         return done
+
+    # -- what both engines do with the results: chains, then manifests ----------------
+    def take_into(self, chains: dict[Key, list[ChunkRef]]) -> int:
+        """Before a manifest is built from the committed ``chains``: each finished
+        compaction replaces the prefix of its chain it stands for (its file stays
+        protected, *unnamed*, until :meth:`settle` sees a committed manifest name it); one
+        whose chain started over meanwhile is removed. Returns how many were taken."""
+        taken = 0
+        for key, (covers, ref) in self.take_done().items():
+            chain = chains.get(key)
+            n = len(covers)
+            self._unnamed.add(ref.file)
+            if chain is not None and tuple(chain[:n]) == covers:
+                chains[key] = [ref, *chain[n:]]
+                taken += 1
+            else:
+                self.drop(ref.file)  # superseded: the chain started over
+        return taken
+
+    def settle(self, named: Container[str], chains: Iterable[Sequence[ChunkRef]]) -> None:
+        """After a commit whose manifest names the files ``named`` (the chains kept are
+        ``chains``): taken outputs it names are no longer protected (the store's GC
+        keeps what a committed manifest names); one it does not name and no chain
+        starts with was superseded before any manifest named it: removed."""
+        if not self._unnamed:
+            return
+        heads = {c[0].file for c in chains if c}
+        for f in list(self._unnamed):
+            if f in named:
+                self._unnamed.discard(f)
+                self.store.protected.discard(f)
+            elif f not in heads:
+                self.drop(f)
+
+    def drop_unnamed(self) -> None:
+        """The execution ends (stopped, no manifest being written): remove the outputs
+        no committed manifest names (finished too late to be used), so that a completed
+        job leaves no file behind."""
+        for _covers, ref in self.take_done().values():
+            self._unnamed.add(ref.file)
+        for f in list(self._unnamed):
+            self.drop(f)
+
+    def drop(self, name: str) -> None:
+        """Remove compaction output ``name``, which no committed manifest names."""
+        self._unnamed.discard(name)
+        self.store.protected.discard(name)
+        try:
+            os.unlink(os.path.join(self.store.directory, name))
+        except OSError:
+            pass
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """No more compactions: a child process running one is killed, one running on
