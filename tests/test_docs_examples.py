@@ -54,6 +54,9 @@ EXPECTED_STDOUT = {
     "spark-wordcount": "[('be', 2), ('not', 1), ('or', 1), ('to', 2)]",
     # docs/spark.md, "Event time": native append mode's windows (on main: [])
     "event-time": "[(0, 'a', 1), (0, 'b', 1), (1000, 'a', 1)]",
+    # docs/state.md: the point query, and a seeded count continued live
+    "user-clicks": "[StateRow(vertex='rolling_aggregate', processor=0, key='a', detail=None, value=334, kind='keyed')]",
+    "clicks": "[('a', 4), ('b', 2), ('bot', 1), ('d', 1)]",
 }
 
 _MARKER = re.compile(r"^<!--\s*(.*?)\s*-->$")
