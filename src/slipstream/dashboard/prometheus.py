@@ -78,8 +78,29 @@ class JobsCollector(Collector):
             "Tasks of the job's recent Spark stages, by state (done, active, failed, total)",
             labels=[*labels, "stage", "state"],
         )
+        state_bytes = GaugeMetricFamily(
+            "slipstream_vertex_state_bytes",
+            "Bytes on disk of the chunks holding the vertex's state in the last committed snapshot",
+            labels=vlabels,
+        )
+        state_entries = GaugeMetricFamily(
+            "slipstream_vertex_state_entries",
+            "Entries of the vertex's state (rows of ss.state.read) in the last counted snapshot",
+            labels=vlabels,
+        )
+        state_keys = GaugeMetricFamily(
+            "slipstream_vertex_state_keys",
+            "Distinct keys of the vertex's keyed state in the last counted snapshot",
+            labels=vlabels,
+        )
         for j in jobs:
             lv = [j["name"], j["id"]]
+            for sv in (j.get("state") or {}).get("vertices") or ():
+                vl = [*lv, sv["name"]]
+                state_bytes.add_metric(vl, sv["bytes"])
+                if sv["entries"] is not None:
+                    state_entries.add_metric(vl, sv["entries"])
+                    state_keys.add_metric(vl, sv["keys"])
             for st in j.get("stages") or ():
                 for state in ("done", "active", "failed", "total"):
                     stage_tasks.add_metric([*lv, str(st["id"]), state], st[f"tasks_{state}"])
@@ -111,7 +132,7 @@ class JobsCollector(Collector):
                 if v["watermark_lag_ms"] is not None:
                     lag.add_metric(vl, v["watermark_lag_ms"] / 1000.0)
         yield from (status, restarts, snaps, snap_id, snap_dur, snap_bytes, snap_age, stage_tasks)
-        yield from (unavailable, retries, warnings)
+        yield from (unavailable, retries, warnings, state_bytes, state_entries, state_keys)
         yield from (items_in, items_out, late, skipped, in_rate, out_rate, fill, wm, lag)
 
 

@@ -27,6 +27,8 @@ from slipstream.dashboard.history import History, Poller
 from slipstream.dashboard.page import job_section, page_html
 from slipstream.dashboard.prometheus import CONTENT_TYPE as PROM_TYPE
 from slipstream.dashboard.prometheus import metrics_text
+from slipstream.dashboard.statequery import answer as state_answer
+from slipstream.dashboard.statesize import StateSizes
 from slipstream.dashboard.stats import Sampler
 from slipstream.dashboard.svg import dag_svg
 
@@ -71,7 +73,8 @@ def _host_name(host: str) -> str:
 
 class DashboardServer:
     """Serves ``/`` (the page), ``/api/jobs`` (JSON), ``/metrics`` (Prometheus) and
-    per job ``/api/jobs/ID/dag.svg``. ``jobs`` returns the job handles to show.
+    per job ``/api/jobs/ID/dag.svg`` and ``/api/jobs/ID/state?vertex=V&key=K`` (a key's
+    state in the last committed snapshot, :mod:`~slipstream.dashboard.statequery`). ``jobs`` returns the job handles to show.
     ``port=0`` picks a free port; :attr:`url` tells which. Requests must name the
     server by a loopback name, by ``host`` or by one of ``allowed_hosts`` (a bare name
     such as ``"dashboards.example.com"``): anything else gets 403 (see
@@ -90,6 +93,7 @@ class DashboardServer:
         self._refused_before = False
         self.sampler = Sampler()
         self.history = History()
+        self.state_sizes = StateSizes()
         self._svg: dict[str, str] = {}
         self._svg_lock = threading.Lock()
         outer = self
@@ -115,6 +119,7 @@ class DashboardServer:
     def close(self) -> None:
         """Stop serving and release the port."""
         self._poller.close()
+        self.state_sizes.close()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
@@ -129,8 +134,20 @@ class DashboardServer:
 
     def describe_all(self) -> list[dict[str, Any]]:
         jobs = self.job_list()
-        self.sampler.retain({_job_id(j) for j in jobs})
-        return [self.sampler.describe(j, _job_id(j)) for j in jobs]
+        keys = {_job_id(j) for j in jobs}
+        self.sampler.retain(keys)
+        self.state_sizes.retain(keys)
+        docs = []
+        for j in jobs:
+            doc = self.sampler.describe(j, _job_id(j))
+            try:
+                order = [v["name"] for v in doc["vertices"]]
+                doc["state"] = self.state_sizes.describe(j, _job_id(j), order)
+            except Exception:  # noqa: BLE001 - a watcher never fails the page
+                log.exception("dashboard: the state sizes of job %s failed", _job_id(j))
+                doc["state"] = None
+            docs.append(doc)
+        return docs
 
     def find(self, job_id: str) -> Any:
         for j in self.job_list():
@@ -208,6 +225,10 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, "image/svg+xml", d.svg_of(job).encode())
                 elif what == "section":
                     self._send(200, "text/html; charset=utf-8", d.section_of(job).encode())
+                elif what == "state":
+                    q = parse_qs(url.query, keep_blank_values=True)
+                    code, body = state_answer(job, jid, q.get("vertex", [None])[-1], q.get("key", [None])[-1])
+                    self._send(code, "application/json", json.dumps(body).encode())
                 else:
                     self._send(404, "text/plain", b"not found\n")
             else:

@@ -624,21 +624,11 @@ class Job(JobHandle):
         (signatures checked) while the job runs on; see
         :func:`slipstream.state.read` for what the rows hold. A ``SnapshotError`` if the
         job takes no snapshots or has committed none yet."""
-        from slipstream.state.reader import read
+        from slipstream.state.reader import point_query
 
-        if self.store is None:
-            raise SnapshotError(
-                f"job {self.name!r} takes no snapshots (processing_guarantee NONE): it has no "
-                f"state to read"
-            )
-        if not self.store.committed_ids():
-            raise SnapshotError(
-                f"job {self.name!r} has committed no snapshot yet (its store is "
-                f"{self.store.directory}): there is no state to read"
-            )
         if key is _ANY_KEY:
-            return read(self.store, vertex)
-        return read(self.store, vertex, key=key)
+            return point_query(self, vertex)[1]
+        return point_query(self, vertex, key)[1]
 
     def export_snapshot(self) -> SnapshotData | None:
         """The last committed snapshot (pass it as ``restore_from`` to a new job)."""

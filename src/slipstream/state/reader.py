@@ -50,7 +50,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from slipstream.core.errors import SnapshotError
-from slipstream.state.keyed import FULL, StateMap, StateMapSave
+from slipstream.state.keyed import FULL, PLAIN, StateMap, StateMapSave
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "StateRow",
     "changes",
     "open_store",
+    "point_query",
     "read",
     "to_arrow",
     "to_pandas",
@@ -319,6 +320,59 @@ def read_with_id(
     s = open_store(store)
     sid, data = _snapshot(s, vertex, snapshot_id)
     return sid, _rows(data, vertex)
+
+
+def point_query(job: Any, vertex: str, key: Any = _ALL) -> tuple[int, list[StateRow]]:
+    """What ``job.state(vertex, key)`` answers, and the id of the snapshot it read: the
+    rows of ``key`` (every key if not given) in ``vertex``'s state as of the last
+    snapshot committed to ``job.store``. The dashboard's key search asks this too, so
+    both answer alike. A :class:`SnapshotError` if the job takes no snapshots or has
+    committed none yet; ``ValueError`` for a vertex the snapshot does not have."""
+    store = getattr(job, "store", None)
+    if store is None:
+        raise SnapshotError(
+            f"job {job.name!r} takes no snapshots (processing_guarantee NONE): it has no "
+            f"state to read"
+        )
+    if not store.committed_ids():
+        raise SnapshotError(
+            f"job {job.name!r} has committed no snapshot yet (its store is "
+            f"{store.directory}): there is no state to read"
+        )
+    sid, data = _snapshot(open_store(store), vertex, None)
+    return sid, _rows(data, vertex, key)
+
+
+def size_counts(data: Any) -> dict[str, tuple[int, int]]:
+    """Per vertex of ``data`` (a :class:`~slipstream.state.store.SnapshotData`), how
+    many rows :func:`read` gives for it and how many distinct keys its ``keyed``,
+    ``window`` and ``session`` rows have, without making the rows of a plain keyed map
+    (a rolling aggregate's or ``map_stateful``'s: its size is its dict's)."""
+    out: dict[str, tuple[int, int]] = {}
+    for name, vs in data.vertices.items():
+        n_rows = n_keys = 0
+        for i, entries in vs.entries.items():
+            rest: list[tuple[Any, Any]] = []
+            maps: list[Any] = []
+            for k, v in entries:
+                k = _unwrap(k)
+                if type(k) is StateMap and k.tag == PLAIN and v.mode == FULL:
+                    maps.append(v.upserts)
+                else:
+                    rest.append((k, v))
+            rows = processor_rows(name, i, rest) if rest else []
+            keyed = [r.key for r in rows if r.kind in ("keyed", "window", "session")]
+            n_rows += len(rows) + sum(len(m) for m in maps)
+            if len(maps) == 1 and not keyed:
+                n_keys += len(maps[0])
+            else:
+                seen: set[Any] = set()
+                for m in maps:
+                    seen.update(m.keys())
+                seen.update(_hashable(k) for k in keyed)
+                n_keys += len(seen)
+        out[name] = (n_rows, n_keys)
+    return out
 
 
 def _same_key(a: Any, b: Any) -> bool:
