@@ -57,6 +57,7 @@ EXPECTED_STDOUT = {
     # docs/state.md: the point query, and a seeded count continued live
     "user-clicks": "[StateRow(vertex='rolling_aggregate', processor=0, key='a', detail=None, value=334, kind='keyed')]",
     "clicks": "[('a', 4), ('b', 2), ('bot', 1), ('d', 1)]",
+    "visits": "KeyedWindowResult(start=200, end=290, key='a', value=5)",
 }
 
 _MARKER = re.compile(r"^<!--\s*(.*?)\s*-->$")

@@ -14,9 +14,12 @@ running int; ``map_stateful``: the state object; either stage of a group-by
 aggregation: the accumulator), and the frames of a sliding or tumbling window's last
 stage (``KeyedStateKey(key, frame_end) -> accumulator``, with an emission cursor of "no
 window emitted yet": the first watermark past a frame's windows emits them, so seed
-only the frames of windows the history did not emit). Session state (each key's open
-sessions, closed by the watermark the job restarts at) and a window's first stage
-(which keeps no frames across snapshots) are refused naming the vertex. Source positions can be set with ``offsets=`` for the generator and the Kafka
+only the frames of windows the history did not emit), and the open sessions of a session
+window (``KeyedStateKey(key) -> [[start, end, accumulator], ...]`` sorted by start, with
+the watermark of the rows given or "none received yet": the first watermark past a
+session's end emits it).
+A window's first stage (which keeps no frames across snapshots) is refused naming the
+vertex. Source positions can be set with ``offsets=`` for the generator and the Kafka
 source. Each entry goes to the processor that owns its key under the routing a live
 item takes (:func:`~slipstream.core.partition.key_routing`, as a restore routes it).
 """
@@ -31,7 +34,7 @@ from typing import Any
 
 from slipstream.core.errors import SnapshotError, SnapshotStoreInUseError
 from slipstream.core.partition import key_routing
-from slipstream.state.keyed import FULL, PLAIN, StateMap, StateMapSave
+from slipstream.state.keyed import FULL, KEYED, PLAIN, StateMap, StateMapSave
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
 from slipstream.state.reader import StateRow, _snapshot, open_store, processor_rows
 
@@ -48,11 +51,15 @@ _FRAMES = {
     ("slipstream.processors.windows", "SlidingWindowP"),
     ("slipstream.processors.windows", "_CombineToSlidingWindowP"),
 }
+#: processors whose state is each key's open sessions: KeyedStateKey(key) -> sessions
+_SESSIONS = {("slipstream.processors.sessions", "SessionWindowP")}
 _GENERATOR = ("slipstream.sources.streaming", "GeneratorP")
 _KAFKA = ("slipstream.sources.kafka", "KafkaSourceP")
 _INPUT_FUSED = ("slipstream.pipeline.fused", "InputFusedP")
 #: a sliding window's emission cursor (processors/windows.py NEXT_WIN_TO_EMIT_KEY)
 _WINDOW_CURSOR = "window.next_win_to_emit"
+#: a session window's watermark (processors/sessions.py CURRENT_WATERMARK_KEY)
+_SESSION_WATERMARK = "session_window.current_watermark"
 
 
 def _processor_class(supplier: Any) -> type | None:
@@ -90,15 +97,18 @@ def _keyed_kind(dag: Any, vertex: str) -> str:
         return _PLAIN_KEYED[cid]
     if cid in _FRAMES:
         return "window"
+    if cid in _SESSIONS:
+        return "session"
     what = (
         f"its processor is {cid[0]}.{cid[1]}" if cls is not None else "its processor is not known"
     )
     if cid[0] in _WINDOWED_MODULES:
         raise ValueError(
-            f"vertex {vertex!r} keeps window or session state bootstrap cannot seed "
+            f"vertex {vertex!r} keeps window state bootstrap cannot seed "
             f"({what}); it seeds the frames of a window's last stage (a two-stage "
-            f"window's '-combine' vertex) and keyed vertices whose state is one value per "
-            f"key (a rolling aggregate, map_stateful, a group-by aggregation)"
+            f"window's '-combine' vertex), a session window's sessions and keyed vertices "
+            f"whose state is one value per key (a rolling aggregate, map_stateful, a "
+            f"group-by aggregation)"
         )
     raise ValueError(
         f"vertex {vertex!r} is not a keyed vertex bootstrap can seed ({what}); it seeds a "
@@ -143,6 +153,71 @@ def _frame_row(row: Any, n: int, vertex: str) -> tuple[Any, Any]:
     except TypeError as e:
         raise TypeError(f"row {n} ({row!r}): its key is unhashable ({e})") from None
     return KeyedStateKey(key, frame), value
+
+
+def _session_row(row: Any, n: int, vertex: str) -> tuple[Any, int, int, Any]:
+    """``(key, start, end, accumulator)`` of input row number ``n`` for a session window
+    vertex: a ``StateRow`` of kind ``session`` or a ``(key, start, end, accumulator)``
+    tuple, with ``start < end`` (ints)."""
+    if isinstance(row, StateRow):
+        d = row.detail
+        if row.kind != "session" or not (
+            isinstance(d, dict) and type(d.get("start")) is int and type(d.get("end")) is int
+        ):
+            raise ValueError(
+                f"row {n} ({row!r}) is {row.kind!r} state with detail {row.detail!r}; "
+                f"session window vertex {vertex!r} keeps sessions (kind 'session', detail "
+                f"{{'start': int, 'end': int}})"
+            )
+        key, start, end, value = row.key, d["start"], d["end"], row.value
+    elif type(row) is tuple and len(row) == 4 and type(row[1]) is int and type(row[2]) is int:
+        key, start, end, value = row
+    else:
+        raise ValueError(
+            f"row {n} ({row!r}) is not a (key, start, end, accumulator) tuple or a session StateRow"
+        )
+    if not start < end:
+        raise ValueError(
+            f"row {n} ({row!r}): a session's start {start} is not before its end {end}"
+        )
+    try:
+        hash(key)
+    except TypeError as e:
+        raise TypeError(f"row {n} ({row!r}): its key is unhashable ({e})") from None
+    return key, start, end, value
+
+
+def _sessions_of(rows: Iterable[Any], vertex: str) -> tuple[dict[Any, list[list[Any]]], int]:
+    """Each key's sessions ``[[start, end, accumulator], ...]`` sorted by start, as the
+    session processor keeps them, and the watermark to restore: the lowest of the
+    ``session_window.current_watermark`` rows given (``ss.state.read`` gives one per
+    processor; a restore takes the minimum too), else "none yet". A ``ValueError`` names
+    the rows of two sessions of one key that overlap (the processor would have merged
+    them into one)."""
+    from slipstream.core.time import NO_WATERMARK
+
+    per_key: dict[Any, list[tuple[int, int, int, Any]]] = {}
+    watermarks: list[int] = []
+    for n, row in enumerate(rows):
+        if isinstance(row, StateRow) and row.kind == "broadcast" and row.key == _SESSION_WATERMARK:
+            if type(row.value) is not int:
+                raise ValueError(f"row {n} ({row!r}): a session window's watermark is an int")
+            watermarks.append(row.value)
+            continue
+        key, start, end, value = _session_row(row, n, vertex)
+        per_key.setdefault(key, []).append((start, end, n, value))
+    out: dict[Any, list[list[Any]]] = {}
+    for key, sessions in per_key.items():
+        sessions.sort(key=lambda s: (s[0], s[1], s[2]))
+        for a, b in zip(sessions, sessions[1:], strict=False):
+            if b[0] < a[1]:
+                raise ValueError(
+                    f"row {b[2]}: session [{b[0]}, {b[1]}) of key {key!r} overlaps session "
+                    f"[{a[0]}, {a[1]}) in row {a[2]}; a key's open sessions do not overlap "
+                    f"(give the merged session)"
+                )
+        out[key] = [[s, e, v] for s, e, _n, v in sessions]
+    return out, min(watermarks, default=NO_WATERMARK)
 
 
 def _row_pair(row: Any, n: int, vertex: str) -> tuple[Any, Any]:
@@ -303,7 +378,10 @@ def bootstrap(
     ``ss.state.read`` (kind ``keyed``), or the ``(key, result)`` output of another job
     whose result is the accumulator (``counting()``, ``summing()``); for a window's last
     stage (``window-combine``) ``(key, frame_end, accumulator)`` tuples or ``window``
-    rows. ``parallelism``: the
+    rows; for a session window ``(key, start, end, accumulator)`` tuples or ``session``
+    rows (the open sessions: ``end`` is the last event's timestamp + the timeout), and
+    optionally its ``session_window.current_watermark`` rows (the restored watermark:
+    their minimum; without them none, so no event is late until the first watermark). ``parallelism``: the
     local parallelism of the vertices that set none (``None``: 1); a job at another
     parallelism restores it all the same (keyed entries are routed by key).
     ``offsets``: ``{source vertex: position}`` where history ends: a generator's count of
@@ -313,7 +391,7 @@ def bootstrap(
 
     Raises ``ValueError``/``TypeError`` naming the row or vertex that does not fit (an
     unknown vertex, one that is not keyed, a row that is not a pair, an unhashable or
-    repeated key) before anything is written, and :class:`SnapshotError` for a store
+    repeated key, two overlapping sessions of one key) before anything is written, and :class:`SnapshotError` for a store
     that already holds snapshots."""
     from slipstream.core.dag import as_dag
     from slipstream.state.lineage import dag_shape
@@ -329,6 +407,19 @@ def bootstrap(
     maps: list[dict[Any, Any]] = [{} for _ in range(total)]
     first_row: dict[Any, int] = {}
     entries: dict[tuple[str, int], list[Any]] = {}
+    if kind == "session":
+        sessions: list[dict[Any, Any]] = [{} for _ in range(total)]
+        per_key, watermark = _sessions_of(rows, vertex)
+        for key, lst in per_key.items():
+            sessions[owner(key)][key] = lst
+        for i, m in enumerate(sessions):
+            es = entries.setdefault((vertex, i), [])
+            if m:
+                es.append((StateMap(KEYED, None), StateMapSave(FULL, m)))
+            # on every processor (saved, the rows read back as sessions); "none yet"
+            # unless given: the first watermark past a session's end emits it
+            es.append((BroadcastKey(_SESSION_WATERMARK), watermark))
+        rows = ()
     for n, row in enumerate(rows):
         if kind == "window":
             entry = _frame_row(row, n, vertex)
