@@ -235,7 +235,7 @@ def test_a_replayed_epoch_stays_idempotent_and_leaves_no_stray_chunks(tmp_path: 
     assert chunks == named and not (stray & chunks)
 
 
-def test_another_parallelism_is_rerouted_on_the_driver(tmp_path: Path) -> None:
+def test_another_parallelism_is_rerouted_through_spark(tmp_path: Path) -> None:
     data = epochs(5, 4)
     first = ss.spark(FakeSession())
     job1 = _job(first, tmp_path)
@@ -247,11 +247,13 @@ def test_another_parallelism_is_rerouted_on_the_driver(tmp_path: Path) -> None:
     for epoch_id in range(2, 4):
         _run(second, job2, data[epoch_id], epoch_id)
     assert _counts(first, second) == _embedded([e for batch in data for e in batch])
-    # the first epoch after the change: routed by the driver; the next from the chunks
-    routed = {k for k, v in shipped[0]["restore"].items() if v}
-    assert routed == {("count", 0), ("count", 1), ("count", 2)}
+    # the first epoch after the change: rerouted by key through a shuffle into a chunk per
+    # new processor (slipstream.spark.rescale), none by the driver; the next from the chunks
+    assert shipped[0]["restore"] is None
+    assert sorted(shipped[0]["rescaled"]["count"]) == [0, 1, 2]
     assert "count" not in shipped[0]["chains"]
-    assert shipped[1]["restore"] is None and len(shipped[1]["chains"]["count"]) == 3
+    assert shipped[1]["restore"] is None and shipped[1]["rescaled"] is None
+    assert len(shipped[1]["chains"]["count"]) == 3
 
 
 def _write_file(directory: Path, i: int, events: list[tuple[str, int]]) -> None:

@@ -166,8 +166,9 @@ class EpochInput:
     stream source vertex (``streams``: vertex name -> RDD) and the state carried from
     the previous epoch (a broadcast of ``{"restore": {(vertex, index): entries} | None,
     "watermarks": {...}, "store": {"directory", "key"}, "restore_id", "chains",
-    "write_id"}``: the entries the driver routed, the chains of the committed snapshot
-    ``restore_id`` the tasks read themselves and the snapshot they write, see
+    "rescaled", "write_id"}``: the entries the driver routed, the chains of the
+    committed snapshot ``restore_id`` the tasks read themselves, the chunks rerouted by
+    key after a change of parallelism and the snapshot they write, see
     :mod:`slipstream.spark.epoch_state`).
 
     Without ``streams`` the epoch belongs to a driver-driven micro-batch job whose

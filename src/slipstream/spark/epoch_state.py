@@ -20,9 +20,10 @@ processors' entries:
   manifest, never the state). Restore routing (:func:`~slipstream.state.restore.
   restore_plan`) also gives every processor of a vertex the ``BroadcastKey`` entries of
   all of them, and moves a keyed entry to the processor owning its key: so a task also
-  reads the chains of its vertex that hold broadcast entries (keeping only those), and
-  a vertex any of whose chains holds an entry its writer does not own (the ``spill``
-  flag) is routed on the driver, as is every vertex whose parallelism changed.
+  reads the chains of its vertex that hold broadcast entries (keeping only those). A
+  vertex any of whose chains holds an entry its writer does not own (the ``spill``
+  flag), and every vertex whose parallelism changed, is rerouted by key through a Spark
+  shuffle before the epoch (:mod:`slipstream.spark.rescale`), never on the driver.
 
 The two flags are recorded per chain in the manifest's ``extra`` (``executor_state``,
 see :mod:`slipstream.spark.streaming`), so a restarted driver decides without reading a
@@ -53,7 +54,9 @@ def restore_entries(
 ) -> list[Any] | None:
     """The entries processor ``vertex#index`` restores from the epoch's ``state`` (the
     value of its broadcast, see :class:`~slipstream.spark.compile.EpochInput`): entries
-    the driver routed (``restore``) and those of the chains this task reads itself
+    the driver routed (``restore``: a store of an older version), those rerouted by key
+    through Spark (``rescaled``: per vertex, ``{index: [ref json]}``, see
+    :mod:`slipstream.spark.rescale`) and those of the chains this task reads itself
     (``chains``: per vertex, ``[[index, [ref json, ...], holds_broadcast], ...]`` by
     index): all of its own chain's, the ``BroadcastKey`` entries of the others that hold
     some, in the order restore routing gives them. ``None``: nothing to restore.
@@ -65,9 +68,26 @@ def restore_entries(
     with a delta (:func:`~slipstream.state.keyed.continue_restored_chain`)."""
     routed = state.get("restore")
     chains = (state.get("chains") or {}).get(vertex)
-    if routed is None and chains is None:
+    rescaled = (state.get("rescaled") or {}).get(vertex)
+    if routed is None and chains is None and rescaled is None:
         return None
     out: list[Any] = list(routed.get((vertex, index), [])) if routed is not None else []
+    if rescaled and rescaled.get(index):
+        # rerouted by key through Spark (slipstream.spark.rescale): one full chunk of the
+        # snapshot this epoch writes, holding this processor's entries in restore order
+        store = state["store"]
+        out.extend(
+            expand_entries(
+                read_chain_files(
+                    store["directory"],
+                    store["key"],
+                    [ChunkRef.from_json(r) for r in rescaled[index]],
+                    vertex,
+                    index,
+                    state["write_id"],
+                )
+            )
+        )
     if chains:
         store = state["store"]
         sid = state["restore_id"]

@@ -8,10 +8,11 @@ A DAG whose source is :func:`~slipstream.spark.io.spark_stream_source` runs as a
    location, format 3) and sends the tasks the refs of its chunks, never the state: at
    the same parallelism each task reads its own processor's chain from the checkpoint
    (:mod:`slipstream.spark.epoch_state`). A vertex whose parallelism changed (or one
-   of whose processors saved an entry another one owns, or a store of an older
-   version) is still read and routed on the driver, exactly as the embedded engine
-   restores a snapshot (:func:`~slipstream.state.restore.restore_plan`: keyed entries
-   to the owner of the key's partition, ``BroadcastKey`` entries to every processor);
+   of whose processors saved an entry another one owns) is rerouted by key through a
+   Spark shuffle first (:mod:`slipstream.spark.rescale`), as the embedded engine
+   restores a snapshot (keyed entries to the owner of the key's partition,
+   ``BroadcastKey`` entries to every processor); only a store of an older version is
+   read and routed on the driver (:func:`~slipstream.state.restore.restore_plan`);
 2. runs the DAG once over the micro-batch's rows, compiled as for a batch job
    (:mod:`slipstream.spark.compile`) but in *epoch mode*: every processor first
    restores its share of the state (``restore_from_snapshot`` /
@@ -86,11 +87,12 @@ from slipstream.execution.plan import VertexPlan, member_addresses
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
+from slipstream.spark.rescale import RerouteTarget, reroute
 from slipstream.state import compact
 from slipstream.state import format as fmt
 from slipstream.state.compact import Compactor
 from slipstream.state.lineage import check_not_rolled_back, check_same_dag, dag_shape
-from slipstream.state.restore import custom_partitioners, restore_plan
+from slipstream.state.restore import check_no_lost_state, custom_partitioners, restore_plan
 from slipstream.state.store import (
     FORMAT,
     ChunkRef,
@@ -98,7 +100,6 @@ from slipstream.state.store import (
     Manifest,
     SnapshotData,
     VertexManifest,
-    VertexState,
 )
 
 __all__ = [
@@ -293,6 +294,9 @@ class _EpochJob(SparkJobBase):
         self._compactor: Compactor | None = None
         #: chains compacted by this job
         self.compactions = 0
+        #: vertices whose state this job rerouted by key through Spark (another
+        #: parallelism than the snapshot's, :mod:`slipstream.spark.rescale`)
+        self.rerouted_vertices = 0
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -390,14 +394,17 @@ class _EpochJob(SparkJobBase):
     def _load_state(self, data: Snapshot | None, write_id: int) -> dict[str, Any]:
         """What the epoch's tasks restore from and write to (module doc of
         :mod:`slipstream.spark.epoch_state`): the checkpoint's store, the chains of the
-        latest committed snapshot ``data`` each task reads itself, and the entries the
-        driver routed for the vertices it cannot leave to the tasks (another
-        parallelism, an entry away from its owner, a snapshot of an older version)."""
+        latest committed snapshot ``data`` each task reads itself, the chunks a Spark
+        job rerouted by key for the vertices whose tasks cannot read their own chains
+        (another parallelism, an entry away from its owner: ``rescaled``, written as
+        part of snapshot ``write_id``) and the entries the driver routed for a snapshot
+        of an older version."""
         state: dict[str, Any] = {
             "store": {"directory": self.store.directory, "key": self.store.key},
             "write_id": write_id,
             "restore": None,
             "chains": None,
+            "rescaled": None,
             "watermarks": {},
         }
         if data is None:
@@ -428,18 +435,26 @@ class _EpochJob(SparkJobBase):
         # a task reads its own chain and the others' that hold broadcast entries
         state["chains"] = chains
         state["restore_id"] = data.snapshot_id
-        rest = {n: vm for n, vm in data.vertices.items() if n not in on_tasks}
+        rest = {n: vm for n, vm in data.vertices.items() if n not in on_tasks and vm.chains}
         if rest:
-            # the driver reads and routes these as before: issue 23's rerouting through a
-            # shuffle is not built yet
-            routed_data = SnapshotData(data.snapshot_id, data.job_name)
-            for name, vm in rest.items():
-                vs = routed_data.vertices[name] = VertexState(vm.total_parallelism)
-                vs.completed, vs.final = set(vm.completed), set(vm.final)
-                for i, chain in vm.chains.items():
-                    vs.entries[i] = self.store.read_chain(chain, name, i, data.snapshot_id)
-            plans = {n: p for n, p in self._plans.items() if n not in on_tasks}
-            state["restore"] = restore_plan(routed_data, plans, custom_partitioners(self.dag))[0]
+            # another parallelism (or an entry away from its owner): rerouted by key through
+            # a Spark shuffle into chunks the epoch's tasks restore from, never on the driver
+            check_no_lost_state(data.snapshot_id, data.job_name, rest, self._plans)
+            partitioners = custom_partitioners(self.dag)
+            targets = [
+                RerouteTarget(
+                    name,
+                    {i: [r.as_json() for r in chain] for i, chain in vm.chains.items()},
+                    self._plans[name].member_count,
+                    self._plans[name].local_parallelism,
+                    partitioners.get(name),
+                )
+                for name, vm in sorted(rest.items())
+            ]
+            state["rescaled"] = reroute(
+                self.engine.spark_context, state["store"], data.snapshot_id, write_id, targets
+            )
+            self.rerouted_vertices += len(targets)
         return state
 
     def _chain(
@@ -538,6 +553,10 @@ class _EpochJob(SparkJobBase):
                 self.epochs_skipped += 1
             return None
         self.store.ensure_directory()
+        # the job group first: cancel() also stops the rerouting job of a rescale
+        sc.setJobGroup(
+            self.job_group, f"slipstream job {self.name!r} epoch {epoch_id}", interruptOnCancel=True
+        )
         state = self._load_state(latest, snapshot_id)
         # the committed chains: a task that continued its own saves a delta appended to it
         chains: dict[tuple[str, int], list[ChunkRef]] = (
@@ -549,11 +568,6 @@ class _EpochJob(SparkJobBase):
         state_bc = sc.broadcast(state)
         compiled = None
         try:
-            sc.setJobGroup(
-                self.job_group,
-                f"slipstream job {self.name!r} epoch {epoch_id}",
-                interruptOnCancel=True,
-            )
             compiled = compile_dag(
                 sc,
                 self.dag,

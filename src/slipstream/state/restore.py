@@ -11,7 +11,7 @@ goes to every processor of the vertex. Both engines restore through :func:`resto
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from slipstream.core.dag import DAG, RoutingPolicy
@@ -20,7 +20,13 @@ from slipstream.core.partition import key_routing
 from slipstream.state.keys import expand_entries, is_broadcast, routing_key
 from slipstream.state.store import SnapshotData
 
-__all__ = ["PlanShape", "custom_partitioners", "recovering_completed", "restore_plan"]
+__all__ = [
+    "PlanShape",
+    "check_no_lost_state",
+    "custom_partitioners",
+    "recovering_completed",
+    "restore_plan",
+]
 
 
 class PlanShape(Protocol):
@@ -59,21 +65,12 @@ def restore_plan(
     (:func:`~slipstream.state.keyed.continue_restored_chain`, which checks that the maps
     it restored equal the chain's).
     """
-    lost = sorted(
-        n for n, vs in data.vertices.items() if n not in plans and any(vs.entries.values())
+    check_no_lost_state(
+        data.snapshot_id,
+        data.job_name,
+        [n for n, vs in data.vertices.items() if any(vs.entries.values())],
+        plans,
     )
-    if lost:
-        # Jet refuses a restore into a changed DAG too: the state would be dropped silently
-        raise SnapshotError(
-            f"snapshot {data.snapshot_id} of job {data.job_name!r} holds state of "
-            f"vertices {lost} that this DAG does not have (its vertices: "
-            f"{sorted(plans)}); the DAG changed since the snapshot. Restore into the DAG "
-            "that wrote it, or start fresh with another snapshot store. A Pipeline "
-            "compiles to the same vertices on every engine and entry point; they change "
-            "with its stages and stage names (a store written by an earlier slipstream on "
-            "one member with one thread holds a one-stage window: vertices "
-            "'with_timestamps' and 'window')"
-        )
     routed: dict[tuple[str, int], list[Any]] = {}
     completed: set[tuple[str, int]] = set()
     for name, vp in plans.items():
@@ -117,6 +114,26 @@ def restore_plan(
                 (name, i) for i in vs.entries if i not in moved and i not in vs.completed
             )
     return routed, completed
+
+
+def check_no_lost_state(
+    snapshot_id: int, job_name: str | None, with_state: Iterable[str], plans: Mapping[str, Any]
+) -> None:
+    """Refuse a restore that would drop state: ``with_state`` (the vertices of snapshot
+    ``snapshot_id`` that hold entries) names a vertex the new DAG (``plans``) lacks."""
+    lost = sorted(n for n in with_state if n not in plans)
+    if lost:
+        # Jet refuses a restore into a changed DAG too: the state would be dropped silently
+        raise SnapshotError(
+            f"snapshot {snapshot_id} of job {job_name!r} holds state of "
+            f"vertices {lost} that this DAG does not have (its vertices: "
+            f"{sorted(plans)}); the DAG changed since the snapshot. Restore into the DAG "
+            "that wrote it, or start fresh with another snapshot store. A Pipeline "
+            "compiles to the same vertices on every engine and entry point; they change "
+            "with its stages and stage names (a store written by an earlier slipstream on "
+            "one member with one thread holds a one-stage window: vertices "
+            "'with_timestamps' and 'window')"
+        )
 
 
 def recovering_completed(

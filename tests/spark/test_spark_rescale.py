@@ -1,0 +1,161 @@
+"""A streaming job restarted with another parallelism reroutes its keyed state by key
+through Spark (issue 23, item 1; slipstream.spark.rescale): tasks read the old chains
+from the checkpoint, a shuffle moves each entry to the processor key_routing gives it,
+and each new processor's share is written as a chunk its epoch task restores from. The
+driver handles chunk refs only: the hook below fails any read of a chunk through the
+driver's snapshot store."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream.state.store import DirectorySnapshotStore
+
+from .spark_fake_rdd import FakeSession
+from .test_spark_executor_state import (
+    _counts,
+    _embedded,
+    _job,
+    _run,
+    _spy_broadcasts,
+    _store,
+    epochs,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _no_driver_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver-side reads of the old path (read the chains on the driver, route them
+    there) fail the test if anything calls them."""
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the driver read the state of the snapshot")
+
+    for name in ("read_chain", "read", "read_chunks"):
+        monkeypatch.setattr(DirectorySnapshotStore, name, refuse)
+
+
+def _state_counts(checkpoint: Path) -> dict[Any, int]:
+    """The rolling counts per key in the newest committed snapshot (read after the run)."""
+    rows = ss.state.read(str(checkpoint / "slipstream-state"), "count")
+    return {r.key: r.value for r in rows}
+
+
+def test_rescale_2_3_1_reroutes_through_spark_with_exact_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = epochs(7, 6)
+    first = ss.spark(FakeSession(default_parallelism=2))
+    job1 = _job(first, tmp_path)
+    for epoch_id in range(2):
+        _run(first, job1, data[epoch_id], epoch_id)
+    engines = [first]
+    shipped_per_run = []
+    with monkeypatch.context() as m:
+        _no_driver_reads(m)
+        for lp, epoch_ids in ((3, (2, 3)), (1, (4, 5))):
+            engine = ss.spark(FakeSession(default_parallelism=lp))
+            shipped = _spy_broadcasts(engine)
+            job = _job(engine, tmp_path)
+            for epoch_id in epoch_ids:
+                _run(engine, job, data[epoch_id], epoch_id)
+            assert job.rerouted_vertices == 1  # 'count' (the sink holds no state)
+            shipped_per_run.append((lp, shipped))
+            engines.append(engine)
+    everything = [e for batch in data for e in batch]
+    assert _counts(*engines) == _embedded(everything)
+    assert _state_counts(tmp_path) == dict(Counter(k for k, _n in everything))
+    for lp, shipped in shipped_per_run:
+        # the first epoch after the change restores from the rerouted chunks, nothing
+        # routed by the driver; the next from the chains that epoch committed
+        assert shipped[0]["restore"] is None
+        assert "count" not in shipped[0]["chains"]
+        rescaled = shipped[0]["rescaled"]["count"]
+        assert sorted(rescaled) == list(range(lp))
+        assert all(ref[0]["file"].split("-t", 1)[1].startswith("rescale.") for ref in rescaled.values())
+        assert shipped[1]["rescaled"] is None
+        assert [i for i, _refs, _b in shipped[1]["chains"]["count"]] == list(range(lp))
+    # the rerouting chunks were removed at the commit of the epoch that read them
+    store = _store(tmp_path)
+    chunks = {n for n in os.listdir(store.directory) if n.startswith("chunk-")}
+    assert not [n for n in chunks if "-trescale." in n]
+    named = set().union(*(store.read_manifest(i).files() for i in store.committed_ids()))
+    assert chunks == named
+    manifest = store.read_manifest(store.committed_ids()[-1])
+    assert sorted(manifest.vertices["count"].chains) == [0]
+
+
+def _query_run_at(
+    spark_session: Any,
+    lp: int,
+    directory: Path,
+    checkpoint: Path,
+    files: list[tuple[int, list[Any]]],
+) -> tuple[Any, Any]:
+    """As test_spark_executor_state._query_run, at total parallelism ``lp`` (one member)."""
+    from slipstream.spark.io import spark_stream_source
+
+    from .test_spark_executor_state import _as_event, _write_file, rolling_dag
+
+    df = (
+        spark_session.readStream.schema("key string, n long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(directory))
+    )
+    engine = ss.spark(spark_session, members=1, local_parallelism=lp)
+    job = engine.new_job(
+        rolling_dag(spark_stream_source(df, _as_event)),
+        ss.JobConfig(name="rolling"),
+        checkpoint_location=str(checkpoint),
+    )
+    try:
+        for i, events in files:
+            _write_file(directory, i, events)
+            job.process_all_available(120)
+    finally:
+        job.cancel()
+        with pytest.raises(ss.JobCancelledError):
+            job.join(60)
+    return engine, job
+
+
+@pytest.mark.timeout(400)
+def test_a_query_rescaled_2_3_1_across_restarts_keeps_exact_state(
+    spark_session: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import slipstream.state.store as store_module
+
+    data = list(enumerate(epochs(8, 5)))
+    (tmp_path / "in").mkdir()
+    cp = tmp_path / "cp"
+    first, _job1 = _query_run_at(spark_session, 2, tmp_path / "in", cp, data[:2])
+    engines = [first]
+    with monkeypatch.context() as m:
+        # no chunk is read in the driver's process (the executors' Python workers are
+        # processes of their own): every verified chunk read goes through this function
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the driver read a chunk of the snapshot")
+
+        m.setattr(store_module, "verified_chunk_file", refuse)
+        _no_driver_reads(m)
+        for lp, files in ((3, data[2:4]), (1, data[4:])):
+            engine, job = _query_run_at(spark_session, lp, tmp_path / "in", cp, files)
+            assert job.rerouted_vertices == 1 and job.epochs_committed == len(files)
+            engines.append(engine)
+            store = _store(cp)
+            chains = store.read_manifest(store.committed_ids()[-1]).vertices["count"].chains
+            assert sorted(chains) == list(range(lp))
+    everything = [e for _i, batch in data for e in batch]
+    assert _counts(*engines) == _embedded(everything)
+    assert _state_counts(cp) == dict(Counter(k for k, _n in everything))
+    store = _store(cp)
+    chunks = {n for n in os.listdir(store.directory) if n.startswith("chunk-")}
+    named = set().union(*(store.read_manifest(i).files() for i in store.committed_ids()))
+    assert chunks == named
