@@ -1,6 +1,6 @@
 """``slipstream state STORE`` (issue 25, item 2): a job's state from its snapshot store as
-a table, CSV or JSON lines, one vertex, one key, an older snapshot, and the errors with
-their exit status."""
+a table, CSV, JSON lines or Parquet, one vertex, one key, an older snapshot, SQL over it
+(DuckDB), and the errors with their exit status."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import csv
 import io
 import json
 import operator
+import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     committed snapshots (all retained)."""
     directory = str(tmp_path_factory.mktemp("cli-state") / "store")
     p = ss.Pipeline()
-    p.read_from(sources.generator(event, 2000.0)).group_by(operator.itemgetter(0)).rolling_aggregate(
-        counting()
-    ).write_to(sinks.noop())
+    p.read_from(sources.generator(event, 2000.0)).group_by(
+        operator.itemgetter(0)
+    ).rolling_aggregate(counting()).write_to(sinks.noop())
     engine = ss.local()
     try:
         job = engine.new_job(
@@ -102,7 +104,10 @@ def test_one_key_of_one_vertex_as_csv(store: str) -> None:
         f"rolling_aggregate,{row.processor},keyed,'b',,{row.value}\n"
     )
     # the key matched by its repr as well
-    assert state(store, "--vertex", "rolling_aggregate", "--key", "'b'", "--format", "csv").stdout == r.stdout
+    assert (
+        state(store, "--vertex", "rolling_aggregate", "--key", "'b'", "--format", "csv").stdout
+        == r.stdout
+    )
     assert list(csv.reader(io.StringIO(r.stdout)))[1][3] == "'b'"
     assert r.stderr == f"snapshot {newest(store)} of {store}, vertex 'rolling_aggregate': 1 row\n"
 
@@ -152,3 +157,136 @@ def test_errors_and_exit_status(store: str, tmp_path: Path) -> None:
     )
     r = state(store, "--format", "xml")
     assert r.returncode == 2 and "invalid choice: 'xml'" in r.stderr
+
+
+# -- parquet and SQL (issue 25, "Query") ---------------------------------------------------
+def test_parquet_output_reads_back_as_the_rows(store: str, tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "state.parquet"
+    r = state(store, "--format", "parquet", "--output", str(path))
+    assert (r.returncode, r.stdout) == (0, ""), r.stderr
+    rows = ss.state.read(store)
+    assert r.stderr == f"snapshot {newest(store)} of {store}: {len(rows)} rows written to {path}\n"
+    got = pq.read_table(path)
+    assert got.column_names == ["vertex", "processor", "key", "detail", "value", "kind"]
+    assert got.to_pylist() == ss.state.to_arrow(rows).to_pylist()
+    # one vertex: its keys and counts typed (str, int64), as DuckDB or pandas read them
+    path = tmp_path / "counts.parquet"
+    r = state(store, "--vertex", "rolling_aggregate", "--format", "parquet", "-o", str(path))
+    assert r.returncode == 0, r.stderr
+    got = pq.read_table(path)
+    assert (str(got.schema.field("key").type), str(got.schema.field("value").type)) == (
+        "string",
+        "int64",
+    )
+    want = ss.state.read(store, "rolling_aggregate")
+    assert sorted(zip(got["key"].to_pylist(), got["value"].to_pylist(), strict=True)) == sorted(
+        (row.key, row.value) for row in want
+    )
+    # --output with a text format: the text stdout gets
+    piped = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slipstream",
+            "state",
+            store,
+            "-o",
+            "/dev/stdout",
+            "--format",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.stdout == state(store, "--format", "csv").stdout
+
+
+def test_parquet_to_a_terminal_is_refused(store: str) -> None:
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "slipstream", "state", store, "--format", "parquet"],
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert r.returncode == 2
+    assert r.stderr == (
+        "error: --format parquet writes a binary file: give --output PATH (or redirect "
+        "stdout to a file)\n"
+    )
+
+
+def test_sql_answers_an_aggregate_exactly(store: str) -> None:
+    pytest.importorskip("duckdb")
+    rows = ss.state.read(store, "rolling_aggregate")
+    r = state(
+        store,
+        "--vertex",
+        "rolling_aggregate",
+        "--sql",
+        "select count(*) as n, sum(value) as total, max(value) as top from state",
+        "--format",
+        "csv",
+    )
+    assert r.returncode == 0, r.stderr
+    values = [row.value for row in rows]
+    assert r.stdout == f"n,total,top\n{len(values)},{sum(values)},{max(values)}\n"
+    assert (
+        r.stderr
+        == f"snapshot {newest(store)} of {store}, vertex 'rolling_aggregate', --sql: 1 row\n"
+    )
+    # a group-by over every row of the store (the view entries: offsets too)
+    r = state(
+        store,
+        "--sql",
+        "select vertex, kind, count(*) as n from entries group by all order by all",
+        "--format",
+        "jsonl",
+    )
+    assert r.returncode == 0, r.stderr
+    counts = Counter((row.vertex, row.kind) for row in ss.state.read(store))
+    assert [json.loads(line) for line in r.stdout.splitlines()] == [
+        {"vertex": v, "kind": k, "n": n} for (v, k), n in sorted(counts.items())
+    ]
+    # the table format, one key
+    r = state(store, "--key", "b", "--sql", "select key, value from state")
+    (b,) = ss.state.read(store, "rolling_aggregate", key="b")
+    assert r.stdout.splitlines() == ["key  value", f"b    {b.value}"]
+
+
+def test_bad_sql_is_duckdb_s_message_on_one_line(store: str) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    for query in ("selec 1", "select nope from state"):
+        r = state(store, "--sql", query)
+        assert (r.returncode, r.stdout) == (2, "")
+        con = duckdb.connect()
+        con.execute("create table state (vertex varchar, processor bigint, key varchar)")
+        with pytest.raises(duckdb.Error) as e:
+            con.sql(query)
+        lines = [p.strip() for p in str(e.value).splitlines() if p.strip().strip("^")]
+        assert r.stderr == f"error: the query failed: {' '.join(lines)}\n"
+        assert "Traceback" not in r.stderr
+
+
+def test_sql_without_duckdb_says_what_to_install(
+    store: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slipstream.cli import main
+
+    monkeypatch.setitem(sys.modules, "duckdb", None)  # import duckdb raises ImportError
+    assert main(["state", store, "--sql", "select 1"]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        "error: SQL over state needs DuckDB, which is not installed: pip install -e "
+        "'.[sql]' in the slipstream checkout (or pip install duckdb)\n",
+    )

@@ -4,7 +4,8 @@ their routing (:mod:`~slipstream.state.keys`), keyed state that records what cha
 the store protocol and the durable directory store (:mod:`~slipstream.state.store`), its
 signing keys (:mod:`~slipstream.state.signing`), the store's generation and the checks a resume makes (:mod:`~slipstream.state.lineage`),
 restore routing (:mod:`~slipstream.state.restore`), and reading a job's state as rows
-(:mod:`~slipstream.state.reader`: ``ss.state.read``, ``ss.state.changes``) and writing
+(:mod:`~slipstream.state.reader`: ``ss.state.read``, ``ss.state.changes``), as Arrow and
+with SQL (:mod:`~slipstream.state.query`: ``ss.state.read_arrow``, ``ss.state.sql``) and writing
 it (:mod:`~slipstream.state.bootstrap`: ``ss.state.bootstrap``, ``ss.state.transform``).
 
 Both engines use it; it imports neither (``tests/test_layers.py`` checks it). The
@@ -21,10 +22,12 @@ _EXPORTS = {
 _EXPORTS.update(
     {name: f"slipstream.state.bootstrap:{name}" for name in ("bootstrap", "transform")}
 )
+_EXPORTS.update({name: f"slipstream.state.query:{name}" for name in ("read_arrow", "sql")})
 _lazy.install(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from slipstream.state.bootstrap import bootstrap, transform
+    from slipstream.state.query import read_arrow, sql
     from slipstream.state.reader import (
         StateChange,
         StateRow,
@@ -40,6 +43,8 @@ __all__ = [
     "bootstrap",
     "changes",
     "read",
+    "read_arrow",
+    "sql",
     "to_arrow",
     "to_pandas",
     "transform",
