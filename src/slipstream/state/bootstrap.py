@@ -11,17 +11,17 @@ continues from it as from a snapshot it took itself.
 What can be seeded: the state of a *keyed* vertex that keeps one plain map ``key ->
 state`` (a rolling aggregate: the accumulator, for ``counting()``/``summing()`` the
 running int; ``map_stateful``: the state object; either stage of a group-by
-aggregation: the accumulator), and the frames of a sliding or tumbling window's last
-stage (``KeyedStateKey(key, frame_end) -> accumulator``, with an emission cursor of "no
-window emitted yet": the first watermark past a frame's windows emits them, so seed
-only the frames of windows the history did not emit), and the open sessions of a session
-window (``KeyedStateKey(key) -> [[start, end, accumulator], ...]`` sorted by start, with
-the watermark of the rows given or "none received yet": the first watermark past a
-session's end emits it).
-A window's first stage (which keeps no frames across snapshots) is refused naming the
-vertex. Source positions can be set with ``offsets=`` for the generator and the Kafka
-source. Each entry goes to the processor that owns its key under the routing a live
-item takes (:func:`~slipstream.core.partition.key_routing`, as a restore routes it).
+aggregation: the accumulator); the frames of a sliding or tumbling window's last stage
+(``KeyedStateKey(key, frame_end) -> accumulator``, with the emission cursor of the rows
+given or "no window emitted yet": the first watermark past a frame's windows emits
+them, so without a cursor seed only the frames of windows the history did not emit);
+and the open sessions of a session window (``KeyedStateKey(key) -> [[start, end,
+accumulator], ...]`` sorted by start, with the watermark of the rows given or "none
+received yet": the first watermark past a session's end emits it). A window's first
+stage (which keeps no frames across snapshots) is refused naming the vertex. Source
+positions can be set with ``offsets=`` for the generator and the Kafka source. Each
+entry goes to the processor that owns its key under the routing a live item takes
+(:func:`~slipstream.core.partition.key_routing`, as a restore routes it).
 """
 
 from __future__ import annotations
@@ -378,7 +378,8 @@ def bootstrap(
     ``ss.state.read`` (kind ``keyed``), or the ``(key, result)`` output of another job
     whose result is the accumulator (``counting()``, ``summing()``); for a window's last
     stage (``window-combine``) ``(key, frame_end, accumulator)`` tuples or ``window``
-    rows; for a session window ``(key, start, end, accumulator)`` tuples or ``session``
+    rows, and optionally its ``window.next_win_to_emit`` rows (the emission cursor: the
+    end of the next window to emit; without them no window was emitted yet); for a session window ``(key, start, end, accumulator)`` tuples or ``session``
     rows (the open sessions: ``end`` is the last event's timestamp + the timeout), and
     optionally its ``session_window.current_watermark`` rows (the restored watermark:
     their minimum; without them none, so no event is late until the first watermark). ``parallelism``: the
@@ -420,8 +421,14 @@ def bootstrap(
             # unless given: the first watermark past a session's end emits it
             es.append((BroadcastKey(_SESSION_WATERMARK), watermark))
         rows = ()
+    cursors: list[int] = []
     for n, row in enumerate(rows):
         if kind == "window":
+            if isinstance(row, StateRow) and row.kind == "broadcast" and row.key == _WINDOW_CURSOR:
+                if type(row.value) is not int:
+                    raise ValueError(f"row {n} ({row!r}): a window's emission cursor is an int")
+                cursors.append(row.value)
+                continue
             entry = _frame_row(row, n, vertex)
             seen = first_row.setdefault(entry[0], n)
             if seen != n:
@@ -442,10 +449,12 @@ def bootstrap(
     if kind == "window":
         from slipstream.core.time import NO_WATERMARK
 
-        # no window emitted yet: the first watermark past a frame's windows emits them
-        # (what a processor restores without a cursor too; saved, the rows read as windows)
+        # the cursor given (the lowest: a restore takes the minimum), else no window
+        # emitted yet: the first watermark past a frame's windows emits them (what a
+        # processor restores without a cursor too; saved, the rows read as windows)
+        cursor = min(cursors, default=NO_WATERMARK)
         for i in range(total):
-            entries.setdefault((vertex, i), []).append((BroadcastKey(_WINDOW_CURSOR), NO_WATERMARK))
+            entries.setdefault((vertex, i), []).append((BroadcastKey(_WINDOW_CURSOR), cursor))
     for source, spec in (offsets or {}).items():
         for i, es in _source_offsets(dag, source, spec, totals.get(source, 0)).items():
             entries.setdefault((source, i), []).extend(es)
