@@ -19,7 +19,8 @@ import pytest
 from dashboard_support import LONG_NAMES, streaming_dag, wait_for
 
 import slipstream as ss
-from slipstream import JobConfig, ProcessingGuarantee
+from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream.aggregate import counting
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -207,3 +208,98 @@ def test_charts_snapshots_and_a_dag_that_fits_1280_px(browser: Any, tmp_path: Pa
         target = os.environ.get("SLIPSTREAM_DOCS_SCREENSHOT")
         if target:
             shutil.copyfile(shot, target)
+
+
+def html_key(seq: int) -> str:
+    return f"<i>k{seq % 3}</i>"
+
+
+@pytest.mark.slow
+def test_state_sizes_and_a_key_search(browser: Any, tmp_path: Path) -> None:
+    """A running rolling count whose keys are HTML: the page shows its vertex's state
+    size once a snapshot is counted, and a key search shows the key's count in the
+    snapshot the answer names (equal to ss.state.read of that snapshot), as text; a
+    missing key and a job without snapshots say so."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from slipstream.state.store import DirectorySnapshotStore
+
+    directory = str(tmp_path / "snaps")
+    p = ss.Pipeline()
+    p.read_from(sources.generator(html_key, 200.0)).group_by(lambda k: k).rolling_aggregate(
+        counting()
+    ).write_to(sinks.noop())
+    q = ss.Pipeline()
+    q.read_from(sources.generator(html_key, 20.0)).group_by(lambda k: k).rolling_aggregate(
+        counting()
+    ).write_to(sinks.noop())
+    with ss.local(dashboard=0) as engine:
+        engine.new_job(
+            p,
+            JobConfig(
+                name="counts",
+                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                snapshot_interval_ms=300,
+                snapshot_store=DirectorySnapshotStore(directory, keep=1000),
+            ),
+        )
+        plain = engine.new_job(q, JobConfig(name="nosnapshots"))
+        browser.get(engine.dashboard_url)
+
+        def text(css: str) -> str:
+            return str(browser.find_element(By.CSS_SELECTOR, css).text)
+
+        sec = "section.job[data-job='%s']"
+        counts = sec % wait_for(
+            lambda: browser.find_element(By.XPATH, "//section[h2[starts-with(., 'counts')]]").get_attribute("data-job"),
+            what="the job's section",
+        )
+        row = f'{counts} table.state tr[data-vertex="rolling_aggregate"]'
+        # all three keys counted (and the size on disk shown) in some snapshot
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row) and text(f"{row} [data-f=keys]") == "3",
+                 what="the state size")
+        assert text(f"{row} [data-f=entries]") == "3"
+        assert re.fullmatch(r"[\d.]+ (B|KiB)", text(f"{row} [data-f=bytes]"))
+        assert text(f"{row} [data-f=processors]").isdigit()
+        assert text(f"{counts} [data-f=statenote]").startswith("as of snapshot #")
+
+        # the vertex choice lists the vertices with state, the first with keys chosen
+        choice = Select(browser.find_element(By.CSS_SELECTOR, f"{counts} form.statesearch select"))
+        wait_for(lambda: [o.text for o in choice.options] == ["source", "rolling_aggregate"], what="the choice")
+        assert choice.first_selected_option.text == "rolling_aggregate"
+
+        def look_up(section: str, key: str) -> Any:
+            form = browser.find_element(By.CSS_SELECTOR, f"{section} form.statesearch")
+            box = form.find_element(By.NAME, "key")
+            box.clear()
+            box.send_keys(key)
+            form.find_element(By.CSS_SELECTOR, "button").click()
+            out = browser.find_element(By.CSS_SELECTOR, f"{section} .stateresult")
+            wait_for(lambda: out.get_attribute("data-state"), what="the search's answer")
+            return out
+
+        out = look_up(counts, "<i>k1</i>")
+        assert out.get_attribute("data-state") == "found"
+        head = out.find_element(By.CSS_SELECTOR, "div").text
+        m = re.fullmatch(r"'<i>k1</i>' in rolling_aggregate, snapshot #(\d+):", head)
+        assert m, head
+        (expected,) = ss.state.read(directory, "rolling_aggregate", int(m.group(1)), key="<i>k1</i>")
+        assert out.find_element(By.CSS_SELECTOR, "td.value").text == repr(expected.value)
+        assert expected.value > 0
+        assert out.find_elements(By.CSS_SELECTOR, "i") == []  # the key is text, not markup
+
+        out = look_up(counts, '"<b>nope</b>"')
+        assert out.get_attribute("data-state") == "missing"
+        assert re.fullmatch(
+            r"no such key: '<b>nope</b>' in vertex 'rolling_aggregate' as of snapshot \d+", out.text
+        ), out.text
+        assert out.find_elements(By.CSS_SELECTOR, "b") == []
+
+        other = sec % plain.id
+        wait_for(lambda: text(f"{other} [data-f=statenote]") == "this job takes no snapshots")
+        out = look_up(other, "1")
+        assert (out.get_attribute("data-state"), out.text) == (
+            "error",
+            "job 'nosnapshots' takes no snapshots (processing_guarantee NONE): it has no state to read",
+        )

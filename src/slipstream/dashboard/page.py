@@ -1,7 +1,8 @@
 """The dashboard's HTML: one self-contained page (inline CSS and script, no CDN).
 
 The server renders a section per job (header, the DAG as SVG, a card of small charts
-per vertex, a table per vertex, the snapshot history); the script polls ``/api/jobs``
+per vertex, a table per vertex, the snapshot history, the size of each stateful vertex's
+state and a key search over the last committed snapshot); the script polls ``/api/jobs``
 every second and writes the numbers into elements marked with ``data-*`` attributes,
 fetching the section of a job that appeared since. The charts draw the server's history
 (:mod:`slipstream.dashboard.history`): the first poll brings the last minutes, later ones
@@ -58,6 +59,14 @@ td.num{font-family:monospace}
 .bar{display:inline-block;width:70px;height:8px;background:#dfe6ee;vertical-align:middle;margin-right:4px}
 .bar i{display:block;height:100%;background:#3a9a5b}
 .empty{color:#5a6b80}
+form.statesearch{margin:8px 0 4px 0;font-size:13px;display:flex;flex-wrap:wrap;gap:8px;align-items:center}
+form.statesearch input{font:13px monospace;width:16em}
+form.statesearch .hint{font-size:12px;color:#5a6b80}
+.stateresult{font-size:13px;margin-bottom:6px}
+.stateresult.error{color:#b3261e}.stateresult.missing{color:#8a5a00}
+.stateresult table{width:auto;min-width:40%;margin-top:4px}
+.stateresult th,.stateresult td{text-align:left}
+.stateresult td.value,.stateresult td.detail{font-family:monospace;white-space:pre-wrap;word-break:break-all}
 """
 
 _SCRIPT = """
@@ -178,7 +187,70 @@ _SCRIPT = """
       }
     });
     snapRows(sec,j);
+    stateRows(sec,j);
   }
+  // the size of each stateful vertex's state (see docs/watching.md, "State")
+  function stateRows(sec,j){
+    var body=sec.querySelector('table.state tbody');if(!body)return;
+    var st=j.state,list=(st&&st.vertices)||[];
+    set(sec,'[data-f=statenote]',st===null||st===undefined?'this job takes no snapshots':
+      st.snapshot_id===null?'no snapshot committed yet':'as of snapshot #'+st.snapshot_id+
+      (st.counted_snapshot_id!==null&&st.counted_snapshot_id!==st.snapshot_id?
+        ' (keys and entries counted in #'+st.counted_snapshot_id+')':''));
+    var key=JSON.stringify(list);
+    if(body.getAttribute('data-key')===key)return;
+    body.setAttribute('data-key',key);while(body.firstChild)body.removeChild(body.firstChild);
+    if(!list.length){var tr=document.createElement('tr'),td=document.createElement('td');
+      td.colSpan=6;td.className='empty';td.textContent=st&&st.snapshot_id!==null?'no vertex holds state':'none yet';
+      tr.appendChild(td);body.appendChild(tr);}
+    list.forEach(function(v){var tr=document.createElement('tr');tr.setAttribute('data-vertex',v.name);
+      [[v.name,''],[v.keys===null?'\\u2013':String(v.keys),'keys'],[v.entries===null?'\\u2013':String(v.entries),'entries'],
+       [fmtB(v.bytes),'bytes'],[String(v.chunks),'chunks'],[String(v.processors),'processors']].forEach(function(c,i){
+        var td=document.createElement('td');if(i)td.className='num';if(c[1])td.setAttribute('data-f',c[1]);
+        td.textContent=c[0];tr.appendChild(td);});
+      body.appendChild(tr);});
+    // the search's vertex choice: the vertices with state, once a snapshot names them
+    var sel=sec.querySelector('form.statesearch select');
+    var names=list.map(function(v){return v.name;});
+    if(sel&&names.length&&sel.getAttribute('data-names')!==names.join('\\n')){
+      var was=sel.value;sel.setAttribute('data-names',names.join('\\n'));
+      while(sel.firstChild)sel.removeChild(sel.firstChild);
+      names.forEach(function(n){var o=document.createElement('option');o.value=n;o.textContent=n;sel.appendChild(o);});
+      if(names.indexOf(was)>=0)sel.value=was;}
+    // until the user chooses, the first vertex with keys is chosen
+    var keyed=list.filter(function(v){return v.keys;})[0];
+    if(sel&&keyed&&!sel.hasAttribute('data-chosen')&&sel.value!==keyed.name)sel.value=keyed.name;
+  }
+  function showState(out,d){
+    while(out.firstChild)out.removeChild(out.firstChild);
+    var what=d.error?'error':d.found?'found':'missing';
+    out.className='stateresult '+what;out.setAttribute('data-state',what);
+    if(d.error||!d.found){out.textContent=d.error||d.message;return;}
+    var p=document.createElement('div');
+    p.textContent=d.key_repr+' in '+d.vertex+', snapshot #'+d.snapshot_id+':';out.appendChild(p);
+    var t=document.createElement('table'),h=document.createElement('tr');
+    ['processor','kind','detail','value'].forEach(function(x){var th=document.createElement('th');th.textContent=x;h.appendChild(th);});
+    t.appendChild(h);
+    d.rows.forEach(function(r){var tr=document.createElement('tr');
+      [[String(r.processor),'num'],[r.kind,''],[r.detail===null?'':JSON.stringify(r.detail),'detail'],
+       [r.value_repr,'value']].forEach(function(c){var td=document.createElement('td');td.className=c[1];
+        td.textContent=c[0];tr.appendChild(td);});
+      t.appendChild(tr);});
+    out.appendChild(t);}
+  document.addEventListener('change',function(e){
+    if(e.target.closest&&e.target.closest('form.statesearch')&&e.target.name==='vertex')
+      e.target.setAttribute('data-chosen','');});
+  document.addEventListener('submit',function(e){
+    var form=e.target;if(!form.classList||!form.classList.contains('statesearch'))return;
+    e.preventDefault();
+    var sec=form.closest('section.job'),out=sec.querySelector('.stateresult');
+    out.removeAttribute('data-state');out.className='stateresult';out.textContent='looking up\\u2026';
+    fetch('api/jobs/'+encodeURIComponent(sec.getAttribute('data-job'))+'/state?vertex='+
+      encodeURIComponent(form.elements.vertex.value)+'&key='+encodeURIComponent(form.elements.key.value),{cache:'no-store'})
+      .then(function(r){return r.text();})
+      .then(function(t){var d;try{d=JSON.parse(t);}catch(x){d={error:t};}showState(out,d);})
+      .catch(function(err){showState(out,{error:'no contact with the engine: '+err});});
+  });
   document.addEventListener('click',function(e){
     var box=e.target.closest&&e.target.closest('.dagbox');if(box)box.classList.toggle('natural');});
   function poll(){
@@ -256,6 +328,7 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         for v in vertices
     )
     charts = "".join(_chart_card(v) for v in vertices)
+    options = "".join(f'<option value="{escape(v)}">{escape(v)}</option>' for v in vertices)
     return (
         f'<section class="job" id="job-{jid}" data-job="{jid}">'
         f'<h2>{escape(name)} <span class="status"></span></h2>'
@@ -280,5 +353,17 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         '<h3>Snapshots<span class="note" data-f="snapcount"></span></h3>'
         '<table class="snapshots"><thead><tr><th>id</th><th>committed</th><th>duration</th>'
         "<th>size</th><th>entries</th><th>longest pause</th></tr></thead><tbody></tbody></table>"
+        '<h3>State<span class="note" data-f="statenote"></span></h3>'
+        '<table class="state"><thead><tr><th>vertex</th>'
+        '<th title="distinct keys of its keyed, window and session state">keys</th>'
+        '<th title="rows of ss.state.read: keys, window frames, sessions, offsets">entries</th>'
+        '<th title="the chunk files its state is in">on disk</th><th>chunks</th>'
+        "<th>processors</th></tr></thead><tbody></tbody></table>"
+        f'<form class="statesearch"><label>vertex <select name="vertex">{options}</select></label>'
+        '<label>key <input name="key" type="text" autocomplete="off" spellcheck="false" '
+        'placeholder="alice, 42 or &quot;42&quot;"></label><button type="submit">look up</button>'
+        '<span class="hint">read as JSON when it is JSON: 42 is an int, "42" a string, '
+        '[1, "a"] a tuple; other text is a string</span></form>'
+        '<div class="stateresult"></div>'
         "</section>"
     )
