@@ -1,0 +1,246 @@
+"""Reading state as data at scale (issue 25): how long ``ss.state.read``, ``read_arrow`` and
+SQL over a snapshot take, against DuckDB over the same rows in a Parquet file.
+
+    python bench/state_read.py [--keys 1M,10M] [--processors 2] [--repeat 3] [--quick]
+
+``--keys`` takes counts with an optional ``k`` / ``M`` suffix. ``--quick``: 10k and 100k
+keys, one round (a smoke run).
+
+The store, per key count K: the snapshot of a rolling count per user behind a generator,
+
+    p = ss.Pipeline()
+    (p.read_from(sources.generator(fn, None)).group_by(itemgetter(0))
+      .rolling_aggregate(summing(itemgetter(1))).write_to(sinks.noop()))
+
+seeded with ``ss.state.bootstrap`` (the fastest way to build a large store; a job's own
+store reads the same way once its chains are compacted): K keys ``"user00000001"``, ...
+with the int values ``i * 7919 % 100000``, spread over ``--processors`` processors (one
+full chunk each), and the generator's offsets. The same K (key, value) rows are written
+to a Parquet file with pyarrow (string and int64 columns, default settings).
+
+What is timed (each in a fresh process, so that its peak RSS is its own; the best of
+``--repeat`` rounds, the rounds interleaving the variants; imports are not timed):
+
+    read        ``rows = ss.state.read(store)``: a StateRow per entry
+    to_arrow    ``ss.state.to_arrow(ss.state.read(store))``: the rows, then a table
+    read_arrow  ``ss.state.read_arrow(store)``: the columnar path (no row per key)
+    sql         ``ss.state.sql(store, Q)``: read the store and run Q with DuckDB
+    cli         ``slipstream state STORE --sql Q --format csv``: the whole command,
+                Python's start and the imports included (wall clock of the process)
+    parquet     ``duckdb.connect().sql(Q over read_parquet(FILE)).fetchall()``: DuckDB
+                over the same rows in Parquet (the file in the page cache, as the store)
+
+with ``Q = select count(*), sum(value) from state``. Every answer is checked against
+the Parquet one. The last column divides ``sql`` by ``parquet``.
+
+Everything lives in one private temporary directory (the stores, the Parquet files and
+the stores' signing keys: ``SLIPSTREAM_KEY_DIR``), removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import peak_rss_mb, run_variant  # noqa: E402
+
+KEY_DIR_ENV = "SLIPSTREAM_KEY_DIR"  # docs/fault-tolerance.md, "Signed snapshot files"
+QUERY = "select count(*), sum(value) from state"
+VARIANTS = ("read", "to_arrow", "read_arrow", "sql", "cli", "parquet")
+
+
+def parse_keys(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        mult = {"k": 1_000, "M": 1_000_000}.get(part[-1:], 1)
+        out.append(int(float(part[:-1] if mult > 1 else part) * mult))
+    return out
+
+
+def value_of(i: int) -> int:
+    return i * 7919 % 100_000
+
+
+def pipeline() -> Any:
+    import slipstream as ss
+    from slipstream import sinks, sources
+    from slipstream.aggregate import summing
+
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.generator(lambda seq: (f"user{seq:08d}", 1), None))
+        .group_by(operator.itemgetter(0))
+        .rolling_aggregate(summing(operator.itemgetter(1)))
+        .write_to(sinks.noop())
+    )
+    return p
+
+
+def build(keys: int, processors: int, store: str, parquet: str) -> tuple[float, float]:
+    """Seed ``store`` and write ``parquet``; returns their sizes in MB."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import slipstream as ss
+
+    ss.state.bootstrap(
+        pipeline(),
+        "rolling_aggregate",
+        ((f"user{i:08d}", value_of(i)) for i in range(keys)),
+        store,
+        parallelism=processors,
+        offsets={"source": keys},
+    )
+    names = [f"user{i:08d}" for i in range(keys)]
+    values = [value_of(i) for i in range(keys)]
+    pq.write_table(
+        pa.table({"key": pa.array(names), "value": pa.array(values, pa.int64())}), parquet
+    )
+    del names, values
+    size = sum(os.path.getsize(os.path.join(store, n)) for n in os.listdir(store))
+    return size / 1e6, os.path.getsize(parquet) / 1e6
+
+
+def measure(variant: str, store: str, parquet: str) -> dict[str, Any]:
+    """One variant in this process: seconds, peak RSS and the answer (count, sum)."""
+    if variant == "cli":
+        t = time.perf_counter()
+        r = subprocess.run(
+            [sys.executable, "-m", "slipstream", "state", store, "--sql", QUERY, "--format", "csv"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        seconds = time.perf_counter() - t
+        if r.returncode != 0:
+            raise SystemExit(f"slipstream state --sql failed: {r.stderr}")
+        count, total = r.stdout.splitlines()[1].split(",")
+        return {"seconds": seconds, "answer": [int(count), int(total)], "peak_mb": None}
+    import duckdb
+    import pyarrow  # noqa: F401
+
+    import slipstream as ss
+    import slipstream.state.query  # noqa: F401  (the imports are not timed)
+
+    answer: list[int]
+    t = time.perf_counter()
+    if variant == "read":
+        rows = ss.state.read(store)
+        seconds = time.perf_counter() - t
+        data = [r.value for r in rows if r.kind == "keyed"]
+        answer = [len(data), sum(data)]
+    elif variant == "to_arrow":
+        table = ss.state.to_arrow(ss.state.read(store))
+        seconds = time.perf_counter() - t
+        answer = [table.num_rows, 0]
+    elif variant == "read_arrow":
+        table = ss.state.read_arrow(store)
+        seconds = time.perf_counter() - t
+        answer = [table.num_rows, 0]
+    elif variant == "sql":
+        (row,) = ss.state.sql(store, QUERY).to_pylist()
+        seconds = time.perf_counter() - t
+        answer = [int(v) for v in row.values()]
+    elif variant == "parquet":
+        con = duckdb.connect()
+        (row,) = con.sql(QUERY.replace("from state", f"from read_parquet('{parquet}')")).fetchall()
+        seconds = time.perf_counter() - t
+        answer = [int(v) for v in row]
+    else:
+        raise SystemExit(f"unknown variant {variant!r}")
+    return {"seconds": seconds, "answer": answer, "peak_mb": peak_rss_mb()}
+
+
+def fmt_s(s: float) -> str:
+    return f"{s:.3f} s" if s < 1 else f"{s:.2f} s"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--keys", default=None, help="key counts, e.g. 1M,10M (default)")
+    ap.add_argument("--processors", type=int, default=2, help="processors (chunks) of the store")
+    ap.add_argument("--repeat", type=int, default=None, help="rounds (default 3; --quick 1)")
+    ap.add_argument("--quick", action="store_true", help="10k and 100k keys, one round")
+    ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--parquet", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.run_variant:
+        print(json.dumps(measure(a.run_variant, a.store, a.parquet)))
+        return
+    keys = parse_keys(a.keys or ("10k,100k" if a.quick else "1M,10M"))
+    repeat = a.repeat or (1 if a.quick else 3)
+    load = os.getloadavg()
+    print(f"load: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min), {os.cpu_count()} cpus")
+    tmp = tempfile.mkdtemp(prefix="slipstream-bench-state-read-")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: still remove tmp
+    os.environ[KEY_DIR_ENV] = os.path.join(tmp, "keys")
+    script = os.path.abspath(__file__)
+    results: list[dict[str, Any]] = []
+    try:
+        for k in keys:
+            store, parquet = (
+                os.path.join(tmp, f"store-{k}"),
+                os.path.join(tmp, f"state-{k}.parquet"),
+            )
+            t = time.perf_counter()
+            store_mb, parquet_mb = build(k, a.processors, store, parquet)
+            print(f"{k:,} keys: store {store_mb:.1f} MB, parquet {parquet_mb:.1f} MB, built in "
+                  f"{time.perf_counter() - t:.1f} s", flush=True)  # fmt: skip
+            best: dict[str, dict[str, Any]] = {}
+            for _ in range(repeat):
+                for v in VARIANTS:
+                    r = run_variant(script, v, ["--store", store, "--parquet", parquet])
+                    if v not in best or r["seconds"] < best[v]["seconds"]:
+                        best[v] = r
+            want = best["parquet"]["answer"]
+            for v in ("read", "sql", "cli"):
+                if best[v]["answer"] != want:
+                    raise SystemExit(
+                        f"{v} answered {best[v]['answer']}, DuckDB over Parquet {want}"
+                    )
+            for v in ("to_arrow", "read_arrow"):
+                if best[v]["answer"][0] != k + a.processors:  # the keys and the offsets
+                    raise SystemExit(
+                        f"{v} made {best[v]['answer'][0]} rows, not {k + a.processors}"
+                    )
+            results.append({"keys": k, "store_mb": store_mb, "parquet_mb": parquet_mb, **best})
+            shutil.rmtree(store, ignore_errors=True)
+            os.unlink(parquet)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\nReading state ({a.processors} processors, best of {repeat}; {QUERY!r})\n")
+    print("| keys | store / parquet | read | to_arrow(read) | read_arrow | sql | cli --sql "
+          "| DuckDB over Parquet | sql / Parquet |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        cells = [f"{r['keys']:,}", f"{r['store_mb']:.1f} / {r['parquet_mb']:.1f} MB"]
+        for v in VARIANTS:
+            peak = r[v]["peak_mb"]
+            cells.append(fmt_s(r[v]["seconds"]) + (f" ({peak:,.0f} MB)" if peak else ""))
+        cells.append(f"{r['sql']['seconds'] / r['parquet']['seconds']:.0f}x")
+        print("| " + " | ".join(cells) + " |")
+    print(
+        "\n- each cell: seconds (peak RSS of its process); cli: the command's wall clock, "
+        "Python's start included\n- sql / Parquet: ss.state.sql's time over DuckDB's over "
+        "the same rows in Parquet"
+    )
+    load = os.getloadavg()
+    print(f"\nload after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)")
+
+
+if __name__ == "__main__":
+    main()
