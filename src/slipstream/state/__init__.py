@@ -6,7 +6,9 @@ signing keys (:mod:`~slipstream.state.signing`), the store's generation and the 
 restore routing (:mod:`~slipstream.state.restore`), and reading a job's state as rows
 (:mod:`~slipstream.state.reader`: ``ss.state.read``, ``ss.state.changes``), as Arrow and
 with SQL (:mod:`~slipstream.state.query`: ``ss.state.read_arrow``, ``ss.state.sql``) and writing
-it (:mod:`~slipstream.state.bootstrap`: ``ss.state.bootstrap``, ``ss.state.transform``).
+it (:mod:`~slipstream.state.bootstrap`: ``ss.state.bootstrap``, ``ss.state.transform``;
+:mod:`~slipstream.state.backfill`: ``ss.state.backfill``, a batch job's end state as a
+snapshot).
 
 Both engines use it; it imports neither (``tests/test_layers.py`` checks it). The
 reader's names are imported on first use (``slipstream._lazy``): importing the state
@@ -23,9 +25,11 @@ _EXPORTS.update(
     {name: f"slipstream.state.bootstrap:{name}" for name in ("bootstrap", "transform")}
 )
 _EXPORTS.update({name: f"slipstream.state.query:{name}" for name in ("read_arrow", "sql")})
+_EXPORTS.update({name: f"slipstream.state.backfill:{name}" for name in ("Backfill", "backfill")})
 _lazy.install(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
+    from slipstream.state.backfill import Backfill, backfill
     from slipstream.state.bootstrap import bootstrap, transform
     from slipstream.state.query import read_arrow, sql
     from slipstream.state.reader import (
@@ -38,8 +42,10 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "Backfill",
     "StateChange",
     "StateRow",
+    "backfill",
     "bootstrap",
     "changes",
     "read",
