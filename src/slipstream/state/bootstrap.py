@@ -526,8 +526,9 @@ def transform(
     it changed, e.g. ``row._replace(value=...)``, or a ``(key, value)`` tuple, or
     ``None`` to drop the entry). Other entries (other vertices, the vertex's broadcast
     state and offsets) are kept as they are. Committed into ``store`` under the next id
-    (the store must not be in use by a running job) or into ``to_store`` (empty or
-    not); returns the new id.
+    (the store must not be in use by a running job) or into ``to_store`` (empty, or
+    holding snapshots of the same DAG: another DAG's store is refused with a
+    :class:`SnapshotError` naming the vertices that differ); returns the new id.
 
     ``fn`` runs over every entry before anything is written: a result that does not fit
     (a row of another vertex or kind, a non-tuple, an unhashable key, two entries with
@@ -596,12 +597,47 @@ def transform(
     totals = {name: v.total_parallelism for name, v in data.vertices.items()}
     extra = {k: v for k, v in data.extra.items() if k != "executor_state"}
     dest = src if to_store is None else _as_store(to_store)
+    if dest is not src:
+        _check_same_dag(dest, data.dag_shape, f"snapshot {sid} of {src.directory}")
     owner_info = src.owner()
     execution = owner_info.execution if owner_info is not None and dest is src else None
     completed = {
         name: (set(v.completed), set(getattr(v, "final", ()))) for name, v in data.vertices.items()
     }
     return _write(dest, data.job_name, data.dag_shape, extra, totals, out, execution, completed)
+
+
+def _check_same_dag(dest: Any, shape: Any, what: str) -> None:
+    """Refuse to write a snapshot of DAG ``shape`` into ``dest`` when its newest
+    committed snapshot is of another DAG (naming the vertices that differ): a store holds
+    the snapshots of one DAG, and a job of either would be refused its restore."""
+    ids = dest.committed_ids()
+    if not ids or shape is None:
+        return
+    manifest = dest.read_manifest(ids[-1])
+    theirs = manifest.dag_shape
+    if theirs is None:
+        return
+    old_v, old_e = set(theirs[0]), {tuple(e) for e in theirs[1]}
+    new_v, new_e = set(shape[0]), {tuple(e) for e in shape[1]}
+    if old_v == new_v and old_e == new_e:
+        return
+    only_dest, only_src = sorted(old_v - new_v), sorted(new_v - old_v)
+    rewired = sorted(
+        {n for e in old_e ^ new_e for n in (e[0], e[2])} - set(only_dest) - set(only_src)
+    )
+    parts = []
+    if only_dest:
+        parts.append(f"vertices {only_dest} are in its DAG only")
+    if only_src:
+        parts.append(f"vertices {only_src} in that of {what} only")
+    if rewired:
+        parts.append(f"the edges of vertices {rewired} differ")
+    raise SnapshotError(
+        f"snapshot store {dest.directory} holds snapshots of another DAG (snapshot "
+        f"{ids[-1]} of job {manifest.job_name!r}): {', '.join(parts)}; write the transformed "
+        f"snapshot into an empty store or one of the same DAG"
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
