@@ -234,3 +234,47 @@ def test_parse_key_and_plain() -> None:
     assert plain((1, "a", None)) == [1, "a", None]
     assert plain({"x": (1.5,)}) == {"x": [1.5]}
     assert plain({1: 2}) == "{1: 2}" and plain(float("nan")) == "nan" and plain({1, 2}) == "{1, 2}"
+
+
+def test_counts_are_made_once_per_snapshot_within_the_budget(tmp_path: Path) -> None:
+    """Bytes follow every commit; a count that took 0.5 s (on a fake clock) is followed
+    by the next one 5 s later at the earliest with budget 0.1, then counts the newest."""
+    from slipstream.dashboard.statesize import StateSizes
+    from slipstream.state.reader import newest_size_counts
+
+    directory = str(tmp_path / "store")
+    ss.state.bootstrap(pipeline(), "map_stateful", SEEDED, directory, parallelism=2)
+    job = SeededJob(directory)
+    now = [0.0]
+    calls: list[int] = []
+
+    def counter(store: Any) -> Any:
+        now[0] += 0.5
+        sid, counts = newest_size_counts(store)
+        calls.append(sid)
+        return sid, counts
+
+    sizes = StateSizes(budget=0.1, clock=lambda: now[0], counter=counter)
+
+    def state() -> Any:
+        return sizes.describe(job, job.id)
+
+    try:
+        first = wait_for(lambda: (s := state())["counted_snapshot_id"] == 1 and s, what="the first count")
+        assert calls == [1] and first["vertices"][0]["entries"] == 5
+        ss.state.transform(directory, "map_stateful", lambda r: None if r.key == "alice" else r)
+        second = state()  # at 0.5 s: the new manifest's bytes, no count before 5.5 s
+        assert (second["snapshot_id"], second["counted_snapshot_id"]) == (2, 1)
+        assert second["vertices"][0]["entries"] == 5
+        assert second["vertices"][0]["bytes"] < first["vertices"][0]["bytes"]
+        now[0] = 5.4
+        assert state()["counted_snapshot_id"] == 1 and calls == [1]
+        now[0] = 5.5
+        third = wait_for(lambda: (s := state())["counted_snapshot_id"] == 2 and s, what="the second count")
+        assert third["vertices"][0]["entries"] == third["vertices"][0]["keys"] == 4
+        now[0] = 100.0
+        for _ in range(3):
+            assert state()["counted_snapshot_id"] == 2
+        assert calls == [1, 2]  # not counted again: no new snapshot
+    finally:
+        sizes.close()

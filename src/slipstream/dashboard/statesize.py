@@ -51,8 +51,17 @@ class StateSizes:
     """Per job, what :meth:`describe` reports (see docs/watching.md, "State"). Thread
     safe; counting threads are daemons, joined by :meth:`close`."""
 
-    def __init__(self, budget: float = BUDGET, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        budget: float = BUDGET,
+        clock: Callable[[], float] = time.monotonic,
+        counter: Callable[[Any], tuple[int, dict[str, tuple[int, int]]]] | None = None,
+    ) -> None:
+        from slipstream.state.reader import newest_size_counts
+
         self.budget = budget
+        #: counts the newest snapshot of a store: ``(its id, {vertex: (entries, keys)})``
+        self.counter = counter or newest_size_counts
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[str, _Sizes] = {}
@@ -127,30 +136,28 @@ class StateSizes:
         with self._lock:
             if (
                 self._closed
-                or sizes.counted_id == sid
+                or (sizes.counted_id is not None and sizes.counted_id >= sid)
                 or sizes.counting is not None
                 or self._clock() < sizes.next_count
             ):
                 return
             t = threading.Thread(
-                target=self._count, args=(store, sid, sizes), name="slipstream-dashboard-state", daemon=True
+                target=self._count, args=(store, sizes), name="slipstream-dashboard-state", daemon=True
             )
             sizes.counting = t
         t.start()
 
-    def _count(self, store: Any, sid: int, sizes: _Sizes) -> None:
-        from slipstream.state.reader import size_counts
-
+    def _count(self, store: Any, sizes: _Sizes) -> None:
         start = self._clock()
-        counts: dict[str, tuple[int, int]] | None = None
+        counted: tuple[int, dict[str, tuple[int, int]]] | None = None
         try:
-            counts = size_counts(store.read(sid))
-        except Exception:  # noqa: BLE001 - pruned meanwhile: counted again at the next commit
-            log.debug("dashboard: counting snapshot %s of %s failed", sid, store.directory, exc_info=True)
+            counted = self.counter(store)
+        except Exception:  # noqa: BLE001 - damaged or gone: tried again at the next commit
+            log.debug("dashboard: counting the state of %s failed", store.directory, exc_info=True)
         took = self._clock() - start
         with self._lock:
-            if counts is not None and (sizes.counted_id is None or sid > sizes.counted_id):
-                sizes.counted_id, sizes.counts = sid, counts
+            if counted is not None and (sizes.counted_id is None or counted[0] > sizes.counted_id):
+                sizes.counted_id, sizes.counts = counted
             sizes.next_count = self._clock() + took / self.budget
             sizes.counting = None
 

@@ -375,6 +375,13 @@ def size_counts(data: Any) -> dict[str, tuple[int, int]]:
     return out
 
 
+def newest_size_counts(store: Any) -> tuple[int, dict[str, tuple[int, int]]]:
+    """:func:`size_counts` of the newest committed snapshot of ``store``, and its id
+    (a snapshot a running job pruned while it was read is skipped for the newer one)."""
+    sid, data = _snapshot(open_store(store), None, None)
+    return sid, size_counts(data)
+
+
 def _same_key(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
