@@ -28,6 +28,7 @@ offset rows of ``entries`` (dicts) make that view's ``value`` column strings.
 from __future__ import annotations
 
 import re
+import struct
 from typing import Any
 
 from slipstream.state.keyed import FULL, PLAIN, StateMap
@@ -172,17 +173,30 @@ class _Columns:
         return pa.Table.from_arrays(arrays, names=list(StateRow._fields))
 
 
+def _constant(pa: Any, value: int, n: int, type_: Any, fmt: str) -> Any:
+    """``n`` times ``value`` as an Arrow array of ``type_`` (``fmt``: its struct code),
+    made from one repeated buffer (a memset, where ``pa.repeat`` loops)."""
+    return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(struct.pack(fmt, value) * n)])
+
+
 def _runs(pa: Any, runs: list[tuple[str, int, str, int]], field: int) -> Any:
-    """A dictionary-encoded (or int64, for the processor) column of the runs' ``field``."""
+    """A dictionary-encoded (or int64, for the processor) column of the runs' ``field``,
+    a chunk per run."""
     if field == 1:
-        parts = [pa.repeat(pa.scalar(r[1], pa.int64()), r[3]) for r in runs]
-        return pa.concat_arrays(parts) if parts else pa.array([], pa.int64())
+        parts = [_constant(pa, r[1], r[3], pa.int64(), "=q") for r in runs]
+        return pa.chunked_array(parts, pa.int64())
     names: dict[Any, int] = {}
+    for r in runs:
+        names.setdefault(r[field], len(names))
+    dictionary = pa.array(list(names), pa.string())
+    kind = pa.dictionary(pa.int32(), pa.string())
     parts = [
-        pa.repeat(pa.scalar(names.setdefault(r[field], len(names)), pa.int32()), r[3]) for r in runs
+        pa.DictionaryArray.from_arrays(
+            _constant(pa, names[r[field]], r[3], pa.int32(), "=i"), dictionary
+        )
+        for r in runs
     ]
-    indices = pa.concat_arrays(parts) if parts else pa.array([], pa.int32())
-    return pa.DictionaryArray.from_arrays(indices, pa.array(list(names), pa.string()))
+    return pa.chunked_array(parts, kind)
 
 
 def _gather(data: Any, vertex: str | None) -> _Columns:
