@@ -374,3 +374,23 @@ def test_job_state_errors(tmp_path: Path) -> None:
             later.join(60)
     finally:
         engine.shutdown()
+
+
+def test_size_counts_are_the_rows_and_keys_of_read(store: str) -> None:
+    """What the dashboard shows per vertex (state.reader.size_counts, no rows made for a
+    plain keyed map) equals counting ss.state.read's rows and their distinct keys: a
+    rolling sum, a tumbling window's frames and a session window's sessions."""
+    from slipstream.state.reader import newest_size_counts, size_counts
+
+    for sid in ids(store):
+        rows = ss.state.read(store, snapshot_id=sid)
+        expected: dict[str, tuple[int, int]] = {}
+        for name in {r.vertex for r in rows}:
+            mine = [r for r in rows if r.vertex == name]
+            keys = {r.key for r in mine if r.kind in ("keyed", "window", "session")}
+            expected[name] = (len(mine), len(keys))
+        counted = size_counts(DirectorySnapshotStore(store).read(sid))
+        assert {n: c for n, c in counted.items() if c != (0, 0)} == expected
+    kinds = {r.kind for r in ss.state.read(store)}
+    assert {"keyed", "window", "session", "offset", "broadcast"} <= kinds
+    assert newest_size_counts(store) == (max(ids(store)), size_counts(DirectorySnapshotStore(store).read(max(ids(store)))))
