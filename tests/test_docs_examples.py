@@ -58,6 +58,8 @@ EXPECTED_STDOUT = {
     "user-clicks": "[StateRow(vertex='rolling_aggregate', processor=0, key='a', detail=None, value=334, kind='keyed')]",
     "clicks": "[('a', 4), ('b', 2), ('bot', 1), ('d', 1)]",
     "visits": "KeyedWindowResult(start=200, end=290, key='a', value=5)",
+    # docs/state.md: history counted on Spark, continued live over Kafka from the cutoff
+    "backfilled-clicks": "[('a', 4), ('b', 2), ('d', 1)]\n3 records read from Kafka",
     # docs/watching.md: the dashboard's key search over a running job's last snapshot
     "watched-counts": "True 'a' keyed True",
 }
