@@ -251,17 +251,23 @@ def test_state_sizes_and_a_key_search(browser: Any, tmp_path: Path) -> None:
             return str(browser.find_element(By.CSS_SELECTOR, css).text)
 
         sec = "section.job[data-job='%s']"
+        sections = "//section[h2[starts-with(., 'counts')]]"
         counts = sec % wait_for(
-            lambda: browser.find_element(By.XPATH, "//section[h2[starts-with(., 'counts')]]").get_attribute("data-job"),
+            lambda: [e.get_attribute("data-job") for e in browser.find_elements(By.XPATH, sections)],
             what="the job's section",
-        )
-        row = f'{counts} table.state tr[data-vertex="rolling_aggregate"]'
+        )[0]
+
+        # the row is remade when a commit changes the figures: read its cells at once
+        def state_row(vertex: str) -> dict[str, str]:
+            return dict(browser.execute_script(
+                "var tr=document.querySelector(arguments[0]+' table.state tr[data-vertex=\"'+arguments[1]+'\"]');"
+                "var out={};if(tr)tr.querySelectorAll('td[data-f]').forEach(function(td){"
+                "out[td.getAttribute('data-f')]=td.textContent;});return out;", counts, vertex))
+
         # all three keys counted (and the size on disk shown) in some snapshot
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row) and text(f"{row} [data-f=keys]") == "3",
-                 what="the state size")
-        assert text(f"{row} [data-f=entries]") == "3"
-        assert re.fullmatch(r"[\d.]+ (B|KiB)", text(f"{row} [data-f=bytes]"))
-        assert text(f"{row} [data-f=processors]").isdigit()
+        shown = wait_for(lambda: (r := state_row("rolling_aggregate")).get("keys") == "3" and r, what="the state size")
+        assert shown["entries"] == "3" and shown["processors"].isdigit() and shown["chunks"].isdigit()
+        assert re.fullmatch(r"[\d.]+ (B|KiB)", shown["bytes"]), shown
         assert text(f"{counts} [data-f=statenote]").startswith("as of snapshot #")
 
         # the vertex choice lists the vertices with state, the first with keys chosen
