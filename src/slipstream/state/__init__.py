@@ -6,7 +6,8 @@ signing keys (:mod:`~slipstream.state.signing`), the store's generation and the 
 restore routing (:mod:`~slipstream.state.restore`), and reading a job's state as rows
 (:mod:`~slipstream.state.reader`: ``ss.state.read``, ``ss.state.changes``), as Arrow and
 with SQL (:mod:`~slipstream.state.query`: ``ss.state.read_arrow``, ``ss.state.sql``) and writing
-it (:mod:`~slipstream.state.bootstrap`: ``ss.state.bootstrap``, ``ss.state.transform``;
+it (:mod:`~slipstream.state.bootstrap`: ``ss.state.bootstrap``;
+:mod:`~slipstream.state.transform`: ``ss.state.transform``;
 :mod:`~slipstream.state.backfill`: ``ss.state.backfill``, a batch job's end state as a
 snapshot).
 
@@ -22,7 +23,10 @@ _EXPORTS = {
     for name in ("StateChange", "StateRow", "changes", "read", "to_arrow", "to_pandas")
 }
 _EXPORTS.update(
-    {name: f"slipstream.state.bootstrap:{name}" for name in ("bootstrap", "transform")}
+    {
+        "bootstrap": "slipstream.state.bootstrap:bootstrap",
+        "transform": "slipstream.state.transform:transform",
+    }
 )
 _EXPORTS.update({name: f"slipstream.state.query:{name}" for name in ("read_arrow", "sql")})
 _EXPORTS.update({name: f"slipstream.state.backfill:{name}" for name in ("Backfill", "backfill")})
@@ -30,7 +34,7 @@ _lazy.install(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from slipstream.state.backfill import Backfill, backfill
-    from slipstream.state.bootstrap import bootstrap, transform
+    from slipstream.state.bootstrap import bootstrap
     from slipstream.state.query import read_arrow, sql
     from slipstream.state.reader import (
         StateChange,
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
         to_arrow,
         to_pandas,
     )
+    from slipstream.state.transform import transform
 
 __all__ = [
     "Backfill",

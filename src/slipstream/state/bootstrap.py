@@ -1,5 +1,6 @@
-"""Writing a job's state as data: seed a store from rows (``ss.state.bootstrap``) and
-rewrite a committed snapshot entry by entry (``ss.state.transform``).
+"""Writing a job's state as data: seed a store from rows (``ss.state.bootstrap``;
+rewriting a committed snapshot entry by entry, ``ss.state.transform``, is in
+:mod:`~slipstream.state.transform` and writes through :func:`_write` here).
 
 Both write an ordinary format-3 snapshot (:mod:`~slipstream.state.format`) through the
 store's own protocol (``begin``, a signed full chunk per processor with state, then
@@ -35,10 +36,10 @@ from typing import Any
 from slipstream.core.errors import SnapshotError, SnapshotStoreInUseError
 from slipstream.core.partition import key_routing
 from slipstream.state.keyed import FULL, KEYED, PLAIN, StateMap, StateMapSave
-from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
-from slipstream.state.reader import StateRow, _snapshot, open_store, processor_rows
+from slipstream.state.keys import BroadcastKey, KeyedStateKey
+from slipstream.state.reader import StateRow
 
-__all__ = ["bootstrap", "transform"]
+__all__ = ["bootstrap"]
 
 #: processor classes whose state is one PLAIN map key -> state (module, name)
 _PLAIN_KEYED = {
@@ -465,183 +466,3 @@ def bootstrap(
             f"first snapshot of an empty store (use ss.state.transform to rewrite one)"
         )
     return _write(s, job_name, dag_shape(dag), {}, totals, entries)
-
-
-_REWRITTEN = ("keyed", "window")
-
-
-def _entry_of(row: Any, original: StateRow, plain: bool, where: str) -> tuple[Any, Any]:
-    """The snapshot entry of ``fn``'s result ``row`` for entry ``original``."""
-    if isinstance(row, StateRow):
-        if row.vertex != original.vertex:
-            raise ValueError(
-                f"{where}: fn returned a row of vertex {row.vertex!r} ({row!r}); it may only "
-                f"return rows of vertex {original.vertex!r}"
-            )
-        if row.kind != original.kind:
-            raise ValueError(
-                f"{where}: fn returned a row of kind {row.kind!r} for an entry of kind "
-                f"{original.kind!r} ({row!r})"
-            )
-        key, detail, value = row.key, row.detail, row.value
-    elif type(row) is tuple and len(row) == 2:
-        key, value = row
-        detail = original.detail
-    else:
-        raise TypeError(
-            f"{where}: fn returned {row!r} ({type(row).__name__}); it returns a StateRow "
-            f"(e.g. row._replace(value=...)), a (key, value) tuple, or None to drop the entry"
-        )
-    try:
-        hash(key)
-    except TypeError as e:
-        raise TypeError(f"{where}: fn returned an unhashable key {key!r} ({e})") from None
-    if original.kind == "window":
-        frame = detail.get("frame_end") if isinstance(detail, dict) else None
-        if type(frame) is not int:
-            raise ValueError(
-                f"{where}: a window row's detail is {{'frame_end': int}}, fn returned {detail!r}"
-            )
-        return KeyedStateKey(key, frame), value
-    if plain:
-        if detail is not None:
-            raise ValueError(
-                f"{where}: the vertex keeps one value per key (detail None), fn returned "
-                f"detail {detail!r}"
-            )
-        return key, value
-    return KeyedStateKey(key, detail), value
-
-
-def transform(
-    store: Any,
-    vertex: str,
-    fn: Callable[[StateRow], Any],
-    *,
-    to_store: Any = None,
-) -> int:
-    """Write a new snapshot: the newest committed one of ``store`` with each entry of
-    ``vertex`` passed through ``fn(row) -> row | None`` (a
-    :class:`~slipstream.state.reader.StateRow` of kind ``keyed`` or ``window``; return
-    it changed, e.g. ``row._replace(value=...)``, or a ``(key, value)`` tuple, or
-    ``None`` to drop the entry). Other entries (other vertices, the vertex's broadcast
-    state and offsets) are kept as they are. Committed into ``store`` under the next id
-    (the store must not be in use by a running job) or into ``to_store`` (empty, or
-    holding snapshots of the same DAG: another DAG's store is refused with a
-    :class:`SnapshotError` naming the vertices that differ); returns the new id.
-
-    ``fn`` runs over every entry before anything is written: a result that does not fit
-    (a row of another vertex or kind, a non-tuple, an unhashable key, two entries with
-    one key) raises naming the entry, and nothing is committed."""
-    src = open_store(store)
-    sid, data = _snapshot(src, None, None)
-    if vertex not in data.vertices:
-        names = ", ".join(repr(n) for n in sorted(data.vertices))
-        raise ValueError(
-            f"snapshot {sid} in {src.directory} has no vertex {vertex!r}; its vertices: {names}"
-        )
-    vs = data.vertices[vertex]
-    total = vs.total_parallelism
-    owner = key_routing(None, 1, total).owner
-    out: dict[tuple[str, int], list[Any]] = {}
-    keys: dict[Any, str] = {}
-    plain_maps: dict[int, dict[Any, Any]] = {}
-    for i in sorted(vs.entries):
-        flat = expand_entries(vs.entries[i])
-        # the processor's broadcast entries tell what its keyed entries are (a window's
-        # cursor: frames), as the reader tells it
-        context = [e for e in flat if type(e[0]) is BroadcastKey]
-        for entry in flat:
-            k = entry[0]
-            plain = type(k) not in (KeyedStateKey, BroadcastKey)
-            rows = (
-                []
-                if type(k) is BroadcastKey
-                else [
-                    r
-                    for r in processor_rows(vertex, i, [*context, entry])
-                    if r.kind != "broadcast" and r.kind != "offset"
-                ]
-            )
-            if len(rows) != 1 or rows[0].kind not in _REWRITTEN:
-                out.setdefault((vertex, i), []).append(entry)  # kept as it is
-                continue
-            original = rows[0]
-            where = f"snapshot {sid}, vertex {vertex!r}, processor {i}, entry {original.key!r}"
-            if original.kind == "window":
-                where += f" (frame_end {original.detail['frame_end']})"
-            result = fn(original)
-            if result is None:
-                continue
-            new = _entry_of(result, original, plain, where)
-            ident = new[0]
-            try:
-                other = keys.get(ident)
-            except TypeError:
-                other = None
-            if other is not None:
-                raise ValueError(f"{where}: fn returned key {new[0]!r}, which {other} has too")
-            keys[ident] = where
-            nk = new[0].key if type(new[0]) is KeyedStateKey else new[0]
-            target = i if _same(nk, original.key) else owner(nk)
-            if type(new[0]) is KeyedStateKey:
-                out.setdefault((vertex, target), []).append(new)
-            else:
-                plain_maps.setdefault(target, {})[new[0]] = new[1]
-    for i, m in sorted(plain_maps.items()):
-        out.setdefault((vertex, i), []).append((StateMap(PLAIN, None), StateMapSave(FULL, m)))
-    for name, other_vs in data.vertices.items():
-        if name != vertex:
-            for i, es in other_vs.entries.items():
-                out[(name, i)] = list(es)
-    totals = {name: v.total_parallelism for name, v in data.vertices.items()}
-    extra = {k: v for k, v in data.extra.items() if k != "executor_state"}
-    dest = src if to_store is None else _as_store(to_store)
-    if dest is not src:
-        _check_same_dag(dest, data.dag_shape, f"snapshot {sid} of {src.directory}")
-    owner_info = src.owner()
-    execution = owner_info.execution if owner_info is not None and dest is src else None
-    completed = {
-        name: (set(v.completed), set(getattr(v, "final", ()))) for name, v in data.vertices.items()
-    }
-    return _write(dest, data.job_name, data.dag_shape, extra, totals, out, execution, completed)
-
-
-def _check_same_dag(dest: Any, shape: Any, what: str) -> None:
-    """Refuse to write a snapshot of DAG ``shape`` into ``dest`` when its newest
-    committed snapshot is of another DAG (naming the vertices that differ): a store holds
-    the snapshots of one DAG, and a job of either would be refused its restore."""
-    ids = dest.committed_ids()
-    if not ids or shape is None:
-        return
-    manifest = dest.read_manifest(ids[-1])
-    theirs = manifest.dag_shape
-    if theirs is None:
-        return
-    old_v, old_e = set(theirs[0]), {tuple(e) for e in theirs[1]}
-    new_v, new_e = set(shape[0]), {tuple(e) for e in shape[1]}
-    if old_v == new_v and old_e == new_e:
-        return
-    only_dest, only_src = sorted(old_v - new_v), sorted(new_v - old_v)
-    rewired = sorted(
-        {n for e in old_e ^ new_e for n in (e[0], e[2])} - set(only_dest) - set(only_src)
-    )
-    parts = []
-    if only_dest:
-        parts.append(f"vertices {only_dest} are in its DAG only")
-    if only_src:
-        parts.append(f"vertices {only_src} in that of {what} only")
-    if rewired:
-        parts.append(f"the edges of vertices {rewired} differ")
-    raise SnapshotError(
-        f"snapshot store {dest.directory} holds snapshots of another DAG (snapshot "
-        f"{ids[-1]} of job {manifest.job_name!r}): {', '.join(parts)}; write the transformed "
-        f"snapshot into an empty store or one of the same DAG"
-    )
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - a key's __eq__ may raise on another type
-        return False
