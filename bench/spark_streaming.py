@@ -1,0 +1,406 @@
+"""slipstream streaming on Spark against native Structured Streaming, on the same files.
+
+    PYTHONPATH=src python bench/spark_streaming.py [--rows count-10k count-1m count-3m window]
+        [--lines 500000] [--batches 6] [--events 2000000] [--files 20] [--breakdown]
+
+Issue 23's table, in ONE local[2] SparkSession (``spark.sql.shuffle.partitions=2``),
+each row's two variants run one after the other (native first), each with
+``trigger(availableNow=True)`` over a directory of files written once into the private
+bench cache:
+
+* ``count-<K>``: a rolling count per key over ``--batches`` files of ``--lines`` lines
+  (one key per line, uniform over ``K`` keys, fixed seed), one file per micro-batch.
+  Native: ``groupBy("value").count()`` in update mode into the ``noop`` sink (state in
+  the default HDFS-backed state store; ``--rocksdb`` uses RocksDB). slipstream:
+  ``spark_stream_source -> rolling_aggregate(counting()) -> sinks.noop()`` (the count on
+  a distributed partitioned edge), its state on the executors;
+* ``window``: 1 s tumbling counts per key (1,000 keys, 600 ms lag) over ``--events``
+  JSON events in ``--files`` time-ordered files, 2 files per micro-batch. Native: the
+  append-mode ``withWatermark`` + ``groupBy(window, key).count()``; slipstream:
+  ``insert_watermarks -> aggregate_to_sliding_window`` into a list sink. The row also
+  prints both windows' totals (they must be equal).
+
+Per row and variant: seconds per epoch (the mean of Spark's ``triggerExecution`` over
+the micro-batches that had input: the same measure for both, from
+``query.recentProgress``), the driver Python process's peak RSS while the variant ran
+(sampled every 20 ms), and the bytes written per epoch (native: the growth of its
+checkpoint's ``state`` directory; slipstream: the chunk and manifest bytes its commits
+report). ``ratio`` is slipstream's time over native's (target: <= 1.0).
+
+``--breakdown`` also prints, for each slipstream variant, where an epoch's time goes
+(from ``SparkStreamingJob.epoch_breakdown``: the driver's phases, the Spark jobs and
+stages, the size of the pickled task closures, and per task the Python worker's
+process (reused or fresh), restore, run and chunk-write time); see docs/performance.md.
+
+Report ``uptime`` with the figures: on a loaded 2-core machine they mean little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import cache_path  # noqa: E402
+
+import slipstream as ss  # noqa: E402
+from slipstream import DAG, Edge, sinks  # noqa: E402
+from slipstream import processors as P  # noqa: E402
+from slipstream.aggregate import counting  # noqa: E402
+from slipstream.pipeline.keyed import rolling_aggregate  # noqa: E402
+from slipstream.watermark import with_fixed_lag  # noqa: E402
+from slipstream.window import tumbling_window_def  # noqa: E402
+
+LAG = 600
+WINDOW_KEYS = 1000
+KEYS = {"count-10k": 10_000, "count-1m": 1_000_000, "count-3m": 3_000_000}
+
+
+# -- input files ---------------------------------------------------------------------------
+def _publish(directory: str, i: int, text: str) -> None:
+    tmp = os.path.join(directory, f".tmp-{i}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.utime(tmp, (1_700_000_000 + i, 1_700_000_000 + i))  # read oldest first
+    os.rename(tmp, os.path.join(directory, f"part-{i:03d}.txt"))
+
+
+def count_files(keys: int, lines: int, batches: int) -> str:
+    directory = cache_path(f"spark-streaming-count-{keys}-{lines}-{batches}")
+    marker = os.path.join(directory, "..", f".done-{os.path.basename(directory)}")
+    if not os.path.exists(marker):
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory)
+        rng = random.Random(keys)
+        for i in range(batches):
+            _publish(directory, i, "\n".join(f"k{rng.randrange(keys)}" for _ in range(lines)))
+        open(marker, "w").close()
+    return directory
+
+
+def window_files(events: int, files: int) -> str:
+    directory = cache_path(f"spark-streaming-window-{events}-{files}")
+    marker = os.path.join(directory, "..", f".done-{os.path.basename(directory)}")
+    if not os.path.exists(marker):
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory)
+        rng = random.Random(23)
+        per = events // files
+        span = per  # 1 event per ms on average
+        for i in range(files):
+            ts = sorted(i * span + rng.randrange(span) for _ in range(per))
+            _publish(
+                directory,
+                i,
+                "\n".join(
+                    json.dumps({"ts": t, "key": f"k{rng.randrange(WINDOW_KEYS)}"}) for t in ts
+                ),
+            )
+        open(marker, "w").close()
+    return directory
+
+
+# -- measuring -----------------------------------------------------------------------------
+class PeakRss:
+    """The driver Python process's peak VmRSS while the block runs (MB)."""
+
+    def __enter__(self) -> PeakRss:
+        self.peak = _rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _rss_mb())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_mb())
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def epoch_seconds(query: Any) -> list[float]:
+    """``triggerExecution`` of each micro-batch that had input (s)."""
+    out = []
+    for p in query.recentProgress:
+        if p.get("numInputRows", 0) > 0:
+            out.append(p["durationMs"]["triggerExecution"] / 1000.0)
+    return out
+
+
+# -- the jobs ------------------------------------------------------------------------------
+def _ident(row: Any) -> str:
+    return row.value  # type: ignore[no-any-return]
+
+
+def _same(k: str) -> str:
+    return k
+
+
+def _ts(e: tuple[int, str]) -> int:
+    return e[0]
+
+
+def _key(e: tuple[int, str]) -> str:
+    return e[1]
+
+
+def _event(row: Any) -> tuple[int, str]:
+    return (row.ts, row.key)
+
+
+def count_dag(df: Any) -> DAG:
+    from slipstream.spark.io import spark_stream_source
+
+    dag = DAG()
+    src = dag.new_vertex("source", spark_stream_source(df, _ident))
+    count = dag.new_vertex("count", rolling_aggregate(_same, counting()))
+    out = dag.new_vertex("sink", sinks.noop())
+    dag.edge(Edge.between(src, count).distributed().partitioned(_same))
+    dag.edge(Edge.between(count, out))
+    return dag
+
+
+def window_dag(df: Any) -> DAG:
+    from slipstream.spark.io import spark_stream_source
+
+    dag = DAG()
+    src = dag.new_vertex("source", spark_stream_source(df, _event))
+    wm = dag.new_vertex(
+        "watermarks", P.insert_watermarks(_ts, functools.partial(with_fixed_lag, LAG))
+    )
+    win = dag.new_vertex(
+        "windows",
+        P.aggregate_to_sliding_window(
+            key_fn=_key, timestamp_fn=_ts, window_def=tumbling_window_def(1000), agg_op=counting()
+        ),
+    )
+    out = dag.new_vertex("sink", sinks.list_sink("bench-windows")).local_parallelism(1)
+    dag.edge(Edge.between(src, wm).isolated())
+    dag.edge(Edge.between(wm, win).distributed().partitioned(_key))
+    dag.edge(Edge.between(win, out).distributed().all_to_one())
+    return dag
+
+
+def _input(session: Any, row: str, directory: str) -> Any:
+    if row == "window":
+        return (
+            session.readStream.schema("ts long, key string")
+            .option("maxFilesPerTrigger", 2)
+            .json(directory)
+        )
+    return session.readStream.option("maxFilesPerTrigger", 1).text(directory)
+
+
+def run_native(session: Any, row: str, directory: str, work: str) -> dict[str, Any]:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    checkpoint = os.path.join(work, "native")
+    df = _input(session, row, directory)
+    total: list[int] = [0]
+    if row == "window":
+        out = (
+            df.withColumn("t", F.timestamp_millis("ts"))
+            .withWatermark("t", f"{LAG} milliseconds")
+            .groupBy(F.window("t", "1 second"), "key")
+            .count()
+        )
+
+        def add(batch: Any, _epoch: int) -> None:
+            r = batch.agg(F.count("*").alias("w"), F.sum("count").alias("e")).collect()[0]
+            total[0] += r["w"] or 0
+            total.append(r["e"] or 0)
+
+        writer = out.writeStream.outputMode("append").foreachBatch(add)
+    else:
+        writer = df.groupBy("value").count().writeStream.outputMode("update").format("noop")
+    with PeakRss() as rss:
+        query = (
+            writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        )
+        query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"native {row}: {query.exception()}")
+    times = epoch_seconds(query)
+    result = {
+        "times": times,
+        "rss": rss.peak,
+        "bytes": _dir_bytes(os.path.join(checkpoint, "state")) / max(1, len(times)),
+    }
+    if row == "window":
+        result["windows"] = (total[0], sum(total[1:]))
+    return result
+
+
+def run_slipstream(
+    session: Any, row: str, directory: str, work: str, breakdown: bool
+) -> dict[str, Any]:
+    engine = ss.spark(session)
+    df = _input(session, row, directory)
+    dag = window_dag(df) if row == "window" else count_dag(df)
+    written: list[int] = []
+    with PeakRss() as rss:
+        job = engine.new_job(
+            dag,
+            ss.JobConfig(name=f"bench-{row}"),
+            checkpoint_location=os.path.join(work, "slipstream"),
+            trigger={"availableNow": True},
+        )
+        commit = job.store.commit
+
+        def counted(manifest: Any, **kw: Any) -> Any:
+            out = commit(manifest, **kw)
+            written.append(int(job.store.last_write_bytes or 0))
+            return out
+
+        job.store.commit = counted
+        job.join()
+    times = epoch_seconds(job.query)
+    result: dict[str, Any] = {
+        "times": times,
+        "rss": rss.peak,
+        "bytes": sum(written) / max(1, len(written)),
+        "breakdown": list(getattr(job, "epoch_breakdown", []) or []),
+    }
+    if row == "window":
+        got: Counter[tuple[int, str]] = Counter()
+        for r in engine.get_list("bench-windows"):
+            got[(r.start, r.key)] += r.value
+        result["windows"] = (len(got), sum(got.values()))
+        engine.get_list("bench-windows").clear()
+    return result
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
+    """Where a slipstream epoch's time went (job.epoch_breakdown, see docs/performance.md)."""
+    data = [e for e in epochs if not e.get("no_data")]
+    if not data:
+        print(f"  {row}: no breakdown recorded (this slipstream has no epoch_breakdown)")
+        return
+    print(f"  breakdown of {row}, mean over {len(data)} data epochs (s unless named):")
+    keys = list(data[0]["driver"])
+    for k in keys:
+        print(f"    driver {k:<24} {_mean([e['driver'].get(k, 0.0) for e in data]):8.3f}")
+    for k in ("spark_jobs", "spark_stages", "tasks", "closure_bytes", "state_bc_bytes"):
+        if k in data[0]:
+            print(f"    {k:<31} {_mean([float(e[k]) for e in data]):8.0f}")
+    tasks = [t for e in data for t in e.get("task", [])]
+    if tasks:
+        fresh = sum(1 for t in tasks if t.get("fresh_worker"))
+        print(f"    tasks in a fresh Python worker   {fresh} of {len(tasks)}")
+        for k in ("restore", "chain_read", "run", "write_chunk", "cached_restore"):
+            vals = [float(t.get(k, 0.0)) for t in tasks]
+            if any(vals):
+                print(f"    task {k:<26} {_mean(vals):8.3f} mean, {max(vals):.3f} max")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", nargs="+", default=["count-10k", "count-1m", "count-3m", "window"])
+    ap.add_argument("--lines", type=int, default=500_000)
+    ap.add_argument("--batches", type=int, default=6)
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--files", type=int, default=20)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--rocksdb", action="store_true", help="native state in RocksDB")
+    ap.add_argument("--breakdown", action="store_true")
+    args = ap.parse_args()
+
+    from slipstream.spark.session import create_session
+
+    dirs = {}
+    for row in args.rows:
+        if row == "window":
+            dirs[row] = window_files(args.events, args.files)
+        elif row in KEYS:
+            dirs[row] = count_files(KEYS[row], args.lines, args.batches)
+        else:
+            ap.error(f"unknown row {row!r}: one of {[*KEYS, 'window']}")
+    conf = {"spark.sql.shuffle.partitions": "2"}
+    if args.rocksdb:
+        conf["spark.sql.streaming.stateStore.providerClass"] = (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        )
+    session = create_session(args.master, "spark-streaming-bench", conf)
+    session.sparkContext.range(4, numSlices=2).count()  # start the Python workers
+    # one untimed round of both variants over 2 small files: the JVM's first queries
+    # (class loading, code generation) would otherwise count against the first row
+    warm = count_files(1000, 2000, 2)
+    with tempfile.TemporaryDirectory(prefix="spark-streaming-bench-") as work:
+        run_native(session, "count-warm", warm, work)
+        run_slipstream(session, "count-warm", warm, work, False)
+    print(f"slipstream from {os.path.dirname(ss.__file__)}, {args.master}")
+    print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    header = (
+        f"{'row':<10} {'native s/epoch':>14} {'slipstream s/epoch':>18} {'ratio':>6} "
+        f"{'native RSS MB':>13} {'slip RSS MB':>11} {'native B/epoch':>14} {'slip B/epoch':>12}"
+    )
+    lines = []
+    for row in args.rows:
+        with tempfile.TemporaryDirectory(prefix="spark-streaming-bench-") as work:
+            native = run_native(session, row, dirs[row], work)
+            slip = run_slipstream(session, row, dirs[row], work, args.breakdown)
+        n, s = _mean(native["times"]), _mean(slip["times"])
+        line = (
+            f"{row:<10} {n:14.2f} {s:18.2f} {s / n:6.2f} {native['rss']:13.0f} "
+            f"{slip['rss']:11.0f} {native['bytes']:14,.0f} {slip['bytes']:12,.0f}"
+        )
+        lines.append(line)
+        print(header)
+        print(line)
+        print(
+            f"  epochs: native {[round(t, 2) for t in native['times']]}, "
+            f"slipstream {[round(t, 2) for t in slip['times']]}"
+        )
+        if row == "window":
+            print(
+                f"  windows (count, events): native {native['windows']}, "
+                f"slipstream {slip['windows']}"
+            )
+        if args.breakdown:
+            print_breakdown(row, slip["breakdown"])
+        sys.stdout.flush()
+    print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    print(header)
+    for line in lines:
+        print(line)
+    session.stop()
+
+
+if __name__ == "__main__":
+    main()
