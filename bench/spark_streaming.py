@@ -46,7 +46,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -316,6 +315,7 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
     keys = list(data[0]["driver"])
     for k in keys:
         print(f"    driver {k:<24} {_mean([e['driver'].get(k, 0.0) for e in data]):8.3f}")
+    print(f"    driver {'total':<24} {_mean([e['total'] for e in data]):8.3f}")
     for k in ("spark_jobs", "spark_stages", "tasks", "closure_bytes", "state_bc_bytes"):
         if k in data[0]:
             print(f"    {k:<31} {_mean([float(e[k]) for e in data]):8.0f}")
@@ -323,7 +323,7 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
     if tasks:
         fresh = sum(1 for t in tasks if t.get("fresh_worker"))
         print(f"    tasks in a fresh Python worker   {fresh} of {len(tasks)}")
-        for k in ("restore", "chain_read", "run", "write_chunk", "cached_restore"):
+        for k in ("setup", "restore_read", "run", "write_chunk"):
             vals = [float(t.get(k, 0.0)) for t in tasks]
             if any(vals):
                 print(f"    task {k:<26} {_mean(vals):8.3f} mean, {max(vals):.3f} max")
@@ -340,6 +340,8 @@ def main() -> None:
     ap.add_argument("--rocksdb", action="store_true", help="native state in RocksDB")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
+    if args.breakdown:
+        os.environ["SLIPSTREAM_EPOCH_BREAKDOWN"] = "1"  # closure sizes too
 
     from slipstream.spark.session import create_session
 

@@ -112,6 +112,8 @@ class CompiledDag:
     #: DataFrame sinks that write their rows (a path or a table), by name
     writers: dict[str, SparkDataFrameSink] = field(default_factory=dict)
     meta_suppliers: list[tuple[str, ProcessorMetaSupplier]] = field(default_factory=list)
+    #: each vertex's task function (what Spark pickles into its stage's closure)
+    tasks: list[VertexTask] = field(default_factory=list)
 
 
 def is_narrow(edge: Edge, src: VertexPlan, dst: VertexPlan, in_degree: int) -> bool:
@@ -382,7 +384,7 @@ class _Compiler:
             if isinstance(meta, SparkStreamSource):
                 assert self.epoch is not None
                 assert self.epoch.streams is not None
-                return _with_partitions(self.epoch.streams[v.name], n)
+                return _stream_partitions(self.epoch.streams[v.name], n)
             if isinstance(meta, SparkRowSource):
                 return _with_partitions(meta.spark_rdd(), n)
             return self.sc.parallelize(range(n), n)
@@ -449,6 +451,7 @@ def compile_dag(
         inbound = dag.inbound_edges(v)
         _check_vertex(v, bool(inbound), c.mode)
         task = c.task(v, inbound)
+        compiled.tasks.append(task)
         compiled.meta_suppliers.append((v.name, v.meta_supplier))
         rdd = c.input_rdd(v, inbound).mapPartitionsWithIndex(task)
         rdd.setName(f"slipstream vertex {v.name!r}")
@@ -481,6 +484,21 @@ def _input_from(
     keep_results = out[0].dest.name == consumer  # type: ignore[union-attr]
     rdd = rdds[producer]
     return rdd.filter(_EdgeFilter(mine, keep_results))
+
+
+def _stream_partitions(stream: Any, n: int) -> Any:
+    """A micro-batch's rows in ``n`` partitions: an RDD as :func:`_with_partitions`; a
+    DataFrame with fewer partitions than ``n`` (a small file is one) is repartitioned
+    on the JVM (``DataFrame.repartition``, round robin over its internal rows) before it
+    becomes an RDD of Python rows: an RDD's ``repartition`` would convert every row to a
+    Python ``Row``, pickle it again in batches of ten and shuffle those, which took
+    half of an epoch's time at 500k rows (docs/performance.md)."""
+    if hasattr(stream, "mapPartitionsWithIndex"):
+        return _with_partitions(stream, n)
+    rdd = stream.rdd
+    if hasattr(stream, "repartition") and rdd.getNumPartitions() < n:
+        return stream.repartition(n).rdd
+    return _with_partitions(rdd, n)
 
 
 def _with_partitions(rdd: Any, n: int) -> Any:

@@ -297,6 +297,8 @@ class _EpochJob(SparkJobBase):
         #: vertices whose state this job rerouted by key through Spark (another
         #: parallelism than the snapshot's, :mod:`slipstream.spark.rescale`)
         self.rerouted_vertices = 0
+        #: where each of the newest epochs' time went (see :meth:`_record_breakdown`)
+        self.epoch_breakdown: list[dict[str, Any]] = []
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -538,6 +540,7 @@ class _EpochJob(SparkJobBase):
         engine = self.engine
         sc = engine.spark_context
         started_at = time.time()
+        clock = _Phases()
         committed = self.store.committed_ids()
         latest = self._latest(committed)
         snapshot_id = self._epoch_snapshot_id(epoch_id, committed, latest, no_data)
@@ -557,7 +560,10 @@ class _EpochJob(SparkJobBase):
         sc.setJobGroup(
             self.job_group, f"slipstream job {self.name!r} epoch {epoch_id}", interruptOnCancel=True
         )
+        clock.lap("read_manifest")
+        jobs_before = self._spark_job_ids()  # the rerouting job of a rescale counts too
         state = self._load_state(latest, snapshot_id)
+        clock.lap("load_state")
         # the committed chains: a task that continued its own saves a delta appended to it
         chains: dict[tuple[str, int], list[ChunkRef]] = (
             {(n, i): list(c) for n, vm in latest.vertices.items() for i, c in vm.chains.items()}
@@ -566,6 +572,7 @@ class _EpochJob(SparkJobBase):
         )
         del latest
         state_bc = sc.broadcast(state)
+        clock.lap("broadcast_state")
         compiled = None
         try:
             compiled = compile_dag(
@@ -580,16 +587,22 @@ class _EpochJob(SparkJobBase):
                 epoch=EpochInput(streams, state_bc, epoch_ms=epoch_ms, final=final),
                 failure_key=self.failure_key,
             )
+            clock.lap("compile")
+            closure_bytes = _closure_bytes(compiled) if _measure_closures() else None
+            clock.lap("measure_closures")
             records = compiled.result_rdd.collect()
+            clock.lap("spark_collect")
             # before the commit: a replay of this epoch overwrites what it wrote (into the
             # partition of the job's epoch number, which counts no-data epochs too)
             write_all(engine.session, compiled, snapshot_id - 1)
+            clock.lap("write_dataframes")
         finally:
             for rdd in compiled.persisted if compiled is not None else []:
                 quietly(rdd.unpersist)
             quietly(state_bc.unpersist)
 
         results = ordered_results(compiled, [payload for _t, (_tag, payload) in records])
+        clock.lap("unpersist_and_order")
         if self._before_commit is not None:
             self._before_commit(epoch_id)  # a test hook: a driver failure before the commit
         # the tasks wrote their processors' chunks; the epoch commits the manifest naming
@@ -626,7 +639,9 @@ class _EpochJob(SparkJobBase):
             self.store.job_name = self.name
         self.store.begin(snapshot_id)
         self.store.commit(manifest, chunk_bytes=chunk_bytes)  # the commit point of the epoch
+        clock.lap("commit")
         self._after_commit(manifest)
+        clock.lap("schedule_compaction")
         self._watermark_pending = pending
         committed_at = time.time()
         engine.merge_results(results)
@@ -652,7 +667,66 @@ class _EpochJob(SparkJobBase):
                 "committed_at": committed_at,
             }
             self._epoch_watermarks = _vertex_watermarks(results)
+        clock.lap("deliver")
+        self._record_breakdown(
+            epoch_id,
+            no_data,
+            clock,
+            jobs_before,
+            state_bc_bytes(state) if closure_bytes is not None else None,
+            closure_bytes,
+            results,
+        )
         return results
+
+    def _spark_job_ids(self) -> set[int]:
+        try:
+            tracker = self.engine.spark_context.statusTracker()
+            return set(tracker.getJobIdsForGroup(self.job_group))
+        except Exception:  # noqa: BLE001 - a test double has no status tracker
+            return set()
+
+    def _record_breakdown(
+        self,
+        epoch_id: int,
+        no_data: bool,
+        clock: _Phases,
+        jobs_before: set[int],
+        state_bytes: int | None,
+        closure_bytes: int | None,
+        results: list[dict[str, Any]],
+    ) -> None:
+        """Append where this epoch's time went to :attr:`epoch_breakdown` (docs/
+        performance.md, "Where a Spark streaming epoch's time goes")."""
+        jobs = sorted(self._spark_job_ids() - jobs_before)
+        stages = 0
+        try:
+            tracker = self.engine.spark_context.statusTracker()
+            for jid in jobs:
+                info = tracker.getJobInfo(jid)
+                stages += len(info.stageIds) if info is not None else 0
+        except Exception:  # noqa: BLE001 - a test double has no status tracker
+            pass
+        entry: dict[str, Any] = {
+            "epoch": epoch_id,
+            "no_data": no_data,
+            "driver": dict(clock.phases),
+            "total": clock.total(),
+            "spark_jobs": len(jobs),
+            "spark_stages": stages,
+            "tasks": len(results),
+            "task": [
+                {"vertex": r["vertex"], "index": r["index"], **r["timing"]}
+                for r in results
+                if "timing" in r
+            ],
+        }
+        if closure_bytes is not None:
+            entry["closure_bytes"] = closure_bytes
+            entry["state_bc_bytes"] = state_bytes
+        with self._lock:
+            self.epoch_breakdown.append(entry)
+            del self.epoch_breakdown[:-_BREAKDOWN_KEEP]
 
 
 class SparkStreamingJob(_EpochJob):
@@ -873,7 +947,9 @@ class SparkStreamingJob(_EpochJob):
     def _run_epoch(self, batch_df: Any, epoch_id: int) -> None:
         names = list(self.sources)
         if len(names) == 1:
-            self._run_one_epoch(epoch_id, {names[0]: batch_df.rdd})
+            # the DataFrame itself: compile_dag brings it to the source's parallelism on
+            # the JVM, before its rows become Python rows (compile._stream_partitions)
+            self._run_one_epoch(epoch_id, {names[0]: batch_df})
             return
         from pyspark.sql import functions as F  # noqa: N812
 
@@ -888,6 +964,52 @@ class SparkStreamingJob(_EpochJob):
             self._run_one_epoch(epoch_id, streams)
         finally:
             quietly(batch_df.unpersist)
+
+
+#: How many epochs' breakdowns a job keeps.
+_BREAKDOWN_KEEP = 100
+
+
+class _Phases:
+    """Wall time of the driver's phases of one epoch (s), in the order they ran."""
+
+    def __init__(self) -> None:
+        self._start = self._last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def total(self) -> float:
+        return self._last - self._start
+
+
+def _measure_closures() -> bool:
+    """``SLIPSTREAM_EPOCH_BREAKDOWN=1``: also pickle each epoch's task functions once
+    more to record their size (``closure_bytes``; costs that pickling)."""
+    return os.environ.get("SLIPSTREAM_EPOCH_BREAKDOWN", "") not in ("", "0")
+
+
+def _closure_bytes(compiled: Any) -> int:
+    """The pickled size of the epoch's task functions (what Spark ships per stage)."""
+    from slipstream.core.pickling import cloudpickle
+
+    total = 0
+    for task in getattr(compiled, "tasks", []):
+        total += len(cloudpickle.dumps(task))
+    return total
+
+
+def state_bc_bytes(state: Any) -> int:
+    """The pickled size of the epoch's state broadcast."""
+    import pickle
+
+    try:
+        return len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - only a figure
+        return -1
 
 
 def _vertex_watermarks(results: list[dict[str, Any]]) -> dict[str, int | None]:

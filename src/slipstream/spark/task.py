@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import os
 import pickle
 import secrets
 import time
@@ -89,6 +90,10 @@ _DRAIN_THRESHOLD = 65536
 _DRAIN_CHECK_EVERY = 16
 
 Record = tuple[int, tuple[Any, ...]]
+
+#: Tasks this Python worker process has started (0: the next is its first; with
+#: ``spark.python.worker.reuse`` a worker runs many).
+_tasks_in_process = 0
 
 
 @dataclass
@@ -267,6 +272,10 @@ class VertexTask:
         """Build the processor and its tasklet, drive it while streaming the input in
         (:class:`~slipstream.spark.feed.InputFeed`) and the output out, then yield the
         task's result record."""
+        global _tasks_in_process
+        timing: dict[str, Any] = {"pid": os.getpid(), "fresh_worker": _tasks_in_process == 0}
+        _tasks_in_process += 1
+        started = time.perf_counter()
         member, local = divmod(index, self.local_parallelism)
         services = TaskServices(self.services)
         # an epoch of a streaming job snapshots every processor's state at its end
@@ -291,7 +300,10 @@ class VertexTask:
             outputs, collectors = self._outbound(index)
             tasklet = self._tasklet(index, processor, context, feed, collectors, guarantee, run)
             pack = self._chunk_packers(index)
+            ready = time.perf_counter()
+            timing["setup"] = ready - started
             yield from _drive(tasklet, feed, outputs, index, run.sent_wm, pack)
+            timing["run"] = time.perf_counter() - ready - run.write_time
         except GeneratorExit:
             error = RuntimeError("the Spark task was stopped")
             raise
@@ -305,7 +317,9 @@ class VertexTask:
             _close(tasklet, processor, supplier, error, self.vertex, index, self.failure_key)
 
         assert tasklet is not None
-        yield from self._result_records(index, tasklet, context, services, run)
+        timing["restore_read"] = run.restore_read
+        timing["write_chunk"] = run.write_time
+        yield from self._result_records(index, tasklet, context, services, run, timing)
 
     # ------------------------------------------------------------------ steps
     def _context(
@@ -381,9 +395,11 @@ class VertexTask:
         if self.mode.restores:
             state = _value(self.epoch_state) or {}
             if self.mode.epoch:
-                write = functools.partial(self._write_chunk, state, index)
+                write = functools.partial(self._write_chunk, state, index, run)
                 run.epoch_sink = EpochSnapshotSink(run.epoch_source, write)
+            t0 = time.perf_counter()
             restore = restore_entries(state, self.vertex, index, own)
+            run.restore_read = time.perf_counter() - t0
             if own and self.mode.epoch:
                 # restored from exactly its own chain: its keyed state tracks what changes
                 # and saves a delta continuing that chain (the driver appends it)
@@ -417,9 +433,12 @@ class VertexTask:
         context: Context,
         services: TaskServices,
         run: _RunState,
+        timing: dict[str, Any] | None = None,
     ) -> Iterator[Record]:
         """The DataFrame sink's rows (if any), then the one result record of the task:
-        metrics, the lists/maps it changed, and an epoch's snapshot."""
+        metrics, the lists/maps it changed, an epoch's snapshot, and ``timing``: where
+        the task's time went (s; ``fresh_worker``: the first task of its Python worker
+        process; see ``SparkStreamingJob.epoch_breakdown``)."""
         metrics = {
             "items_in": tasklet.items_in,
             "items_out": sum(c.items_out for c in tasklet.collectors),
@@ -439,6 +458,8 @@ class VertexTask:
             "lists": lists,
             "maps": maps,
         }
+        if timing is not None:
+            result["timing"] = timing
         if run.epoch_sink is not None:
             saved = run.epoch_sink.result
             if saved is None:
@@ -454,10 +475,19 @@ class VertexTask:
 
     # ------------------------------------------------------------------ helpers
     def _write_chunk(
-        self, state: Mapping[str, Any], index: int, entries: list[Any]
+        self, state: Mapping[str, Any], index: int, run: _RunState, entries: list[Any]
     ) -> dict[str, Any]:
         """Write this processor's saved ``entries`` into the checkpoint as snapshot
         ``state["write_id"]`` under a name unique to this task attempt."""
+        t0 = time.perf_counter()
+        try:
+            return self._write_epoch_chunk(state, index, entries)
+        finally:
+            run.write_time += time.perf_counter() - t0
+
+    def _write_epoch_chunk(
+        self, state: Mapping[str, Any], index: int, entries: list[Any]
+    ) -> dict[str, Any]:
         owner = key_routing(
             self.restore_partitioner, self.member_count, self.local_parallelism
         ).owner
@@ -530,6 +560,9 @@ class _RunState:
     epoch_sink: EpochSnapshotSink | None = None
     #: epoch modes: the last watermark sent per outbound edge, across epochs
     sent_wm: dict[int, int] | None = None
+    #: seconds spent reading the restored state (restore_entries) and writing the chunk
+    restore_read: float = 0.0
+    write_time: float = 0.0
 
 
 def _drive(
