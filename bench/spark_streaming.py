@@ -323,6 +323,10 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
     if tasks:
         fresh = sum(1 for t in tasks if t.get("fresh_worker"))
         print(f"    tasks in a fresh Python worker   {fresh} of {len(tasks)}")
+        restored = [t["kept_state"] for t in tasks if t.get("kept_state")]
+        if restored:
+            hits = restored.count("hit")
+            print(f"    restores from the worker's kept state {hits} of {len(restored)}")
         for k in ("setup", "restore_read", "run", "write_chunk"):
             vals = [float(t.get(k, 0.0)) for t in tasks]
             if any(vals):

@@ -235,6 +235,11 @@ class _EpochJob(SparkJobBase):
     abandoned and run again by the next job started from the same checkpoint)."""
 
     _kind = "stream-job"
+    #: whether a task may restore its processor's state from what the previous epoch's
+    #: task left in the same Python worker process, when the committed manifest's chain
+    #: ends with the chunk that task wrote (:mod:`slipstream.spark.epoch_state`, "Keeping
+    #: it between epochs"); ``False``: every task reads its chain
+    executor_state_cache: bool = True
     _no_suspend = (
         "is not supported on Spark: cancel() the job and start it again with the same "
         "checkpoint_location"
@@ -408,6 +413,7 @@ class _EpochJob(SparkJobBase):
             "chains": None,
             "rescaled": None,
             "watermarks": {},
+            "cache": self.executor_state_cache,
         }
         if data is None:
             return state

@@ -60,7 +60,7 @@ from slipstream.execution.plan import (
 )
 from slipstream.execution.queues import UNBOUNDED, SpscQueue
 from slipstream.execution.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
-from slipstream.spark.epoch_state import restore_entries, write_epoch_chunk
+from slipstream.spark.epoch_state import remember_state, restore_entries, write_epoch_chunk
 from slipstream.spark.failures import ProcessorFailure, encode_failure
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG, InputFeed
 
@@ -318,6 +318,7 @@ class VertexTask:
 
         assert tasklet is not None
         timing["restore_read"] = run.restore_read
+        timing["kept_state"] = run.kept.get("outcome")
         timing["write_chunk"] = run.write_time
         yield from self._result_records(index, tasklet, context, services, run, timing)
 
@@ -398,7 +399,7 @@ class VertexTask:
                 write = functools.partial(self._write_chunk, state, index, run)
                 run.epoch_sink = EpochSnapshotSink(run.epoch_source, write)
             t0 = time.perf_counter()
-            restore = restore_entries(state, self.vertex, index, own)
+            restore = restore_entries(state, self.vertex, index, own, run.kept)
             run.restore_read = time.perf_counter() - t0
             if own and self.mode.epoch:
                 # restored from exactly its own chain: its keyed state tracks what changes
@@ -481,7 +482,13 @@ class VertexTask:
         ``state["write_id"]`` under a name unique to this task attempt."""
         t0 = time.perf_counter()
         try:
-            return self._write_epoch_chunk(state, index, entries)
+            written = self._write_epoch_chunk(state, index, entries)
+            if self.mode.epoch:
+                # the state this chunk brings the chain to stays in this worker process
+                # for the next epoch's task (used only if the manifest names this chunk)
+                remember_state(state, self.vertex, index, run.kept, entries, written)
+            run.kept.pop("merged", None)
+            return written
         finally:
             run.write_time += time.perf_counter() - t0
 
@@ -563,6 +570,9 @@ class _RunState:
     #: seconds spent reading the restored state (restore_entries) and writing the chunk
     restore_read: float = 0.0
     write_time: float = 0.0
+    #: the own chain's restored state and whether it came from the worker's cache
+    #: (:func:`~slipstream.spark.epoch_state.restore_entries`)
+    kept: dict[str, Any] = field(default_factory=dict)
 
 
 def _drive(
