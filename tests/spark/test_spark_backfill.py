@@ -5,7 +5,8 @@ Pipeline built over Kafka then runs embedded from that snapshot (``restore_from=
 from the offsets where the history ends. For a rolling count and for a tumbling window,
 the history's output (from Spark) plus the live job's equals one uninterrupted embedded
 run over history + live records of the topic, and the live job consumes exactly the
-records after the cutoff (none before it is read again)."""
+records after the cutoff (none before it is read again). A Spark micro-batch job
+continues from a backfill too (its checkpoint's ``slipstream-state`` is the store)."""
 
 from __future__ import annotations
 
@@ -221,39 +222,59 @@ def test_tumbling_window_backfilled_on_spark_continues_live_on_kafka(
 
 
 def test_spark_micro_batch_job_continues_from_a_backfill(
-    spark_session: Any, tmp_path: Path
+    spark_session: Any, kafka: Any, tmp_path: Path
 ) -> None:
     """Spark restores a backfilled store too: written as ``<checkpoint>/slipstream-state``,
     it is the snapshot a micro-batch job (``streaming=True``) with that
-    ``checkpoint_location`` resumes from; over a generator from the offset where the
-    history ends, the history's output plus the job's equals an uninterrupted run."""
-    total, cut = 400, 300
-    lines = [record(i) for i in range(total)]
+    ``checkpoint_location`` resumes from. Over Kafka from the offsets where the history
+    ends, the history's output plus the job's are the counts of one run over all the
+    records, and the job's source emitted only the live records."""
+    lines = [record(i) for i in range(400)]
+    history, live = lines[:300], lines[300:]
+    topic = f"backfill-mb-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    kafka.create_topic(topic, 2)
+    cutoff = produce(kafka, topic, history, 2)
+    produce(kafka, topic, live, 2)
     files = tmp_path / "history"
-    write_history(files, lines[:cut])
+    write_history(files, history)
     spark = ss.spark(spark_session)
-    tag = f"mb{os.getpid()}_{time.monotonic_ns() % 10**9}"
+    tag = topic.replace("-", "_")
 
-    def generator() -> Any:
-        return sources.generator(record, None, max_items=total)
+    def from_kafka() -> ss.Pipeline:
+        source = sources.kafka(
+            topic, {"bootstrap.servers": kafka.bootstrap}, projection=lambda m: m.value().decode()
+        )
+        return rolling(source, sinks.list_sink(f"live{tag}"))
 
     checkpoint = tmp_path / "checkpoint"
     ss.state.backfill(
         rolling(sources.read_files(files), sinks.list_sink(f"hist{tag}")),
-        rolling(generator(), sinks.list_sink(f"live{tag}")),
-        checkpoint / "slipstream-state", engine=spark, offsets={"events": cut}, timeout=300,
-    )  # fmt: skip
+        from_kafka(),
+        checkpoint / "slipstream-state",
+        engine=spark,
+        offsets={"events": {(topic, p): n for p, n in cutoff.items()}},
+        timeout=300,
+    )
     job = spark.new_job(
-        rolling(generator(), sinks.list_sink(f"live{tag}")),
+        from_kafka(),
         JobConfig(name="live-on-spark"),
         streaming=True,
         epoch_ms=200,
         checkpoint_location=str(checkpoint),
     )
-    job.join(300)
+    out = spark.get_list(f"live{tag}")
+    deadline = time.monotonic() + 120
+    while len(out) < len(live):
+        assert not job.status.is_terminal, job.status
+        assert time.monotonic() < deadline, f"{len(out)} of {len(live)} items"
+        time.sleep(0.05)
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(60)
     assert job.metrics["__job__"]["resumed_from_snapshot"] == 1
-    live = list(spark.get_list(f"live{tag}"))
-    assert len(live) == total - cut
-    whole = ss.local()
-    whole.new_job(rolling(generator(), sinks.list_sink("whole"))).join(120)
-    assert Counter(spark.get_list(f"hist{tag}")) + Counter(live) == Counter(whole.get_list("whole"))
+    assert job.metrics["events"]["items_out"] == len(live)
+    expected = Counter(
+        (k, n) for k, total in Counter(parse(x)[0] for x in lines).items()
+        for n in range(1, total + 1)
+    )  # fmt: skip
+    assert Counter(spark.get_list(f"hist{tag}")) + Counter(out) == expected
