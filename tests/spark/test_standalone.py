@@ -52,10 +52,13 @@ def _bare_python(tmp_path: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(OVERALL_TIMEOUT)
-def test_any_session_on_a_cluster_whose_executors_lack_slipstream(tmp_path: Path) -> None:
+def test_any_session_on_a_cluster_whose_executors_lack_slipstream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A plain SparkSession (no PYSPARK_PYTHON) on a standalone cluster of two workers
     whose executors run a Python without slipstream: ss.spark(session) ships slipstream
-    and runs a batch and a streaming job."""
+    and runs a batch job, a streaming window job and a rolling count whose state the
+    executors write to and read from the checkpoint, across a restart."""
     from slipstream.spark.session import SparkUnavailableError, check_spark_available
 
     try:
@@ -64,6 +67,10 @@ def test_any_session_on_a_cluster_whose_executors_lack_slipstream(tmp_path: Path
         pytest.skip(str(exc))
 
     deadline = time.monotonic() + OVERALL_TIMEOUT - 20
+    # a source tree on PYTHONPATH (a checkout run without installing) is the driver's
+    # only: neither the bare venv nor the cluster's daemons and executors may see it
+    driver_path = os.environ.get("PYTHONPATH")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     bare = _bare_python(tmp_path)
     path = os.pathsep.join([str(bare.parent), os.environ.get("PATH", os.defpath)])
     cluster = StandaloneCluster(workers=2, cores=1, memory="1g", timeout=120, env={"PATH": path})
@@ -81,6 +88,8 @@ def test_any_session_on_a_cluster_whose_executors_lack_slipstream(tmp_path: Path
             if not k.startswith(("PYSPARK_", "SPARK_CONF_DIR"))
         }
         env["SPARK_LOCAL_IP"] = "127.0.0.1"  # the host name resolves to loopback here
+        if driver_path:
+            env["PYTHONPATH"] = driver_path
         work = tmp_path / "app"
         work.mkdir()
         result = subprocess.run(
@@ -106,6 +115,14 @@ def test_any_session_on_a_cluster_whose_executors_lack_slipstream(tmp_path: Path
             assert ".zip" in slipstream_file  # the zip the engine shipped
         assert report["windows_ok"], report["windows"]
         assert report["epochs"] == 3
+        # keyed state on the executors (checkpoint on the local file system the workers
+        # see): exact output and state across a restart, whose tasks read their own
+        # chains back and continued them with a delta
+        print(f"app: rolling count, 2 runs: {report['state_seconds']} s")
+        assert report["rolling_ok"] and report["state_ok"]
+        assert report["state_epochs"] == [2, 1] and report["state_resumed"] == 2
+        assert report["state_chains"] == {"0": ["full", "delta", "delta"], "1": ["full", "delta", "delta"]}
+        assert report["state_flags"] == {"spill": [], "broadcast": []}
 
     # stop() ran: nothing of the cluster survives.
     assert not cluster.running()
