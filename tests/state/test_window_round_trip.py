@@ -109,3 +109,33 @@ def test_window_rows_round_trip(kind: str, tmp_path: Path) -> None:
         assert again == own
     else:
         assert [r for r in again if r.end < cursor]
+
+
+def test_a_windows_first_stage_is_refused_naming_it(tmp_path: Path) -> None:
+    """A two-stage window's first stage hands its frames to the second at every snapshot:
+    there is nothing of it to seed."""
+    from slipstream import DAG, Edge
+    from slipstream import processors as P
+
+    dag = DAG()
+    src = dag.new_vertex("events", sources.items([]))
+    acc = dag.new_vertex(
+        "frames",
+        P.accumulate_by_frame(
+            key_fn=operator.itemgetter(0),
+            timestamp_fn=operator.itemgetter(1),
+            window_def=DEFS["tumbling"],
+            agg_op=counting(),
+        ),
+    )
+    dag.edge(Edge.between(src, acc))
+    with pytest.raises(ValueError) as e:
+        ss.state.bootstrap(dag, "frames", [("a", 500, 1)], tmp_path / "seed")
+    assert str(e.value) == (
+        "vertex 'frames' keeps window state bootstrap cannot seed (its processor is "
+        "slipstream.processors.windows._AccumulateByFrameP); it seeds the frames of a "
+        "window's last stage (a two-stage window's '-combine' vertex), a session window's "
+        "sessions and keyed vertices whose state is one value per key (a rolling aggregate, "
+        "map_stateful, a group-by aggregation)"
+    )
+    assert not (tmp_path / "seed").exists()
