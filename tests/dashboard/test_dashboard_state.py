@@ -24,7 +24,7 @@ from slipstream import JobConfig, JobStatus, ProcessingGuarantee, sinks, sources
 from slipstream.core.dag import as_dag
 from slipstream.core.errors import JobCancelledError
 from slipstream.dashboard.server import DashboardServer
-from slipstream.dashboard.statequery import parse_key, plain
+from slipstream.dashboard.statequery import REPR_CHARS, parse_key, plain, shown
 from slipstream.state.store import DirectorySnapshotStore
 
 HTML = "<img src=x onerror=alert(1)>"
@@ -234,6 +234,9 @@ def test_parse_key_and_plain() -> None:
     assert plain((1, "a", None)) == [1, "a", None]
     assert plain({"x": (1.5,)}) == {"x": [1.5]}
     assert plain({1: 2}) == "{1: 2}" and plain(float("nan")) == "nan" and plain({1, 2}) == "{1, 2}"
+    assert shown([1, 2]) == "[1, 2]"
+    big = list(range(10_000))
+    assert shown(big) == repr(big)[:REPR_CHARS] + f"\u2026 ({len(repr(big)):,} characters in all)"
 
 
 def test_counts_are_made_once_per_snapshot_within_the_budget(tmp_path: Path) -> None:

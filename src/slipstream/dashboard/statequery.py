@@ -6,7 +6,7 @@ so the page and a program asking the job see the same rows. A key is typed as te
 read as a JSON literal when it is one (``42`` the int, ``"42"`` the string, ``[1, "a"]``
 the tuple ``(1, 'a')``, ``true``, ``null``); any other text is the string as typed
 (``alice``). Values go out as JSON where they are plain data, and always as their
-``repr`` (what the page shows, as text).
+``repr`` (what the page shows, as text; cut to :data:`REPR_CHARS` characters).
 """
 
 from __future__ import annotations
@@ -61,6 +61,18 @@ def _plain(value: Any) -> Any:
     raise ValueError
 
 
+#: The longest ``value_repr`` sent (a map_stateful state can be a list of millions).
+REPR_CHARS = 10_000
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`REPR_CHARS` characters and saying how long it was."""
+    r = repr(value)
+    if len(r) <= REPR_CHARS:
+        return r
+    return f"{r[:REPR_CHARS]}\u2026 ({len(r):,} characters in all)"
+
+
 def answer(job: Any, job_id: str, vertex: str | None, key_text: str | None) -> tuple[int, dict[str, Any]]:
     """The HTTP status and JSON body of a key search (see docs/watching.md, "State")."""
     from slipstream.state.reader import point_query
@@ -89,7 +101,7 @@ def answer(job: Any, job_id: str, vertex: str | None, key_text: str | None) -> t
                 "kind": r.kind,
                 "detail": plain(r.detail),
                 "value": plain(r.value),
-                "value_repr": repr(r.value),
+                "value_repr": shown(r.value),
             }
             for r in rows
         ],
