@@ -146,6 +146,10 @@ def backfill_then_live(
         offsets={"events": {(topic, p): n for p, n in cutoff.items()}},
         timeout=300,
     )
+    # one compiled shape: the DAG Spark ran has the live job's vertices, in order
+    assert [v.name for v in result.job.dag.vertices] == [
+        v.name for v in live_pipeline.to_dag().vertices
+    ]
     hist_out = list(spark.get_list(f"hist{tag}"))
     live_out, _ = run_until(
         ss.local(), live_pipeline, f"live{tag}", want_live, tmp_path / "live", tmp_path / "seed"

@@ -401,7 +401,8 @@ def test_snapshot_source_feeds_a_pipeline_that_reaggregates_state(tmp_path: Path
 
 
 def test_backfill_then_continue_live_embedded(tmp_path: Path) -> None:
-    """Issue 25 item 4's flow on the embedded engine only (the Spark leg is not here): a
+    """Issue 25 item 4's flow by hand on the embedded engine (ss.state.backfill and its Spark
+    leg: tests/state/test_backfill.py, tests/spark/test_spark_backfill.py): a
     batch group-by count over history, bootstrap the streaming job's rolling count from
     its output with the generator's offset where history ends, then the streaming job
     continues; its output equals the tail of one uninterrupted run over history + live."""
