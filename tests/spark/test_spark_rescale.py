@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import slipstream as ss
-from slipstream.state.store import DirectorySnapshotStore
+from slipstream.state.store import ChunkRef, DirectorySnapshotStore
 
 from .spark_fake_rdd import FakeSession
 from .test_spark_executor_state import (
@@ -79,7 +79,9 @@ def test_rescale_2_3_1_reroutes_through_spark_with_exact_state(
         assert "count" not in shipped[0]["chains"]
         rescaled = shipped[0]["rescaled"]["count"]
         assert sorted(rescaled) == list(range(lp))
-        assert all(ref[0]["file"].split("-t", 1)[1].startswith("rescale.") for ref in rescaled.values())
+        assert all(
+            ref[0]["file"].split("-t", 1)[1].startswith("rescale.") for ref in rescaled.values()
+        )
         assert shipped[1]["rescaled"] is None
         assert [i for i, _refs, _b in shipped[1]["chains"]["count"]] == list(range(lp))
     # the rerouting chunks were removed at the commit of the epoch that read them
@@ -159,3 +161,121 @@ def test_a_query_rescaled_2_3_1_across_restarts_keeps_exact_state(
     chunks = {n for n in os.listdir(store.directory) if n.startswith("chunk-")}
     named = set().union(*(store.read_manifest(i).files() for i in store.committed_ids()))
     assert chunks == named
+
+
+def _ts(e: tuple[int, str]) -> int:
+    return e[0]
+
+
+def _wkey(e: tuple[int, str]) -> str:
+    return e[1]
+
+
+def _by_digits(key: str, count: int) -> int:
+    """A custom partitioner: restore routing must use it, as live items do."""
+    return int(key[1:]) % count
+
+
+def _row(row: Any) -> tuple[int, str]:
+    return tuple(row)  # type: ignore[return-value]
+
+
+def _window_dag() -> Any:
+    """events -> watermarks -> tumbling count per key (frames plus the window's
+    BroadcastKey bookkeeping), partitioned by a custom partitioner -> list sink."""
+    from slipstream import DAG, Edge, sinks
+    from slipstream import processors as P
+    from slipstream.aggregate import counting
+    from slipstream.spark.io import spark_stream_source
+    from slipstream.watermark import with_fixed_lag
+    from slipstream.window import tumbling_window_def
+
+    from .test_spark_executor_state import _FakeStreamingDF
+
+    dag = DAG()
+    src = dag.new_vertex("events", spark_stream_source(_FakeStreamingDF(), _row))
+    wm = dag.new_vertex("watermarks", P.insert_watermarks(_ts, lambda: with_fixed_lag(20)))
+    win = dag.new_vertex(
+        "windows",
+        P.aggregate_to_sliding_window(
+            key_fn=_wkey, timestamp_fn=_ts, window_def=tumbling_window_def(50), agg_op=counting()
+        ),
+    )
+    out = dag.new_vertex("sink", sinks.list_sink("w")).local_parallelism(1)
+    dag.edge(Edge.between(src, wm))
+    dag.edge(Edge.between(wm, win).distributed().partitioned(_wkey, _by_digits))
+    dag.edge(Edge.between(win, out).distributed().all_to_one())
+    return dag
+
+
+@pytest.mark.parametrize(("members", "lp"), [(1, 3), (2, 2), (1, 1)])
+def test_rerouted_chunks_hold_what_restore_plan_gives(
+    tmp_path: Path, members: int, lp: int
+) -> None:
+    """Each new processor's rerouting chunk holds exactly the entries, in the same order,
+    that the embedded engine's restore routing gives it (keyed entries by the vertex's
+    custom partitioner and the new member count, BroadcastKey entries to all)."""
+    import pickle
+    import random
+    from types import SimpleNamespace
+
+    from slipstream.spark.rescale import RerouteTarget, reroute
+    from slipstream.spark.streaming import SparkStreamingJob
+    from slipstream.state.keys import expand_entries
+    from slipstream.state.restore import custom_partitioners, restore_plan
+    from slipstream.state.store import read_chain_files
+
+    from .test_spark_executor_state import _Batch
+
+    rng = random.Random(9)
+    data = [[(i * 200 + j, f"k{rng.randrange(30)}") for j in range(200)] for i in range(2)]
+    engine = ss.spark(FakeSession(default_parallelism=2))
+    job = SparkStreamingJob(engine, _window_dag(), ss.JobConfig(name="w"), str(tmp_path), None)
+    job._prepare()
+    for epoch_id, events in enumerate(data):
+        job._epoch(_Batch(engine.spark_context.parallelize(events, 2)), epoch_id)
+    store = _store(tmp_path)
+    sid = store.committed_ids()[-1]
+    manifest = store.read_manifest(sid)
+    partitioners = custom_partitioners(_window_dag())
+    with_state = sorted(n for n, vm in manifest.vertices.items() if vm.chains)
+    assert "windows" in with_state and "windows" in partitioners
+    targets = [
+        RerouteTarget(
+            name,
+            {i: [r.as_json() for r in c] for i, c in manifest.vertices[name].chains.items()},
+            members,
+            lp,
+            partitioners.get(name),
+        )
+        for name in with_state
+    ]
+    where = {"directory": store.directory, "key": store.key}
+    chunks = reroute(engine.spark_context, where, sid, sid + 1, targets)
+    shape = SimpleNamespace(
+        local_parallelism=lp, member_count=members, total_parallelism=members * lp
+    )
+    expected, _completed = restore_plan(
+        store.read(sid), {n: shape for n in with_state}, partitioners
+    )
+    broadcast_seen = False
+    for name in with_state:
+        for g in range(members * lp):
+            refs = chunks[name].get(g)
+            got = (
+                expand_entries(
+                    read_chain_files(
+                        store.directory,
+                        store.key,
+                        [ChunkRef.from_json(r) for r in refs],
+                        name,
+                        g,
+                        sid + 1,
+                    )
+                )
+                if refs
+                else []
+            )
+            assert pickle.dumps(got) == pickle.dumps(expected[(name, g)]), (name, g)
+            broadcast_seen |= any(type(k).__name__ == "BroadcastKey" for k, _v in got)
+    assert broadcast_seen
