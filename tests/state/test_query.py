@@ -210,3 +210,21 @@ def test_sql_errors(seeded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         "SQL over state needs DuckDB, which is not installed: pip install -e '.[sql]' in "
         "the slipstream checkout (or pip install duckdb)"
     )
+
+
+def test_reads_leave_the_garbage_collector_as_they_found_it(seeded: str, tmp_path: Path) -> None:
+    import gc
+
+    assert gc.isenabled()
+    ss.state.read(seeded)
+    ss.state.read_arrow(seeded)
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="has no vertex 'nope'"):
+        ss.state.read(seeded, "nope")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        ss.state.read(seeded)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

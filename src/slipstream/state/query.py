@@ -38,6 +38,7 @@ from slipstream.state.reader import (
     _WINDOW_CURSOR,
     StateRow,
     _snapshot,
+    gc_paused,
     open_store,
     processor_rows,
 )
@@ -249,8 +250,9 @@ def gather_with_id(
     """The id of the snapshot read and its rows, gathered for :meth:`_Columns.table`."""
     _pyarrow()
     s = open_store(store)
-    sid, data = _snapshot(s, vertex, snapshot_id)
-    return sid, _gather(data, vertex)
+    with gc_paused():
+        sid, data = _snapshot(s, vertex, snapshot_id)
+        return sid, _gather(data, vertex)
 
 
 def columns_of(rows: list[StateRow]) -> _Columns:
