@@ -279,3 +279,55 @@ def test_rerouted_chunks_hold_what_restore_plan_gives(
             assert pickle.dumps(got) == pickle.dumps(expected[(name, g)]), (name, g)
             broadcast_seen |= any(type(k).__name__ == "BroadcastKey" for k, _v in got)
     assert broadcast_seen
+
+
+def test_a_damaged_chunk_fails_the_rescale_naming_the_file(tmp_path: Path) -> None:
+    data = epochs(10, 3)
+    first = ss.spark(FakeSession(default_parallelism=2))
+    job1 = _job(first, tmp_path)
+    for epoch_id in range(2):
+        _run(first, job1, data[epoch_id], epoch_id)
+    store = _store(tmp_path)
+    ref = store.read_manifest(2).vertices["count"].chains[1][-1]
+    path = os.path.join(store.directory, ref.file)
+    with open(path, "r+b") as fh:
+        fh.seek(-3, os.SEEK_END)
+        fh.write(b"xyz")
+    second = ss.spark(FakeSession(default_parallelism=3))
+    job2 = _job(second, tmp_path)
+    with pytest.raises(ss.JobFailedError) as info:
+        _run(second, job2, data[2], 2)
+    text = str(info.value)
+    cause = info.value.__cause__
+    while cause is not None:
+        text += "\n" + str(cause)
+        cause = cause.__cause__
+    assert (
+        f"snapshot 2: chunk {path} (vertex 'count', processor 1) fails its signature check" in text
+    )
+    assert "failed: vertex 'count', processor 1: SnapshotError" in text  # the chain's processor
+    assert store.committed_ids()[-1] == 2  # nothing committed
+    assert job2.rerouted_vertices == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_damaged_chunk_fails_a_query_rescaled_naming_the_file(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    data = list(enumerate(epochs(13, 2)))
+    (tmp_path / "in").mkdir()
+    cp = tmp_path / "cp"
+    _query_run_at(spark_session, 2, tmp_path / "in", cp, data[:1])
+    store = _store(cp)
+    ref = store.read_manifest(1).vertices["count"].chains[0][-1]
+    path = os.path.join(store.directory, ref.file)
+    with open(path, "r+b") as fh:
+        fh.seek(-3, os.SEEK_END)
+        fh.write(b"xyz")
+    with pytest.raises(ss.JobFailedError) as info:
+        _query_run_at(spark_session, 3, tmp_path / "in", cp, data[1:])
+    assert (
+        f"snapshot 1: chunk {path} (vertex 'count', processor 0) fails its signature check"
+        in str(info.value)
+    )
+    assert store.committed_ids() == [1]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slipstream.core.partition import key_routing
+from slipstream.spark.failures import encode_failure
 from slipstream.spark.task import _attempt_token
 from slipstream.state import format as fmt
 from slipstream.state.keys import expand_entries, is_broadcast, routing_key
@@ -74,14 +75,19 @@ class _RouteChain:
     store: Mapping[str, Any]
     snapshot_id: int
     targets: dict[str, RerouteTarget]
+    failure_key: bytes = b""
 
     def __call__(self, _index: int, specs: Iterator[tuple[str, int]]) -> Iterator[Any]:
         for vertex, old in specs:
             t = self.targets[vertex]
-            refs = [ChunkRef.from_json(r) for r in t.chains[old]]
-            entries = read_chain_files(
-                self.store["directory"], self.store["key"], refs, vertex, old, self.snapshot_id
-            )
+            try:
+                refs = [ChunkRef.from_json(r) for r in t.chains[old]]
+                entries = read_chain_files(
+                    self.store["directory"], self.store["key"], refs, vertex, old, self.snapshot_id
+                )
+            except Exception as exc:
+                # reported as the processor's failure (a damaged or missing chunk names it)
+                raise encode_failure(vertex, old, exc, self.failure_key) from exc
             owner = key_routing(t.partitioner, t.member_count, t.local_parallelism).owner
             everyone = range(t.offset, t.offset + t.total)
             for pos, entry in enumerate(expand_entries(entries)):
@@ -100,6 +106,7 @@ class _WriteChunk:
     write_id: int
     #: per shuffle partition: (vertex, new global index)
     owners: list[tuple[str, int]]
+    failure_key: bytes = b""
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
         items = [value for _p, value in records]
@@ -109,18 +116,23 @@ class _WriteChunk:
         entries = [entry for _old, _pos, entry in items]
         del items
         vertex, index = self.owners[partition]
-        payload = encode_chunk(entries, self.write_id, vertex, index)
-        name = chunk_file_name(self.write_id, vertex, index, attempt="rescale." + _attempt_token())
-        ref = write_chunk_file(
-            self.store["directory"],
-            self.store["key"],
-            name,
-            self.write_id,
-            vertex,
-            index,
-            fmt.CHUNK_FULL,
-            payload,
-        )
+        try:
+            payload = encode_chunk(entries, self.write_id, vertex, index)
+            name = chunk_file_name(
+                self.write_id, vertex, index, attempt="rescale." + _attempt_token()
+            )
+            ref = write_chunk_file(
+                self.store["directory"],
+                self.store["key"],
+                name,
+                self.write_id,
+                vertex,
+                index,
+                fmt.CHUNK_FULL,
+                payload,
+            )
+        except Exception as exc:
+            raise encode_failure(vertex, index, exc, self.failure_key) from exc
         yield (vertex, index, ref.as_json())
 
 
@@ -138,12 +150,16 @@ def reroute(
     snapshot_id: int,
     write_id: int,
     targets: list[RerouteTarget],
+    failure_key: bytes = b"",
 ) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """Route the committed chains of ``targets`` (snapshot ``snapshot_id`` of ``store``,
     ``{"directory", "key"}``) to their new processors through one Spark shuffle and write
     each new processor's share as a full chunk of snapshot ``write_id`` (module doc).
     Returns the chains the epoch's tasks restore from: per vertex, new index -> [ref
-    json] (a processor that gets no entry has none). The driver handles refs only."""
+    json] (a processor that gets no entry has none). The driver handles refs only. A
+    task's error (a damaged or missing chunk, a disk full) fails the job as the failure
+    of the processor whose chain or chunk it was (signed with ``failure_key``, see
+    :mod:`slipstream.spark.failures`)."""
     placed: dict[str, RerouteTarget] = {}
     owners: list[tuple[str, int]] = []
     specs: list[tuple[str, int]] = []
@@ -158,9 +174,9 @@ def reroute(
         return out
     written = (
         sc.parallelize(specs, len(specs))
-        .mapPartitionsWithIndex(_RouteChain(store, snapshot_id, placed))
+        .mapPartitionsWithIndex(_RouteChain(store, snapshot_id, placed, failure_key))
         .partitionBy(len(owners), _partition)
-        .mapPartitionsWithIndex(_WriteChunk(store, write_id, owners))
+        .mapPartitionsWithIndex(_WriteChunk(store, write_id, owners, failure_key))
         .collect()
     )
     for vertex, index, ref in written:

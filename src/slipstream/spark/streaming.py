@@ -460,7 +460,12 @@ class _EpochJob(SparkJobBase):
                 for name, vm in sorted(rest.items())
             ]
             state["rescaled"] = reroute(
-                self.engine.spark_context, state["store"], data.snapshot_id, write_id, targets
+                self.engine.spark_context,
+                state["store"],
+                data.snapshot_id,
+                write_id,
+                targets,
+                self.failure_key,
             )
             self.rerouted_vertices += len(targets)
         return state
