@@ -53,6 +53,8 @@ class Context:
         "item_errors",
         "pipeline_stage",
         "commits_snapshots",
+        "epoch_commit_id",
+        "epoch_final",
         "committed_snapshot_id",
         "completion_committed",
         "incremental_snapshots",
@@ -134,6 +136,18 @@ class Context:
         #: guarantee, in the processor test harness and on the Spark engine (whose
         #: epochs hand state over instead of committing it): output is final at once.
         self.commits_snapshots = False
+        #: an epoch of a Spark streaming job that asked for exactly-once: the id of the
+        #: snapshot the epoch's manifest commits (0 otherwise). Every epoch ends with the
+        #: same terminal barrier (``current_snapshot_id`` is always 1 there), and no
+        #: ``snapshot_commit_finish`` comes: a two-phase sink files what it prepared under
+        #: this id in its saved state, and writes it when a later run restores that state
+        #: (the driver's commit step or the next epoch), checking its own marker so that
+        #: a replayed epoch writes nothing twice (docs/spark.md, "Kafka on Spark")
+        self.epoch_commit_id = 0
+        #: the last run of a Spark micro-batch job (restore, then complete): it commits no
+        #: snapshot that could hold a two-phase sink's last output, so the sink writes
+        #: that output itself, once (with ``epoch_commit_id`` set)
+        self.epoch_final = False
         #: the newest snapshot known to have committed, set before each
         #: ``snapshot_commit_finish`` call (0: none yet)
         self.committed_snapshot_id = 0

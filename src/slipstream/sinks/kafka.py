@@ -31,6 +31,14 @@ Guarantees:
   transaction left open by a process killed mid-commit keeps ``read_committed``
   consumers waiting until it is fenced by the restore (same lineage) or until the
   broker's ``transaction.timeout.ms`` aborts it.
+
+On Spark (a streaming job's epochs, ``JobConfig(processing_guarantee=EXACTLY_ONCE)``)
+the same transactions are tied to the epoch's commit: no ``snapshot_commit_finish``
+comes there, so a processor files its held records under the snapshot the epoch commits
+(``Context.epoch_commit_id``) and the run that restores that snapshot writes them
+(``finish_snapshot_restore``), the marker telling a replayed epoch what is written
+already. The last run of a micro-batch job commits no snapshot: it writes its last
+output itself, under :data:`FINAL_MARKER` (docs/spark.md, "Kafka on Spark").
 """
 
 from __future__ import annotations
@@ -149,9 +157,8 @@ class KafkaSinkP(AbstractProcessor):
         return False
 
     def init_processor(self, context: Context) -> None:
-        self._exactly_once = (
-            context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
-            and context.commits_snapshots
+        self._exactly_once = context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE and (
+            context.commits_snapshots or context.epoch_commit_id > 0
         )
         self._prefix = transactional_prefix(context.job_name, context.vertex_name)
         self._lineage = uuid.uuid4().hex[:12]  # replaced by the snapshot's on restore
@@ -256,7 +263,8 @@ class KafkaSinkP(AbstractProcessor):
             return self._flushed()  # at-least-once: acknowledged before the snapshot completes
         if self._entries is None:
             records, self._held = self._held, []
-            sid = ctx.current_snapshot_id
+            # a Spark epoch's barrier is always 1: its snapshot's id is epoch_commit_id
+            sid = ctx.epoch_commit_id or ctx.current_snapshot_id
             if records:
                 self._prepared.add(sid, (sid, records))
             self._entries = self._outstanding_entries(sid)
@@ -280,6 +288,8 @@ class KafkaSinkP(AbstractProcessor):
             return self._flushed()
         if self._entries is not None:  # completion state not offered in full yet
             return self._emit_entries()
+        if self.context.epoch_final:
+            return self._write_final()
         records, self._held = self._held, []
         if records:
             self._prepared.add(AT_COMPLETION, (FINAL_MARKER, records))
@@ -289,6 +299,28 @@ class KafkaSinkP(AbstractProcessor):
             self._entries = self._outstanding_entries(FINAL_MARKER)
             return self._emit_entries()
         return True
+
+    def _write_final(self) -> bool:
+        """The last run of a Spark micro-batch job commits no snapshot that could hold
+        this processor's last output: it is written here, in one transaction under
+        :data:`FINAL_MARKER`, unless that marker shows it was (the run replayed)."""
+        if self._held:
+            self._prepared.add(AT_COMPLETION, (FINAL_MARKER, self._held))
+            self._held = []
+        due = self._prepared.entries()
+        if not due:
+            return True
+        lineage, index = self._lineage, self.context.global_processor_index
+
+        def write() -> None:
+            _sid, (marker, records) = due[0]
+            if self._committed_marker(lineage, index) < marker:
+                self._write_transaction(lineage, index, marker, records)
+
+        if not self._attempt(write, "its last output's transaction"):
+            return False
+        self._prepared.remove(due[0][1])
+        return False  # called again: nothing left then
 
     def _marker_group(self, lineage: str, index: int) -> str:
         return f"{self._prefix}-{lineage}-{index}"

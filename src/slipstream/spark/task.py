@@ -281,6 +281,10 @@ class VertexTask:
         # an epoch of a streaming job snapshots every processor's state at its end
         guarantee = ProcessingGuarantee.EXACTLY_ONCE if self.mode.epoch else self.guarantee
         context = self._context(index, member, local, guarantee, services)
+        if self.mode.restores and self.guarantee is ProcessingGuarantee.EXACTLY_ONCE:
+            # two-phase sinks hold an epoch's output in its snapshot (Context.epoch_commit_id)
+            context.epoch_commit_id = int((_value(self.epoch_state) or {}).get("write_id") or 0)
+            context.epoch_final = self.mode is RunMode.FINAL
         feed: InputFeed | None = None
         supplier: ProcessorSupplier | None = None
         processor: Processor | None = None

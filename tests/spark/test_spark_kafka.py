@@ -1,0 +1,317 @@
+"""Kafka on Spark (issue 23, item 4): a micro-batch job (``streaming=True``) reads
+Kafka with ``sources.kafka`` and writes Kafka with ``sinks.kafka``, exactly once.
+
+The source's offsets are each epoch's snapshot state (a partition read by one source
+processor); the sink holds an epoch's records in the epoch's snapshot and writes them in
+one Kafka transaction per processor, with a marker (the snapshot id, committed as the
+offset of the marker group) only once the driver has committed that snapshot's manifest;
+a replayed epoch finds the marker and writes nothing again. The output topic is read
+``read_committed`` and compared with a plain-Python oracle of the rolling count.
+
+The broker the suite starts (Tansu) neither fences a dead producer nor hides an aborted
+transaction's records from ``read_committed`` consumers: nothing here depends on either,
+since the sink sends nothing before its epoch's snapshot is committed."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream.aggregate import counting
+from slipstream.core.errors import JobCancelledError, JobFailedError
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+KEYS = 7
+
+
+def _produce(bootstrap: str, topic: str, values: range, partitions: int) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in values:
+        p.produce(topic, value=f"k{i % KEYS}".encode(), partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+def _oracle(n: int) -> Counter[str]:
+    """The rolling count's output over records 0..n-1: key k's counts 1..n_k."""
+    per = Counter(f"k{i % KEYS}" for i in range(n))
+    return Counter(f"{k}:{c}" for k, total in per.items() for c in range(1, total + 1))
+
+
+class _Reader:
+    """A read_committed consumer of the whole output topic, kept across reads."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"reader-{topic}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.values: list[str] = []
+
+    def until(self, n: int, job: Any = None, timeout: float = 240.0) -> list[str]:
+        """Read until ``n`` records arrived (then a quiet second, so that any
+        duplicate shows too); fails if ``job`` ends first."""
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        while True:
+            msgs = self.consumer.consume(1000, 0.2)
+            for m in msgs:
+                assert m.error() is None, m.error()
+                self.values.append(m.value().decode())
+            if msgs:
+                last = time.monotonic()
+            elif len(self.values) >= n and time.monotonic() - last > 1.0:
+                return self.values
+            if job is not None and job.status.is_terminal and len(self.values) < n:
+                raise AssertionError(f"job ended ({job.status}) with {len(self.values)} of {n}")
+            assert time.monotonic() < deadline, f"only {len(self.values)} of {n} records"
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _pipeline(bootstrap: str, src: str, out: str, offsets: str) -> ss.Pipeline:
+    """Kafka -> rolling count per key -> Kafka (``key:count``); every record's
+    (partition, offset) also goes to the list sink ``offsets``."""
+    conf = {"bootstrap.servers": bootstrap}
+    p = ss.Pipeline()
+    read = p.read_from(
+        sources.kafka(
+            src, conf, projection=lambda m: (m.partition(), m.offset(), m.value().decode())
+        )
+    ).set_name("kafka-in")
+    read.map(lambda r: (r[0], r[1])).write_to(sinks.list_sink(offsets))
+    read.map(lambda r: r[2]).group_by(lambda k: k).rolling_aggregate(counting()).map(
+        lambda kv: f"{kv[0]}:{kv[1]}"
+    ).write_to(sinks.kafka(out, conf)).set_name("kafka-out")
+    return p
+
+
+def _config(name: str) -> JobConfig:
+    return JobConfig(name=name, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE)
+
+
+def _stop(job: Any) -> None:
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(120)
+
+
+def _names(tag: str) -> tuple[str, str, str]:
+    n = time.monotonic_ns() % 10**7
+    return f"sk-in-{tag}-{n}", f"sk-out-{tag}-{n}", f"sk-offsets-{tag}-{n}"
+
+
+def test_kafka_to_rolling_count_to_kafka_exactly_once(
+    spark_session: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """Over several epochs the output topic holds exactly the oracle's records, and
+    every input record was read once."""
+    src, out, offsets = _names("a")
+    kafka.create_topic(src, 2)
+    kafka.create_topic(out, 2)
+    n = 3000
+    _produce(kafka.bootstrap, src, range(n), 2)
+    engine = ss.spark(spark_session)
+    job = engine.new_job(
+        _pipeline(kafka.bootstrap, src, out, offsets),
+        _config("spark-kafka-eo"),
+        streaming=True,
+        epoch_ms=200,
+        checkpoint_location=str(tmp_path / "ckpt"),
+    )
+    reader = _Reader(kafka.bootstrap, out, 2)
+    try:
+        got = reader.until(n, job)
+        _produce(kafka.bootstrap, src, range(n, 2 * n), 2)  # a later batch of input
+        got = reader.until(2 * n, job)
+    finally:
+        reader.close()
+        _stop(job)
+    assert Counter(got) == _oracle(2 * n)
+    assert job.epochs_committed >= 2
+    read = engine.get_list(offsets)
+    assert len(read) == len(set(read)) == 2 * n
+    assert job.metrics["kafka-in"]["items_out"] == 2 * 2 * n  # two edges, each record once
+
+
+def test_restart_from_the_checkpoint_mid_stream_loses_and_duplicates_nothing(
+    spark_session: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """Cancelled while input arrives, a new job on the same checkpoint continues: the
+    output topic holds exactly the oracle's records; the new job reads no record before
+    the committed offsets again (per partition, its first offset is where the first
+    job's committed epochs stopped, and no (partition, offset) is read twice)."""
+    src, out, offsets = _names("b")
+    kafka.create_topic(src, 2)
+    kafka.create_topic(out, 2)
+    n = 2000
+    _produce(kafka.bootstrap, src, range(n), 2)
+    engine = ss.spark(spark_session)
+    checkpoint = str(tmp_path / "ckpt")
+    reader = _Reader(kafka.bootstrap, out, 2)
+    try:
+        first = engine.new_job(
+            _pipeline(kafka.bootstrap, src, out, offsets),
+            _config("spark-kafka-restart"),
+            streaming=True,
+            epoch_ms=200,
+            checkpoint_location=checkpoint,
+        )
+        reader.until(n, first)
+        _produce(kafka.bootstrap, src, range(n, 2 * n), 2)
+        _stop(first)  # the epoch in progress (if any) is abandoned
+        read_first = list(engine.get_list(offsets))
+        engine.get_list(offsets).clear()
+        second = engine.new_job(
+            _pipeline(kafka.bootstrap, src, out, offsets),
+            _config("spark-kafka-restart"),
+            streaming=True,
+            epoch_ms=200,
+            checkpoint_location=checkpoint,
+        )
+        assert second.resumed_from_snapshot >= 1
+        try:
+            got = reader.until(2 * n, second)
+        finally:
+            _stop(second)
+    finally:
+        reader.close()
+    assert Counter(got) == _oracle(2 * n)
+    read_second = list(engine.get_list(offsets))
+    assert not set(read_first) & set(read_second)
+    assert sorted(read_first + read_second) == sorted(
+        (i % 2, i // 2) for i in range(2 * n)
+    )
+    for partition in (0, 1):
+        before = [o for p, o in read_first if p == partition]
+        after = [o for p, o in read_second if p == partition]
+        if after:
+            assert min(after) == (max(before) + 1 if before else 0)
+    assert (
+        first.metrics["kafka-in"]["items_out"] + second.metrics["kafka-in"]["items_out"]
+        == 2 * 2 * n
+    )
+
+
+def _records_sent(bootstrap: str, topic: str, partitions: int) -> int:
+    """How many records reached ``topic`` (high watermarks: committed or not)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{topic}"})
+    try:
+        return sum(
+            c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)
+        )
+    finally:
+        c.close()
+
+
+def test_a_replayed_epoch_writes_nothing_again(
+    spark_session: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """The driver fails before the commit of the first epoch by whose end records
+    reached the output topic (an epoch whose sink tasks wrote the previous epoch's
+    transactions; on main, the epoch that sent its own records as they came): the new
+    job replays that epoch from the same snapshot and writes none of those records
+    again."""
+    src, out, offsets = _names("c")
+    kafka.create_topic(src, 2)
+    kafka.create_topic(out, 2)
+    n = 1500
+    _produce(kafka.bootstrap, src, range(n), 2)
+    engine = ss.spark(spark_session)
+    checkpoint = str(tmp_path / "ckpt")
+    failed: list[int] = []
+
+    def fail_once_output_is_sent(epoch_id: int) -> None:
+        if not failed and _records_sent(kafka.bootstrap, out, 2) > 0:
+            failed.append(epoch_id)
+            raise RuntimeError("injected driver failure before the commit")
+
+    reader = _Reader(kafka.bootstrap, out, 2)
+    try:
+        first = engine.new_job(
+            _pipeline(kafka.bootstrap, src, out, offsets),
+            _config("spark-kafka-replay"),
+            streaming=True,
+            epoch_ms=200,
+            checkpoint_location=checkpoint,
+        )
+        first._before_commit = fail_once_output_is_sent
+        with pytest.raises(JobFailedError, match="injected driver failure"):
+            first.join(240)
+        assert first.epochs_committed == failed[0]  # the epochs before it committed
+        second = engine.new_job(
+            _pipeline(kafka.bootstrap, src, out, offsets),
+            _config("spark-kafka-replay"),
+            streaming=True,
+            epoch_ms=200,
+            checkpoint_location=checkpoint,
+        )
+        try:
+            got = reader.until(n, second)
+        finally:
+            _stop(second)
+    finally:
+        reader.close()
+    assert Counter(got) == _oracle(n)
+
+
+WINDOW = 100
+
+
+def _event(seq: int) -> tuple[int, str]:
+    return seq, f"k{seq % KEYS}"
+
+
+def test_the_final_run_writes_the_last_windows_once(
+    spark_session: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """A finite source (a generator) into tumbling windows into Kafka: the epochs' windows
+    and those the final run flushes (written by the sink itself, under its final
+    marker) are in the topic exactly once, and the job completes."""
+    from slipstream.window import tumbling_window_def
+
+    out = _names("d")[1]
+    kafka.create_topic(out, 1)
+    n = 3000
+    p = ss.Pipeline()
+    p.read_from(sources.generator(_event, 3000, max_items=n)).with_timestamps(
+        lambda e: e[0], 0
+    ).group_by(lambda e: e[1]).window(tumbling_window_def(WINDOW)).aggregate(counting()).map(
+        lambda r: f"{r.key}:{r.start}:{r.value}"
+    ).write_to(sinks.kafka(out, {"bootstrap.servers": kafka.bootstrap}))
+    job = ss.spark(spark_session).new_job(
+        p,
+        _config("spark-kafka-final"),
+        streaming=True,
+        epoch_ms=200,
+        checkpoint_location=str(tmp_path / "ckpt"),
+    )
+    job.join(300)
+    oracle = Counter(f"k{i % KEYS}:{i // WINDOW * WINDOW}" for i in range(n))
+    expected = Counter(f"{kw}:{c}" for kw, c in oracle.items())
+    reader = _Reader(kafka.bootstrap, out, 1)
+    try:
+        got = reader.until(sum(expected.values()))
+    finally:
+        reader.close()
+    assert Counter(got) == expected
+    assert job.epochs_committed >= 2
