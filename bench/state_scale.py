@@ -369,6 +369,7 @@ def run_job(a: argparse.Namespace, eo: bool) -> dict[str, Any]:
         "commit_ms_mean": jm.get("snapshot_duration_us_mean", 0) / 1000,
         "commit_ms_max": jm.get("snapshot_duration_us_max", 0) / 1000,
         "pause_ms_max": jm.get("snapshot_pause_us_max", 0) / 1000,
+        "step_ms_max": jm.get("snapshot_save_step_us_max", 0) / 1000,
         "peak_mb": peak_rss_mb(),
         "writer_peak_mb": jm.get("snapshot_writer_peak_rss_kb", 0) / 1024,
     }
@@ -666,7 +667,8 @@ def print_tables(
     )
     print(
         "| keys | pattern | items | no guarantee | exactly-once (wall) | CPU ratio | snapshots "
-        "| pause max / median | request to commit mean / max | peak RSS none -> EO |"
+        "| pause max / median (longest save step) | request to commit mean / max "
+        "| peak RSS none -> EO |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     short = []
@@ -684,6 +686,7 @@ def print_tables(
             f"| {eo_rate / 1e6:.2f}M/s ({eo_rate / rate:.2f}x) | {eo_cpu / cpu:.2f}x "
             f"| {eo['snapshots']}{'*' if eo['snapshots'] < MIN_SNAPSHOTS else ''} "
             f"| {eo['pause_ms_max']:,.0f} / {_median(pauses):,.0f} ms "
+            f"({eo.get('step_ms_max', 0):,.1f} ms) "
             f"| {eo['commit_ms_mean']:,.0f} / {eo['commit_ms_max']:,.0f} ms "
             f"| {none['peak_mb']:,.0f} -> {eo['peak_mb']:,.0f} MB ({eo['peak_mb'] / none['peak_mb']:.2f}x){child_col} |"
         )
@@ -732,7 +735,9 @@ def print_tables(
         f"{MIN_SNAPSHOTS}: raise --items).\n"
         "- pause: the longest time one processor spent saving a snapshot (barrier aligned "
         "to barrier forwarded); max over the run (snapshot_pause_us_max), median over its "
-        "snapshots.\n"
+        "snapshots; in brackets the longest step of a copy-on-write save after the barrier "
+        "(snapshot_save_step_us_max: the processor's thread produced a slice of the saved "
+        "state between two process() calls).\n"
         "- request to commit: snapshot_duration_us_mean / _max.\n"
         "- peak RSS: ru_maxrss of each run's own process; with --writer fork also the "
         "largest peak RSS of a forked writer child (ru_maxrss from wait4: the pages it "

@@ -176,6 +176,8 @@ class KeyedSumP(ss.AbstractProcessor):
 
     def init_processor(self, context: ss.Context) -> None:
         self.sums = keyed_state(context)
+        if LIVE:
+            self.sums.values_replaced = True  # ints, replaced: copy-on-write saves
 
     def process(self, ordinal: int, inbox: Any) -> None:
         sums, dirty = self.sums, self.sums.dirty
@@ -524,6 +526,9 @@ class Outcome:
 
 #: ``JobConfig.snapshot_writer`` of the scenarios' jobs (the tests run both writers)
 WRITER = "thread"
+#: whether KeyedSumP declares its values replaced, never changed in place (its saves are
+#: then copy-on-write, state/live.py, as the additive rolling aggregates' are)
+LIVE = False
 
 
 def config(name: str, store: str, backend: str = "memory", interval_ms: int = 10) -> JobConfig:

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 import slipstream as ss
 from slipstream import sinks, sources
 from slipstream.aggregate import summing
+from slipstream.state import live
 
 STOPS = ("suspend", "export", "cancel", "inflight")
 #: where the keyed processors keep their state (JobConfig.state_backend); a snapshot
@@ -38,9 +39,11 @@ STOPS = ("suspend", "export", "cancel", "inflight")
 BACKENDS = ("memory", "sqlite")
 
 
-@pytest.fixture(autouse=True, params=["thread", "fork"])
+@pytest.fixture(autouse=True, params=["thread", "fork", "live"])
 def writer(request: Any, monkeypatch: Any) -> str:
-    """Every scenario with both snapshot writers (``JobConfig.snapshot_writer``)."""
+    """Every scenario with both snapshot writers (``JobConfig.snapshot_writer``), and
+    with the thread writer's copy-on-write saves (state/live.py) for every map whose
+    values are replaced, however small, produced two entries per step."""
     if request.param == "fork" and request.node.name.startswith(
         "test_stopped_and_restored_keyed_jobs_match_the_oracle_many"
     ):
@@ -50,6 +53,12 @@ def writer(request: Any, monkeypatch: Any) -> str:
             "on a loaded 2-core machine, not yet explained); the 20-example run and the kill "
             "test cover the fork writer"
         )
+    if request.param == "live":  # the thread writer, every save copy-on-write in steps
+        monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 0)
+        monkeypatch.setattr(live, "LIVE_SAVE_STEP", 2)
+        monkeypatch.setattr(inc, "LIVE", True)
+        monkeypatch.setattr(inc, "WRITER", "thread")
+        return "live"
     monkeypatch.setattr(inc, "WRITER", request.param)
     return str(request.param)
 

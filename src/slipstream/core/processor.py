@@ -59,6 +59,7 @@ class Context:
         "completion_committed",
         "incremental_snapshots",
         "snapshot_writer",
+        "live_saves",
         "restored_snapshot_id",
         "_restored_maps",
         "_restored_states",
@@ -163,6 +164,10 @@ class Context:
         #: hands the map itself over (no copy: a forked child writes it, see
         #: ``JobConfig.snapshot_writer``), else ``"thread"``
         self.snapshot_writer = "thread"
+        #: where keyed state hands its copy-on-write saves (state.live.LiveSave) to be
+        #: produced in steps between two calls of the processor: a list the engine's
+        #: tasklet works through (``None``: nothing drives them, saves copy at the barrier)
+        self.live_saves: list[Any] | None = None
         #: the snapshot whose chain (state/format.py) this processor was restored from
         #: exactly: the same processor of the same vertex parallelism got back just the
         #: entries it saved (no other processor's, no broadcast entry). Keyed state then

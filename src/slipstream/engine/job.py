@@ -151,6 +151,10 @@ class _Execution:
                 # full and delta chunks (state/format.py); set before the processors' init
                 s.context.incremental_snapshots = incremental
                 s.context.snapshot_writer = config.snapshot_writer if incremental else "thread"
+                # keyed state whose values are replaced, never changed in place, saves
+                # copy-on-write, produced in steps by the tasklet (state/live.py)
+                if incremental and s.context.snapshot_writer == "thread":
+                    s.context.live_saves = []
                 chain = continued.get(key) if incremental else None
                 if chain is not None and restore is not None:
                     s.context.restored_snapshot_id = chain[-1].snapshot_id
@@ -514,7 +518,9 @@ class Job(JobHandle):
         the figures of the last one, ``snapshot_duration_us`` (request to commit), ``snapshot_bytes``,
         ``snapshot_entries``, ``snapshot_pause_us`` (the longest time a processor spent
         saving it), with ``snapshot_duration_us_max``/``_mean``,
-        ``snapshot_bytes_mean`` and ``snapshot_pause_us_max``. Sinks riding out a
+        ``snapshot_bytes_mean`` and ``snapshot_pause_us_max``; once a keyed state was
+        saved copy-on-write (produced in steps after the barrier, state/live.py),
+        ``snapshot_save_step_us_max`` (the longest such step). Sinks riding out a
         server outage: ``commit_retries`` (failed attempts of the current execution, also
         per vertex) and ``sink_unavailable_s`` (how long the longest outage under way has
         lasted, 0 when every sink reaches its server)."""

@@ -55,8 +55,9 @@ from slipstream.state import compact
 from slipstream.state import format as fmt
 from slipstream.state.compact import Compactor
 from slipstream.state.forked import ForkedChunk, copied_maps, fork_chunk, has_live_map
-from slipstream.state.keyed import KeyedState, StateMap
+from slipstream.state.keyed import KeyedState, StateMap, StateMapSave
 from slipstream.state.keys import KeyedStateBatch
+from slipstream.state.live import EncodedMap, LiveSave
 from slipstream.state.restore import custom_partitioners as custom_partitioners
 from slipstream.state.restore import recovering_completed as recovering_completed
 from slipstream.state.restore import restore_plan as restore_plan
@@ -67,7 +68,7 @@ from slipstream.state.store import (
     SnapshotData,
     VertexManifest,
     VertexState,
-    encode_chunk,
+    encode_chunk_parts,
     pickle_state,
 )
 
@@ -153,6 +154,8 @@ class SnapshotCoordinator:
         self._writer: threading.Thread | None = None
         self._writer_closing = False
         self._pause_s = 0.0
+        # the longest copy-on-write step of the snapshot being written (state/live.py)
+        self._step_s = 0.0
         self.stats = SnapshotStats()
         # for watchers (dashboard, CLI): id, duration, size and time of the last commit
         self.last_commit: dict[str, Any] | None = None
@@ -393,6 +396,11 @@ class SnapshotCoordinator:
         state, recorded with its completion in every later snapshot."""
         if self._fork and has_live_map(entries):  # kept and reused: a copy, not the map
             entries = copied_maps(entries)
+        if _has_live_save(entries):  # kept and reused: produced now (the state is final)
+            for e in entries:
+                if type(e[0]) is StateMap and type(e[1].upserts) is LiveSave:
+                    e[1].upserts.finish()
+            entries = self._resolved(entries, decoded=True)
         entries = _detached_or_error(tasklet, entries, "completion state")
         with self._lock:
             self._completion_state.setdefault((tasklet.vertex_name, tasklet.index), []).extend(
@@ -430,6 +438,7 @@ class SnapshotCoordinator:
             child.cancel()
         self._forked = {}
         self._pause_s = 0.0
+        self._step_s = 0.0
         self._requested_at = time.perf_counter()
         self._requested = SnapshotBarrier(sid, terminal)
         self._check_commit()
@@ -549,6 +558,8 @@ class SnapshotCoordinator:
                 for i, entries in vs.entries.items():
                     if not entries:
                         continue
+                    if _has_live_save(entries):  # wait for its steps to be done
+                        entries = vs.entries[i] = self._resolved(entries)
                     key = (name, i)
                     child = forked.pop(key, None)
                     if child is not None:  # a forked writer wrote its chunk
@@ -563,17 +574,17 @@ class SnapshotCoordinator:
                         if cached is not None and cached[0] == len(entries):
                             chain = cached[1]
                         else:
-                            payload = encode_chunk(entries, sid, name, i)
+                            payload = encode_chunk_parts(entries, sid, name, i)
                             chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
                             written += chain[0].size
                         completed_chains[key] = (len(entries), chain)
                     elif fmt.chunk_mode(entries) == fmt.CHUNK_DELTA:
                         chain = self._continued_chain(key, entries, sid)
-                        payload = encode_chunk(entries, sid, name, i)
+                        payload = encode_chunk_parts(entries, sid, name, i)
                         chain.append(store.write_chunk(sid, name, i, fmt.CHUNK_DELTA, payload))
                         written += chain[-1].size
                     else:
-                        payload = encode_chunk(entries, sid, name, i)
+                        payload = encode_chunk_parts(entries, sid, name, i)
                         chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
                         written += chain[0].size
                     vm.chains[i] = chain
@@ -598,6 +609,24 @@ class SnapshotCoordinator:
         disk_bytes = getattr(store, "disk_bytes", None)
         if disk_bytes is not None:
             self.store_bytes = disk_bytes()
+
+    def _resolved(self, entries: list[Any], decoded: bool = False) -> list[Any]:
+        """``entries`` with each copy-on-write save (:class:`LiveSave`) replaced by its
+        content, once the processor's tasklet produced it (the store thread waits): its
+        encoded fragments (an :class:`EncodedMap`, which the chunk's payload takes as
+        they are), or with ``decoded`` a dict (entries kept and reused)."""
+        out = []
+        for e in entries:
+            k, v = e
+            if type(k) is StateMap and type(v.upserts) is LiveSave:
+                live = v.upserts
+                upserts, removed = live.result(self._aborted)
+                if decoded and type(upserts) is EncodedMap:
+                    upserts = upserts.to_dict()
+                self._step_s = max(self._step_s, live.step_max_s)
+                e = (k, StateMapSave(v.mode, upserts, removed, v.base_id))  # type: ignore[arg-type]
+            out.append(e)
+        return out
 
     def _wait_child(self, child: ForkedChunk) -> ChunkRef:
         """The store thread: the chunk a forked writer wrote (its peak RSS recorded);
@@ -727,7 +756,7 @@ class SnapshotCoordinator:
         assert req is not None and req.snapshot_id == data.snapshot_id
         duration = time.perf_counter() - self._requested_at
         entries = data.entry_count()
-        self.stats.record(duration, size or 0, entries, self._pause_s)
+        self.stats.record(duration, size or 0, entries, self._pause_s, self._step_s)
         now = time.time()
         self.last_commit = {
             "id": req.snapshot_id,
@@ -901,12 +930,17 @@ class SnapshotStats:
         self.duration_us_max = 0
         self.bytes_total = 0
         self.pause_us_max = 0
+        #: the longest copy-on-write step (state/live.py) of a processor, µs
+        self.step_us_max = 0
         #: the peak RSS of the forked snapshot writers (``snapshot_writer="fork"``), KiB
         self.writer_rss_kb = 0
 
-    def record(self, duration_s: float, size: int, entries: int, pause_s: float) -> None:
+    def record(
+        self, duration_s: float, size: int, entries: int, pause_s: float, step_s: float = 0.0
+    ) -> None:
         duration_us = int(duration_s * 1e6)
         pause_us = int(pause_s * 1e6)
+        self.step_us_max = max(self.step_us_max, int(step_s * 1e6))
         self.count += 1
         self.duration_us_total += duration_us
         self.duration_us_max = max(self.duration_us_max, duration_us)
@@ -932,6 +966,8 @@ class SnapshotStats:
             out["snapshot_pause_us_max"] = self.pause_us_max
         if self.writer_rss_kb:
             out["snapshot_writer_peak_rss_kb"] = self.writer_rss_kb
+        if self.step_us_max:
+            out["snapshot_save_step_us_max"] = self.step_us_max
         return out
 
 
@@ -991,6 +1027,10 @@ def detached(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     if _frozen(values):
         return entries
     return _copied(entries)
+
+
+def _has_live_save(entries: list[Any]) -> bool:
+    return any(type(k) is StateMap and type(v.upserts) is LiveSave for k, v in entries)
 
 
 def _is_lazy(entry: tuple[Any, Any]) -> bool:

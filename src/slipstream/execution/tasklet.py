@@ -31,6 +31,7 @@ from slipstream.core.processor import Context, Processor
 from slipstream.execution.coalescer import NO_NEW_WM, WatermarkCoalescer
 from slipstream.execution.collectors import Collector
 from slipstream.execution.inbound import InboundEdgeStream
+from slipstream.state import live as live_mod
 from slipstream.state.keyed import continue_restored_chain
 
 NO_PROGRESS = 0
@@ -326,6 +327,9 @@ class ProcessorTasklet:
         if not self.closed:
             self.closed = True
             try:
+                saves = self.context.live_saves
+                while saves:  # nothing changes the state any more: produce them now
+                    saves.pop(0).finish()
                 self.processor.close()
             finally:
                 closers = self.context.closers
@@ -338,6 +342,8 @@ class ProcessorTasklet:
     # -- the step ----------------------------------------------------------------------
     def call(self) -> int:
         self.progress = False
+        if self.context.live_saves:
+            self._step_live_saves()
         if not self._flush():
             return MADE_PROGRESS if self.progress else NO_PROGRESS
         self._step()
@@ -345,6 +351,16 @@ class ProcessorTasklet:
         if self.state == END and self._outbound_empty():
             return DONE
         return MADE_PROGRESS if self.progress else NO_PROGRESS
+
+    def _step_live_saves(self) -> None:
+        """One step of the oldest copy-on-write save of the processor's keyed state
+        (state/live.py): a bounded slice of the state as of its barrier, between two
+        calls of the processor, whatever the tasklet's state."""
+        saves = self.context.live_saves
+        assert saves is not None
+        if saves[0].step(live_mod.LIVE_SAVE_STEP):
+            saves.pop(0)
+        self.progress = True
 
     def _step(self) -> None:
         state = self.state

@@ -84,6 +84,14 @@ class MapStatefulP(AbstractProcessor):
 
     def init_processor(self, context: Context) -> None:
         self.states = fast_keyed_state(context)
+        if (
+            type(self.states) is KeyedState
+            and self._op is not None
+            and self._op.additive is not None
+        ):
+            # sums and counts: numbers, replaced on every item, never changed in place, so
+            # a save may be taken copy-on-write (state/live.py): no copy at the barrier
+            self.states.values_replaced = True
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         outbox = self.outbox

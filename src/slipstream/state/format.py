@@ -182,13 +182,60 @@ def delta_bases(entries: Iterable[tuple[Any, Any]]) -> set[int]:
 
 def encode_payload(records: list[tuple[Any, ...]]) -> bytes:
     """A chunk's payload: the C pickler, or cloudpickle for what only it encodes
-    (lambdas, classes defined in ``__main__``) among the user's values."""
+    (lambdas, classes defined in ``__main__``) among the user's values.
+
+    A map record whose content was encoded already, in steps by a copy-on-write save
+    (an :class:`~slipstream.state.live.EncodedMap` of pickle fragments), is put together
+    from its fragments: the same pickle opcodes a dict's items get, after an empty dict,
+    so the payload decodes to the same records (the other records are pickled without
+    a memo around it; if one cannot be, the map is decoded and pickled as a dict)."""
+    parts = encode_payload_parts(records)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def encode_payload_parts(records: list[tuple[Any, ...]]) -> list[bytes]:
+    """:func:`encode_payload` as the pieces the payload is made of, in order (no joined
+    copy of an encoded map's fragments: the store writes and signs the pieces)."""
+    from slipstream.state.live import EncodedMap
+
+    if any(r[0] == "m" and type(r[4]) is EncodedMap for r in records):
+        try:
+            return _assembled(records, EncodedMap)
+        except Exception:  # noqa: BLE001 - a record the fast pickler cannot encode
+            records = [
+                (*r[:4], r[4].to_dict(), *r[5:]) if r[0] == "m" and type(r[4]) is EncodedMap else r
+                for r in records
+            ]
+    return [_pickled(records)]
+
+
+def _pickled(records: list[tuple[Any, ...]]) -> bytes:
     try:
         return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - PicklingError, TypeError, AttributeError
         from slipstream.core.pickling import cloudpickle
 
         return cloudpickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+def _assembled(records: list[tuple[Any, ...]], encoded: type) -> list[bytes]:
+    """The payload of ``records`` with each encoded map's fragments in place of its
+    dict: ``PROTO 5, EMPTY_LIST, MARK, <records>, APPENDS, STOP``."""
+    from slipstream.state.live import pushed
+
+    out = [b"\x80\x05]("]
+    for r in records:
+        if r[0] == "m" and type(r[4]) is encoded:
+            out.append(b"(")  # the record: a tuple
+            out.append(pushed(r[:4]))
+            out.append(b"}")  # its dict, filled by the fragments
+            out.extend(r[4].parts)  # type: ignore[attr-defined]
+            out.append(pushed(r[5:]))
+            out.append(b"t")
+        else:
+            out.append(pushed((r,)))
+    out.append(b"e.")
+    return out
 
 
 def decode_payload(payload: bytes | memoryview) -> list[Any]:

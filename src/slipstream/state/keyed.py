@@ -40,6 +40,12 @@ entries it would have restored from full snapshots: ``(key, value)`` for a
 Values must not change after they were handed over unless they are immutable (ints,
 strings, tuples of such): the engine checks at C speed and copies mutable values of the
 changed keys (see ``detached`` in :mod:`slipstream.engine.snapshot`).
+
+A map whose values are never changed in place (:attr:`KeyedState.values_replaced`, set
+by the additive rolling aggregates) is not copied at all where the engine drives
+copy-on-write saves (``context.live_saves``): the save is a
+:class:`~slipstream.state.live.LiveSave`, O(1) at the barrier and encoded in slices
+after it (see :mod:`slipstream.state.live`).
 """
 
 from __future__ import annotations
@@ -100,7 +106,17 @@ class KeyedState(dict):  # type: ignore[type-arg]
     """A processor's keyed state: a ``dict`` that records changed keys in :attr:`dirty`
     while the job takes incremental snapshots (see the module doc)."""
 
-    __slots__ = ("tag", "detail", "dirty", "all_dirty", "_context", "_saved_id", "_entry")
+    __slots__ = (
+        "tag",
+        "detail",
+        "dirty",
+        "all_dirty",
+        "values_replaced",
+        "_context",
+        "_saved_id",
+        "_entry",
+        "_live",
+    )
 
     def __init__(self, tag: str = PLAIN, detail: Any = None, context: Any = None) -> None:
         super().__init__()
@@ -113,7 +129,12 @@ class KeyedState(dict):  # type: ignore[type-arg]
         self.dirty: set[Any] | None = None
         #: ``True`` after :meth:`mark_all`: the next save is full, marking may stop
         self.all_dirty = False
+        #: ``True`` when the processor never changes a value in place (it replaces it:
+        #: ``d[k] = new``), e.g. numbers: the engine may then save the map copy-on-write
+        #: (:mod:`slipstream.state.live`), with no copy at the barrier
+        self.values_replaced = False
         self._context: Any = None
+        self._live: Any = None  # the copy-on-write save in progress (state.live.LiveSave)
         self._saved_id = 0  # the snapshot the previous save went into (0: none yet)
         self._entry: tuple[StateMap, StateMapSave] | None = None  # that save's entry
         if context is not None:
@@ -158,19 +179,49 @@ class KeyedState(dict):  # type: ignore[type-arg]
             # asked again for the same snapshot (the outbox refused the entry): the same
             # entry, not a delta relative to the snapshot being saved
             if self._entry is _FULL_AGAIN:  # the map has not changed since: copy it again
-                return StateMap(self.tag, self.detail), StateMapSave(FULL, self._full())
+                return StateMap(self.tag, self.detail), StateMapSave(FULL, self._full(sid))
             return self._entry
         entry = self._new_entry(sid)
         # a full entry is not kept until the next save: it is a copy of the whole map
         self._entry = _FULL_AGAIN if entry[1].mode == FULL else entry
         return entry
 
-    def _full(self) -> dict[Any, Any]:
-        """A full save's map: a copy, or the map itself for a forked writer
-        (JobConfig.snapshot_writer="fork"), whose child encodes its copy-on-write view."""
-        if getattr(self._context, "snapshot_writer", "thread") == "fork":
+    def _full(self, sid: int) -> dict[Any, Any]:
+        """A full save's map: a copy, the map itself for a forked writer
+        (JobConfig.snapshot_writer="fork"), whose child encodes its copy-on-write view,
+        or a copy-on-write save produced in steps after the barrier (:meth:`_live_save`)."""
+        ctx = self._context
+        if getattr(ctx, "snapshot_writer", "thread") == "fork":
             return self
+        live = self._live_save(sid, FULL, None)
+        if live is not None:
+            return live  # type: ignore[no-any-return]
         return dict(self)
+
+    def _live_save(self, sid: int, mode: str, keys: Any) -> Any:
+        """A :class:`~slipstream.state.live.LiveSave` of this map as of now, handed to the
+        tasklet that produces it (``context.live_saves``), or ``None`` where it does not
+        apply: values may change in place, nothing drives the steps, or the save is small
+        (a copy costs less). A save of the same snapshot still in progress (the outbox
+        refused the entry) is handed out again; one of an earlier snapshot is finished
+        first (its snapshot failed: nobody waits for it)."""
+        from slipstream.state import live as live_mod
+
+        pending = self._live
+        if pending is not None:
+            if pending.snapshot_id == sid and pending.mode == mode:
+                return pending
+            pending.cancel()
+        saves = getattr(self._context, "live_saves", None)
+        if saves is None or not self.values_replaced or type(self) is not KeyedState:
+            return None
+        if (len(self) if keys is None else len(keys)) < live_mod.LIVE_SAVE_MIN_KEYS:
+            return None
+        save = live_mod.LiveSave(self, sid, mode, keys)
+        self._live = save
+        self.__class__ = _SavingKeyedState
+        saves.append(save)
+        return save
 
     def _new_entry(self, sid: int) -> tuple[StateMap, StateMapSave]:
         ctx = self._context
@@ -179,18 +230,21 @@ class KeyedState(dict):  # type: ignore[type-arg]
         base = self._saved_id
         self._saved_id = sid
         if dirty is None:
-            return key, StateMapSave(FULL, self._full())
+            return key, StateMapSave(FULL, self._full(sid))
         self.dirty = set()
         committed = int(getattr(ctx, "committed_snapshot_id", 0) or 0)
         all_dirty, self.all_dirty = self.all_dirty, False
         if all_dirty or base == 0 or committed < base or len(dirty) >= len(self):
             del dirty  # before the copy: the set may be as large as the map
-            return key, StateMapSave(FULL, self._full())
+            return key, StateMapSave(FULL, self._full(sid))
         if getattr(ctx, "snapshot_writer", "thread") == "fork":
             # a *live delta*: the map itself and the changed keys; the forked writer's
             # child picks their values out of its copy-on-write view (see
             # slipstream.state.forked.materialized), so the pause does not grow with them
             return key, StateMapSave(DELTA, self, dirty, base)  # type: ignore[arg-type]
+        live = self._live_save(sid, DELTA, dirty)
+        if live is not None:  # the changed keys' values are picked in steps
+            return key, StateMapSave(DELTA, live, (), base)
         get = self.get
         missing = _MISSING
         upserts = {}
@@ -314,3 +368,48 @@ def saved_entry(
 _MISSING: Any = object()
 #: KeyedState._entry after a full save: asked again, it copies the map again
 _FULL_AGAIN: Any = (None, None)
+
+
+class _SavingKeyedState(KeyedState):
+    """The class of a :class:`KeyedState` while a copy-on-write save of it is in progress
+    (:mod:`slipstream.state.live`): every mutator first lets the save record the key's
+    pre-barrier value. Only then is a write a Python call; the map gets its class back
+    when the save is complete."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._live.before_set(self, key)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        if dict.__contains__(self, key):
+            self._live.before_remove(self, key)
+        dict.__delitem__(self, key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if dict.__contains__(self, key):
+            self._live.before_remove(self, key)
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        if dict.__len__(self):
+            self._live.before_remove(self, next(reversed(self)))
+        return dict.popitem(self)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if not dict.__contains__(self, key):
+            self._live.before_set(self, key)
+        return dict.setdefault(self, key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+    def __ior__(self, other: Any) -> _SavingKeyedState:  # type: ignore[override, misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        self._live.finish()  # produced now: the map's class is KeyedState again
+        dict.clear(self)

@@ -217,7 +217,7 @@ class SnapshotStore(Protocol):
     def begin(self, snapshot_id: int) -> None: ...
 
     def write_chunk(
-        self, snapshot_id: int, vertex: str, index: int, mode: str, payload: bytes
+        self, snapshot_id: int, vertex: str, index: int, mode: str, payload: bytes | list[bytes]
     ) -> ChunkRef: ...
 
     def commit(self, manifest: Manifest, chunk_bytes: int | None = None) -> None: ...
@@ -519,7 +519,7 @@ class DirectorySnapshotStore:
         vertex: str,
         index: int,
         mode: str,
-        payload: bytes,
+        payload: bytes | list[bytes],
         compacted: bool = False,
     ) -> ChunkRef:
         """Write one processor's chunk (``payload``: :func:`~slipstream.state.format.
@@ -892,25 +892,28 @@ def write_chunk_file(
     vertex: str,
     index: int,
     mode: str,
-    payload: bytes,
+    payload: bytes | list[bytes],
 ) -> ChunkRef:
     """Write one processor's chunk ``name`` into store ``directory``, signed with ``key``
     (temp name, fsync, rename; the directory's fsync is the manifest commit's) and return
     its ref. Stateless: an executor writes its processors' chunks with it and hands the
-    refs to whoever commits the manifest (:meth:`DirectorySnapshotStore.commit`)."""
+    refs to whoever commits the manifest (:meth:`DirectorySnapshotStore.commit`).
+    ``payload`` may be given as the pieces it is made of (:func:`encode_chunk_parts`)."""
+    parts = list(payload) if isinstance(payload, list) else [payload]
+    size = sum(map(len, parts))
     info = {
         "format": FORMAT,
         "snapshot_id": snapshot_id,
         "vertex": vertex,
         "index": index,
         "mode": mode,
-        "size": len(payload),
+        "size": size,
     }
     header = json.dumps(info, sort_keys=True).encode("utf-8")
-    mac = sign(key, header, b"\n", payload)
+    mac = sign(key, header, b"\n", *parts)
     path = os.path.join(directory, name)
-    _write_synced(path, [fmt.CHUNK_MAGIC, mac.encode("ascii"), b"\n", header, b"\n", payload])
-    size = len(fmt.CHUNK_MAGIC) + len(mac) + len(header) + 2 + len(payload)
+    _write_synced(path, [fmt.CHUNK_MAGIC, mac.encode("ascii"), b"\n", header, b"\n", *parts])
+    size = len(fmt.CHUNK_MAGIC) + len(mac) + len(header) + 2 + size
     return ChunkRef(name, mac, snapshot_id, mode, size)
 
 
@@ -1026,6 +1029,19 @@ def encode_snapshot(store: SnapshotStore, data: SnapshotData) -> Manifest:
                 payload = encode_chunk(entries, data.snapshot_id, name, i)
                 vm.chains[i] = [store.write_chunk(data.snapshot_id, name, i, fmt.CHUNK_FULL, payload)]
     return manifest
+
+
+def encode_chunk_parts(
+    entries: list[tuple[Any, Any]], snapshot_id: int, vertex: str, index: int
+) -> list[bytes]:
+    """:func:`encode_chunk` as the pieces of the payload (written and signed as they are:
+    a copy-on-write save's encoded fragments are not joined into one more copy)."""
+    try:
+        return fmt.encode_payload_parts(fmt.encode_records(entries))
+    except Exception as e:  # noqa: BLE001
+        raise SnapshotError(
+            f"snapshot {snapshot_id}: {vertex}#{index}: snapshot state cannot be pickled: {e}"
+        ) from e
 
 
 def encode_chunk(entries: list[tuple[Any, Any]], snapshot_id: int, vertex: str, index: int) -> bytes:

@@ -1,0 +1,264 @@
+"""Copy-on-write saves (state/live.py): a save taken at a barrier and produced in steps
+while the map keeps changing holds exactly the map as it was at the barrier."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slipstream.state import live
+from slipstream.state.keyed import DELTA, FULL, KeyedState
+from slipstream.state.live import EncodedMap, LiveSave
+
+
+@pytest.fixture(autouse=True)
+def _small_saves_are_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 0)
+
+
+def _ctx() -> SimpleNamespace:
+    return SimpleNamespace(
+        incremental_snapshots=True,
+        current_snapshot_id=0,
+        committed_snapshot_id=0,
+        live_saves=[],
+    )
+
+
+def _state(ctx: SimpleNamespace, content: dict[Any, Any]) -> KeyedState:
+    s = KeyedState(context=ctx)
+    s.values_replaced = True
+    s.update(content)
+    return s
+
+
+def _content(save: LiveSave) -> tuple[dict[Any, Any], tuple[Any, ...]]:
+    """What the store thread takes from a complete save, as a dict."""
+    upserts, removed = save.result()
+    if type(upserts) is EncodedMap:
+        upserts = upserts.to_dict()
+    return upserts, removed
+
+
+def _save(s: KeyedState, ctx: SimpleNamespace, sid: int, committed: int) -> Any:
+    ctx.current_snapshot_id = sid
+    ctx.committed_snapshot_id = committed
+    return s.snapshot_entry()[1]
+
+
+#: an operation on the map while its save is produced: ("set", key, value),
+#: ("del", key), ("pop", key), ("setdefault", key, value), ("step", budget)
+_keys = st.integers(0, 40)
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), _keys, st.integers(0, 9)),
+        st.tuples(st.just("del"), _keys),
+        st.tuples(st.just("pop"), _keys),
+        st.tuples(st.just("setdefault"), _keys, st.integers(0, 9)),
+        st.tuples(st.just("step"), st.integers(1, 7)),
+    ),
+    max_size=120,
+)
+
+
+def _apply(s: KeyedState, op: tuple[Any, ...], save: LiveSave, model: dict[Any, Any]) -> None:
+    """``op`` on the live map and on a plain dict that models it."""
+    kind = op[0]
+    if kind == "set":
+        s[op[1]] = model[op[1]] = op[2]
+    elif kind == "del":
+        if op[1] in model:
+            del s[op[1]]
+            del model[op[1]]
+        else:
+            with pytest.raises(KeyError):
+                del s[op[1]]
+    elif kind == "pop":
+        assert s.pop(op[1], None) == model.pop(op[1], None)
+    elif kind == "setdefault":
+        assert s.setdefault(op[1], op[2]) == model.setdefault(op[1], op[2])
+    else:
+        save.step(op[1])
+    assert dict(s) == model  # the processor sees its own writes at once
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(_keys, st.integers(0, 9), max_size=30),
+    _ops,
+    st.booleans(),
+)
+def test_a_full_save_holds_the_pre_barrier_map_whatever_changes_meanwhile(
+    content: dict[int, int], ops: list[tuple[Any, ...]], reinsert_first: bool
+) -> None:
+    ctx = _ctx()
+    s = _state(ctx, content)
+    if reinsert_first:  # a map whose order is not its keys' first insertion order
+        for k in list(content)[::3]:
+            v = s.pop(k)
+            s[k] = v
+    at_barrier = dict(s)
+    save = _save(s, ctx, 1, 0)
+    assert save.mode == FULL and type(save.upserts) is LiveSave
+    assert ctx.live_saves == [save.upserts]
+    model = dict(s)
+    for op in ops:
+        _apply(s, op, save.upserts, model)
+    save.upserts.finish()
+    assert type(s) is KeyedState  # the map has its class back
+    upserts, removed = _content(save.upserts)
+    assert upserts == at_barrier and removed == ()
+    assert dict(s) == model
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(_keys, st.integers(0, 9), max_size=30),
+    st.lists(st.tuples(_keys, st.integers(-1, 9)), max_size=30),
+    _ops,
+)
+def test_a_delta_holds_the_pre_barrier_values_of_the_changed_keys(
+    content: dict[int, int],
+    changes: list[tuple[int, int]],
+    ops: list[tuple[Any, ...]],
+) -> None:
+    ctx = _ctx()
+    s = _state(ctx, content)
+    s.dirty.update(content)  # type: ignore[union-attr]
+    _save(s, ctx, 1, 0)  # full (the first save), produced at once
+    ctx.live_saves.pop().finish()
+    base = dict(s)
+    for k, v in changes:  # changes since snapshot 1: a negative value removes the key
+        if v < 0:
+            s.pop(k, None)
+        else:
+            s[k] = v
+        s.dirty.add(k)  # type: ignore[union-attr]
+    if len(s.dirty) >= len(s):  # type: ignore[arg-type]
+        return  # every key changed: the save is full (the test above)
+    at_barrier = dict(s)
+    save = _save(s, ctx, 2, 1)
+    assert save.mode == DELTA and save.base_id == 1 and type(save.upserts) is LiveSave
+    model = dict(s)
+    for op in ops:
+        _apply(s, op, save.upserts, model)
+    save.upserts.finish()
+    upserts, removed = _content(save.upserts)
+    merged = dict(base)
+    merged.update(upserts)
+    for k in removed:
+        assert k not in upserts
+        merged.pop(k, None)  # as the store merges a delta
+    assert merged == at_barrier
+    changed = {k for k, _ in changes}
+    assert set(upserts) | set(removed) == changed
+
+
+def test_a_map_whose_values_may_change_in_place_is_copied_at_the_barrier() -> None:
+    ctx = _ctx()
+    s = KeyedState(context=ctx)
+    s["a"] = [1]
+    save = _save(s, ctx, 1, 0)
+    assert type(save.upserts) is dict and ctx.live_saves == []
+
+
+def test_asked_again_for_the_same_snapshot_it_hands_out_the_same_save() -> None:
+    ctx = _ctx()
+    s = _state(ctx, {"a": 1, "b": 2})
+    first = _save(s, ctx, 1, 0).upserts
+    again = s.snapshot_entry()[1].upserts
+    assert again is first and ctx.live_saves == [first]
+
+
+def test_clear_produces_the_save_first() -> None:
+    ctx = _ctx()
+    s = _state(ctx, {"a": 1, "b": 2, "c": 3})
+    save = _save(s, ctx, 1, 0).upserts
+    save.step(1)
+    s.clear()
+    s["d"] = 4
+    assert save.done and _content(save) == ({"a": 1, "b": 2, "c": 3}, ())
+    assert dict(s) == {"d": 4}
+
+
+def test_a_save_of_an_earlier_snapshot_still_in_progress_is_cancelled() -> None:
+    ctx = _ctx()
+    s = _state(ctx, {"a": 1, "b": 2})
+    first = _save(s, ctx, 1, 0).upserts
+    ctx.live_saves.clear()  # its snapshot failed; nobody produced it
+    second = _save(s, ctx, 2, 0).upserts  # snapshot 1 did not commit: full again
+    assert first.done and second is not first
+    with pytest.raises(RuntimeError, match="cancelled"):
+        first.result()
+    second.finish()
+    assert _content(second) == ({"a": 1, "b": 2}, ())
+
+
+def test_update_and_ior_record_pre_barrier_values() -> None:
+    ctx = _ctx()
+    s = _state(ctx, {"a": 1, "b": 2})
+    save = _save(s, ctx, 1, 0).upserts
+    s.update({"a": 10, "c": 3})
+    s |= {"b": 20}
+    save.finish()
+    assert _content(save) == ({"a": 1, "b": 2}, ())
+    assert dict(s) == {"a": 10, "b": 20, "c": 3}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.one_of(st.integers(), st.text(max_size=5), st.tuples(st.integers(), st.text(max_size=3))),
+        st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=4)),
+        max_size=60,
+    ),
+    st.integers(1, 9),
+)
+def test_an_encoded_save_decodes_to_the_records_a_copy_gives(
+    content: dict[Any, Any], budget: int
+) -> None:
+    """The chunk payload put together from a save's fragments decodes to exactly the
+    records of the same map saved as a dict (next to another map and a plain entry)."""
+    from slipstream.state import format as fmt
+    from slipstream.state.keyed import StateMap, StateMapSave
+    from slipstream.state.keys import BroadcastKey
+
+    ctx = _ctx()
+    s = _state(ctx, content)
+    save = _save(s, ctx, 1, 0).upserts
+    while not save.step(budget):
+        pass
+    upserts, removed = save.result()
+    assert type(upserts) is EncodedMap
+    entries = [
+        (StateMap("e", None), StateMapSave(FULL, upserts, removed, 0)),
+        (BroadcastKey("cursor"), (1, "x")),
+        (StateMap("k", 7), StateMapSave(DELTA, {"a": 1}, ("b",), 3)),
+    ]
+    copied = [(StateMap("e", None), StateMapSave(FULL, dict(content), (), 0)), *entries[1:]]
+    payload = fmt.encode_payload(fmt.encode_records(entries))
+    assert fmt.decode_payload(payload) == fmt.decode_payload(
+        fmt.encode_payload(fmt.encode_records(copied))
+    )
+
+
+def test_a_slice_the_fast_pickler_cannot_encode_turns_the_save_into_a_dict() -> None:
+    ctx = _ctx()
+    s = _state(ctx, {1: 1, 2: 2, 3: 3})
+    save = _save(s, ctx, 1, 0).upserts
+    assert not save.step(1)  # encoded
+    bad = lambda: None  # noqa: E731 - only cloudpickle encodes it
+    s[(2, bad)] = 9  # after the barrier: not in the save
+    s[3] = 30
+    save.finish()
+    assert _content(save) == ({1: 1, 2: 2, 3: 3}, ())  # still encoded: no such key in it
+    ctx2 = _ctx()
+    s2 = _state(ctx2, {1: 1, (2, lambda: None): 2})
+    save2 = _save(s2, ctx2, 1, 0).upserts
+    save2.finish()
+    content, _ = save2.result()
+    assert type(content) is dict and len(content) == 2 and content[1] == 1
