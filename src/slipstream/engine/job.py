@@ -539,6 +539,11 @@ class Job(JobHandle):
             s = ctx.unavailable_since
             if s is not None and (since is None or s < since):
                 since = s
+        for member in getattr(ex, "member_metrics", {}).values():  # processes > 1
+            for vertex, figures in member.items():
+                m = out.setdefault(vertex, {"items_in": 0, "items_out": 0})
+                for k, v in figures.items():
+                    m[k] = m.get(k, 0) + v
         c = ex.coordinator if ex else None
         job = {
             "restarts": self.restarts,
@@ -744,7 +749,12 @@ class Job(JobHandle):
             self.next_snapshot_id = max(self.next_snapshot_id, restore.snapshot_id + 1)
         self._suspend_requested = False
         try:
-            ex = _Execution(self, restore)
+            if self.engine.process_count > 1:
+                from slipstream.engine.processes import ProcessExecution
+
+                ex: Any = ProcessExecution(self)
+            else:
+                ex = _Execution(self, restore)
         except BaseException as e:
             self._failure = TaskletFailure(culprit, e, restartable=False)
             self._end(JobStatus.FAILED)
@@ -883,7 +893,9 @@ class Job(JobHandle):
         assert f is not None
         t = f.tasklet
         restarts = f" after {self.restarts} restart(s)" if self.restarts else ""
-        where = f"vertex {t.vertex_name!r}, processor {t.index}{on_item(f.error)}: " if t else ""
+        member = getattr(t, "member", None)
+        at = f", member {member}" if member is not None else ""
+        where = f"vertex {t.vertex_name!r}, processor {t.index}{at}{on_item(f.error)}: " if t else ""
         err = JobFailedError(
             f"job {self.name!r} failed{restarts}: {where}{type(f.error).__name__}: {f.error}",
             vertex=t.vertex_name if t is not None else None,

@@ -66,6 +66,13 @@ class LocalEngine:
     ``members`` > 1 simulates a cluster in one process: every vertex gets
     ``local_parallelism`` processors per member, member-local edges stay within a member
     and distributed edges cross members, so distribution semantics can be tested here.
+
+    ``processes`` > 1 (or ``"auto"``: the cores this process may use) runs each job's
+    members in that many OS processes, one member each, so a job uses that many cores;
+    this process coordinates (:mod:`slipstream.engine.processes`). Distributed edges
+    cross processes; list and map sinks fill this engine's lists and maps. Not yet with
+    a processing guarantee (snapshots across processes are not built): such a job is
+    refused by ``new_job``. docs/guide.md, "Member processes".
     """
 
     def __init__(
@@ -80,6 +87,7 @@ class LocalEngine:
         slow_call_ms: float = 1000.0,
         stop_grace_ms: float = 5000.0,
         allow_gil_threads: bool | None = None,
+        processes: int | str = 1,
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = default_cooperative_threads()
@@ -101,6 +109,21 @@ class LocalEngine:
             cooperative_threads = 1
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
+        if processes == "auto":
+            from slipstream.engine.processes import usable_cores
+
+            processes = usable_cores()
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+            raise ValueError(f'processes must be an int >= 1 or "auto", got {processes!r}')
+        if processes > 1:
+            if members not in (1, processes):
+                raise ValueError(
+                    f"members={members} and processes={processes}: with processes > 1 each "
+                    f"member is a process, so members is processes (leave it out)"
+                )
+            members = processes
+        #: member processes of a job (1: the members, if several, share this process)
+        self.process_count = processes
         if outbox_capacity < 1:
             raise ValueError(f"outbox_capacity must be >= 1, got {outbox_capacity}")
         # per outbound ordinal; 1 is useful in tests (every offer may be refused)
@@ -153,6 +176,8 @@ class LocalEngine:
         # carry over between engines and entry points)
         dag = as_dag(dag)
         config = config or JobConfig()
+        if self.process_count > 1:
+            _check_processes(config, restore_from, self.process_count)
         # on_item_error=<sink>: dead letters reach their sink on edges of their own
         dag = with_dead_letters(dag, config.on_item_error)
         job = Job(self, dag, config, restore_from=restore_from)
@@ -186,7 +211,30 @@ class LocalEngine:
         self.shutdown()
 
     def __repr__(self) -> str:
-        return f"LocalEngine(cooperative_threads={self.cooperative_threads}, members={self.member_count})"
+        processes = f", processes={self.process_count}" if self.process_count > 1 else ""
+        return (
+            f"LocalEngine(cooperative_threads={self.cooperative_threads}, "
+            f"members={self.member_count}{processes})"
+        )
+
+
+def _check_processes(config: JobConfig, restore_from: Any, processes: int) -> None:
+    """What member processes do not run yet is refused, never run without it."""
+    from slipstream.core.config import ProcessingGuarantee
+
+    guarantee = config.processing_guarantee
+    if guarantee is not ProcessingGuarantee.NONE:
+        raise ValueError(
+            f"job {config.name or '(unnamed)'!r}: processing_guarantee={guarantee.name} with "
+            f"processes={processes}: snapshots across member processes are not built yet, "
+            "so this engine cannot give the guarantee; run it with processes=1 (the "
+            "default) or ProcessingGuarantee.NONE"
+        )
+    if restore_from is not None:
+        raise ValueError(
+            f"job {config.name or '(unnamed)'!r}: restore_from= with processes={processes}: "
+            "snapshots across member processes are not built yet; restore with processes=1"
+        )
 
 
 def _called_from_factory() -> bool:

@@ -1,0 +1,418 @@
+"""One member of a job, in its own OS process (``ss.local(processes=N)``, issue 24).
+
+The coordinator (:mod:`slipstream.engine.processes`, in the user's process) starts one
+member process per member with :func:`member_main` as its target. A member:
+
+1. reads its setup from the control pipe: the job (DAG, ``JobConfig``, engine settings and
+   the coordinator's named lists and maps), pickled by the coordinator with cloudpickle, as
+   the Spark engine ships suppliers; then the process ids of the other members (channel
+   errors name them);
+2. builds the plan for all members (``build_vertex_plans``, so every processor gets its
+   global index and the partitioning of a distributed edge is the same on every member) and
+   wires its own share (``plan.wire(..., member=m)``): local pairs get an ``SpscQueue``, the
+   pairs with a remote end a lane of a ``ChannelSender``/``ChannelReceiver`` over the
+   socket the coordinator handed it (:class:`~slipstream.execution.remote.MemberChannels`);
+3. runs its processor tasklets and channel tasklets on a ``WorkerPool``;
+4. reports over the control pipe: every :data:`REPORT_INTERVAL_S` its metrics and what its
+   list and map sinks added since the last report (so ``engine.get_list`` fills in the
+   coordinator as it does with one process), then ``("done", ...)`` with the last of it,
+   or ``("failed", ...)`` naming the vertex, processor and member of the error.
+
+``("cancel",)`` from the coordinator, or the coordinator's end of the pipe closing (it
+died), stops the member. The control pipe is a ``multiprocessing`` connection between
+the coordinator and its own children: the only pickles a member reads come from it and
+from its channel sockets, both private to the job's processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import threading
+import traceback
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from slipstream.core.item_errors import ItemErrorReport
+from slipstream.core.late_items import LateItemsReport
+from slipstream.core.services import InMemoryServices
+from slipstream.engine import gc_tuning
+from slipstream.engine.workers import TaskletFailure, WorkerPool
+from slipstream.execution.plan import build_vertex_plans, wire
+from slipstream.execution.remote import ChannelPeerError, MemberChannels
+from slipstream.execution.tasklet import ProcessorTasklet
+
+# imported here, not where they are used: the forkserver preloads this module, so its
+# children start with all of them imported
+
+log = logging.getLogger("slipstream.member")
+
+#: seconds between a member's reports of metrics and sink output to the coordinator
+REPORT_INTERVAL_S = 0.1
+
+#: the kinds of failure a member reports (the coordinator prefers them in this order)
+PROCESSOR = "processor"
+JOB = "job"
+PEER = "peer"
+
+
+class TrackedDict(dict[Any, Any]):
+    """A dict that records which keys changed since :meth:`take_dirty` (a map sink's map
+    in a member process: only the changed keys travel to the coordinator)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.dirty: set[Any] = set()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.dirty.add(key)
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self.dirty.add(key)
+
+    def update(self, other: Any = (), /, **kw: Any) -> None:  # type: ignore[override]
+        if hasattr(other, "keys"):
+            keys = list(other.keys())
+        else:
+            other = list(other)
+            keys = [kv[0] for kv in other if isinstance(kv, tuple | list) and len(kv) == 2]
+        super().update(other, **kw)
+        self.dirty.update(keys)
+        self.dirty.update(kw)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.dirty.add(key)
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        k, v = super().popitem()
+        self.dirty.add(k)
+        return k, v
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.dirty.add(key)
+        return super().setdefault(key, default)
+
+    def clear(self) -> None:
+        self.dirty.update(self.keys())
+        super().clear()
+
+    def take_dirty(self) -> set[Any]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+
+class MemberServices(InMemoryServices):
+    """The named lists and maps a member process's processors see: each starts as the
+    coordinator's copy (shipped with the job, so ``list_source`` reads what it reads with
+    one process), and :meth:`take_changes` hands over what the processors added since
+    the last call (appended list items are then dropped here: the coordinator keeps
+    them)."""
+
+    def __init__(
+        self, lists: Mapping[str, list[Any]], maps: Mapping[str, dict[Any, Any]]
+    ) -> None:
+        super().__init__()
+        self._seed_lists = lists
+        self._seed_maps = maps
+        self._marks: dict[str, int] = {}
+
+    def get_list(self, name: str) -> list[Any]:
+        with self._lock:
+            lst = self.lists.get(name)
+            if lst is None:
+                lst = self.lists[name] = list(self._seed_lists.get(name, ()))
+                self._marks[name] = len(lst)
+            return lst
+
+    def get_map(self, name: str) -> dict[Any, Any]:
+        with self._lock:
+            m = self.maps.get(name)
+            if m is None:
+                m = self.maps[name] = TrackedDict(self._seed_maps.get(name, {}))
+            return m
+
+    def take_changes(
+        self,
+    ) -> tuple[dict[str, list[Any]], dict[str, tuple[dict[Any, Any], list[Any]]]]:
+        """``(appended items per list, (updated entries, deleted keys) per map)`` since
+        the last call. Safe beside running sinks: a list's ``extend`` and the slice and
+        ``del`` here are each one step under the GIL, and what a sink appends meanwhile
+        lands after the reported part."""
+        lists: dict[str, list[Any]] = {}
+        with self._lock:
+            named = list(self.lists.items())
+            maps = list(self.maps.items())
+        for name, lst in named:
+            mark = self._marks[name]
+            n = len(lst)
+            if n > mark:
+                lists[name] = lst[mark:n]
+                del lst[mark:n]
+        changed: dict[str, tuple[dict[Any, Any], list[Any]]] = {}
+        missing = object()
+        for name, m in maps:
+            assert isinstance(m, TrackedDict)
+            dirty = m.take_dirty()
+            if not dirty:
+                continue
+            updates: dict[Any, Any] = {}
+            deleted: list[Any] = []
+            for k in dirty:
+                v = m.get(k, missing)
+                if v is missing:
+                    deleted.append(k)
+                else:
+                    updates[k] = v
+            changed[name] = (updates, deleted)
+        return lists, changed
+
+
+class _Member:
+    """What :func:`member_main` runs: one member's tasklets and its reports."""
+
+    def __init__(self, conn: Any, member: int, setup: dict[str, Any], sockets: Any) -> None:
+        self.conn = conn
+        self.member = member
+        self._send_lock = threading.Lock()
+        self.failure: tuple[Any, ...] | None = None
+        self.cancelled = False
+        self.finished = threading.Event()
+        config = setup["config"]
+        self.job_name = name = setup["job_name"]
+        self.services = MemberServices(setup["lists"], setup["maps"])
+        self.late_items = LateItemsReport(name, log, batch=setup["batch_late_items"])
+        self.item_errors = ItemErrorReport(name, log)
+        dag = setup["dag"]
+        self.plans = build_vertex_plans(
+            dag,
+            config,
+            setup["member_count"],
+            setup["default_parallelism"],
+            self.services,
+            name,
+            self.item_errors,
+        )
+        channels = MemberChannels(member, dag, self.plans, sockets, pids=setup["pids"])
+        specs = wire(dag, self.plans, config.processing_guarantee, channels, member=member)
+        self.state_dir = os.path.join(
+            setup["work_dir"], "state", f"{name}-member{member}-{uuid.uuid4().hex[:12]}"
+        )
+        self.tasklets: list[Any] = []
+        for s in specs:
+            s.context.metric_listener = self.late_items.on_metric
+            s.context.sink_outage_timeout = config.sink_outage_timeout
+            s.context.state_backend = s.vertex.vertex.get_state_backend() or config.state_backend
+            s.context.state_dir = self.state_dir
+            self.tasklets.append(
+                ProcessorTasklet(
+                    s.processor,
+                    s.context,
+                    s.inbound,
+                    s.outbound,
+                    guarantee=config.processing_guarantee,
+                    snapshot_sink=None,
+                    outbox_capacity=setup["outbox_capacity"],
+                )
+            )
+        self.channel_tasklets: list[Any] = list(channels.tasklets)
+        self.setup = setup
+        self.pool: Any = None
+
+    # -- reports -------------------------------------------------------------------------
+    def send(self, message: tuple[Any, ...]) -> bool:
+        """Send ``message`` to the coordinator; ``False`` if it is gone."""
+        with self._send_lock:
+            try:
+                self.conn.send(message)
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                return False
+        return True
+
+    def metrics(self) -> dict[str, dict[str, int]]:
+        """Per vertex, as ``Job.metrics`` sums them over this member's processors."""
+        out: dict[str, dict[str, int]] = {}
+        for t in self.tasklets:
+            m = out.setdefault(t.vertex_name, {"items_in": 0, "items_out": 0})
+            m["items_in"] += t.items_in
+            m["items_out"] += sum(c.items_out for c in t.collectors)
+            for k, v in t.context.metrics.items():
+                m[k] = m.get(k, 0) + v
+        return out
+
+    def report(self, kind: str = "report") -> bool:
+        """Send the metrics and the sinks' new output; a sink item that cannot be
+        pickled fails the member, naming the list or map."""
+        lists, maps = self.services.take_changes()
+        message = (kind, self.metrics(), lists, maps)
+        try:
+            data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - the user's items
+            names = ", ".join(repr(n) for n in [*lists, *maps])
+            self.fail(
+                None,
+                TypeError(
+                    f"member {self.member}: the output of the list/map sink(s) {names} cannot "
+                    f"be pickled to reach the coordinator process ({type(e).__name__}: {e})"
+                ),
+                JOB,
+            )
+            return False
+        with self._send_lock:
+            try:
+                self.conn.send_bytes(data)
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                return False
+        return True
+
+    def fail(self, tasklet: Any, error: BaseException, kind: str) -> None:
+        """Record this member's first failure and stop its tasklets."""
+        if self.failure is None:
+            self.failure = failure_message(
+                kind, getattr(tasklet, "vertex_name", None), getattr(tasklet, "index", None), error
+            )
+        self.stop()
+
+    def stop(self) -> None:
+        for t in self.tasklets:
+            t.cancelled = True
+        if self.pool is not None:
+            self.pool.stop()
+
+    def _on_failure(self, failure: Any) -> None:
+        t = failure.tasklet
+        if isinstance(failure.error, ChannelPeerError):
+            kind = PEER
+        elif t is not None and getattr(t, "processor", None) is not None:
+            kind = PROCESSOR
+        else:
+            kind = JOB
+        self.fail(t, failure.error, kind)
+
+    def _control(self) -> None:
+        """Wait for the coordinator's ``cancel`` (or its end closing) and stop."""
+        try:
+            while True:
+                msg = self.conn.recv()
+                if msg[0] == "cancel":
+                    break
+        except (EOFError, OSError):
+            pass
+        self.cancelled = True
+        self.stop()
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> None:
+        for t in self.tasklets:
+            try:
+                t.init()
+            except BaseException as e:  # noqa: BLE001 - reported to the coordinator
+                self._on_failure(TaskletFailure(t, e))
+                self._close_all()
+                self._end()
+                return
+        threading.Thread(target=self._control, name="slipstream-member-control", daemon=True).start()
+        tune = self.setup["tune_gc"]
+        if tune:
+            gc_tuning.job_started()
+        self.pool = WorkerPool(
+            [*self.tasklets, *self.channel_tasklets],
+            self.setup["cooperative_threads"],
+            self._on_failure,
+            self.finished.set,
+            name=f"{self.job_name}-member{self.member}",
+            slow_call_s=self.setup["slow_call_ms"] / 1000.0,
+            stop_grace_s=self.setup["stop_grace_ms"] / 1000.0,
+        )
+        if self.cancelled:
+            self.stop()
+        self.pool.start()
+        while not self.finished.wait(REPORT_INTERVAL_S):
+            if not self.report():
+                self.cancelled = True
+                self.stop()
+        if tune:
+            gc_tuning.job_ended()
+        if self.failure is not None or self.cancelled:
+            self._close_all()
+        error = None
+        if self.failure is not None:
+            error = RuntimeError(f"member {self.member} failed: {self.failure[5]}")
+        for vp in self.plans.values():
+            for s in vp.suppliers:
+                try:
+                    s.close(error)
+                except Exception:  # noqa: BLE001
+                    log.exception("closing supplier of %s failed", vp.vertex.name)
+        self._end()
+
+    def _end(self) -> None:
+        if os.path.isdir(self.state_dir):
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.late_items.finish()
+        self.item_errors.finish()
+        if self.failure is not None:
+            self.report()
+            self.send(self.failure)
+        else:
+            self.report("cancelled" if self.cancelled else "done")
+
+    def _close_all(self) -> None:
+        abandoned = {id(t) for t in self.pool.abandoned} if self.pool is not None else set()
+        for t in self.tasklets:
+            if id(t) in abandoned:
+                continue
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - close errors are only logged
+                log.exception("closing %s#%d failed", t.vertex_name, t.index)
+
+
+def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
+    """The target of a member process: read the setup, run, report (module docstring).
+    Any error before the run (building the plan: a supplier that raises, a setup that
+    does not unpickle) is reported as the member's failure."""
+    try:
+        setup = pickle.loads(conn.recv_bytes())
+        setup["pids"] = conn.recv()
+    except (EOFError, OSError):
+        return  # the coordinator is gone
+    except BaseException as e:  # noqa: BLE001
+        _report_setup_error(conn, member, e)
+        return
+    try:
+        m = _Member(conn, member, setup, sockets)
+    except BaseException as e:  # noqa: BLE001
+        _report_setup_error(conn, member, e)
+        return
+    m.run()
+
+
+def failure_message(
+    kind: str, vertex: str | None, index: int | None, error: BaseException
+) -> tuple[Any, ...]:
+    """``("failed", kind, vertex, index, type name, message, traceback text, pickled
+    error)``; the pickled error is ``None`` when it does not survive a round trip (an
+    exception class whose ``__init__`` needs other arguments than its ``args``): the
+    coordinator then rebuilds it from its type name and message."""
+    tb = "".join(traceback.format_exception(error))
+    blob: bytes | None
+    try:
+        blob = pickle.dumps(error, pickle.HIGHEST_PROTOCOL)
+        pickle.loads(blob)
+    except Exception:  # noqa: BLE001
+        blob = None
+    return ("failed", kind, vertex, index, type(error).__name__, str(error), tb, blob)
+
+
+def _report_setup_error(conn: Any, member: int, error: BaseException) -> None:
+    try:
+        conn.send(failure_message(JOB, None, None, error))
+    except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+        pass
+

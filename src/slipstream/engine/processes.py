@@ -1,0 +1,386 @@
+"""The coordinator of a job whose members run in OS processes (``ss.local(processes=N)``).
+
+The user's process is the coordinator: for each execution it starts one member process
+per member (:func:`slipstream.engine.member.member_main`), hands each the job (the DAG
+and its config pickled with cloudpickle, the way the Spark engine ships suppliers) and its
+ends of the cross-process channels, and follows them over a control pipe each: it sums
+their metrics (``job.metrics``), applies what their list and map sinks produced to the
+engine's own lists and maps (``engine.get_list`` works as with one process), stops them
+on ``cancel()``, and ends the execution when all of them ended.
+
+**Channels.** One ``socket.socketpair()`` per (edge, producing member, consuming member)
+with a lane between them (:func:`slipstream.execution.remote.channel_sockets`), made
+here and handed to the two members as ``Process`` arguments; nothing listens on an
+address, so no other process can write into a member's unpickling receiver.
+
+**Start method: forkserver, with slipstream preloaded.** A plain ``fork`` copies the
+coordinator with its other threads' state (worker threads of other jobs, the dashboard's
+server, snapshot writers): a lock one of them holds at that moment (the logging module's,
+an allocator's) stays held forever in the child. ``forkserver`` forks from a
+single-threaded server process that imported slipstream once; a member then starts in
+about 14 ms, where ``spawn`` pays an interpreter and the imports every time (75-85 ms,
+docs/performance.md, "Channels"). The server inherits the environment and ``sys.path``
+of the coordinator when it first starts.
+
+**Failures.** A member reports the first error of its processors (vertex, processor,
+member) and stops; the coordinator then stops the others and, once all ended, fails the
+job with the most telling error: a processor's, else a member that died (its exit
+status), else the job-level error of a member, else a channel's (a channel to a member
+that stopped is a consequence, not a cause). A member that dies (SIGKILL, OOM) fails the
+job naming it: there is no failover to fresh members yet (that needs snapshots across
+processes), and a member that hangs without dying is not detected (no heartbeat yet).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+from typing import TYPE_CHECKING, Any
+
+from slipstream.core.dag import effective_parallelism
+from slipstream.core.errors import DagError
+from slipstream.engine.workers import TaskletFailure
+from slipstream.execution.plan import VertexPlan
+
+if TYPE_CHECKING:
+    from slipstream.engine.job import Job
+
+log = logging.getLogger("slipstream.processes")
+
+#: after ``cancel()`` (or a failure) a member gets the engine's ``stop_grace_ms`` plus
+#: this long to end by itself before it is killed
+KILL_AFTER_S = 5.0
+
+#: what the forkserver imports once, so a member does not import it again: the member's
+#: own machinery, cloudpickle (the job unpickles with it) and the built-in processors,
+#: sources and sinks most DAGs use
+PRELOAD = [
+    "slipstream.engine.member",
+    "slipstream.core.pickling",
+    "slipstream.processors",
+    "slipstream.sources",
+    "slipstream.sinks",
+]
+
+_context: Any = None
+_context_lock = threading.Lock()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), what ``processes="auto"``
+    takes."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - no affinity on this platform
+        return os.cpu_count() or 1
+
+
+def member_context() -> Any:
+    """The ``forkserver`` multiprocessing context, its server preloading slipstream's
+    member module (module docstring: why not ``fork``)."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(PRELOAD)
+            _context = ctx
+        return _context
+
+
+_start_lock = threading.Lock()
+
+
+def _start_without_main(process: Any) -> None:
+    """``process.start()`` without the user's main module in the child: multiprocessing
+    would run the main script again in every member (the reason for its ``if __name__ ==
+    "__main__"`` rule), which a member does not need, since cloudpickle ships what the DAG
+    uses of ``__main__`` by value; a script without the guard would otherwise start its
+    job again in each member. The preparation data the child gets keeps ``sys.path``, the
+    working directory and the rest."""
+    from multiprocessing import spawn
+
+    with _start_lock:
+        real = spawn.get_preparation_data
+
+        def without_main(name: str) -> dict[str, Any]:
+            data: dict[str, Any] = real(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            return data
+
+        spawn.get_preparation_data = without_main
+        try:
+            process.start()
+        finally:
+            spawn.get_preparation_data = real
+
+
+class MemberTasklet:
+    """Stands for the processor (or channel) of a member process that failed, where
+    the coordinator's failure handling expects a tasklet: it names the vertex, the
+    processor's global index and the member."""
+
+    processor = None
+
+    def __init__(self, vertex_name: str, index: int, member: int, pid: int | None) -> None:
+        self.vertex_name = vertex_name
+        self.index = index
+        self.member = member
+        self.pid = pid
+
+    def __repr__(self) -> str:
+        return f"MemberTasklet({self.vertex_name!r}#{self.index}, member {self.member})"
+
+
+class MemberFailedError(RuntimeError):
+    """A member process failed with an error that could not be rebuilt here (its type
+    and message are in the text), or died."""
+
+
+def bare_plans(dag: Any, member_count: int, default_parallelism: int) -> dict[str, VertexPlan]:
+    """Each vertex's parallelism and member count, without processors (the coordinator
+    creates none: the members do)."""
+    return {
+        v.name: VertexPlan(v, effective_parallelism(v, default_parallelism), member_count)
+        for v in dag.topological_order()
+    }
+
+
+class ProcessExecution:
+    """One run of the job with its members in processes (what ``_Execution`` is for one
+    process). ``tasklets`` is empty and ``coordinator`` ``None``: the processors live in
+    the members; ``member_metrics`` holds each member's latest figures."""
+
+    coordinator = None
+
+    def __init__(self, job: Job) -> None:
+        from slipstream.core.pickling import cloudpickle
+
+        self.job = job
+        engine = job.engine
+        self.count = engine.process_count
+        self.failure: TaskletFailure | None = None
+        self.cancelled = False
+        self.finished = threading.Event()
+        self.tasklets: list[Any] = []
+        self.member_metrics: dict[int, dict[str, dict[str, int]]] = {}
+        dag = job.dag
+        dag.validate(
+            default_parallelism=engine.default_parallelism,
+            check_pickle=True,
+            member_count=self.count,
+            sample_data=True,
+        )
+        self.plans = bare_plans(dag, self.count, engine.default_parallelism)
+        services = engine.services
+        with services._lock:
+            lists = {k: list(v) for k, v in services.lists.items() if v}
+            maps = {k: dict(v) for k, v in services.maps.items() if v}
+        setup = {
+            "dag": dag,
+            "config": job.config,
+            "job_name": job.name,
+            "member_count": self.count,
+            "default_parallelism": engine.default_parallelism,
+            "cooperative_threads": engine.cooperative_threads,
+            "outbox_capacity": engine.outbox_capacity,
+            "slow_call_ms": engine.slow_call_ms,
+            "stop_grace_ms": engine.stop_grace_ms,
+            "tune_gc": engine.tune_gc,
+            "work_dir": engine.work_dir,
+            "batch_late_items": job.bounded and job.config.batch_watermarks,
+            "lists": lists,
+            "maps": maps,
+        }
+        try:
+            self._payload = cloudpickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise DagError(
+                f"job {job.name!r} cannot be shipped to its member processes "
+                f"(processes={self.count}): {type(e).__name__}: {e}; everything a DAG holds "
+                "must pickle with cloudpickle, and the engine's named lists and maps too"
+            ) from e
+        self._lock = threading.Lock()
+        self._failures: list[tuple[int, TaskletFailure]] = []
+        self._stopping = False
+        self._live = 0
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        from slipstream.engine.member import member_main
+        from slipstream.execution.remote import channel_sockets
+
+        ctx = member_context()
+        sockets = channel_sockets(self.job.dag, self.plans)
+        children = []
+        try:
+            for m in range(self.count):
+                mine = {k: e[0] if k[1] == m else e[1] for k, e in sockets.items() if m in k[1:]}
+                parent, child = ctx.Pipe()
+                p = ctx.Process(
+                    target=member_main,
+                    args=(child, m, mine),
+                    name=f"slipstream-{self.job.name}-member{m}",
+                    daemon=True,
+                )
+                _start_without_main(p)
+                child.close()
+                children.append((p, parent))
+        finally:
+            for ends in sockets.values():
+                for s in ends:
+                    s.close()
+        pids = {m: p.pid for m, (p, _) in enumerate(children)}
+        self._procs = [p for p, _ in children]
+        self._conns = [c for _, c in children]
+        self._live = len(children)
+        for m, (p, conn) in enumerate(children):
+            try:
+                conn.send_bytes(self._payload)
+                conn.send(pids)
+            except OSError:
+                pass  # it died already: its listener reports it
+            threading.Thread(
+                target=self._listen,
+                args=(m, p, conn),
+                name=f"slipstream-{self.job.name}-member{m}-listener",
+                daemon=True,
+            ).start()
+
+    def stop(self) -> None:
+        """Stop every member (``cancel()``): each ends its processors and reports; one
+        that does not end within the grace is killed."""
+        self.cancelled = True
+        self._stop_members()
+
+    def _stop_members(self) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        for conn in self._conns:
+            try:
+                conn.send(("cancel",))
+            except OSError:
+                pass
+        grace = self.job.engine.stop_grace_ms / 1000.0 + KILL_AFTER_S
+        timer = threading.Timer(grace, self._kill_remaining)
+        timer.daemon = True
+        timer.start()
+
+    def _kill_remaining(self) -> None:
+        for m, p in enumerate(self._procs):
+            if p.exitcode is None:
+                log.error(
+                    "job %s: member %d (pid %s) did not stop in time after the job stopped; "
+                    "killing it",
+                    self.job.name,
+                    m,
+                    p.pid,
+                )
+                try:
+                    p.kill()
+                except OSError:
+                    pass
+
+    # -- one member's reports ------------------------------------------------------------
+    def _listen(self, m: int, p: Any, conn: Any) -> None:
+        ended = False
+        try:
+            while True:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    break
+                kind = msg[0]
+                if kind in ("report", "done", "cancelled"):
+                    self.member_metrics[m] = msg[1]
+                    self._apply(msg[2], msg[3])
+                    if kind != "report":
+                        ended = True
+                elif kind == "failed":
+                    ended = True
+                    self._failed(m, p.pid, msg)
+        finally:
+            conn.close()
+            p.join(timeout=30)
+            if not ended:
+                self._died(m, p)
+            with self._lock:
+                self._live -= 1
+                last = self._live == 0
+            if last:
+                self._ended()
+
+    def _apply(self, lists: dict[str, list[Any]], maps: dict[str, Any]) -> None:
+        services = self.job.engine.services
+        for name, items in lists.items():
+            services.get_list(name).extend(items)
+        for name, (updates, deleted) in maps.items():
+            target = services.get_map(name)
+            target.update(updates)
+            for k in deleted:
+                target.pop(k, None)
+
+    def _failed(self, m: int, pid: int | None, msg: tuple[Any, ...]) -> None:
+        from slipstream.engine.member import PEER, PROCESSOR
+
+        _, kind, vertex, index, type_name, text, tb, blob = msg
+        error: BaseException | None = None
+        if blob is not None:
+            try:
+                error = pickle.loads(blob)
+            except Exception:  # noqa: BLE001 - fall back to the text
+                error = None
+        if not isinstance(error, BaseException):
+            error = MemberFailedError(f"{type_name}: {text}")
+        if kind == PROCESSOR:
+            tasklet: Any = MemberTasklet(vertex, index, m, pid)
+        else:
+            tasklet = None
+            error = MemberFailedError(
+                f"member {m} (pid {pid}): {vertex + ': ' if vertex else ''}{type_name}: {text}"
+            )
+        f = TaskletFailure(tasklet, error, restartable=False)
+        f.traceback = tb
+        rank = {PROCESSOR: 0, PEER: 3}.get(kind, 2)
+        with self._lock:
+            self._failures.append((rank, f))
+        self._stop_members()
+
+    def _died(self, m: int, p: Any) -> None:
+        """Member ``m`` ended without a last report: it died."""
+        code = p.exitcode
+        if self.cancelled and self._stopping:
+            return  # killed after a cancel it did not answer in time
+        if code is not None and code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exit status {code}"
+        error = MemberFailedError(
+            f"member {m} (pid {p.pid}) died ({how}) before the job ended; its processors' "
+            "work is lost: member processes have no failover yet (a job with processes > 1 "
+            "cannot restart from a snapshot), so the job fails"
+        )
+        f = TaskletFailure(None, error, restartable=False)
+        with self._lock:
+            self._failures.append((1, f))
+        self._stop_members()
+
+    def _ended(self) -> None:
+        if self.cancelled:  # a channel to a member that stopped first is no failure then
+            self._failures = [rf for rf in self._failures if rf[0] < 3]
+        if self._failures:
+            self._failures.sort(key=lambda rf: rf[0])  # stable: the first of a rank wins
+            self.failure = self._failures[0][1]
+        self.finished.set()
+        self.job._execution_ended(self)  # type: ignore[arg-type]
