@@ -16,9 +16,12 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from seed_pool import SeedRuns, seed_runs
 
 N = 12_000
 
@@ -85,9 +88,8 @@ def expected() -> Counter:
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(21))
-def test_sigkill_during_compaction_loses_and_duplicates_nothing(tmp_path: Any, seed: int) -> None:
+def kill_and_restore(tmp_path: Path, seed: int) -> None:
+    """One seed's scenario: run, SIGKILL, restore, check the output and the store."""
     rnd = random.Random(seed)
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
@@ -138,3 +140,14 @@ def test_sigkill_during_compaction_loses_and_duplicates_nothing(tmp_path: Any, s
         s = DirectorySnapshotStore(store)
         named = set().union(*(s.read_manifest(i).files() for i in s.committed_ids()))
         assert {n for n in os.listdir(store) if n.startswith("chunk-")} == named
+
+
+@pytest.fixture(scope="module")
+def seeds(request: pytest.FixtureRequest) -> Iterator[SeedRuns]:
+    yield from seed_runs(request, kill_and_restore)  # two seeds at a time
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(21))
+def test_sigkill_during_compaction_loses_and_duplicates_nothing(seeds: SeedRuns, seed: int) -> None:
+    seeds.result(seed=seed)

@@ -14,9 +14,12 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from seed_pool import SeedRuns, seed_runs
 
 N = 16_000
 KEYS = 2_000  # even: key parity = sequence parity = the generator processor emitting it
@@ -140,12 +143,8 @@ def run_until_killed(args: list[str], rnd: random.Random, share: float) -> bool:
     return p.returncode == -signal.SIGKILL
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("writer", ["thread", "fork"])
-@pytest.mark.parametrize("seed", range(20))
-def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
-    tmp_path: Any, seed: int, writer: str
-) -> None:
+def kill_and_resume(tmp_path: Path, seed: int, writer: str) -> None:
+    """One seed's scenario: kill once or twice, resume, check the output."""
     rnd = random.Random(seed)
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
@@ -168,3 +167,17 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
         f"lost {sum((want - got).values())} (e.g. {sorted(want - got)[:3]}), "
         f"duplicated {sum((got - want).values())} (e.g. {sorted(got - want)[:3]})"
     )
+
+
+@pytest.fixture(scope="module")
+def seeds(request: pytest.FixtureRequest) -> Iterator[SeedRuns]:
+    yield from seed_runs(request, kill_and_resume)  # two seeds at a time
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["thread", "fork"])
+@pytest.mark.parametrize("seed", range(20))
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
+    seeds: SeedRuns, seed: int, writer: str
+) -> None:
+    seeds.result(seed=seed, writer=writer)
