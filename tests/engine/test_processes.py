@@ -105,7 +105,10 @@ def test_metrics_are_summed_over_the_members() -> None:
     assert m["tokenize"]["items_in"] == len(text)
     assert m["tokenize"]["items_out"] == sum(len(t.split()) for t in text)
     assert m["sink"]["items_in"] == len(WORDS)
-    assert m["__job__"]["restarts"] == 0
+    job_figures = m["__job__"]
+    assert job_figures["restarts"] == 0 and job_figures["processes"] == 2
+    assert 0 < job_figures["member_cpu_ms_max"] <= job_figures["member_cpu_ms_total"]
+    assert job_figures["member_peak_rss_kb_total"] > 0
 
 
 def group(x: int) -> int:
@@ -318,3 +321,37 @@ def test_processes_auto_is_the_usable_cores_and_bad_values_are_refused() -> None
         ss.local(processes=0)
     with pytest.raises(ValueError, match="members=3 and processes=2"):
         ss.local(members=3, processes=2)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_code_a_member_cannot_import_is_named(tmp_path: Any) -> None:
+    """A function from a module loaded from its path (not importable by name) travels by
+    reference: the member cannot load it, and the error says what to do."""
+    import importlib.util
+    import sys
+
+    path = tmp_path / "job_code.py"
+    path.write_text("def double(x):\n    return 2 * x\n")
+    spec = importlib.util.spec_from_file_location("slipstream_test_job_code", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["slipstream_test_job_code"] = module
+    spec.loader.exec_module(module)
+    try:
+        p = ss.Pipeline()
+        p.read_from(sources.items([1, 2])).map(module.double).write_to(sinks.list_sink("x"))
+        job = ss.local(processes=2).new_job(p, JobConfig(name="unloadable"))
+        with pytest.raises(JobFailedError) as e:
+            job.join(timeout=GUARD_S)
+    finally:
+        del sys.modules["slipstream_test_job_code"]
+    first = str(e.value).split("\n")[0]
+    assert first.startswith("job 'unloadable' failed: MemberFailedError: member ")
+    assert first.endswith(
+        ": ModuleNotFoundError: the job's code cannot be loaded in member process "
+        f"{first.split('member ')[1][0]}: No module named 'slipstream_test_job_code'. A module "
+        "the DAG's functions come from must be importable there by name (on sys.path when "
+        "the engine first started member processes), or registered with "
+        "cloudpickle.register_pickle_by_value(module) to travel by value (as __main__'s "
+        "functions do)"
+    )

@@ -523,7 +523,10 @@ class Job(JobHandle):
         ``snapshot_save_step_us_max`` (the longest such step). Sinks riding out a
         server outage: ``commit_retries`` (failed attempts of the current execution, also
         per vertex) and ``sink_unavailable_s`` (how long the longest outage under way has
-        lasted, 0 when every sink reaches its server)."""
+        lasted, 0 when every sink reaches its server). With ``processes`` > 1 the vertices'
+        figures are summed over the member processes, and ``__job__`` adds ``processes``,
+        ``member_cpu_ms_max`` (the busiest member's CPU time), ``member_cpu_ms_total`` and
+        ``member_peak_rss_kb_total`` (the members' peak resident sets, summed)."""
         out: dict[str, dict[str, int]] = {}
         ex = self._execution
         retries = 0
@@ -550,6 +553,10 @@ class Job(JobHandle):
             "snapshots": 0,
             "resumed_from_snapshot": self.resumed_from_snapshot,
         }
+        if hasattr(ex, "member_usage"):  # processes > 1
+            from slipstream.engine.processes import member_figures
+
+            job.update(member_figures(ex))  # type: ignore[arg-type]
         if self.store is not None:  # the same keys as the Spark engine's without snapshots
             # a sink riding out its server's outage (two-phase commits need snapshots)
             job["commit_retries"] = retries

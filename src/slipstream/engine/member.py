@@ -249,7 +249,7 @@ class _Member:
         """Send the metrics and the sinks' new output; a sink item that cannot be
         pickled fails the member, naming the list or map."""
         lists, maps = self.services.take_changes()
-        message = (kind, self.metrics(), lists, maps)
+        message = (kind, self.metrics(), lists, maps, usage())
         try:
             data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # noqa: BLE001 - the user's items
@@ -378,10 +378,26 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
     Any error before the run (building the plan: a supplier that raises, a setup that
     does not unpickle) is reported as the member's failure."""
     try:
-        setup = pickle.loads(conn.recv_bytes())
-        setup["pids"] = conn.recv()
+        data = conn.recv_bytes()
+        pids = conn.recv()
     except (EOFError, OSError):
         return  # the coordinator is gone
+    try:
+        setup = pickle.loads(data)
+        setup["pids"] = pids
+    except ModuleNotFoundError as e:
+        _report_setup_error(
+            conn,
+            member,
+            ModuleNotFoundError(
+                f"the job's code cannot be loaded in member process {member}: {e}. A module "
+                "the DAG's functions come from must be importable there by name (on "
+                "sys.path when the engine first started member processes), or registered "
+                "with cloudpickle.register_pickle_by_value(module) to travel by value "
+                "(as __main__'s functions do)"
+            ),
+        )
+        return
     except BaseException as e:  # noqa: BLE001
         _report_setup_error(conn, member, e)
         return
@@ -391,6 +407,14 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
         _report_setup_error(conn, member, e)
         return
     m.run()
+
+
+def usage() -> tuple[float, int]:
+    """This process's CPU seconds so far and its peak resident set in KiB."""
+    import resource
+    import time
+
+    return time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def failure_message(
