@@ -300,6 +300,15 @@ class KafkaSinkP(AbstractProcessor):
             return self._emit_entries()
         return True
 
+    @property
+    def epoch_output_pending(self) -> bool:
+        """A Spark epoch's run: whether records wait in this epoch's saved state for
+        the driver's commit (:mod:`slipstream.spark.epoch_commit` writes them then)."""
+        ctx = getattr(self, "context", None)
+        return self._exactly_once and ctx is not None and ctx.epoch_commit_id > 0 and any(
+            records for _marker, records in self._prepared.items()
+        )
+
     def _write_final(self) -> bool:
         """The last run of a Spark micro-batch job commits no snapshot that could hold
         this processor's last output: it is written here, in one transaction under

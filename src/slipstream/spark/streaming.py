@@ -85,6 +85,7 @@ from slipstream.core.dag import DAG
 from slipstream.core.errors import DagError, SnapshotError
 from slipstream.execution.plan import VertexPlan, member_addresses
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
+from slipstream.spark.epoch_commit import commit_epoch_output
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
 from slipstream.spark.rescale import RerouteTarget, reroute
@@ -653,6 +654,10 @@ class _EpochJob(SparkJobBase):
         clock.lap("commit")
         self._after_commit(manifest)
         clock.lap("schedule_compaction")
+        # two-phase sinks (Kafka under exactly-once) write what the epoch prepared, now
+        # that its snapshot is committed (slipstream.spark.epoch_commit)
+        commit_epoch_output(sc, compiled.tasks, results, state["store"], snapshot_id)
+        clock.lap("commit_output")
         self._watermark_pending = pending
         committed_at = time.time()
         engine.merge_results(results)

@@ -474,6 +474,10 @@ class VertexTask:
                 )
             result["snapshot"] = saved
             result["watermarks"] = {**capture_watermarks(tasklet), "sent": run.sent_wm}
+            if getattr(tasklet.processor, "epoch_output_pending", False):
+                # a two-phase sink's output waits in its chunk for the driver's commit
+                # (slipstream.spark.epoch_commit)
+                result["commit_pending"] = True
         if run.gate is not None:
             result["source_done"] = run.gate.done
         yield (0, (RESULT_TAG, result))
