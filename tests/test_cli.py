@@ -444,3 +444,20 @@ def test_a_failing_job_prints_the_processor_traceback_once(tmp_path: Path) -> No
         "division by zero"
     )
     assert r.stderr.count("Traceback") == 1
+
+
+def test_run_with_member_processes(tmp_path: Path) -> None:
+    """--processes 2: the members run in two processes (the target's module travels by
+    value); the files written are those of one process. With snapshots it is refused."""
+    r = run(tmp_path, "run", "mydag:build", "--processes", "2")
+    assert r.returncode == 0, r.stderr
+    assert output(tmp_path) == [x * x for x in range(1000)]
+    r = run(tmp_path, "run", "mydag:build", "--processes", "2", "--guarantee", "exactly-once")
+    assert r.returncode != 0
+    assert (
+        "--processes 2 with snapshots (--guarantee, --snapshot-store, --resume): snapshots "
+        "across member processes are not built yet; run with --processes 1 or --guarantee none"
+    ) in r.stderr
+    r = run(tmp_path, "run", "mydag:build", "--processes", "none")
+    assert r.returncode != 0
+    assert """--processes takes a number >= 1 or "auto", got 'none'""" in r.stderr

@@ -250,7 +250,40 @@ def _engine(a: argparse.Namespace, module: ModuleType) -> tuple[Any, Any]:
         raise CliError("--master applies to --engine spark")
     from slipstream.engine.local import LocalEngine
 
-    return LocalEngine(cooperative_threads=a.threads, members=a.members, dashboard=a.dashboard), None
+    processes = a.processes if a.processes == "auto" else _positive_int(a.processes, "--processes")
+    if processes != 1:
+        import cloudpickle
+
+        if module.__name__ != "__main__" and not module.__name__.startswith("slipstream"):
+            # member processes import by name only what is on their sys.path: ship the
+            # target's code by value, as for Spark executors
+            cloudpickle.register_pickle_by_value(module)
+        if _guarantee(a) is not ProcessingGuarantee.NONE or a.resume:
+            raise CliError(
+                f"--processes {a.processes} with snapshots (--guarantee, --snapshot-store, "
+                "--resume): snapshots across member processes are not built yet; run with "
+                "--processes 1 or --guarantee none"
+            )
+    try:
+        local = LocalEngine(
+            cooperative_threads=a.threads,
+            members=a.members,
+            dashboard=a.dashboard,
+            processes=processes,
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return local, None
+
+
+def _positive_int(text: str, option: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise CliError(f'{option} takes a number >= 1 or "auto", got {text!r}')
+    return n
 
 
 def _guarantee(a: argparse.Namespace) -> ProcessingGuarantee:
@@ -415,6 +448,12 @@ def parser() -> argparse.ArgumentParser:
         "SLIPSTREAM_ALLOW_GIL_THREADS=1)",
     )
     run.add_argument("--members", type=int, default=1, help="simulated members (local)")
+    run.add_argument(
+        "--processes",
+        default="1",
+        help='member processes (local): a number or "auto" (the usable cores); jobs '
+        "without snapshots only, for now",
+    )
     run.add_argument("--name", help="job name (default: the function's name)")
     run.add_argument(
         "--guarantee",

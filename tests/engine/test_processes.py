@@ -355,3 +355,28 @@ def test_code_a_member_cannot_import_is_named(tmp_path: Any) -> None:
         "cloudpickle.register_pickle_by_value(module) to travel by value (as __main__'s "
         "functions do)"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_random_dags_with_two_processes_match_the_oracle() -> None:
+    """tests/engine/test_engine_random_dags.py's shapes (map/filter/flat_map vertices,
+    cooperative or not, fan-in, every routing, local and distributed edges, queue sizes,
+    outbox capacity 1) on two member processes: each sink's items equal the oracle's
+    (and so processes=1's, which that test checks against the same oracle)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_engine_random_dags import build, dags, oracle
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(spec=dags(), capacity=st.sampled_from([1, 2048]))
+    def check(spec: dict[str, Any], capacity: int) -> None:
+        spec["members"] = 2
+        dag, sink_names = build(spec)
+        engine = ss.local(processes=2, outbox_capacity=capacity)
+        engine.new_job(dag).join(timeout=60)
+        expected = oracle(spec)
+        for name in sink_names:
+            assert Counter(engine.get_list(f"out-{name}")) == expected[name], name
+
+    check()
