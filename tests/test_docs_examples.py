@@ -60,6 +60,8 @@ EXPECTED_STDOUT = {
     "visits": "KeyedWindowResult(start=200, end=290, key='a', value=5)",
     # docs/state.md: history counted on Spark, continued live over Kafka from the cutoff
     "backfilled-clicks": "[('a', 4), ('b', 2), ('d', 1)]\n3 records read from Kafka",
+    # docs/spark.md, "Kafka on Spark": Kafka -> rolling count -> Kafka, then a restart
+    "kafka-clicks": "['a=1', 'a=2', 'a=3', 'b=1', 'b=2', 'c=1']\n['c=2', 'd=1']",
     # docs/watching.md: the dashboard's key search over a running job's last snapshot
     "watched-counts": "True 'a' keyed True",
 }
