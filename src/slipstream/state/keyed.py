@@ -52,6 +52,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, cast
 
+from slipstream.state.live import ABSENT as _LIVE_ABSENT
+
 __all__ = [
     "DELTA",
     "DROP",
@@ -379,7 +381,15 @@ class _SavingKeyedState(KeyedState):
     __slots__ = ()
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._live.before_set(self, key)
+        live = self._live
+        old = live.old
+        if key not in old:  # LiveSave.before_set, inlined: the first write after the barrier
+            v = dict.get(self, key, _LIVE_ABSENT)
+            old[key] = v
+            if v is _LIVE_ABSENT:
+                live._it = None  # the map grows: its iterator is no good any more
+        elif live._it is not None and not dict.__contains__(self, key):
+            live._it = None
         dict.__setitem__(self, key, value)
 
     def __delitem__(self, key: Any) -> None:

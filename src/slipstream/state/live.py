@@ -55,9 +55,10 @@ __all__ = [
 LIVE_SAVE_MIN_KEYS = 20_000
 #: entries encoded per step (a few ms of the processor's thread at most, also on a
 #: loaded machine)
-LIVE_SAVE_STEP = 16_384
+LIVE_SAVE_STEP = 65_536
 
-_ABSENT: Any = object()  # a key that was not in the map at the barrier
+ABSENT: Any = object()  # a key that was not in the map at the barrier
+_ABSENT = ABSENT
 _MISSING: Any = object()
 
 
@@ -213,11 +214,11 @@ class LiveSave:
         if len(keys) < take:  # the map ended early: a bug
             raise RuntimeError("the map's pre-barrier keys ran out before their count")
         self._it = it
+        # the live values: a key written since the barrier gets its recorded value in a
+        # last fragment (it comes later: the unpickled dict keeps that one)
         values: Any = (
             itemgetter(*keys)(state) if take > 1 else [dict.__getitem__(state, keys[0])]
         )
-        if self.old:  # a key written since the barrier: its recorded value
-            values = list(map(self.old.get, keys, values))
         self._add(keys, values)
         return take == remaining
 
@@ -254,10 +255,18 @@ class LiveSave:
         self.out.update(zip(keys, values, strict=True))
 
     def _complete(self) -> None:
-        if self.mode == "full" and self.count != self.size:
-            raise RuntimeError(
-                f"a copy-on-write save produced {self.count} entries of a map of {self.size} keys"
-            )
+        if self.mode == "full":
+            if self.count != self.size:
+                raise RuntimeError(
+                    f"a copy-on-write save produced {self.count} entries of a map of "
+                    f"{self.size} keys"
+                )
+            old = self.old
+            keys = [k for k, v in old.items() if v is not _ABSENT]
+            if keys:  # their pre-barrier values, after what the slices read
+                count = self.count
+                self._add(keys, list(map(old.__getitem__, keys)))
+                self.count = count
         self._release()
         self._done.set()
 
