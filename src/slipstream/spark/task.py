@@ -474,7 +474,7 @@ class VertexTask:
                 )
             result["snapshot"] = saved
             result["watermarks"] = {**capture_watermarks(tasklet), "sent": run.sent_wm}
-            if getattr(tasklet.processor, "epoch_output_pending", False):
+            if _epoch_output_pending(tasklet.processor):
                 # a two-phase sink's output waits in its chunk for the driver's commit
                 # (slipstream.spark.epoch_commit)
                 result["commit_pending"] = True
@@ -794,6 +794,18 @@ def _attempt_token() -> str:
     except ImportError:  # pragma: no cover - the engine runs under pyspark
         pass
     return attempt + secrets.token_hex(8)
+
+
+def _epoch_output_pending(processor: Any) -> bool:
+    """Whether a two-phase sink holds this epoch's output for the driver's commit: the
+    processor, or the one a fused chain runs inside (``InputFusedP.inner``)."""
+    for _ in range(4):
+        if processor is None:
+            return False
+        if getattr(processor, "epoch_output_pending", False):
+            return True
+        processor = getattr(processor, "inner", None)
+    return False
 
 
 def _value(broadcast: Any) -> Any:
