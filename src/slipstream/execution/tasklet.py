@@ -329,7 +329,7 @@ class ProcessorTasklet:
             try:
                 saves = self.context.live_saves
                 while saves:  # nothing changes the state any more: produce them now
-                    saves.pop(0).finish()
+                    saves.pop(0).finish(timed=False)
                 self.processor.close()
             finally:
                 closers = self.context.closers
@@ -342,8 +342,8 @@ class ProcessorTasklet:
     # -- the step ----------------------------------------------------------------------
     def call(self) -> int:
         self.progress = False
-        if self.context.live_saves:
-            self._step_live_saves()
+        if self.context.live_saves and self.pending_barrier is None:
+            self._step_live_saves()  # not while saving: that is the pause
         if not self._flush():
             return MADE_PROGRESS if self.progress else NO_PROGRESS
         self._step()

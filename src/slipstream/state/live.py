@@ -55,7 +55,7 @@ __all__ = [
 LIVE_SAVE_MIN_KEYS = 20_000
 #: entries encoded per step (a few ms of the processor's thread at most, also on a
 #: loaded machine)
-LIVE_SAVE_STEP = 65_536
+LIVE_SAVE_STEP = 32_768
 
 ABSENT: Any = object()  # a key that was not in the map at the barrier
 _ABSENT = ABSENT
@@ -192,11 +192,15 @@ class LiveSave:
             self.step_max_s = dt
         return finished
 
-    def finish(self) -> None:
+    def finish(self, timed: bool = True) -> None:
         """Produce the rest now (the processor is closing, or the map changes in a way
-        the save does not follow: a removal during a full save, ``clear()``)."""
+        the save does not follow: a removal during a full save, ``clear()``).
+        ``timed=False``: not counted as a step (the processor is closing)."""
+        longest = self.step_max_s
         while not self.step(1 << 62):
             pass
+        if not timed:
+            self.step_max_s = longest
 
     def _full_step(self, budget: int) -> bool:
         state = self.state
