@@ -357,3 +357,58 @@ def test_structured_streaming_into_kafka_writes_the_last_batch(
     finally:
         reader.close()
     assert Counter(got) == _oracle(n)
+
+
+def test_a_failed_commit_step_loses_nothing(
+    spark_session: Any, kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver fails right after an epoch's commit, before its commit step writes the
+    transactions (as a driver that dies there): the epoch stays committed, and a new job
+    on the checkpoint writes its records from the restored snapshot, once."""
+    from importlib import import_module
+
+    streaming = import_module("slipstream.spark.streaming")  # ss.spark is the factory
+
+    src, out, offsets = _names("f")
+    kafka.create_topic(src, 2)
+    kafka.create_topic(out, 2)
+    n = 1000
+    _produce(kafka.bootstrap, src, range(n), 2)
+    engine = ss.spark(spark_session)
+    checkpoint = str(tmp_path / "ckpt")
+    real = streaming.commit_epoch_output
+
+    def fail_when_output_waits(sc: Any, tasks: Any, results: Any, store: Any, sid: int) -> int:
+        if any(r.get("commit_pending") for r in results):
+            raise RuntimeError("injected driver failure after the commit")
+        return real(sc, tasks, results, store, sid)
+
+    monkeypatch.setattr(streaming, "commit_epoch_output", fail_when_output_waits)
+    first = engine.new_job(
+        _pipeline(kafka.bootstrap, src, out, offsets),
+        _config("spark-kafka-commit-step"),
+        streaming=True,
+        epoch_ms=200,
+        checkpoint_location=checkpoint,
+    )
+    with pytest.raises(JobFailedError, match="injected driver failure after the commit"):
+        first.join(240)
+    assert first.epochs_committed >= 1
+    assert _records_sent(kafka.bootstrap, out, 2) == 0
+    monkeypatch.setattr(streaming, "commit_epoch_output", real)
+    reader = _Reader(kafka.bootstrap, out, 2)
+    try:
+        second = engine.new_job(
+            _pipeline(kafka.bootstrap, src, out, offsets),
+            _config("spark-kafka-commit-step"),
+            streaming=True,
+            epoch_ms=200,
+            checkpoint_location=checkpoint,
+        )
+        try:
+            got = reader.until(n, second)
+        finally:
+            _stop(second)
+    finally:
+        reader.close()
+    assert Counter(got) == _oracle(n)

@@ -654,10 +654,6 @@ class _EpochJob(SparkJobBase):
         clock.lap("commit")
         self._after_commit(manifest)
         clock.lap("schedule_compaction")
-        # two-phase sinks (Kafka under exactly-once) write what the epoch prepared, now
-        # that its snapshot is committed (slipstream.spark.epoch_commit)
-        commit_epoch_output(sc, compiled.tasks, results, state["store"], snapshot_id)
-        clock.lap("commit_output")
         self._watermark_pending = pending
         committed_at = time.time()
         engine.merge_results(results)
@@ -684,6 +680,12 @@ class _EpochJob(SparkJobBase):
             }
             self._epoch_watermarks = _vertex_watermarks(results)
         clock.lap("deliver")
+        # two-phase sinks (Kafka under exactly-once) write what the epoch prepared, now
+        # that its snapshot is committed (slipstream.spark.epoch_commit); after the
+        # delivery, so a failure or cancel() here leaves a committed epoch delivered and
+        # counted (its transactions are written by the next restore)
+        commit_epoch_output(sc, compiled.tasks, results, state["store"], snapshot_id)
+        clock.lap("commit_output")
         self._record_breakdown(
             epoch_id,
             no_data,
