@@ -134,8 +134,8 @@ class Context:
         #: ``True`` when the engine writes snapshots to a store and tells the processor
         #: when one committed (``Processor.snapshot_commit_finish``): a two-phase sink
         #: then holds its output back until that call. ``False`` without a processing
-        #: guarantee, in the processor test harness and on the Spark engine (whose
-        #: epochs hand state over instead of committing it): output is final at once.
+        #: guarantee and in the processor test harness: output is final at once; also on
+        #: the Spark engine, whose epochs commit differently (see ``epoch_commit_id``).
         self.commits_snapshots = False
         #: an epoch of a Spark streaming job that asked for exactly-once: the id of the
         #: snapshot the epoch's manifest commits (0 otherwise). Every epoch ends with the
