@@ -19,9 +19,9 @@ A *full* save walks the live map in insertion order: the keys the map held at th
 barrier form a prefix of that order while none is removed (a value written in place
 keeps its key's place, a key inserted after the barrier goes to the end). A dict
 iterator is kept from one step to the next while the map's size does not change; after
-an insertion it is made again and advanced past the part already encoded (C speed,
-proportional to it: the only step whose cost grows with the map, and only while new keys
-come in). A removal while a full save is in progress makes the rest of the save at once
+an insertion (new keys coming in while the save is made) the keys still to encode are
+listed once, from a new iterator advanced past the part already encoded (C speed, a few
+ns a key: the only step whose cost grows with the map, once per save at most). A removal while a full save is in progress makes the rest of the save at once
 (the processors that save copy-on-write do not remove keys; a custom one that does pays
 that then). A *delta* walks the changed keys (a set nobody changes any more) and reads
 each one's value from the live map or its recorded pre-barrier value.
@@ -137,6 +137,8 @@ class LiveSave:
         self.removed: list[Any] = []  # a delta's removed keys
         self.size = len(state) if keys is None else len(keys)
         self._it: Any = None  # full: an iterator over the map's keys
+        self._rest: list[Any] | None = None  # full: the keys still to encode, once listed
+        self._rest_at = 0  # how many were encoded when they were listed
         self._kit: Any = None  # delta: the iterator over the changed keys
         self._keys = keys
         self._done = threading.Event()
@@ -208,16 +210,27 @@ class LiveSave:
         remaining = self.size - pos
         if remaining <= 0:
             return True
-        it = self._it
-        if it is None:
-            it = iter(dict.keys(state))
-            if pos:
-                next(islice(it, pos - 1, pos), None)  # past the part already encoded
         take = budget if budget < remaining else remaining
-        keys = list(islice(it, take))
+        rest = self._rest
+        if rest is None and self._it is None and pos:
+            # the map grew since the last step: a new iterator would have to pass the
+            # part already encoded after every insertion; the keys still to encode are
+            # listed once instead (C speed; 8 bytes a key until the save is complete)
+            it = iter(dict.keys(state))
+            next(islice(it, pos - 1, pos), None)
+            rest = self._rest = list(islice(it, remaining))
+            self._rest_at = pos
+        if rest is not None:
+            i = pos - self._rest_at
+            keys = rest[i : i + take]
+        else:
+            it = self._it
+            if it is None:
+                it = iter(dict.keys(state))
+            keys = list(islice(it, take))
+            self._it = it
         if len(keys) < take:  # the map ended early: a bug
             raise RuntimeError("the map's pre-barrier keys ran out before their count")
-        self._it = it
         # the live values: a key written since the barrier gets its recorded value in a
         # last fragment (it comes later: the unpickled dict keeps that one)
         values: Any = (
@@ -289,6 +302,7 @@ class LiveSave:
         self.state = None
         self.old = {}
         self._it = None
+        self._rest = None
         self._kit = None
         self._keys = None
 
