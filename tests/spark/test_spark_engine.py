@@ -1,17 +1,15 @@
 """The Spark engine (slipstream.spark.engine): jobs, results, failures, cancellation.
 
-All tests share the session-scoped local[2] ``spark_session`` fixture (conftest.py); the
-standalone-cluster test runs its own driver in a subprocess (one SparkContext per
-process).
+All tests share the session-scoped local[2] ``spark_session`` fixture (conftest.py). The
+word count on a standalone cluster is in test_standalone.py, on the one cluster the
+suite starts.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -378,70 +376,6 @@ def test_rdd_source(engine: Any, spark_session: Any) -> None:
     dag = word_count_dag(LINES, source=spark_rdd_source(rdd))
     engine.new_job(dag).join(120)
     assert sorted(engine.get_list("counts")) == word_count_oracle(LINES)
-
-
-# ------------------------------------------------------------------ standalone cluster
-
-STANDALONE_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    sys.path.insert(0, sys.argv[2])
-    from pyspark import cloudpickle
-    import spark.spark_engine_procs as procs
-    cloudpickle.register_pickle_by_value(procs)
-    import slipstream as ss
-    from slipstream.spark.session import create_session
-
-    lines = sys.stdin.read().splitlines()
-    session = create_session(
-        sys.argv[1], "slipstream-engine-standalone",
-        conf={"spark.executor.memory": "512m", "spark.cores.max": "1"},
-    )
-    try:
-        engine = ss.spark(session)
-        job = engine.new_job(procs.word_count_dag(lines), ss.JobConfig(name="wc"))
-        job.join(180)
-        executors = session.sparkContext._jsc.sc().getExecutorIds().size()
-        print(json.dumps({
-            "counts": sorted(engine.get_list("counts")),
-            "members": engine.member_count,
-            "slots": session.sparkContext.defaultParallelism,
-            "executors": executors,
-            "status": job.status.value,
-            "metrics": job.metrics,
-        }))
-    finally:
-        session.stop()
-    """
-)
-
-
-@pytest.mark.timeout(300)
-def test_word_count_on_a_standalone_cluster() -> None:
-    from slipstream.spark.session import SparkUnavailableError, check_spark_available
-    from slipstream.spark.standalone import StandaloneCluster
-
-    try:
-        check_spark_available()
-    except SparkUnavailableError as exc:
-        pytest.skip(str(exc))
-    tests_dir = Path(__file__).resolve().parent.parent
-    with StandaloneCluster(workers=1, cores=1, memory="1g", timeout=120) as cluster:
-        result = subprocess.run(
-            [sys.executable, "-c", STANDALONE_SCRIPT, cluster.master_url, str(tests_dir)],
-            input="\n".join(LINES),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["status"] == "completed"
-    assert [tuple(x) for x in report["counts"]] == word_count_oracle(LINES)
-    assert report["executors"] >= 1
-    assert report["members"] == report["slots"]  # one member per task slot
-    words = sum(len(line.split()) for line in LINES)
-    assert report["metrics"]["split"]["items_out"] == words
 
 
 # ------------------------------------------------------------------ security

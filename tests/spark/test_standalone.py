@@ -1,4 +1,8 @@
-"""Tests for slipstream.spark.standalone (a real master + worker)."""
+"""Tests for slipstream.spark.standalone (a real master + workers).
+
+Starting a cluster costs 9-14 s on the 2-core build machines (load 6-9), so the suite starts one:
+two driver programs run on it in turn (a plain SparkSession whose executors lack
+slipstream, then slipstream's own ``create_session``)."""
 
 from __future__ import annotations
 
@@ -7,12 +11,15 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from slipstream.spark.standalone import StandaloneCluster
+
+from .spark_engine_procs import word_count_oracle
 
 APP = Path(__file__).with_name("any_session_app.py")
 
@@ -49,6 +56,69 @@ def _bare_python(tmp_path: Path) -> Path:
     return python
 
 
+#: the create_session driver's input: a word count on the cluster
+LINES = [
+    "the quick brown fox jumps over the lazy dog",
+    "to be or not to be that is the question",
+    "a stream is a batch that never ends",
+] * 50
+
+CREATE_SESSION_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[2])
+    from pyspark import cloudpickle
+    import spark.spark_engine_procs as procs
+    cloudpickle.register_pickle_by_value(procs)
+    import slipstream as ss
+    from slipstream.spark.session import create_session
+
+    lines = sys.stdin.read().splitlines()
+    session = create_session(
+        sys.argv[1], "slipstream-engine-standalone",
+        conf={"spark.executor.memory": "512m", "spark.cores.max": "1"},
+    )
+    try:
+        engine = ss.spark(session)
+        job = engine.new_job(procs.word_count_dag(lines), ss.JobConfig(name="wc"))
+        job.join(180)
+        executors = session.sparkContext._jsc.sc().getExecutorIds().size()
+        print(json.dumps({
+            "counts": sorted(engine.get_list("counts")),
+            "members": engine.member_count,
+            "slots": session.sparkContext.defaultParallelism,
+            "executors": executors,
+            "status": job.status.value,
+            "metrics": job.metrics,
+        }))
+    finally:
+        session.stop()
+    """
+)
+
+
+def _word_count_with_create_session(master_url: str, env: dict[str, str], timeout: float) -> None:
+    """slipstream's session factory (PYSPARK_PYTHON: this interpreter) on the cluster:
+    a word count, one member per task slot, the job's metrics back on the driver."""
+    tests_dir = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", CREATE_SESSION_SCRIPT, master_url, str(tests_dir)],
+        input="\n".join(LINES),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["status"] == "completed"
+    assert [tuple(x) for x in report["counts"]] == word_count_oracle(LINES)
+    assert report["executors"] >= 1
+    assert report["members"] == report["slots"]  # one member per task slot
+    words = sum(len(line.split()) for line in LINES)
+    assert report["metrics"]["split"]["items_out"] == words
+
+
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(OVERALL_TIMEOUT)
@@ -58,7 +128,8 @@ def test_any_session_on_a_cluster_whose_executors_lack_slipstream(
     """A plain SparkSession (no PYSPARK_PYTHON) on a standalone cluster of two workers
     whose executors run a Python without slipstream: ss.spark(session) ships slipstream
     and runs a batch job, a streaming window job and a rolling count whose state the
-    executors write to and read from the checkpoint, across a restart."""
+    executors write to and read from the checkpoint, across a restart. Then, on the same
+    cluster, a driver of slipstream's create_session runs a word count."""
     from slipstream.spark.session import SparkUnavailableError, check_spark_available
 
     try:
@@ -123,6 +194,15 @@ def test_any_session_on_a_cluster_whose_executors_lack_slipstream(
         assert report["state_epochs"] == [2, 1] and report["state_resumed"] == 2
         assert report["state_chains"] == {"0": ["full", "delta", "delta"], "1": ["full", "delta", "delta"]}
         assert report["state_flags"] == {"spill": [], "broadcast": []}
+
+        own_env = dict(os.environ)  # the suite's own environment
+        if driver_path:
+            own_env["PYTHONPATH"] = driver_path
+        t0 = time.monotonic()
+        _word_count_with_create_session(
+            cluster.master_url, own_env, timeout=max(30.0, deadline - time.monotonic())
+        )
+        print(f"create_session driver: word count {time.monotonic() - t0:.1f} s")
 
     # stop() ran: nothing of the cluster survives.
     assert not cluster.running()
