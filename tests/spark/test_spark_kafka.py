@@ -412,3 +412,44 @@ def test_a_failed_commit_step_loses_nothing(
     finally:
         reader.close()
     assert Counter(got) == _oracle(n)
+
+
+def test_epoch_max_items_bounds_what_an_epoch_reads(
+    spark_session: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """With ``epoch_max_items`` an epoch's source processor stops reading once it
+    emitted that many records (checked between polls: one poll, at most 1,000 records,
+    more), long before ``epoch_ms``: 6,000 records in 2 partitions take several epochs
+    of at most 2 x (1,000 + 1,000) records, and the output is exact."""
+    src, out, offsets = _names("g")
+    kafka.create_topic(src, 2)
+    kafka.create_topic(out, 2)
+    n = 6000
+    _produce(kafka.bootstrap, src, range(n), 2)
+    engine = ss.spark(spark_session)
+    read = engine.get_list(offsets)
+    seen: list[int] = []  # the records read by the epochs committed so far, per epoch
+
+    def count(_epoch_id: int) -> None:
+        seen.append(len(read))
+
+    job = engine.new_job(
+        _pipeline(kafka.bootstrap, src, out, offsets),
+        _config("spark-kafka-bounded"),
+        streaming=True,
+        epoch_ms=3000,
+        epoch_max_items=1000,
+        checkpoint_location=str(tmp_path / "ckpt"),
+    )
+    job._before_commit = count
+    reader = _Reader(kafka.bootstrap, out, 2)
+    try:
+        got = reader.until(n, job)
+    finally:
+        reader.close()
+        _stop(job)
+    assert Counter(got) == _oracle(n)
+    per_epoch = [b - a for a, b in zip([0, *seen], [*seen, len(read)], strict=True)]
+    assert sum(per_epoch) == n
+    assert max(per_epoch) <= 2 * (1000 + 1000), per_epoch
+    assert len([c for c in per_epoch if c]) >= 2, per_epoch

@@ -183,6 +183,8 @@ class EpochInput:
     state: Any = None
     epoch_ms: float | None = None
     final: bool = False
+    #: a micro-batch job's bound on the items a source processor emits per epoch
+    epoch_max_items: int | None = None
 
     @property
     def mode(self) -> RunMode:
@@ -369,6 +371,9 @@ class _Compiler:
             if epoch is not None
             else None,
             epoch_ms=epoch.epoch_ms
+            if epoch is not None and self.mode is RunMode.MICRO_EPOCH
+            else None,
+            epoch_max_items=epoch.epoch_max_items
             if epoch is not None and self.mode is RunMode.MICRO_EPOCH
             else None,
             failure_key=self.failure_key,

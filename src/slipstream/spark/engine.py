@@ -160,6 +160,7 @@ class SparkEngine:
         streaming: bool = False,
         epoch_ms: float | None = None,
         max_list_items: int | None = DEFAULT_MAX_LIST_ITEMS,
+        epoch_max_items: int | None = None,
     ) -> Any:
         """Validate and compile ``dag``, then start it; returns the running job.
 
@@ -177,6 +178,8 @@ class SparkEngine:
         state and source offsets are committed per epoch under ``checkpoint_location``
         (same default as above), and once every source has completed the DAG completes
         as a batch job would. Without it such a DAG runs as a batch job.
+        ``epoch_max_items`` also ends a source processor's epoch once it emitted that
+        many items (about: checked between its polls), a bounded batch per epoch.
 
         In both kinds of streaming job a list sink keeps only its newest
         ``max_list_items`` items on the driver (``None``: all), so a long-running query
@@ -193,10 +196,11 @@ class SparkEngine:
         dag = with_dead_letters(dag, config.on_item_error)
         job: SparkJobBase
         if any(isinstance(v.meta_supplier, SparkStreamSource) for v in dag.vertices):
-            if epoch_ms is not None:
+            if epoch_ms is not None or epoch_max_items is not None:
                 raise ValueError(
-                    "epoch_ms applies to micro-batch jobs (streaming=True over slipstream's "
-                    "own sources); a spark_stream_source's micro-batches follow trigger"
+                    "epoch_ms and epoch_max_items apply to micro-batch jobs (streaming=True "
+                    "over slipstream's own sources); a spark_stream_source's micro-batches "
+                    "follow trigger"
                 )
             job = SparkStreamingJob(self, dag, config, checkpoint_location, trigger, max_list_items)
         elif streaming:
@@ -212,12 +216,19 @@ class SparkEngine:
                 checkpoint_location,
                 DEFAULT_EPOCH_MS if epoch_ms is None else epoch_ms,
                 max_list_items,
+                epoch_max_items,
             )
         else:
-            if checkpoint_location is not None or trigger is not None or epoch_ms is not None:
+            if (
+                checkpoint_location is not None
+                or trigger is not None
+                or epoch_ms is not None
+                or epoch_max_items is not None
+            ):
                 raise ValueError(
-                    "checkpoint_location, trigger and epoch_ms apply to streaming jobs (DAGs "
-                    "with a spark_stream_source, or new_job(..., streaming=True)) only"
+                    "checkpoint_location, trigger, epoch_ms and epoch_max_items apply to "
+                    "streaming jobs (DAGs with a spark_stream_source, or new_job(..., "
+                    "streaming=True)) only"
                 )
             job = SparkJob(self, dag, config)
         job._start()

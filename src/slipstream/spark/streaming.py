@@ -596,7 +596,13 @@ class _EpochJob(SparkJobBase):
                 default_parallelism=self._lp,
                 addresses=member_addresses(self._members),
                 services=self._services,
-                epoch=EpochInput(streams, state_bc, epoch_ms=epoch_ms, final=final),
+                epoch=EpochInput(
+                    streams,
+                    state_bc,
+                    epoch_ms=epoch_ms,
+                    final=final,
+                    epoch_max_items=getattr(self, "epoch_max_items", None),
+                ),
                 failure_key=self.failure_key,
             )
             clock.lap("compile")
@@ -1093,7 +1099,16 @@ class SparkMicroBatchJob(_EpochJob):
         checkpoint_location: str | None,
         epoch_ms: float = DEFAULT_EPOCH_MS,
         max_list_items: int | None = DEFAULT_MAX_LIST_ITEMS,
+        epoch_max_items: int | None = None,
     ) -> None:
+        if epoch_max_items is not None and (
+            isinstance(epoch_max_items, bool)
+            or not isinstance(epoch_max_items, int)
+            or epoch_max_items < 1
+        ):
+            raise ValueError(f"epoch_max_items must be an int >= 1 or None, got {epoch_max_items!r}")
+        #: at most about this many items per source processor and epoch (None: epoch_ms only)
+        self.epoch_max_items = epoch_max_items
         if (
             isinstance(epoch_ms, bool)
             or not isinstance(epoch_ms, (int, float))

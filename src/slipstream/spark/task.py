@@ -255,6 +255,9 @@ class VertexTask:
     restore_partitioner: Any = None
     #: ``MICRO_EPOCH``: how long a source processor (no inbound edge) runs per epoch
     epoch_ms: float | None = None
+    #: ``MICRO_EPOCH``: how many items a source processor emits per epoch, about (None:
+    #: no bound; checked between its ``complete()`` calls)
+    epoch_max_items: int | None = None
     #: the job's key for signing failure markers (:mod:`slipstream.spark.failures`)
     failure_key: bytes = b""
     #: a batch job: watermark inserters emit no watermark (``Context.hold_watermarks``)
@@ -377,7 +380,7 @@ class VertexTask:
         supplier, processor = self._make_processor(member, local)
         if self.mode is RunMode.MICRO_EPOCH and not self.inbound:
             assert self.epoch_ms is not None
-            gate = EpochSourceGate(processor, self.epoch_ms)
+            gate = EpochSourceGate(processor, self.epoch_ms, self.epoch_max_items)
             run.epoch_source = run.gate = gate
             processor = cast(Processor, gate)
         return supplier, processor
@@ -680,12 +683,19 @@ class EpochSourceGate:
     itself, so the tasklet ends the epoch with the terminal snapshot barrier (the source
     saves its offset) instead of emitting end-of-stream. ``done`` tells the driver the
     source has nothing more: it then runs the job's final, completing run.
+
+    With ``max_items`` the epoch also ends once the source has emitted that many items
+    (counted on its first outbound bucket between ``complete()`` calls, so one call's
+    worth more may come: a bounded batch, as Spark's ``maxOffsetsPerTrigger``).
     """
 
-    def __init__(self, processor: Processor, epoch_ms: float) -> None:
+    def __init__(self, processor: Processor, epoch_ms: float, max_items: int | None = None) -> None:
         self._inner = processor
         self._epoch_s = epoch_ms / 1000.0
         self._deadline: float | None = None
+        self._max_items = max_items
+        #: items the source emitted in this epoch (counted only with ``max_items``)
+        self.items = 0
         self.done = False
 
     def __getattr__(self, name: str) -> Any:
@@ -694,18 +704,35 @@ class EpochSourceGate:
         return getattr(self._inner, name)
 
     def complete(self) -> bool:
-        if self.done:
+        if self.done or self._full():
             return False
         if self._deadline is None:
             self._deadline = time.monotonic() + self._epoch_s
+        if self._max_items is None:
+            if self._inner.complete():
+                self.done = True
+            return False
+        buckets = getattr(getattr(self._inner, "outbox", None), "buckets", None)
+        before = len(buckets[0]) if buckets else 0
         if self._inner.complete():
             self.done = True
+        if buckets:
+            # a bucket only grows during the call; the tasklet empties it in between
+            self.items += max(0, len(buckets[0]) - before)
         return False
+
+    def _full(self) -> bool:
+        return self._max_items is not None and self.items >= self._max_items
 
     @property
     def exhausted(self) -> bool:
-        """Whether the epoch should end: the source is done or its time is up."""
-        return self.done or (self._deadline is not None and time.monotonic() >= self._deadline)
+        """Whether the epoch should end: the source is done, its time is up, or it
+        emitted ``max_items``."""
+        return (
+            self.done
+            or self._full()
+            or (self._deadline is not None and time.monotonic() >= self._deadline)
+        )
 
 
 #: The one snapshot of an epoch: terminal, so every processor saves its state, forwards
