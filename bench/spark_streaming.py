@@ -17,8 +17,9 @@ bench cache:
 * ``window``: 1 s tumbling counts per key (1,000 keys, 600 ms lag) over ``--events``
   JSON events in ``--files`` time-ordered files, 2 files per micro-batch. Native: the
   append-mode ``withWatermark`` + ``groupBy(window, key).count()``; slipstream:
-  ``insert_watermarks -> aggregate_to_sliding_window`` into a list sink. The row also
-  prints both windows' totals (they must be equal).
+  ``insert_watermarks -> aggregate_to_sliding_window`` into a list sink that keeps
+  every window (``max_list_items=None``: the driver's RSS of this row includes them).
+  The row also prints both windows' totals (they must be equal).
 
 Per row and variant: seconds per epoch (the mean of Spark's ``triggerExecution`` over
 the micro-batches that had input: the same measure for both, from
@@ -262,9 +263,32 @@ def run_native(session: Any, row: str, directory: str, work: str) -> dict[str, A
     return result
 
 
+def _old_ways(on: bool) -> None:
+    """``--ab``: the two fixed-cost cuts of issue 23 item 5 undone (an RDD repartition of
+    a one-partition micro-batch, every chain read every epoch) or back on."""
+    from slipstream.spark import compile as spark_compile
+    from slipstream.spark.streaming import SparkStreamingJob
+
+    if not hasattr(spark_compile, "_stream_partitions"):
+        return  # a version without them
+    saved = getattr(_old_ways, "saved", None)
+    if saved is None:
+        saved = _old_ways.saved = spark_compile._stream_partitions  # type: ignore[attr-defined]
+    if on:
+        spark_compile._stream_partitions = lambda stream, n: spark_compile._with_partitions(
+            getattr(stream, "rdd", stream) if not hasattr(stream, "mapPartitionsWithIndex")
+            else stream,
+            n,
+        )
+    else:
+        spark_compile._stream_partitions = saved
+    SparkStreamingJob.executor_state_cache = not on
+
+
 def run_slipstream(
-    session: Any, row: str, directory: str, work: str, breakdown: bool
+    session: Any, row: str, directory: str, work: str, breakdown: bool, old: bool = False
 ) -> dict[str, Any]:
+    _old_ways(old)
     engine = ss.spark(session)
     df = _input(session, row, directory)
     dag = window_dag(df) if row == "window" else count_dag(df)
@@ -275,6 +299,7 @@ def run_slipstream(
             ss.JobConfig(name=f"bench-{row}"),
             checkpoint_location=os.path.join(work, "slipstream"),
             trigger={"availableNow": True},
+            max_list_items=None,  # every window, to compare with native's
         )
         commit = job.store.commit
 
@@ -327,10 +352,56 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
         if restored:
             hits = restored.count("hit")
             print(f"    restores from the worker's kept state {hits} of {len(restored)}")
-        for k in ("setup", "restore_read", "run", "write_chunk"):
-            vals = [float(t.get(k, 0.0)) for t in tasks]
-            if any(vals):
-                print(f"    task {k:<26} {_mean(vals):8.3f} mean, {max(vals):.3f} max")
+        for vertex in dict.fromkeys(t["vertex"] for t in tasks):
+            mine = [t for t in tasks if t["vertex"] == vertex]
+            for k in ("setup", "restore_read", "run", "write_chunk"):
+                vals = [float(t.get(k, 0.0)) for t in mine]
+                if any(v >= 0.0005 for v in vals):
+                    print(
+                        f"    task {vertex + ' ' + k:<26} {_mean(vals):8.3f} mean, "
+                        f"{max(vals):.3f} max"
+                    )
+
+
+def ab(session: Any, args: Any, dirs: dict[str, str]) -> None:
+    """``--ab``: per row, rounds of native / slipstream / slipstream the old ways, each
+    variant's mean seconds per epoch per round, then the median over rounds."""
+    names = ("native", "slipstream", "slipstream, old ways")
+    for row in args.rows:
+        per: dict[str, list[float]] = {n: [] for n in names}
+        hits: list[str] = []
+        for r in range(args.ab):
+            for name in names:
+                with tempfile.TemporaryDirectory(prefix="spark-streaming-bench-") as work:
+                    if name == "native":
+                        out = run_native(session, row, dirs[row], work)
+                    else:
+                        out = run_slipstream(
+                            session, row, dirs[row], work, False, old=name != "slipstream"
+                        )
+                        if name == "slipstream":
+                            hits += [
+                                t["kept_state"]
+                                for e in out["breakdown"]
+                                for t in e.get("task", [])
+                                if t.get("kept_state")
+                            ]
+                per[name].append(_mean(out["times"]))
+                print(
+                    f"{row} round {r}: {name} {per[name][-1]:.2f} s/epoch "
+                    f"(load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+        med = {n: sorted(v)[len(v) // 2] for n, v in per.items()}
+        print(
+            f"{row}: median s/epoch over {args.ab} rounds: "
+            + ", ".join(f"{n} {med[n]:.2f}" for n in names)
+            + f"; slipstream/native {med['slipstream'] / med['native']:.2f}, "
+            f"old ways/native {med['slipstream, old ways'] / med['native']:.2f}; "
+            f"kept-state hits {hits.count('hit')} of {len(hits)}",
+            flush=True,
+        )
+    _old_ways(False)
 
 
 def main() -> None:
@@ -343,6 +414,14 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--rocksdb", action="store_true", help="native state in RocksDB")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument(
+        "--ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead of the table: ROUNDS interleaved rounds per row of native, slipstream, "
+        "and slipstream with the RDD repartition and no kept state (the old ways)",
+    )
     args = ap.parse_args()
     if args.breakdown:
         os.environ["SLIPSTREAM_EPOCH_BREAKDOWN"] = "1"  # closure sizes too
@@ -376,6 +455,10 @@ def main() -> None:
         f"{'row':<10} {'native s/epoch':>14} {'slipstream s/epoch':>18} {'ratio':>6} "
         f"{'native RSS MB':>13} {'slip RSS MB':>11} {'native B/epoch':>14} {'slip B/epoch':>12}"
     )
+    if args.ab:
+        ab(session, args, dirs)
+        session.stop()
+        return
     lines = []
     for row in args.rows:
         with tempfile.TemporaryDirectory(prefix="spark-streaming-bench-") as work:
