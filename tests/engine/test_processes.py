@@ -380,3 +380,17 @@ def test_random_dags_with_two_processes_match_the_oracle() -> None:
             assert Counter(engine.get_list(f"out-{name}")) == expected[name], name
 
     check()
+
+
+def test_members_that_cannot_be_started_fail_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    import slipstream.engine.processes as processes
+
+    def refuse(process: Any) -> None:
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(processes, "_start_without_main", refuse)
+    job = ss.local(processes=2).new_job(word_count_dag(["a b"]), JobConfig(name="unstarted"))
+    with pytest.raises(JobFailedError) as e:
+        job.join(timeout=GUARD_S)
+    assert str(e.value).split("\n")[0] == "job 'unstarted' failed: OSError: no more processes"
+    assert job.status is ss.JobStatus.FAILED

@@ -542,7 +542,7 @@ class Job(JobHandle):
             s = ctx.unavailable_since
             if s is not None and (since is None or s < since):
                 since = s
-        for member in getattr(ex, "member_metrics", {}).values():  # processes > 1
+        for member in list(getattr(ex, "member_metrics", {}).values()):  # processes > 1
             for vertex, figures in member.items():
                 m = out.setdefault(vertex, {"items_in": 0, "items_out": 0})
                 for k, v in figures.items():

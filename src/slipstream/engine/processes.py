@@ -145,7 +145,7 @@ def member_figures(ex: ProcessExecution) -> dict[str, int]:
     busiest member's CPU time and all members' together (ms, as of their latest
     reports), and the sum of their peak resident sets (KiB; an upper bound of what they
     held at once)."""
-    usage = list(ex.member_usage.values())
+    usage = list(ex.member_usage.values())  # a listener thread may add a member's
     return {
         "processes": ex.count,
         "member_cpu_ms_max": int(max((u[0] for u in usage), default=0.0) * 1000),
@@ -250,12 +250,25 @@ class ProcessExecution:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
+        """Start the members; if that fails (no process could be started) the execution
+        ends failed at once, the members already started killed."""
+        try:
+            self._start()
+        except BaseException as e:  # noqa: BLE001 - the job fails with it
+            for p in self._procs:
+                if p.pid is not None and p.exitcode is None:  # started, still running
+                    p.kill()
+            self.failure = TaskletFailure(None, e, restartable=False)
+            self.finished.set()
+            self.job._execution_ended(self)  # type: ignore[arg-type]
+
+    def _start(self) -> None:
         from slipstream.engine.member import member_main
         from slipstream.execution.remote import channel_sockets
 
         ctx = member_context()
         sockets = channel_sockets(self.job.dag, self.plans)
-        children = []
+        children: list[tuple[Any, Any]] = []
         try:
             for m in range(self.count):
                 mine = {k: e[0] if k[1] == m else e[1] for k, e in sockets.items() if m in k[1:]}
@@ -266,6 +279,7 @@ class ProcessExecution:
                     name=f"slipstream-{self.job.name}-member{m}",
                     daemon=True,
                 )
+                self._procs.append(p)
                 _start_without_main(p)
                 child.close()
                 children.append((p, parent))
@@ -274,7 +288,6 @@ class ProcessExecution:
                 for s in ends:
                     s.close()
         pids = {m: p.pid for m, (p, _) in enumerate(children)}
-        self._procs = [p for p, _ in children]
         self._conns = [c for _, c in children]
         self._live = len(children)
         for m, (p, conn) in enumerate(children):
@@ -313,7 +326,7 @@ class ProcessExecution:
 
     def _kill_remaining(self) -> None:
         for m, p in enumerate(self._procs):
-            if p.exitcode is None:
+            if p.pid is not None and p.exitcode is None:
                 log.error(
                     "job %s: member %d (pid %s) did not stop in time after the job stopped; "
                     "killing it",
