@@ -289,8 +289,11 @@ def run_sql(cols: _Columns, query: str) -> Any:
             rel = con.sql(query)
             if rel is None:
                 return pa.table({})
-            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
-            return fetch()
+            # to_arrow_table: DuckDB 1.4 on; fetch_arrow_table before (the sql extra
+            # allows 1.1); whatever answers, a reader is read whole
+            fetch = getattr(rel, "to_arrow_table", None) or rel.fetch_arrow_table
+            result = fetch()
+            return result.read_all() if hasattr(result, "read_all") else result
         except duckdb.Error as e:
             raise SQLError(_one_line(str(e))) from None
     finally:
