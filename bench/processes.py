@@ -18,7 +18,9 @@ process; with processes=N the busiest member's, ``job.metrics["__job__"]
 ["member_cpu_ms_max"]``, or the coordinator's if larger). On a machine whose cores are
 busy with other work (the load is printed; report ``uptime``) the processes compete with
 that work and the wall time says little: the busiest process's CPU time is about what
-the wall time would be with a core per process.
+the wall time would be with a core per process. ``peak MB``: the peak resident set of the
+variant's process plus, with member processes, each member's (summed: an upper bound of
+what they held at once; the largest of the rounds).
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import cache_path, load_example, run_variant, write_corpus  # noqa: E402
+from benchlib import (  # noqa: E402
+    cache_path,
+    load_example,
+    peak_rss_mb,
+    run_variant,
+    write_corpus,
+)
 
 import slipstream as ss  # noqa: E402
 from slipstream.core.pickling import cloudpickle  # noqa: E402
@@ -65,16 +73,22 @@ def engine_job(directory: str, processes: int, dag: bool) -> Any:
     return example.build_pipeline(directory, "*.txt", str.split)
 
 
+MEMBERS_RSS_MB = 0.0  # the members' peak RSS summed, of the last run_engine
+
+
 def run_engine(directory: str, processes: int, dag: bool) -> tuple[dict[str, int], float]:
     """The counts and the busiest process's CPU seconds (this one's, or with member
     processes the busiest member's, from ``job.metrics``)."""
+    global MEMBERS_RSS_MB
     c0 = time.process_time()
     engine = ss.local(processes=processes)
     job = engine.new_job(engine_job(directory, processes, dag), ss.JobConfig(name="bench-processes"))
     job.join()
     cpu = time.process_time() - c0
     if processes > 1:
-        cpu = max(cpu, job.metrics["__job__"]["member_cpu_ms_max"] / 1000)
+        figures = job.metrics["__job__"]
+        cpu = max(cpu, figures["member_cpu_ms_max"] / 1000)
+        MEMBERS_RSS_MB = figures["member_peak_rss_kb_total"] / 1024
     return dict(engine.get_list("counts")), cpu
 
 
@@ -96,7 +110,8 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         counts, cpu = run_engine(a.dir, processes, kind == "dag")
     seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "cpu": cpu, "digest": digest(counts)}))
+    rss = peak_rss_mb() + MEMBERS_RSS_MB
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "digest": digest(counts), "rss": rss}))
 
 
 def label(variant: str) -> str:
@@ -132,6 +147,7 @@ def main() -> None:
     )
     best: dict[str, float] = {}
     best_cpu: dict[str, float] = {}
+    rss: dict[str, float] = {}
     want: str | None = None
     for _ in range(a.repeat):  # interleaved rounds
         for v in variants:
@@ -142,12 +158,13 @@ def main() -> None:
                 raise SystemExit(f"{label(v)}: output digest {r['digest']} != the plain loop's {want}")
             best[v] = min(best.get(v, float("inf")), r["seconds"])
             best_cpu[v] = min(best_cpu.get(v, float("inf")), r["cpu"])
+            rss[v] = max(rss.get(v, 0.0), r["rss"])
     load = os.getloadavg()
     base, base_cpu = best["plain"], best_cpu["plain"]
     print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end; output digest {want}")
     header = (
         f"{'variant':<28}{'wall s':>8}{'vs plain':>10}{'vs p=1':>8}"
-        f"{'busiest cpu s':>15}{'vs plain':>10}{'vs p=1':>8}"
+        f"{'busiest cpu s':>15}{'vs plain':>10}{'vs p=1':>8}{'peak MB':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -156,8 +173,8 @@ def main() -> None:
         row = f"{label(v):<28}{best[v]:>8.2f}{base / best[v]:>9.2f}x"
         row += f"{best[one] / best[v]:>7.2f}x" if one in best else f"{'':>8}"
         row += f"{best_cpu[v]:>15.2f}{base_cpu / best_cpu[v]:>9.2f}x"
-        row += f"{best_cpu[one] / best_cpu[v]:>7.2f}x" if one in best_cpu else ""
-        print(row)
+        row += f"{best_cpu[one] / best_cpu[v]:>7.2f}x" if one in best_cpu else f"{'':>8}"
+        print(f"{row}{rss[v]:>9.0f}")
 
 
 if __name__ == "__main__":
