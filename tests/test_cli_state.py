@@ -180,6 +180,7 @@ def test_parquet_output_reads_back_as_the_rows(store: str, tmp_path: Path) -> No
         "int64",
     )
     want = ss.state.read(store, "rolling_aggregate")
+    assert len(want) == 3  # the keys a, b and c
     assert sorted(zip(got["key"].to_pylist(), got["value"].to_pylist(), strict=True)) == sorted(
         (row.key, row.value) for row in want
     )
@@ -289,4 +290,47 @@ def test_sql_without_duckdb_says_what_to_install(
         "",
         "error: SQL over state needs DuckDB, which is not installed: pip install -e "
         "'.[sql]' in the slipstream checkout (or pip install duckdb)\n",
+    )
+
+
+def test_parquet_through_a_pipe_and_without_pyarrow(
+    store: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slipstream",
+            "state",
+            store,
+            "--format",
+            "parquet",
+            "--vertex",
+            "rolling_aggregate",
+        ],
+        capture_output=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    got = pq.read_table(pa.BufferReader(r.stdout))
+    assert got.num_rows == 3  # the keys a, b and c
+    assert (
+        got.to_pylist() == ss.state.to_arrow(ss.state.read(store, "rolling_aggregate")).to_pylist()
+    )
+    assert (
+        r.stderr.decode()
+        == f"snapshot {newest(store)} of {store}, vertex 'rolling_aggregate': 3 rows\n"
+    )
+
+    from slipstream.cli import main
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
+    assert main(["state", store, "--format", "parquet", "-o", os.devnull]) == 1
+    assert capsys.readouterr() == (
+        "",
+        "error: reading state as Arrow needs pyarrow, which is not installed: pip install -e "
+        "'.[parquet]' in the slipstream checkout (or pip install pyarrow)\n",
     )
