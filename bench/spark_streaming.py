@@ -352,6 +352,13 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
         if restored:
             hits = restored.count("hit")
             print(f"    restores from the worker's kept state {hits} of {len(restored)}")
+            for outcome in ("hit", "miss"):
+                reads = [float(t["restore_read"]) for t in tasks if t.get("kept_state") == outcome]
+                if reads:
+                    print(
+                        f"    restore read on a {outcome:<4}              {_mean(reads):8.3f} "
+                        f"mean, {max(reads):.3f} max"
+                    )
         for vertex in dict.fromkeys(t["vertex"] for t in tasks):
             mine = [t for t in tasks if t["vertex"] == vertex]
             for k in ("setup", "restore_read", "run", "write_chunk"):
