@@ -224,6 +224,13 @@ def test_a_streaming_jobs_output_reaches_the_coordinator_while_it_runs_and_cance
     # over the two members' processors)
     wait_for(lambda: len({k for k, _ in list(out)}) == 13, "every key's count")
     assert job.status is ss.JobStatus.RUNNING
+    watched = job.watch()  # what the dashboard reads
+    assert watched["parallelism"] == {
+        "source": 2,
+        "rolling_aggregate": 2,
+        "sink": 2,
+    }, watched["parallelism"]
+    assert "error" not in watched
     ex = job._execution
     job.cancel()
     with pytest.raises(JobCancelledError):
@@ -394,3 +401,31 @@ def test_members_that_cannot_be_started_fail_the_job(monkeypatch: pytest.MonkeyP
         job.join(timeout=GUARD_S)
     assert str(e.value).split("\n")[0] == "job 'unstarted' failed: OSError: no more processes"
     assert job.status is ss.JobStatus.FAILED
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(GUARD_S)
+def test_ctrl_c_in_a_member_leaves_the_decision_to_the_coordinator() -> None:
+    """SIGINT (Ctrl-C reaches the members too) does not kill a member: both keep
+    producing (every key's count grows past what it was at the signal), and cancel()
+    then ends the job cancelled, not failed."""
+    engine = ss.local(processes=2)
+    job = engine.new_job(endless(), JobConfig(name="interrupted"))
+    out = engine.get_list("live")
+    wait_for(lambda: len({k for k, _ in list(out)}) == 13, "every key's count")
+    for p in job._execution._procs:
+        os.kill(p.pid, signal.SIGINT)
+    at_signal: dict[int, int] = {}
+    for k, n in list(out):
+        at_signal[k] = max(at_signal.get(k, 0), n)
+
+    def all_grew() -> bool:
+        now: dict[int, int] = {}
+        for k, n in list(out):
+            now[k] = max(now.get(k, 0), n)
+        return all(now[k] > at_signal[k] + 5 for k in at_signal)
+
+    wait_for(all_grew, "every key's count to grow after the signal")
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=GUARD_S)

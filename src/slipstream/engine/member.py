@@ -30,6 +30,7 @@ import logging
 import os
 import pickle
 import shutil
+import signal
 import threading
 import traceback
 import uuid
@@ -376,7 +377,13 @@ class _Member:
 def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
     """The target of a member process: read the setup, run, report (module docstring).
     Any error before the run (building the plan: a supplier that raises, a setup that
-    does not unpickle) is reported as the member's failure."""
+    does not unpickle) is reported as the member's failure.
+
+    Ctrl-C reaches every process of the terminal's process group, members included: a
+    member ignores SIGINT and leaves the decision to the coordinator (a script's
+    ``KeyboardInterrupt``, the CLI's cancel), which stops it; were the coordinator to die
+    instead, its end of the control pipe closes and the member stops too."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         data = conn.recv_bytes()
         pids = conn.recv()
