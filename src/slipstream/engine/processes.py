@@ -290,12 +290,15 @@ class ProcessExecution:
         pids = {m: p.pid for m, (p, _) in enumerate(children)}
         self._conns = [c for _, c in children]
         self._live = len(children)
-        for m, (p, conn) in enumerate(children):
+        # every member gets its setup before any listener runs: a listener that sees a
+        # member fail sends "cancel" to all, which must not come before a setup
+        for _, conn in children:
             try:
                 conn.send_bytes(self._payload)
                 conn.send(pids)
             except OSError:
                 pass  # it died already: its listener reports it
+        for m, (p, conn) in enumerate(children):
             threading.Thread(
                 target=self._listen,
                 args=(m, p, conn),
