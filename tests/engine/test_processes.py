@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -429,3 +430,25 @@ def test_ctrl_c_in_a_member_leaves_the_decision_to_the_coordinator() -> None:
     job.cancel()
     with pytest.raises(JobCancelledError):
         job.join(timeout=GUARD_S)
+
+
+def make_lock(x: Any) -> Any:
+    import threading
+
+    return threading.Lock()
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_sink_output_that_cannot_reach_the_coordinator_fails_the_job_naming_the_sink() -> None:
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(4))).map(make_lock).write_to(sinks.list_sink("locks"))
+    job = ss.local(processes=2).new_job(p, JobConfig(name="locks"))
+    with pytest.raises(JobFailedError) as e:
+        job.join(timeout=GUARD_S)
+    first = str(e.value).split("\n")[0]
+    assert re.fullmatch(
+        r"job 'locks' failed: MemberFailedError: member (0|1) \(pid \d+\): TypeError: member "
+        r"\1: the output of the list/map sink\(s\) 'locks' cannot be pickled to reach the "
+        r"coordinator process \(TypeError: cannot pickle '_thread.lock' object\)",
+        first,
+    ), first

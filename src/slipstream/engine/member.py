@@ -357,11 +357,11 @@ class _Member:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         self.late_items.finish()
         self.item_errors.finish()
-        if self.failure is not None:
+        if self.failure is None and self.report("cancelled" if self.cancelled else "done"):
+            return
+        if self.failure is not None:  # also: the last report's sink output did not pickle
             self.report()
             self.send(self.failure)
-        else:
-            self.report("cancelled" if self.cancelled else "done")
 
     def _close_all(self) -> None:
         abandoned = {id(t) for t in self.pool.abandoned} if self.pool is not None else set()
