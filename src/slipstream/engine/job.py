@@ -41,8 +41,8 @@ from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.traits import all_sources_bounded
 from slipstream.engine import gc_tuning
-from slipstream.engine.workers import TaskletFailure, WorkerPool
-from slipstream.execution.plan import build_vertex_plans, wire
+from slipstream.engine.workers import TaskletFailure, WorkerPool, close_tasklets
+from slipstream.execution.plan import build_vertex_plans, close_suppliers, wire
 from slipstream.execution.tasklet import AWAIT_COMPLETION_COMMIT, COMMIT_FINISH, ProcessorTasklet
 
 if TYPE_CHECKING:
@@ -280,12 +280,7 @@ class _Execution:
         if self.failure is not None or self.cancelled:
             self._close_all()
         error = self.failure.error if self.failure else None
-        for vp in self.plans.values():
-            for s in vp.suppliers:
-                try:
-                    s.close(error)
-                except Exception:  # noqa: BLE001
-                    log.exception("closing supplier of %s failed", vp.vertex.name)
+        close_suppliers(self.plans, error)
         self._remove_state_dir()
         self.finished.set()
         self.job._execution_ended(self)
@@ -360,15 +355,7 @@ class _Execution:
                 )
 
     def _close_all(self) -> None:
-        # a processor still stuck in a call the pool gave up on is not closed under it
-        abandoned = {id(t) for t in self.pool.abandoned} if self.pool is not None else set()
-        for t in self.tasklets:
-            if id(t) in abandoned:
-                continue
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - close errors are only logged
-                log.exception("closing %s#%d failed", t.vertex_name, t.index)
+        close_tasklets(self.tasklets, self.pool)
 
 
 def _commit_pending(t: ProcessorTasklet, committed_id: int) -> bool:

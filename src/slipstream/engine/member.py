@@ -41,8 +41,8 @@ from slipstream.core.item_errors import ItemErrorReport
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import gc_tuning
-from slipstream.engine.workers import TaskletFailure, WorkerPool
-from slipstream.execution.plan import build_vertex_plans, wire
+from slipstream.engine.workers import TaskletFailure, WorkerPool, close_tasklets
+from slipstream.execution.plan import build_vertex_plans, close_suppliers, wire
 from slipstream.execution.remote import ChannelPeerError, MemberChannels
 from slipstream.execution.tasklet import ProcessorTasklet
 
@@ -344,12 +344,7 @@ class _Member:
         error = None
         if self.failure is not None:
             error = RuntimeError(f"member {self.member} failed: {self.failure[5]}")
-        for vp in self.plans.values():
-            for s in vp.suppliers:
-                try:
-                    s.close(error)
-                except Exception:  # noqa: BLE001
-                    log.exception("closing supplier of %s failed", vp.vertex.name)
+        close_suppliers(self.plans, error)
         self._end()
 
     def _end(self) -> None:
@@ -364,14 +359,7 @@ class _Member:
             self.send(self.failure)
 
     def _close_all(self) -> None:
-        abandoned = {id(t) for t in self.pool.abandoned} if self.pool is not None else set()
-        for t in self.tasklets:
-            if id(t) in abandoned:
-                continue
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - close errors are only logged
-                log.exception("closing %s#%d failed", t.vertex_name, t.index)
+        close_tasklets(self.tasklets, self.pool)
 
 
 def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:

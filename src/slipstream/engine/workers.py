@@ -88,6 +88,21 @@ def wait_idle(waiters: Sequence[Any], pause: float) -> bool:
     return bool(ready[0] or ready[1])
 
 
+def close_tasklets(tasklets: Sequence[ProcessorTasklet], pool: WorkerPool | None) -> None:
+    """Close every tasklet of an execution that failed or was cancelled (the local job's
+    and a member process's alike). A processor still stuck in a call ``pool`` gave up on
+    (``pool.abandoned``) is not closed under it; a close error is only logged, so every
+    other processor still closes."""
+    abandoned = {id(t) for t in pool.abandoned} if pool is not None else set()
+    for t in tasklets:
+        if id(t) in abandoned:
+            continue
+        try:
+            t.close()
+        except Exception:  # noqa: BLE001 - close errors are only logged
+            log.exception("closing %s#%d failed", t.vertex_name, t.index)
+
+
 class TaskletFailure:
     """Why an execution failed: a processor's exception (``tasklet`` set) or a
     job-level error such as an unwritable snapshot store (``tasklet`` is ``None``;

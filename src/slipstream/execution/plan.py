@@ -9,7 +9,8 @@ engine and the Spark engine both build their tasklets here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ from slipstream.execution.channels import Channel, ChannelFactory, ChannelWriter
 from slipstream.execution.collectors import Collector, PerTargetCollector, RoundRobinCollector
 from slipstream.execution.inbound import InboundEdgeStream
 from slipstream.execution.queues import CrossMemberQueue, SpscQueue
+
+log = logging.getLogger("slipstream.plan")
 
 
 def member_addresses(member_count: int) -> list[MemberAddress]:
@@ -102,6 +105,18 @@ class VertexPlan:
 
     def member_of(self, global_index: int) -> int:
         return global_index // self.local_parallelism
+
+
+def close_suppliers(plans: Mapping[str, VertexPlan], error: BaseException | None) -> None:
+    """Close every vertex's processor suppliers at the end of an execution (the local
+    job's and a member process's alike), passing the execution's failure, ``None`` if it
+    did not fail. A close error is only logged, so every other supplier still closes."""
+    for vp in plans.values():
+        for s in vp.suppliers:
+            try:
+                s.close(error)
+            except Exception:  # noqa: BLE001 - close errors are only logged
+                log.exception("closing supplier of %s failed", vp.vertex.name)
 
 
 def edge_targets(edge: Edge, src: VertexPlan, dst: VertexPlan, producer: int) -> list[int]:
