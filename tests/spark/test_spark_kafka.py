@@ -117,23 +117,51 @@ def _names(tag: str) -> tuple[str, str, str]:
     return f"sk-in-{tag}-{n}", f"sk-out-{tag}-{n}", f"sk-offsets-{tag}-{n}"
 
 
+def _topics(kafka: Any, tag: str, n: int) -> tuple[str, str, str]:
+    """Fresh input and output topics (2 partitions each) and an offsets list for the
+    test tagged ``tag`` (``_names``); the input topic holds records 0..n-1."""
+    src, out, offsets = _names(tag)
+    kafka.create_topic(src, 2)
+    kafka.create_topic(out, 2)
+    _produce(kafka.bootstrap, src, range(n), 2)
+    return src, out, offsets
+
+
+def _new_job(
+    engine: Any,
+    kafka: Any,
+    topics: tuple[str, str, str],
+    name: str,
+    checkpoint: str,
+    epoch_ms: int = 200,
+    **options: Any,
+) -> Any:
+    """Start ``_pipeline`` over ``topics`` (``_topics``) as an exactly-once micro-batch
+    job named ``name`` on ``checkpoint``; a second call on the same checkpoint resumes."""
+    return engine.new_job(
+        _pipeline(kafka.bootstrap, *topics),
+        _config(name),
+        streaming=True,
+        epoch_ms=epoch_ms,
+        checkpoint_location=checkpoint,
+        **options,
+    )
+
+
 def test_kafka_to_rolling_count_to_kafka_exactly_once(
     spark_session: Any, kafka: Any, tmp_path: Path
 ) -> None:
     """Over several epochs the output topic holds exactly the oracle's records, and
     every input record was read once."""
-    src, out, offsets = _names("a")
-    kafka.create_topic(src, 2)
-    kafka.create_topic(out, 2)
     n = 3000
-    _produce(kafka.bootstrap, src, range(n), 2)
+    src, out, offsets = topics = _topics(kafka, "a", n)
     engine = ss.spark(spark_session)
-    job = engine.new_job(
-        _pipeline(kafka.bootstrap, src, out, offsets),
-        _config("spark-kafka-eo"),
-        streaming=True,
-        epoch_ms=200,
-        checkpoint_location=str(tmp_path / "ckpt"),
+    job = _new_job(
+        engine,
+        kafka,
+        topics,
+        "spark-kafka-eo",
+        str(tmp_path / "ckpt"),
     )
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
@@ -157,33 +185,30 @@ def test_restart_from_the_checkpoint_mid_stream_loses_and_duplicates_nothing(
     output topic holds exactly the oracle's records; the new job reads no record before
     the committed offsets again (per partition, its first offset is where the first
     job's committed epochs stopped, and no (partition, offset) is read twice)."""
-    src, out, offsets = _names("b")
-    kafka.create_topic(src, 2)
-    kafka.create_topic(out, 2)
     n = 2000
-    _produce(kafka.bootstrap, src, range(n), 2)
+    src, out, offsets = topics = _topics(kafka, "b", n)
     engine = ss.spark(spark_session)
     checkpoint = str(tmp_path / "ckpt")
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
-        first = engine.new_job(
-            _pipeline(kafka.bootstrap, src, out, offsets),
-            _config("spark-kafka-restart"),
-            streaming=True,
-            epoch_ms=200,
-            checkpoint_location=checkpoint,
+        first = _new_job(
+            engine,
+            kafka,
+            topics,
+            "spark-kafka-restart",
+            checkpoint,
         )
         reader.until(n, first)
         _produce(kafka.bootstrap, src, range(n, 2 * n), 2)
         _stop(first)  # the epoch in progress (if any) is abandoned
         read_first = list(engine.get_list(offsets))
         engine.get_list(offsets).clear()
-        second = engine.new_job(
-            _pipeline(kafka.bootstrap, src, out, offsets),
-            _config("spark-kafka-restart"),
-            streaming=True,
-            epoch_ms=200,
-            checkpoint_location=checkpoint,
+        second = _new_job(
+            engine,
+            kafka,
+            topics,
+            "spark-kafka-restart",
+            checkpoint,
         )
         assert second.resumed_from_snapshot >= 1
         try:
@@ -195,9 +220,7 @@ def test_restart_from_the_checkpoint_mid_stream_loses_and_duplicates_nothing(
     assert Counter(got) == _oracle(2 * n)
     read_second = list(engine.get_list(offsets))
     assert not set(read_first) & set(read_second)
-    assert sorted(read_first + read_second) == sorted(
-        (i % 2, i // 2) for i in range(2 * n)
-    )
+    assert sorted(read_first + read_second) == sorted((i % 2, i // 2) for i in range(2 * n))
     for partition in (0, 1):
         before = [o for p, o in read_first if p == partition]
         after = [o for p, o in read_second if p == partition]
@@ -231,11 +254,8 @@ def test_a_replayed_epoch_writes_nothing_again(
     transactions; on main, the epoch that sent its own records as they came): the new
     job replays that epoch from the same snapshot and writes none of those records
     again."""
-    src, out, offsets = _names("c")
-    kafka.create_topic(src, 2)
-    kafka.create_topic(out, 2)
     n = 1500
-    _produce(kafka.bootstrap, src, range(n), 2)
+    src, out, offsets = topics = _topics(kafka, "c", n)
     engine = ss.spark(spark_session)
     checkpoint = str(tmp_path / "ckpt")
     failed: list[int] = []
@@ -247,23 +267,23 @@ def test_a_replayed_epoch_writes_nothing_again(
 
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
-        first = engine.new_job(
-            _pipeline(kafka.bootstrap, src, out, offsets),
-            _config("spark-kafka-replay"),
-            streaming=True,
-            epoch_ms=200,
-            checkpoint_location=checkpoint,
+        first = _new_job(
+            engine,
+            kafka,
+            topics,
+            "spark-kafka-replay",
+            checkpoint,
         )
         first._before_commit = fail_once_output_is_sent
         with pytest.raises(JobFailedError, match="injected driver failure"):
             first.join(240)
         assert first.epochs_committed == failed[0]  # the epochs before it committed
-        second = engine.new_job(
-            _pipeline(kafka.bootstrap, src, out, offsets),
-            _config("spark-kafka-replay"),
-            streaming=True,
-            epoch_ms=200,
-            checkpoint_location=checkpoint,
+        second = _new_job(
+            engine,
+            kafka,
+            topics,
+            "spark-kafka-replay",
+            checkpoint,
         )
         try:
             got = reader.until(n, second)
@@ -369,11 +389,8 @@ def test_a_failed_commit_step_loses_nothing(
 
     streaming = import_module("slipstream.spark.streaming")  # ss.spark is the factory
 
-    src, out, offsets = _names("f")
-    kafka.create_topic(src, 2)
-    kafka.create_topic(out, 2)
     n = 1000
-    _produce(kafka.bootstrap, src, range(n), 2)
+    src, out, offsets = topics = _topics(kafka, "f", n)
     engine = ss.spark(spark_session)
     checkpoint = str(tmp_path / "ckpt")
     real = streaming.commit_epoch_output
@@ -384,12 +401,12 @@ def test_a_failed_commit_step_loses_nothing(
         return real(sc, tasks, results, store, sid)
 
     monkeypatch.setattr(streaming, "commit_epoch_output", fail_when_output_waits)
-    first = engine.new_job(
-        _pipeline(kafka.bootstrap, src, out, offsets),
-        _config("spark-kafka-commit-step"),
-        streaming=True,
-        epoch_ms=200,
-        checkpoint_location=checkpoint,
+    first = _new_job(
+        engine,
+        kafka,
+        topics,
+        "spark-kafka-commit-step",
+        checkpoint,
     )
     with pytest.raises(JobFailedError, match="injected driver failure after the commit"):
         first.join(240)
@@ -398,12 +415,12 @@ def test_a_failed_commit_step_loses_nothing(
     monkeypatch.setattr(streaming, "commit_epoch_output", real)
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
-        second = engine.new_job(
-            _pipeline(kafka.bootstrap, src, out, offsets),
-            _config("spark-kafka-commit-step"),
-            streaming=True,
-            epoch_ms=200,
-            checkpoint_location=checkpoint,
+        second = _new_job(
+            engine,
+            kafka,
+            topics,
+            "spark-kafka-commit-step",
+            checkpoint,
         )
         try:
             got = reader.until(n, second)
@@ -421,11 +438,8 @@ def test_epoch_max_items_bounds_what_an_epoch_reads(
     emitted that many records (checked between polls: one poll, at most 1,000 records,
     more), long before ``epoch_ms``: 6,000 records in 2 partitions take several epochs
     of at most 2 x (1,000 + 1,000) records, and the output is exact."""
-    src, out, offsets = _names("g")
-    kafka.create_topic(src, 2)
-    kafka.create_topic(out, 2)
     n = 6000
-    _produce(kafka.bootstrap, src, range(n), 2)
+    src, out, offsets = topics = _topics(kafka, "g", n)
     engine = ss.spark(spark_session)
     read = engine.get_list(offsets)
     seen: list[int] = []  # the records read by the epochs committed so far, per epoch
@@ -433,13 +447,14 @@ def test_epoch_max_items_bounds_what_an_epoch_reads(
     def count(_epoch_id: int) -> None:
         seen.append(len(read))
 
-    job = engine.new_job(
-        _pipeline(kafka.bootstrap, src, out, offsets),
-        _config("spark-kafka-bounded"),
-        streaming=True,
+    job = _new_job(
+        engine,
+        kafka,
+        topics,
+        "spark-kafka-bounded",
+        str(tmp_path / "ckpt"),
         epoch_ms=3000,
         epoch_max_items=1000,
-        checkpoint_location=str(tmp_path / "ckpt"),
     )
     job._before_commit = count
     reader = _Reader(kafka.bootstrap, out, 2)
