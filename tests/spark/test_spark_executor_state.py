@@ -22,6 +22,7 @@ from slipstream.aggregate import counting
 from slipstream.pipeline.keyed import rolling_aggregate
 from slipstream.state.store import DirectorySnapshotStore
 
+from .query_support import feed_and_cancel
 from .spark_fake_rdd import FakeSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -256,17 +257,15 @@ def test_another_parallelism_is_rerouted_through_spark(tmp_path: Path) -> None:
     assert len(shipped[1]["chains"]["count"]) == 3
 
 
-def _write_file(directory: Path, i: int, events: list[tuple[str, int]]) -> None:
-    import json
-
-    tmp = directory.parent / f".tmp-{directory.name}-{i}"
-    tmp.write_text("\n".join(json.dumps({"key": k, "n": n}) for k, n in events))
-    os.rename(tmp, directory / f"part-{i:04d}.json")  # atomic: the source sees whole files
-
-
 def _query_run(
-    spark_session: Any, directory: Path, checkpoint: Path, files: list[tuple[int, list[Any]]]
+    spark_session: Any,
+    directory: Path,
+    checkpoint: Path,
+    files: list[tuple[int, list[Any]]],
+    **engine_options: Any,
 ) -> tuple[Any, Any]:
+    """Run the rolling count on ``directory`` with ``checkpoint`` (``engine_options`` go
+    to ``ss.spark``) over ``files`` (``feed_and_cancel``); returns the engine and the job."""
     from slipstream.spark.io import spark_stream_source
 
     df = (
@@ -274,20 +273,13 @@ def _query_run(
         .option("maxFilesPerTrigger", 1)
         .json(str(directory))
     )
-    engine = ss.spark(spark_session)
+    engine = ss.spark(spark_session, **engine_options)
     job = engine.new_job(
         rolling_dag(spark_stream_source(df, _as_event)),
         ss.JobConfig(name="rolling"),
         checkpoint_location=str(checkpoint),
     )
-    try:
-        for i, events in files:
-            _write_file(directory, i, events)
-            job.process_all_available(120)
-    finally:
-        job.cancel()
-        with pytest.raises(ss.JobCancelledError):
-            job.join(60)
+    feed_and_cancel(job, directory, files, ("key", "n"))
     return engine, job
 
 

@@ -102,30 +102,11 @@ def _query_run_at(
     files: list[tuple[int, list[Any]]],
 ) -> tuple[Any, Any]:
     """As test_spark_executor_state._query_run, at total parallelism ``lp`` (one member)."""
-    from slipstream.spark.io import spark_stream_source
+    from .test_spark_executor_state import _query_run
 
-    from .test_spark_executor_state import _as_event, _write_file, rolling_dag
-
-    df = (
-        spark_session.readStream.schema("key string, n long")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(directory))
+    return _query_run(
+        spark_session, directory, checkpoint, files, members=1, local_parallelism=lp
     )
-    engine = ss.spark(spark_session, members=1, local_parallelism=lp)
-    job = engine.new_job(
-        rolling_dag(spark_stream_source(df, _as_event)),
-        ss.JobConfig(name="rolling"),
-        checkpoint_location=str(checkpoint),
-    )
-    try:
-        for i, events in files:
-            _write_file(directory, i, events)
-            job.process_all_available(120)
-    finally:
-        job.cancel()
-        with pytest.raises(ss.JobCancelledError):
-            job.join(60)
-    return engine, job
 
 
 @pytest.mark.timeout(400)

@@ -30,6 +30,7 @@ from slipstream.spark.streaming import (
     snapshot_watermarks,
 )
 
+from .query_support import feed_and_cancel
 from .spark_engine_procs import Boom, Collect, Mapper
 from .spark_fake_rdd import FakeSession
 
@@ -328,12 +329,6 @@ def test_streaming_dag_errors(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ a real query
 
 
-def _write_file(directory: Path, i: int, events: list[tuple[int, str]]) -> None:
-    tmp = directory.parent / f".tmp-{directory.name}-{i}"
-    tmp.write_text("\n".join(json.dumps({"ts": t, "key": k}) for t, k in events))
-    os.rename(tmp, directory / f"part-{i:04d}.json")  # atomic: the source sees whole files
-
-
 def _query_run(
     spark_session: Any, directory: Path, checkpoint: Path, files: list[tuple[int, list[Any]]]
 ) -> tuple[Counter[tuple[Any, ...]], Any]:
@@ -352,14 +347,7 @@ def _query_run(
         ss.JobConfig(name="windows"),
         checkpoint_location=str(checkpoint),
     )
-    try:
-        for i, events in files:
-            _write_file(directory, i, events)
-            job.process_all_available(120)
-    finally:
-        job.cancel()
-        with pytest.raises(ss.JobCancelledError):
-            job.join(60)
+    feed_and_cancel(job, directory, files, ("ts", "key"))
     return Counter(tuple(r) for r in engine.get_list("windows")), job
 
 
