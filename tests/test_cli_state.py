@@ -11,7 +11,6 @@ import operator
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,10 @@ from typing import Any
 import pytest
 
 import slipstream as ss
-from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import sinks, sources
 from slipstream.aggregate import counting
-from slipstream.core.errors import JobCancelledError
 from slipstream.state.store import DirectorySnapshotStore
+from store_support import run_until_snapshots
 
 
 def event(seq: int) -> tuple[str, int]:
@@ -38,26 +37,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     p.read_from(sources.generator(event, 2000.0)).group_by(
         operator.itemgetter(0)
     ).rolling_aggregate(counting()).write_to(sinks.noop())
-    engine = ss.local()
-    try:
-        job = engine.new_job(
-            p,
-            JobConfig(
-                name="counts",
-                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-                snapshot_interval_ms=20,
-                snapshot_store=DirectorySnapshotStore(directory, keep=50),
-            ),
-        )
-        deadline = time.monotonic() + 120
-        while int(job.metrics["__job__"]["snapshots"]) < 4:
-            assert not job.status.is_terminal and time.monotonic() < deadline
-            time.sleep(0.005)
-        job.cancel()
-        with pytest.raises(JobCancelledError):
-            job.join(60)
-    finally:
-        engine.shutdown()
+    run_until_snapshots(p, "counts", directory)
     return directory
 
 

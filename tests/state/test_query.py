@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import operator
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,12 @@ from typing import Any
 import pytest
 
 import slipstream as ss
-from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import sinks, sources
 from slipstream.aggregate import counting, summing
-from slipstream.core.errors import JobCancelledError, SnapshotError
+from slipstream.core.errors import SnapshotError
 from slipstream.state.store import DirectorySnapshotStore
 from slipstream.window import session_window_def, tumbling_window_def
+from store_support import run_until_snapshots
 
 pa = pytest.importorskip("pyarrow")
 
@@ -40,26 +40,7 @@ def job_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     g.rolling_aggregate(summing(operator.itemgetter(2))).write_to(sinks.noop())
     g.window(tumbling_window_def(1000)).aggregate(counting()).write_to(sinks.noop())
     g.window(session_window_def(50)).aggregate(counting()).write_to(sinks.noop())
-    engine = ss.local()
-    try:
-        job = engine.new_job(
-            p,
-            JobConfig(
-                name="query",
-                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-                snapshot_interval_ms=20,
-                snapshot_store=DirectorySnapshotStore(directory, keep=50),
-            ),
-        )
-        deadline = time.monotonic() + 120
-        while int(job.metrics["__job__"]["snapshots"]) < 4:
-            assert not job.status.is_terminal and time.monotonic() < deadline
-            time.sleep(0.005)
-        job.cancel()
-        with pytest.raises(JobCancelledError):
-            job.join(60)
-    finally:
-        engine.shutdown()
+    run_until_snapshots(p, "query", directory)
     return directory
 
 
