@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import time
+from os import PathLike
+from typing import Any
 
 import pytest
 
@@ -13,8 +15,27 @@ from slipstream.core.errors import JobCancelledError
 from slipstream.state.store import DirectorySnapshotStore
 
 
+def exactly_once(name: str, store: Any, interval_ms: int = 10_000) -> JobConfig:
+    """An exactly-once job ``name`` with snapshots into ``store`` (a path or a store)."""
+    return JobConfig(
+        name=name,
+        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+        snapshot_interval_ms=interval_ms,
+        snapshot_store=store,
+    )
+
+
+def run_restored(pipeline: ss.Pipeline, name: str, store: Any, restore_from: Any) -> list[Any]:
+    """Run ``pipeline`` (its source finite) to its end as exactly-once job ``name``
+    restored from ``restore_from`` (a store; ``None``: from nothing), snapshots into
+    ``store``; the items of its list sink ``out``, sorted."""
+    engine = ss.local()
+    engine.new_job(pipeline, exactly_once(name, store), restore_from=restore_from).join(120)
+    return sorted(engine.get_list("out"))
+
+
 def run_until_snapshots(
-    pipeline: ss.Pipeline, name: str, directory: str, snapshots: int = 4
+    pipeline: ss.Pipeline, name: str, directory: str | PathLike[str], snapshots: int = 4
 ) -> None:
     """Run ``pipeline`` (its source endless) exactly once as job ``name``, a snapshot every
     20 ms into the store at ``directory`` (keeping 50), until ``snapshots`` committed; then
@@ -23,16 +44,12 @@ def run_until_snapshots(
     try:
         job = engine.new_job(
             pipeline,
-            JobConfig(
-                name=name,
-                processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-                snapshot_interval_ms=20,
-                snapshot_store=DirectorySnapshotStore(directory, keep=50),
-            ),
+            exactly_once(name, DirectorySnapshotStore(str(directory), keep=50), interval_ms=20),
         )
         deadline = time.monotonic() + 120
         while int(job.metrics["__job__"]["snapshots"]) < snapshots:
-            assert not job.status.is_terminal and time.monotonic() < deadline
+            assert not job.status.is_terminal, job.status
+            assert time.monotonic() < deadline, "timed out waiting for the snapshots"
             time.sleep(0.005)
         job.cancel()
         with pytest.raises(JobCancelledError):

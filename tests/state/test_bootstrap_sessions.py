@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import operator
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import slipstream as ss
-from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import sinks, sources
 from slipstream.aggregate import counting
-from slipstream.core.errors import JobCancelledError
 from slipstream.core.partition import key_routing
 from slipstream.core.time import NO_WATERMARK
 from slipstream.state.reader import StateRow
 from slipstream.window import KeyedWindowResult, session_window_def
+from store_support import run_restored, run_until_snapshots
 
 TIMEOUT = 50
 
@@ -46,32 +45,12 @@ def sessions(max_items: int | None, rate: float | None = None) -> ss.Pipeline:
     return p
 
 
-def config(store: Any, interval_ms: int = 10_000) -> JobConfig:
-    return JobConfig(
-        name="sessions",
-        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-        snapshot_interval_ms=interval_ms,
-        snapshot_store=store,
-    )
-
-
 def run(pipeline: ss.Pipeline, store: Path, restore_from: Any) -> list[KeyedWindowResult]:
-    engine = ss.local()
-    engine.new_job(pipeline, config(store), restore_from=restore_from).join(120)
-    return sorted(engine.get_list("out"))
+    return run_restored(pipeline, "sessions", store, restore_from)
 
 
 def run_and_cancel(store: Path, snapshots: int) -> None:
-    engine = ss.local()
-    job = engine.new_job(sessions(None, rate=4000.0), config(store, interval_ms=20))
-    deadline = time.monotonic() + 120
-    while job.metrics["__job__"]["snapshots"] < snapshots:
-        assert not job.status.is_terminal, job.status
-        assert time.monotonic() < deadline, "timed out waiting for the snapshots"
-        time.sleep(0.005)
-    job.cancel()
-    with pytest.raises(JobCancelledError):
-        job.join(60)
+    run_until_snapshots(sessions(None, rate=4000.0), "sessions", store, snapshots)
 
 
 def test_session_rows_round_trip(tmp_path: Path) -> None:

@@ -8,18 +8,17 @@ every window of the frames (what bootstrap documents for frames alone)."""
 from __future__ import annotations
 
 import operator
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import slipstream as ss
-from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import sinks, sources
 from slipstream.aggregate import counting
-from slipstream.core.errors import JobCancelledError
 from slipstream.core.time import NO_WATERMARK
 from slipstream.window import KeyedWindowResult, sliding_window_def, tumbling_window_def
+from store_support import run_restored, run_until_snapshots
 
 DEFS = {
     "sliding": sliding_window_def(1000, 250),
@@ -43,34 +42,14 @@ def windowed(kind: str, max_items: int | None, rate: float | None = None) -> ss.
     return p
 
 
-def config(store: Any, interval_ms: int = 10_000) -> JobConfig:
-    return JobConfig(
-        name="windows",
-        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-        snapshot_interval_ms=interval_ms,
-        snapshot_store=store,
-    )
-
-
 def run(pipeline: ss.Pipeline, store: Path, restore_from: Any) -> list[KeyedWindowResult]:
-    engine = ss.local()
-    engine.new_job(pipeline, config(store), restore_from=restore_from).join(120)
-    return sorted(engine.get_list("out"))
+    return run_restored(pipeline, "windows", store, restore_from)
 
 
 @pytest.mark.parametrize("kind", ["sliding", "tumbling"])
 def test_window_rows_round_trip(kind: str, tmp_path: Path) -> None:
     first = tmp_path / "first"
-    engine = ss.local()
-    job = engine.new_job(windowed(kind, None, rate=4000.0), config(first, interval_ms=20))
-    deadline = time.monotonic() + 120
-    while job.metrics["__job__"]["snapshots"] < 3:
-        assert not job.status.is_terminal, job.status
-        assert time.monotonic() < deadline, "timed out waiting for the snapshots"
-        time.sleep(0.005)
-    job.cancel()
-    with pytest.raises(JobCancelledError):
-        job.join(60)
+    run_until_snapshots(windowed(kind, None, rate=4000.0), "windows", first, 3)
     rows = ss.state.read(first, "window-combine")
     frames = [r for r in rows if r.kind == "window"]
     assert frames, rows
