@@ -81,6 +81,21 @@ def write_corpus(directory: str, n_words: int, files: int = 8, seed: int = 42) -
     open(marker, "w").close()
 
 
+def count_words(directory: str) -> dict[str, int]:
+    """Word count of the ``.txt`` files of ``directory`` as a plain Python loop: the
+    baseline the word count benches compare the engines with (and check their counts
+    against)."""
+    counts: dict[str, int] = {}
+    get = counts.get
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".txt"):
+            with open(os.path.join(directory, name), encoding="utf-8") as fh:
+                for line in fh:
+                    for w in line.split():
+                        counts[w] = get(w, 0) + 1
+    return counts
+
+
 def load_example(name: str) -> Any:
     """Import ``examples/<name>.py`` (the examples are scripts, not a package)."""
     import importlib.util

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import cache_path, load_example, write_corpus  # noqa: E402
+from benchlib import cache_path, count_words, load_example, write_corpus  # noqa: E402
 
 from slipstream.core.config import JobConfig, ProcessingGuarantee  # noqa: E402
 from slipstream.core.services import InMemoryServices  # noqa: E402
@@ -45,14 +45,7 @@ build_dag = load_example("wordcount").build_dag
 
 def plain(directory: str) -> tuple[dict[str, int], float, float, float]:
     t0, c0 = time.perf_counter(), time.process_time()
-    counts: dict[str, int] = {}
-    get = counts.get
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".txt"):
-            with open(os.path.join(directory, name), encoding="utf-8") as fh:
-                for line in fh:
-                    for w in line.split():
-                        counts[w] = get(w, 0) + 1
+    counts = count_words(directory)
     cpu = time.process_time() - c0
     return counts, time.perf_counter() - t0, cpu, cpu
 

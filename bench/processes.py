@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     cache_path,
+    count_words,
     load_example,
     peak_rss_mb,
     run_variant,
@@ -53,18 +54,6 @@ cloudpickle.register_pickle_by_value(example)
 
 def digest(counts: dict[str, int]) -> str:
     return hashlib.sha256(repr(sorted(counts.items())).encode()).hexdigest()[:16]
-
-
-def plain(directory: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    get = counts.get
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".txt"):
-            with open(os.path.join(directory, name), encoding="utf-8") as fh:
-                for line in fh:
-                    for w in line.split():
-                        counts[w] = get(w, 0) + 1
-    return counts
 
 
 def engine_job(directory: str, processes: int, dag: bool) -> Any:
@@ -98,7 +87,7 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
 
     if variant == "plain":
         t0, c0 = time.perf_counter(), time.process_time()
-        counts = plain(a.dir)
+        counts = count_words(a.dir)
         cpu = time.process_time() - c0
     else:
         kind, n = variant.split(":")

@@ -43,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
+    count_words,
     load_example,
     peak_rss_mb,
     print_table,
@@ -65,15 +66,7 @@ def corpus_files(d: str) -> list[str]:
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".txt"))
 
 
-def wc_plain(d: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    get = counts.get
-    for path in corpus_files(d):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                for w in line.split():
-                    counts[w] = get(w, 0) + 1
-    return counts
+wc_plain = count_words
 
 
 def wc_counter(d: str) -> dict[str, int]:
