@@ -15,6 +15,7 @@ import pytest
 
 import slipstream as ss
 
+from .chunk_support import damage_chunk, error_text
 from .spark_fake_rdd import FakeSession
 from .test_spark_executor_state import KEYS, _counts, _embedded, _job, _run, _store
 
@@ -94,17 +95,10 @@ def test_a_damaged_delta_fails_the_epoch_naming_the_file(tmp_path: Path) -> None
     store = _store(tmp_path)
     ref = _chains(tmp_path, 3)[1][-1]
     assert ref.mode == "delta"
-    path = os.path.join(store.directory, ref.file)
-    with open(path, "r+b") as fh:
-        fh.seek(-3, os.SEEK_END)
-        fh.write(b"xyz")
+    path = damage_chunk(store, ref)
     with pytest.raises(ss.JobFailedError) as info:
         _run(engine, job, data[3], 3)
-    text = str(info.value)
-    cause = info.value.__cause__
-    while cause is not None:
-        text += "\n" + str(cause)
-        cause = cause.__cause__
+    text = error_text(info.value)
     assert (
         f"snapshot 3: chunk {path} (vertex 'count', processor 1) fails its signature check" in text
     )

@@ -22,6 +22,7 @@ from slipstream.aggregate import counting
 from slipstream.pipeline.keyed import rolling_aggregate
 from slipstream.state.store import DirectorySnapshotStore
 
+from .chunk_support import damage_chunk, error_text
 from .query_support import feed_and_cancel
 from .spark_fake_rdd import FakeSession
 
@@ -183,17 +184,10 @@ def test_a_damaged_chunk_fails_the_epoch_naming_the_file(tmp_path: Path) -> None
         _run(engine, job, data[epoch_id], epoch_id)
     store = _store(tmp_path)
     ref = store.read_manifest(store.committed_ids()[-1]).vertices["count"].chains[1][0]
-    path = os.path.join(store.directory, ref.file)
-    with open(path, "r+b") as fh:
-        fh.seek(-3, os.SEEK_END)
-        fh.write(b"xyz")
+    path = damage_chunk(store, ref)
     with pytest.raises(ss.JobFailedError) as info:
         _run(engine, job, data[2], 2)
-    text = str(info.value)
-    cause = info.value.__cause__
-    while cause is not None:
-        text += "\n" + str(cause)
-        cause = cause.__cause__
+    text = error_text(info.value)
     assert (
         f"snapshot 2: chunk {path} (vertex 'count', processor 1) fails its signature check" in text
     )

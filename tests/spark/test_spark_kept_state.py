@@ -27,6 +27,7 @@ import slipstream as ss
 from slipstream.spark import epoch_state
 from slipstream.state.keyed import StateMap
 
+from .chunk_support import error_text
 from .spark_fake_rdd import FakeSession
 from .test_spark_executor_state import _counts, _embedded, _job, _run, _store, epochs
 
@@ -122,11 +123,7 @@ def test_a_kept_state_checks_the_chain_files_and_can_be_turned_off(tmp_path: Pat
     os.remove(os.path.join(store.directory, ref.file))
     with pytest.raises(ss.JobFailedError) as info:
         _run(engine, job, data[2], 2)  # the state is kept, but its chunk is gone
-    text = str(info.value)
-    cause = info.value.__cause__
-    while cause is not None:
-        text += "\n" + str(cause)
-        cause = cause.__cause__
+    text = error_text(info.value)
     path = os.path.join(store.directory, ref.file)
     assert f"snapshot 2: chunk {path} (vertex 'count', processor 0) is missing" in text
 

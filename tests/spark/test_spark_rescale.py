@@ -17,6 +17,7 @@ import pytest
 import slipstream as ss
 from slipstream.state.store import ChunkRef, DirectorySnapshotStore
 
+from .chunk_support import damage_chunk, error_text
 from .spark_fake_rdd import FakeSession
 from .test_spark_executor_state import (
     _counts,
@@ -270,19 +271,12 @@ def test_a_damaged_chunk_fails_the_rescale_naming_the_file(tmp_path: Path) -> No
         _run(first, job1, data[epoch_id], epoch_id)
     store = _store(tmp_path)
     ref = store.read_manifest(2).vertices["count"].chains[1][-1]
-    path = os.path.join(store.directory, ref.file)
-    with open(path, "r+b") as fh:
-        fh.seek(-3, os.SEEK_END)
-        fh.write(b"xyz")
+    path = damage_chunk(store, ref)
     second = ss.spark(FakeSession(default_parallelism=3))
     job2 = _job(second, tmp_path)
     with pytest.raises(ss.JobFailedError) as info:
         _run(second, job2, data[2], 2)
-    text = str(info.value)
-    cause = info.value.__cause__
-    while cause is not None:
-        text += "\n" + str(cause)
-        cause = cause.__cause__
+    text = error_text(info.value)
     assert (
         f"snapshot 2: chunk {path} (vertex 'count', processor 1) fails its signature check" in text
     )
@@ -301,10 +295,7 @@ def test_a_damaged_chunk_fails_a_query_rescaled_naming_the_file(
     _query_run_at(spark_session, 2, tmp_path / "in", cp, data[:1])
     store = _store(cp)
     ref = store.read_manifest(1).vertices["count"].chains[0][-1]
-    path = os.path.join(store.directory, ref.file)
-    with open(path, "r+b") as fh:
-        fh.seek(-3, os.SEEK_END)
-        fh.write(b"xyz")
+    path = damage_chunk(store, ref)
     with pytest.raises(ss.JobFailedError) as info:
         _query_run_at(spark_session, 3, tmp_path / "in", cp, data[1:])
     assert (
