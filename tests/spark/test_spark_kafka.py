@@ -112,6 +112,14 @@ def _stop(job: Any) -> None:
         job.join(120)
 
 
+def _until_then_stop(reader: _Reader, n: int, job: Any) -> list[str]:
+    """``reader.until(n, job)``, then cancel ``job`` whatever the read gave."""
+    try:
+        return reader.until(n, job)
+    finally:
+        _stop(job)
+
+
 def _names(tag: str) -> tuple[str, str, str]:
     n = time.monotonic_ns() % 10**7
     return f"sk-in-{tag}-{n}", f"sk-out-{tag}-{n}", f"sk-offsets-{tag}-{n}"
@@ -156,13 +164,7 @@ def test_kafka_to_rolling_count_to_kafka_exactly_once(
     n = 3000
     src, out, offsets = topics = _topics(kafka, "a", n)
     engine = ss.spark(spark_session)
-    job = _new_job(
-        engine,
-        kafka,
-        topics,
-        "spark-kafka-eo",
-        str(tmp_path / "ckpt"),
-    )
+    job = _new_job(engine, kafka, topics, "spark-kafka-eo", str(tmp_path / "ckpt"))
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
         got = reader.until(n, job)
@@ -191,30 +193,15 @@ def test_restart_from_the_checkpoint_mid_stream_loses_and_duplicates_nothing(
     checkpoint = str(tmp_path / "ckpt")
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
-        first = _new_job(
-            engine,
-            kafka,
-            topics,
-            "spark-kafka-restart",
-            checkpoint,
-        )
+        first = _new_job(engine, kafka, topics, "spark-kafka-restart", checkpoint)
         reader.until(n, first)
         _produce(kafka.bootstrap, src, range(n, 2 * n), 2)
         _stop(first)  # the epoch in progress (if any) is abandoned
         read_first = list(engine.get_list(offsets))
         engine.get_list(offsets).clear()
-        second = _new_job(
-            engine,
-            kafka,
-            topics,
-            "spark-kafka-restart",
-            checkpoint,
-        )
+        second = _new_job(engine, kafka, topics, "spark-kafka-restart", checkpoint)
         assert second.resumed_from_snapshot >= 1
-        try:
-            got = reader.until(2 * n, second)
-        finally:
-            _stop(second)
+        got = _until_then_stop(reader, 2 * n, second)
     finally:
         reader.close()
     assert Counter(got) == _oracle(2 * n)
@@ -267,28 +254,13 @@ def test_a_replayed_epoch_writes_nothing_again(
 
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
-        first = _new_job(
-            engine,
-            kafka,
-            topics,
-            "spark-kafka-replay",
-            checkpoint,
-        )
+        first = _new_job(engine, kafka, topics, "spark-kafka-replay", checkpoint)
         first._before_commit = fail_once_output_is_sent
         with pytest.raises(JobFailedError, match="injected driver failure"):
             first.join(240)
         assert first.epochs_committed == failed[0]  # the epochs before it committed
-        second = _new_job(
-            engine,
-            kafka,
-            topics,
-            "spark-kafka-replay",
-            checkpoint,
-        )
-        try:
-            got = reader.until(n, second)
-        finally:
-            _stop(second)
+        second = _new_job(engine, kafka, topics, "spark-kafka-replay", checkpoint)
+        got = _until_then_stop(reader, n, second)
     finally:
         reader.close()
     assert Counter(got) == _oracle(n)
@@ -401,13 +373,7 @@ def test_a_failed_commit_step_loses_nothing(
         return real(sc, tasks, results, store, sid)
 
     monkeypatch.setattr(streaming, "commit_epoch_output", fail_when_output_waits)
-    first = _new_job(
-        engine,
-        kafka,
-        topics,
-        "spark-kafka-commit-step",
-        checkpoint,
-    )
+    first = _new_job(engine, kafka, topics, "spark-kafka-commit-step", checkpoint)
     with pytest.raises(JobFailedError, match="injected driver failure after the commit"):
         first.join(240)
     assert first.epochs_committed >= 1
@@ -415,17 +381,8 @@ def test_a_failed_commit_step_loses_nothing(
     monkeypatch.setattr(streaming, "commit_epoch_output", real)
     reader = _Reader(kafka.bootstrap, out, 2)
     try:
-        second = _new_job(
-            engine,
-            kafka,
-            topics,
-            "spark-kafka-commit-step",
-            checkpoint,
-        )
-        try:
-            got = reader.until(n, second)
-        finally:
-            _stop(second)
+        second = _new_job(engine, kafka, topics, "spark-kafka-commit-step", checkpoint)
+        got = _until_then_stop(reader, n, second)
     finally:
         reader.close()
     assert Counter(got) == _oracle(n)
