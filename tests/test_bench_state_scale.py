@@ -9,44 +9,19 @@ It needs real time (snapshots are taken on a wall-clock interval), hence the slo
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_support import run_bench
 
 
 @pytest.mark.slow
 def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path) -> None:
-    home, tmp = tmp_path / "home", tmp_path / "tmp"
-    home.mkdir()
-    tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("SLIPSTREAM_KEY_DIR", "XDG_STATE_HOME")}
-    env.update(PYTHONUNBUFFERED="1", HOME=str(home), TMPDIR=str(tmp))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "bench/state_scale.py",
-            "--quick",
-            "--keys",
-            "1k",
-            "--items",
-            "4000000",
-            "--interval-ms",
-            "50",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    out = run_bench(
+        tmp_path, "state_scale.py", "--quick", "--keys", "1k", "--items", "4000000", "--interval-ms", "50"
     )
-    assert r.returncode == 0, r.stderr
-    out = r.stdout
     for pattern in ("uniform", "skewed"):
         # throughput, snapshots, pause, commit and memory
         assert re.search(
@@ -65,4 +40,3 @@ def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path
             re.M,
         ), out
     assert "- written / changed: each snapshot's bytes over" in out
-    assert list(home.rglob("*")) == [] and list(tmp.rglob("*")) == []
