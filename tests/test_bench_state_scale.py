@@ -26,7 +26,7 @@ def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path
         # throughput, snapshots, pause, commit and memory
         assert re.search(
             rf"^\| 1,000 \| {pattern} \| 4\.0M \| [\d.]+M/s \| [\d.]+M/s \([\d.]+x\) \| [\d.]+x "
-            rf"\| \d+\*? \| [\d,]+ / [\d,]+ ms \| [\d,]+ / [\d,]+ ms "
+            rf"\| \d+\*? \| [\d,]+ / [\d,]+ ms \([\d,.]+ ms\) \| [\d,]+ / [\d,]+ ms "
             rf"\| [\d,]+ -> [\d,]+ MB \([\d.]+x\) \|$",
             out,
             re.M,
