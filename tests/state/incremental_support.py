@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
 from slipstream.aggregate import AggregateOperation, counting, summing, to_list
+from slipstream.state import live
 from slipstream.state.keyed import keyed_state
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries, is_broadcast
 from slipstream.state.store import DirectorySnapshotStore, SnapshotData
@@ -529,6 +531,22 @@ WRITER = "thread"
 #: whether KeyedSumP declares its values replaced, never changed in place (its saves are
 #: then copy-on-write, state/live.py, as the additive rolling aggregates' are)
 LIVE = False
+
+
+def use_writer(monkeypatch: Any, writer: str) -> str:
+    """Make the scenarios' jobs use ``writer``: ``thread`` or ``fork``
+    (``JobConfig.snapshot_writer``), or ``live``: the thread writer with copy-on-write
+    saves (state/live.py) for every map whose values are replaced, however small, two
+    entries per step. For the writer fixtures of the scenario tests; returns ``writer``."""
+    module = sys.modules[__name__]
+    if writer == "live":
+        monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 0)
+        monkeypatch.setattr(live, "LIVE_SAVE_STEP", 2)
+        monkeypatch.setattr(module, "LIVE", True)
+        monkeypatch.setattr(module, "WRITER", "thread")
+    else:
+        monkeypatch.setattr(module, "WRITER", writer)
+    return writer
 
 
 def config(name: str, store: str, backend: str = "memory", interval_ms: int = 10) -> JobConfig:

@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 import slipstream as ss
 from slipstream import sinks, sources
 from slipstream.aggregate import summing
-from slipstream.state import live
 
 STOPS = ("suspend", "export", "cancel", "inflight")
 #: where the keyed processors keep their state (JobConfig.state_backend); a snapshot
@@ -53,14 +52,7 @@ def writer(request: Any, monkeypatch: Any) -> str:
             "on a loaded 2-core machine, not yet explained); the 20-example run and the kill "
             "test cover the fork writer"
         )
-    if request.param == "live":  # the thread writer, every save copy-on-write in steps
-        monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 0)
-        monkeypatch.setattr(live, "LIVE_SAVE_STEP", 2)
-        monkeypatch.setattr(inc, "LIVE", True)
-        monkeypatch.setattr(inc, "WRITER", "thread")
-        return "live"
-    monkeypatch.setattr(inc, "WRITER", request.param)
-    return str(request.param)
+    return inc.use_writer(monkeypatch, str(request.param))
 
 
 def make_items(rnd: random.Random, kind: str, n_keys: int, skew: float, segments: list[int]) -> list[inc.Item]:

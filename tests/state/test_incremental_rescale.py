@@ -13,7 +13,6 @@ from typing import Any
 import incremental_support as inc
 import pytest
 
-from slipstream.state import live
 from slipstream.state.keyed import DELTA, FULL
 from slipstream.window import KeyedWindowResult
 
@@ -23,14 +22,7 @@ def writer(request: Any, monkeypatch: Any) -> str:
     """Every scenario with both snapshot writers (``JobConfig.snapshot_writer``), and
     with the thread writer's copy-on-write saves (state/live.py) for every map whose
     values are replaced, however small, produced two entries per step."""
-    if request.param == "live":  # the thread writer, every save copy-on-write in steps
-        monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 0)
-        monkeypatch.setattr(live, "LIVE_SAVE_STEP", 2)
-        monkeypatch.setattr(inc, "LIVE", True)
-        monkeypatch.setattr(inc, "WRITER", "thread")
-        return "live"
-    monkeypatch.setattr(inc, "WRITER", request.param)
-    return str(request.param)
+    return inc.use_writer(monkeypatch, str(request.param))
 
 
 def spread_items(rnd: random.Random, kind: str, n_keys: int) -> tuple[list[inc.Item], list[int]]:
