@@ -252,6 +252,35 @@ def dag_fingerprint(shape: DagShape) -> str:
     return hashlib.sha256(json.dumps(shape).encode("utf-8")).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class ShapeDifference:
+    """How DAG shape ``new`` differs from ``old`` (:func:`shape_difference`)."""
+
+    #: vertex names only in ``old`` / only in ``new``, sorted
+    only_old: list[str]
+    only_new: list[str]
+    #: the vertices in both whose edges differ, sorted
+    rewired: list[str]
+    #: the edges only in ``old`` / only in ``new``
+    edges_only_old: set[tuple[Any, ...]]
+    edges_only_new: set[tuple[Any, ...]]
+
+
+def shape_difference(old: Any, new: Any) -> ShapeDifference | None:
+    """How DAG shape ``new`` differs from ``old`` (each a :data:`DagShape`, or its JSON
+    form: lists for tuples); ``None`` when they are the same DAG. The restore check and
+    ``ss.state.transform``'s check of its destination store both name the difference."""
+    old_v, old_e = set(old[0]), {tuple(e) for e in old[1]}
+    new_v, new_e = set(new[0]), {tuple(e) for e in new[1]}
+    if old_v == new_v and old_e == new_e:
+        return None
+    only_old, only_new = sorted(old_v - new_v), sorted(new_v - old_v)
+    rewired = sorted(
+        {n for e in old_e ^ new_e for n in (e[0], e[2])} - set(only_old) - set(only_new)
+    )
+    return ShapeDifference(only_old, only_new, rewired, old_e - new_e, new_e - old_e)
+
+
 def _edge_text(e: tuple[str, int, str, int]) -> str:
     return f"{e[0]}[{e[1]}]->{e[2]}[{e[3]}]"
 
@@ -263,25 +292,21 @@ def check_same_dag(data: SnapshotData, shape: DagShape, allow_job_change: bool) 
     saved: Any = getattr(data, "dag_shape", None)
     if saved is None:
         return
-    old_v, old_e = set(saved[0]), {tuple(e) for e in saved[1]}
-    new_v, new_e = set(shape[0]), set(shape[1])
-    if old_v == new_v and old_e == new_e:
+    diff = shape_difference(saved, shape)
+    if diff is None:
         return
-    gone, added = sorted(old_v - new_v), sorted(new_v - old_v)
-    changed_edges = old_e ^ new_e
-    rewired = sorted({n for e in changed_edges for n in (e[0], e[2])} - set(gone) - set(added))
     parts = []
-    if gone:
-        parts.append(f"vertices {gone} are not in this DAG")
-    if added:
-        parts.append(f"vertices {added} are new")
-    if rewired:
-        parts.append(f"the edges of vertices {rewired} differ")
+    if diff.only_old:
+        parts.append(f"vertices {diff.only_old} are not in this DAG")
+    if diff.only_new:
+        parts.append(f"vertices {diff.only_new} are new")
+    if diff.rewired:
+        parts.append(f"the edges of vertices {diff.rewired} differ")
     edges = ""
-    if changed_edges:
+    if diff.edges_only_old or diff.edges_only_new:
         edges = (
-            f" (edges only in the snapshot: {sorted(map(_edge_text, old_e - new_e))}; only in "
-            f"this DAG: {sorted(map(_edge_text, new_e - old_e))})"
+            f" (edges only in the snapshot: {sorted(map(_edge_text, diff.edges_only_old))}; "
+            f"only in this DAG: {sorted(map(_edge_text, diff.edges_only_new))})"
         )
     text = (
         f"snapshot {data.snapshot_id} of job {data.job_name!r} was taken of another DAG: "

@@ -21,6 +21,7 @@ from slipstream.core.partition import key_routing
 from slipstream.state.bootstrap import _as_store, _write
 from slipstream.state.keyed import FULL, PLAIN, StateMap, StateMapSave
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
+from slipstream.state.lineage import shape_difference
 from slipstream.state.reader import StateRow, _snapshot, open_store, processor_rows
 
 __all__ = ["transform"]
@@ -249,21 +250,16 @@ def _check_same_dag(dest: Any, shape: Any, what: str) -> None:
     theirs = manifest.dag_shape
     if theirs is None:
         return
-    old_v, old_e = set(theirs[0]), {tuple(e) for e in theirs[1]}
-    new_v, new_e = set(shape[0]), {tuple(e) for e in shape[1]}
-    if old_v == new_v and old_e == new_e:
+    diff = shape_difference(theirs, shape)
+    if diff is None:
         return
-    only_dest, only_src = sorted(old_v - new_v), sorted(new_v - old_v)
-    rewired = sorted(
-        {n for e in old_e ^ new_e for n in (e[0], e[2])} - set(only_dest) - set(only_src)
-    )
     parts = []
-    if only_dest:
-        parts.append(f"vertices {only_dest} are in its DAG only")
-    if only_src:
-        parts.append(f"vertices {only_src} in that of {what} only")
-    if rewired:
-        parts.append(f"the edges of vertices {rewired} differ")
+    if diff.only_old:
+        parts.append(f"vertices {diff.only_old} are in its DAG only")
+    if diff.only_new:
+        parts.append(f"vertices {diff.only_new} in that of {what} only")
+    if diff.rewired:
+        parts.append(f"the edges of vertices {diff.rewired} differ")
     raise SnapshotError(
         f"snapshot store {dest.directory} holds snapshots of another DAG (snapshot "
         f"{ids[-1]} of job {manifest.job_name!r}): {', '.join(parts)}; write the transformed "
