@@ -82,6 +82,19 @@ def produce(kafka: Any, topic: str, lines: list[str], partitions: int) -> dict[i
     return dict(per)
 
 
+def cancel_once_listed(job: Any, out: Any, want: int, name: str) -> None:
+    """Wait until ``out`` (list sink ``name``) holds ``want`` items, failing if ``job``
+    ends first or after 120 s; then cancel ``job``."""
+    deadline = time.monotonic() + 120
+    while len(out) < want:
+        assert not job.status.is_terminal, job.status
+        assert time.monotonic() < deadline, f"{name}: {len(out)} of {want} items"
+        time.sleep(0.01)
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(60)
+
+
 def run_until(
     engine: Any, pipeline: ss.Pipeline, name: str, want: int, store: Path, restore: Any = None
 ) -> tuple[list[Any], Any]:
@@ -94,14 +107,7 @@ def run_until(
     )
     out = engine.get_list(name)
     job = engine.new_job(pipeline, config, restore_from=restore)
-    deadline = time.monotonic() + 120
-    while len(out) < want:
-        assert not job.status.is_terminal, job.status
-        assert time.monotonic() < deadline, f"{name}: {len(out)} of {want} items"
-        time.sleep(0.01)
-    job.cancel()
-    with pytest.raises(JobCancelledError):
-        job.join(60)
+    cancel_once_listed(job, out, want, name)
     return list(out), job
 
 
@@ -267,14 +273,7 @@ def test_spark_micro_batch_job_continues_from_a_backfill(
         checkpoint_location=str(checkpoint),
     )
     out = spark.get_list(f"live{tag}")
-    deadline = time.monotonic() + 120
-    while len(out) < len(live):
-        assert not job.status.is_terminal, job.status
-        assert time.monotonic() < deadline, f"{len(out)} of {len(live)} items"
-        time.sleep(0.05)
-    job.cancel()
-    with pytest.raises(JobCancelledError):
-        job.join(60)
+    cancel_once_listed(job, out, len(live), f"live{tag}")
     assert job.metrics["__job__"]["resumed_from_snapshot"] == 1
     assert job.metrics["events"]["items_out"] == len(live)
     expected = Counter(
