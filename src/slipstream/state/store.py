@@ -1039,9 +1039,7 @@ def encode_chunk_parts(
     try:
         return fmt.encode_payload_parts(fmt.encode_records(entries))
     except Exception as e:  # noqa: BLE001
-        raise SnapshotError(
-            f"snapshot {snapshot_id}: {vertex}#{index}: snapshot state cannot be pickled: {e}"
-        ) from e
+        raise _unpicklable(snapshot_id, vertex, index, e) from e
 
 
 def encode_chunk(entries: list[tuple[Any, Any]], snapshot_id: int, vertex: str, index: int) -> bytes:
@@ -1050,9 +1048,15 @@ def encode_chunk(entries: list[tuple[Any, Any]], snapshot_id: int, vertex: str, 
     try:
         return fmt.encode_payload(fmt.encode_records(entries))
     except Exception as e:  # noqa: BLE001
-        raise SnapshotError(
-            f"snapshot {snapshot_id}: {vertex}#{index}: snapshot state cannot be pickled: {e}"
-        ) from e
+        raise _unpicklable(snapshot_id, vertex, index, e) from e
+
+
+def _unpicklable(snapshot_id: int, vertex: str, index: int, e: Exception) -> SnapshotError:
+    """The error of a chunk encoder (:func:`encode_chunk`, :func:`encode_chunk_parts`)
+    whose state cannot be pickled, naming the processor."""
+    return SnapshotError(
+        f"snapshot {snapshot_id}: {vertex}#{index}: snapshot state cannot be pickled: {e}"
+    )
 
 
 def _split_signed(raw: bytes, start: int) -> tuple[str, bytes | None, memoryview]:
