@@ -18,8 +18,6 @@ from bench_support import run_bench
 
 @pytest.mark.slow
 def test_state_read_quick_prints_its_table_and_leaves_no_files(tmp_path: Path) -> None:
-    pytest.importorskip("duckdb")
-    pytest.importorskip("pyarrow")
     out = run_bench(tmp_path, "state_read.py", "--quick", "--keys", "2k,5k")
     cell = r"[\d.]+ s \([\d,]+ MB\)"
     for keys in ("2,000", "5,000"):
