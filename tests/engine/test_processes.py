@@ -452,3 +452,17 @@ def test_sink_output_that_cannot_reach_the_coordinator_fails_the_job_naming_the_
         r"coordinator process \(TypeError: cannot pickle '_thread.lock' object\)",
         first,
     ), first
+
+
+def test_a_members_state_dir_is_one_path_part_under_the_work_dir(tmp_path: Any) -> None:
+    """A member's disk-state directory is named like the local job's (engine/workers.
+    execution_state_dir): a job name with a path separator stays one directory under
+    ``<work_dir>/state`` (a member used the raw name: 'a/b' made 'state/a/b-member1-...',
+    and removing the leaf left 'state/a' behind)."""
+    from slipstream.engine.workers import execution_state_dir
+
+    local = execution_state_dir(str(tmp_path), "a/b ../c")
+    member = execution_state_dir(str(tmp_path), "a/b ../c", 1)
+    for path, prefix in ((local, "a_b_.._c-"), (member, "a_b_.._c-member1-")):
+        assert os.path.dirname(path) == os.path.join(str(tmp_path), "state")
+        assert os.path.basename(path).startswith(prefix)

@@ -19,10 +19,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
@@ -41,7 +39,14 @@ from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.traits import all_sources_bounded
 from slipstream.engine import gc_tuning
-from slipstream.engine.workers import TaskletFailure, WorkerPool, close_tasklets
+from slipstream.engine.workers import (
+    TaskletFailure,
+    WorkerPool,
+    close_tasklets,
+    execution_state_dir,
+    prepare_context,
+    remove_state_dir,
+)
 from slipstream.execution.plan import build_vertex_plans, close_suppliers, wire
 from slipstream.execution.tasklet import AWAIT_COMPLETION_COMMIT, COMMIT_FINISH, ProcessorTasklet
 
@@ -133,18 +138,11 @@ class _Execution:
         self.tasklets: list[ProcessorTasklet] = []
         # disk-backed keyed state (state_backend="sqlite") of this execution: created by
         # the first such state, removed when the execution ends (_remove_state_dir)
-        self.state_dir = os.path.join(
-            engine.work_dir, "state", f"{_dir_safe(job.name)}-{uuid.uuid4().hex[:12]}"
-        )
-        state_dir = self.state_dir
+        self.state_dir = state_dir = execution_state_dir(engine.work_dir, job.name)
         incremental = callable(getattr(job.store, "write_chunk", None))
         for s in specs:
             key = (s.vertex.vertex.name, s.global_index)
-            s.context.metric_listener = job.late_items.on_metric
-            s.context.sink_outage_timeout = config.sink_outage_timeout
-            # keyed state: the vertex's own backend or the job's (state.keyed.keyed_state)
-            s.context.state_backend = s.vertex.vertex.get_state_backend() or config.state_backend
-            s.context.state_dir = state_dir
+            prepare_context(s.context, s.vertex.vertex, config, state_dir, job.late_items.on_metric)
             if self.coordinator is not None:
                 s.context.snapshot_interval_ms = config.snapshot_interval_ms
                 # keyed state saves only what changed where the store keeps chains of
@@ -286,10 +284,7 @@ class _Execution:
         self.job._execution_ended(self)
 
     def _remove_state_dir(self) -> None:
-        """The execution's disk-backed keyed state goes with it (each state removed its
-        own files when its processor closed, unless a snapshot still held a view)."""
-        if os.path.isdir(self.state_dir):
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+        remove_state_dir(self.state_dir)
 
     def _complete(self, coordinator: SnapshotCoordinator) -> None:
         """Wait for the job's completion to be recorded in the store (the final
@@ -975,7 +970,3 @@ def _chain_maps(restore: SnapshotData, key: tuple[str, int]) -> dict[Any, int]:
     entries = vs.entries.get(key[1], []) if vs is not None else []
     return {(k.tag, k.detail): len(v.upserts) for k, v in entries if type(k) is StateMap}
 
-
-def _dir_safe(name: str) -> str:
-    """``name`` as a directory name's part."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]

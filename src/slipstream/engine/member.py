@@ -27,13 +27,10 @@ from its channel sockets, both private to the job's processes.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import shutil
 import signal
 import threading
 import traceback
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +38,14 @@ from slipstream.core.item_errors import ItemErrorReport
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import gc_tuning
-from slipstream.engine.workers import TaskletFailure, WorkerPool, close_tasklets
+from slipstream.engine.workers import (
+    TaskletFailure,
+    WorkerPool,
+    close_tasklets,
+    execution_state_dir,
+    prepare_context,
+    remove_state_dir,
+)
 from slipstream.execution.plan import build_vertex_plans, close_suppliers, wire
 from slipstream.execution.remote import ChannelPeerError, MemberChannels
 from slipstream.execution.tasklet import ProcessorTasklet
@@ -201,15 +205,10 @@ class _Member:
         )
         channels = MemberChannels(member, dag, self.plans, sockets, pids=setup["pids"])
         specs = wire(dag, self.plans, config.processing_guarantee, channels, member=member)
-        self.state_dir = os.path.join(
-            setup["work_dir"], "state", f"{name}-member{member}-{uuid.uuid4().hex[:12]}"
-        )
+        self.state_dir = execution_state_dir(setup["work_dir"], name, member)
         self.tasklets: list[Any] = []
         for s in specs:
-            s.context.metric_listener = self.late_items.on_metric
-            s.context.sink_outage_timeout = config.sink_outage_timeout
-            s.context.state_backend = s.vertex.vertex.get_state_backend() or config.state_backend
-            s.context.state_dir = self.state_dir
+            prepare_context(s.context, s.vertex.vertex, config, self.state_dir, self.late_items.on_metric)
             self.tasklets.append(
                 ProcessorTasklet(
                     s.processor,
@@ -348,8 +347,7 @@ class _Member:
         self._end()
 
     def _end(self) -> None:
-        if os.path.isdir(self.state_dir):
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+        remove_state_dir(self.state_dir)
         self.late_items.finish()
         self.item_errors.finish()
         if self.failure is None and self.report("cancelled" if self.cancelled else "done"):

@@ -30,10 +30,13 @@ returns later just exits.
 from __future__ import annotations
 
 import logging
+import os
 import select
+import shutil
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,6 +89,36 @@ def wait_idle(waiters: Sequence[Any], pause: float) -> bool:
     except (OSError, ValueError):  # a socket closed meanwhile: its tasklet says so next call
         return True
     return bool(ready[0] or ready[1])
+
+
+def execution_state_dir(work_dir: str, job_name: str, member: int | None = None) -> str:
+    """Where one execution (the local job's, or member ``member``'s process) keeps its
+    disk-backed keyed state (``state_backend="sqlite"``): a directory of its own under the
+    engine's work directory, named after the job (made safe as one path part) and created
+    by the first such state; :func:`remove_state_dir` removes it when the execution ends."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name)[:60]
+    part = safe if member is None else f"{safe}-member{member}"
+    return os.path.join(work_dir, "state", f"{part}-{uuid.uuid4().hex[:12]}")
+
+
+def remove_state_dir(state_dir: str) -> None:
+    """The execution's disk-backed keyed state goes with it (each state removed its own
+    files when its processor closed, unless a snapshot still held a view)."""
+    if os.path.isdir(state_dir):
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def prepare_context(
+    context: Any, vertex: Any, config: Any, state_dir: str, metric_listener: Callable[..., Any]
+) -> None:
+    """What every processor's context gets from its execution before the processors'
+    init, in the local job and in a member process alike: the late-item metric listener,
+    the sink outage budget, and where its keyed state lives (the vertex's own backend or
+    the job's: state.keyed.keyed_state)."""
+    context.metric_listener = metric_listener
+    context.sink_outage_timeout = config.sink_outage_timeout
+    context.state_backend = vertex.get_state_backend() or config.state_backend
+    context.state_dir = state_dir
 
 
 def close_tasklets(tasklets: Sequence[ProcessorTasklet], pool: WorkerPool | None) -> None:
