@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from os import PathLike
 from typing import Any
@@ -56,3 +58,25 @@ def run_until_snapshots(
             job.join(60)
     finally:
         engine.shutdown()
+
+
+def committed_ids(store: str) -> list[int]:
+    """The committed snapshot ids a directory store's MANIFEST.json lists (none while it
+    is missing or being replaced): what a test killing a job's process watches for."""
+    try:
+        with open(os.path.join(store, "MANIFEST.json")) as fh:
+            return list(json.load(fh)["committed"])
+    except (OSError, ValueError):
+        return []
+
+
+def part_lines(d: str) -> list[str]:
+    """Every line of the ``part-*`` files a file sink committed into directory ``d``, in
+    file-name order (none if ``d`` does not exist yet; the sink's in-progress files,
+    ``.part-*.tmp``, are not part files)."""
+    lines: list[str] = []
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.startswith("part-"):
+            with open(os.path.join(d, name)) as fh:
+                lines.extend(x for x in fh.read().split("\n") if x)
+    return lines

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from seed_pool import SeedRuns, seed_runs
+from store_support import committed_ids, part_lines
 
 N = 12_000
 
@@ -61,23 +62,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def committed(store: str) -> list[int]:
-    try:
-        with open(os.path.join(store, "MANIFEST.json")) as fh:
-            return list(json.load(fh)["committed"])
-    except (OSError, ValueError):
-        return []
-
-
-def read_lines(d: str) -> list[str]:
-    lines: list[str] = []
-    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-        if name.startswith("part-"):
-            with open(os.path.join(d, name)) as fh:
-                lines.extend(x for x in fh.read().split("\n") if x)
-    return lines
-
-
 def expected() -> Counter:
     counts: dict[int, int] = {}
     out: Counter = Counter()
@@ -105,7 +89,7 @@ def kill_and_restore(tmp_path: Path, seed: int) -> None:
     try:
         deadline = time.monotonic() + 90
         commits = rnd.randint(2, 30)  # snapshot ids: 25 a second
-        while max(committed(store), default=0) < commits and p.poll() is None:
+        while max(committed_ids(store), default=0) < commits and p.poll() is None:
             assert time.monotonic() < deadline, "no snapshots"
             time.sleep(0.005)
         if during_compaction:
@@ -127,7 +111,7 @@ def kill_and_restore(tmp_path: Path, seed: int) -> None:
     r = subprocess.run([*args, "restore", str(N)], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert "done" in r.stdout
-    got = Counter(tuple(json.loads(x.replace("(", "[").replace(")", "]"))) for x in read_lines(out + "/rolling"))
+    got = Counter(tuple(json.loads(x.replace("(", "[").replace(")", "]"))) for x in part_lines(out + "/rolling"))
     want = expected()
     assert got == want, (
         f"missing {sorted((want - got).items())[:5]}, "

@@ -3,7 +3,6 @@ process: the final output is the same as an uninterrupted run (exactly-once)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,8 @@ import time
 from typing import Any
 
 import pytest
+
+from store_support import committed_ids, part_lines
 
 N = 6000
 
@@ -48,23 +49,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def committed(store: str) -> list[int]:
-    try:
-        with open(os.path.join(store, "MANIFEST.json")) as fh:
-            return list(json.load(fh)["committed"])
-    except (OSError, ValueError):
-        return []
-
-
-def read_lines(d: str) -> list[str]:
-    lines: list[str] = []
-    for name in sorted(os.listdir(d)):
-        if name.startswith("part-"):
-            with open(os.path.join(d, name)) as fh:
-                lines.extend(x for x in fh.read().split("\n") if x)
-    return lines
-
-
 @pytest.mark.slow
 def test_sigkill_then_restart_from_store_gives_same_output(tmp_path: Any) -> None:
     script = tmp_path / "job.py"
@@ -80,16 +64,16 @@ def test_sigkill_then_restart_from_store_gives_same_output(tmp_path: Any) -> Non
             return os.path.isdir(items) and any(n.startswith("part-") for n in os.listdir(items))
 
         # wait for events, not time: under load the first snapshots can precede any output
-        while not (len(committed(store)) >= 3 and published()) and time.monotonic() < deadline:
+        while not (len(committed_ids(store)) >= 3 and published()) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert committed(store), "no snapshot was committed before the kill"
+        assert committed_ids(store), "no snapshot was committed before the kill"
         p.send_signal(signal.SIGKILL)
         p.wait(10)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == -signal.SIGKILL
-    killed_at = max(committed(store))
+    killed_at = max(committed_ids(store))
     assert not os.listdir(os.path.join(out, "sums")) or not [
         n for n in os.listdir(os.path.join(out, "sums")) if n.startswith("part-")
     ]  # it was mid-stream: the aggregation had not emitted yet
@@ -98,11 +82,11 @@ def test_sigkill_then_restart_from_store_gives_same_output(tmp_path: Any) -> Non
 
     r = subprocess.run([*args, "restore", str(N)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert max(committed(store)) > killed_at or "done" in r.stdout
+    assert max(committed_ids(store)) > killed_at or "done" in r.stdout
 
-    items = read_lines(os.path.join(out, "items"))
+    items = part_lines(os.path.join(out, "items"))
     assert sorted(int(x) for x in items) == [3 * i for i in range(N)]  # no loss, no duplicates
-    sums = dict(eval(line) for line in read_lines(os.path.join(out, "sums")))  # noqa: S307
+    sums = dict(eval(line) for line in part_lines(os.path.join(out, "sums")))  # noqa: S307
     expected: dict[int, int] = {}
     for i in range(N):
         expected[(3 * i) % 10] = expected.get((3 * i) % 10, 0) + 3 * i
@@ -155,7 +139,7 @@ def test_dead_letters_exactly_once_across_a_kill_and_restore(tmp_path: Any) -> N
             d = os.path.join(out, kind)
             return os.path.isdir(d) and any(n.startswith("part-") for n in os.listdir(d))
 
-        while not (len(committed(store)) >= 3 and published("dead")) and time.monotonic() < deadline:
+        while not (len(committed_ids(store)) >= 3 and published("dead")) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert published("dead"), "no dead letter was published before the kill"
         p.send_signal(signal.SIGKILL)
@@ -164,16 +148,16 @@ def test_dead_letters_exactly_once_across_a_kill_and_restore(tmp_path: Any) -> N
         if p.poll() is None:
             p.kill()
     assert p.returncode == -signal.SIGKILL
-    before = len(read_lines(os.path.join(out, "dead")))
+    before = len(part_lines(os.path.join(out, "dead")))
     r = subprocess.run([*args, "restore", str(N)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "done" in r.stdout
     bad = [i for i in range(N) if i % 97 == 0]
-    dead = read_lines(os.path.join(out, "dead"))
+    dead = part_lines(os.path.join(out, "dead"))
     assert 0 < before < len(dead)  # some before the kill, the rest after the restore
     assert sorted(dead) == sorted(
         f"DeadLetter(vertex='map', item={i}, error='ValueError: no {i}', source=None)"
         for i in bad
     )
-    items = read_lines(os.path.join(out, "items"))
+    items = part_lines(os.path.join(out, "items"))
     assert sorted(int(x) for x in items) == [3 * i for i in range(N) if i % 97]

@@ -6,7 +6,6 @@ a base or a delta is written, between them, during a compaction)."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from seed_pool import SeedRuns, seed_runs
+from store_support import part_lines
 
 N = 16_000
 KEYS = 2_000  # even: key parity = sequence parity = the generator processor emitting it
@@ -107,15 +107,6 @@ def expected() -> Counter[str]:
     return out
 
 
-def read_lines(d: str) -> list[str]:
-    lines: list[str] = []
-    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-        if name.startswith("part-") and not name.endswith(".tmp"):
-            with open(os.path.join(d, name)) as fh:
-                lines.extend(x for x in fh.read().split("\n") if x)
-    return lines
-
-
 def run_until_killed(args: list[str], rnd: random.Random, share: float) -> bool:
     """Start the job; once it committed a snapshot and its generator emitted ``share`` of
     the items (this execution's count), wait a random moment (0..50 ms) and SIGKILL it.
@@ -161,7 +152,7 @@ def kill_and_resume(tmp_path: Path, seed: int, writer: str) -> None:
         r = subprocess.run(args, capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "done" in r.stdout
-    got = Counter(read_lines(out))
+    got = Counter(part_lines(out))
     want = expected()
     assert got == want, (
         f"lost {sum((want - got).values())} (e.g. {sorted(want - got)[:3]}), "
