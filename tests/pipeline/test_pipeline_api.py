@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import slipstream as ss
-from slipstream import DagError, JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import DagError, JobConfig, JobStatus, ProcessingGuarantee, sinks, sources
 from slipstream.aggregate import AggregateOperation, counting, summing, to_list
 from slipstream.core.dag import RoutingPolicy
 from slipstream.core.errors import SnapshotError
@@ -397,26 +397,42 @@ def test_window_pipeline_suspended_and_resumed_gives_exact_results(
     import time
 
     n = 60_000
-    p = ss.Pipeline()
-    p.read_from(sources.generator(Event(), 50_000, max_items=n)).with_timestamps(
-        ts1, 0
-    ).group_by(key0).window(tumbling_window_def(1000)).aggregate(summing(val2)).write_to(
-        sinks.list_sink("w")
-    )
-    cfg = JobConfig(
-        name="pipeline-suspend",
-        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-        snapshot_interval_ms=20,
-        snapshot_store=str(tmp_path),
-    )
-    engine = ss.local(outbox_capacity=16, members=members, cooperative_threads=threads)
-    job = engine.new_job(p, cfg)
-    deadline = time.monotonic() + 60
-    while job.metrics.get("__job__", {}).get("snapshots", 0) < 2 and not job.status.is_terminal:
-        assert time.monotonic() < deadline, "no snapshot within 60 s"
-        time.sleep(0.01)
-    assert not job.status.is_terminal, "the job ended before it could be suspended"
-    job.suspend()
+    # the generator's 1.2 s at 50,000 items/s can end before two snapshots and the
+    # suspend ("completed, not suspended": 1 full-suite run in 3, quiet machine): then the run starts over,
+    # fresh, at a fifth of the rate, until one is suspended while it runs
+    for attempt, rate in enumerate((50_000, 10_000, 2_000)):
+        p = ss.Pipeline()
+        p.read_from(sources.generator(Event(), rate, max_items=n)).with_timestamps(
+            ts1, 0
+        ).group_by(key0).window(tumbling_window_def(1000)).aggregate(summing(val2)).write_to(
+            sinks.list_sink("w")
+        )
+        cfg = JobConfig(
+            name="pipeline-suspend",
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_ms=20,
+            snapshot_store=str(tmp_path / str(attempt)),
+        )
+        engine = ss.local(outbox_capacity=16, members=members, cooperative_threads=threads)
+        job = engine.new_job(p, cfg)
+        deadline = time.monotonic() + 60
+        while job.metrics.get("__job__", {}).get("snapshots", 0) < 2 and not job.status.is_terminal:
+            assert time.monotonic() < deadline, "no snapshot within 60 s"
+            time.sleep(0.01)
+        try:
+            if not job.status.is_terminal:
+                job.suspend()
+        except RuntimeError:
+            if job.status != JobStatus.COMPLETED:
+                raise
+        # suspend() also returns when the generator's end won the race with its terminal
+        # snapshot and the job completed instead
+        if job.status == JobStatus.SUSPENDED:
+            break
+        assert job.status == JobStatus.COMPLETED, job.status
+        job.join(timeout=120)
+    else:
+        raise AssertionError("the job ended before it could be suspended, at every rate")
     job.resume()
     job.join(timeout=120)
     expected: dict[tuple[int, int], int] = collections.Counter()
