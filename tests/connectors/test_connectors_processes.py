@@ -1,0 +1,289 @@
+"""The Kafka and SQL connectors with ``ss.local(processes=2)`` (issue 24): the source is
+split over all processors of all members, as in Jet, so each member process reads its
+share of the topic's partitions (or of the query's rows); each member's sink processors
+write their share. Differential: processes=2, processes=1 and a plain-Python oracle give
+the same output, against the private servers the session fixtures start on 127.0.0.1.
+Streaming jobs are read until the expected output arrived (an event), then cancelled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+import slipstream as ss
+from slipstream import DAG, Edge, JobConfig, sinks, sources
+from slipstream import processors as P
+from slipstream.aggregate import summing
+from slipstream.core.errors import JobCancelledError
+from slipstream.sources.kafka import partition_owner
+from slipstream.watermark import with_fixed_lag
+from slipstream.window import tumbling_window_def
+
+GUARD_S = 120
+PARTITIONS = 4
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{next(_names)}x{time.monotonic_ns() % 10**6}"
+
+
+def wait_for(cond: Callable[[], bool], what: str) -> None:
+    """Wait for an event; the deadline only bounds a hang."""
+    deadline = time.monotonic() + GUARD_S / 2
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def run_until(dag: DAG, processes: int, name: str, done: Callable[[list[Any]], bool]) -> list[Any]:
+    """Run a streaming job until ``done(output so far)``, cancel it, return the output
+    (nothing more arrives after the cancel)."""
+    engine = ss.local(processes=processes)
+    job = engine.new_job(dag, JobConfig(name=unique("conn-proc")))
+    out = engine.get_list(name)
+    wait_for(lambda: done(list(out)), f"the output of {name!r}")
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=GUARD_S)
+    return list(out)
+
+
+# -- Kafka ---------------------------------------------------------------------------
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes | None]]) -> None:
+    """(partition, value, key) records, flushed."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for partition, value, key in records:
+        p.produce(topic, value=value, key=key, partition=partition)
+    assert p.flush(30) == 0
+
+
+def read_topic(bootstrap: str, topic: str, expect: int) -> list[bytes]:
+    """The values of ``topic`` once ``expect`` arrived and nothing more came for 0.5 s."""
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": unique("reader"), "enable.auto.commit": False}
+    )
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    out: list[bytes] = []
+    deadline = time.monotonic() + GUARD_S / 2
+    last = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            msgs = c.consume(1000, 0.1)
+            out.extend(m.value() for m in msgs if m.error() is None)
+            if msgs:
+                last = time.monotonic()
+            elif len(out) >= expect and time.monotonic() - last > 0.5:
+                break
+    finally:
+        c.close()
+    return out
+
+
+def tagged(message: Any) -> tuple[int, int, int]:
+    """(partition, value, pid of the process that read it)."""
+    return message.partition(), int(message.value()), os.getpid()
+
+
+def test_each_member_reads_its_share_of_the_partitions(kafka: Any) -> None:
+    topic = unique("procsrc")
+    kafka.create_topic(topic, PARTITIONS)
+    n = 4000
+    produce(kafka.bootstrap, topic, [(i % PARTITIONS, str(i).encode(), None) for i in range(n)])
+
+    def dag() -> DAG:
+        d = DAG()
+        src = d.new_vertex(
+            "kafka", sources.kafka(topic, {"bootstrap.servers": kafka.bootstrap}, projection=tagged)
+        ).local_parallelism(2)
+        out = d.new_vertex("out", sinks.list_sink("got")).local_parallelism(1)
+        d.edge(Edge.between(src, out))
+        return d
+
+    two = run_until(dag(), 2, "got", lambda out: len(out) >= n)
+    one = run_until(dag(), 1, "got", lambda out: len(out) >= n)
+    oracle = sorted((i % PARTITIONS, i) for i in range(n))
+    assert sorted((p, v) for p, v, _ in two) == sorted((p, v) for p, v, _ in one) == oracle
+    # the source's 4 processors are split over the two members (2 each, global indexes
+    # 0-1 on member 0 and 2-3 on member 1): each member read exactly its processors'
+    # partitions, and neither is the coordinator
+    read_by: dict[int, set[int]] = {}
+    for p, _, pid in two:
+        read_by.setdefault(pid, set()).add(p)
+    assert os.getpid() not in read_by and len(read_by) == 2
+    shares = sorted(sorted(ps) for ps in read_by.values())
+    expected = sorted(
+        sorted(p for p in range(PARTITIONS) if partition_owner(topic, p, 4) // 2 == m)
+        for m in (0, 1)
+    )
+    assert shares == expected
+
+
+def parse(message: Any) -> dict[str, Any]:
+    return json.loads(message.value())
+
+
+def user_of(r: dict[str, Any]) -> str:
+    return str(r["user"])
+
+
+def ts_of(r: dict[str, Any]) -> int:
+    return int(r["ts"])
+
+
+def amount_of(r: dict[str, Any]) -> int:
+    return int(r["amount"])
+
+
+def lag() -> Any:
+    return with_fixed_lag(0)
+
+
+def test_windows_over_partitions_read_by_two_members_match_the_oracle(kafka: Any) -> None:
+    """Event time per partition, partitions on different members: the window vertex
+    sees the minimum over both members' watermarks (they cross the distributed edge
+    in-band). A last record far ahead on every partition closes every window."""
+    topic = unique("procwin")
+    kafka.create_topic(topic, PARTITIONS)
+    records = [
+        (i % PARTITIONS, {"user": f"u{i % 7}", "amount": i % 10, "ts": i * 5}) for i in range(3000)
+    ]
+    end = 3000 * 5 + 10_000
+    records += [(p, {"user": "end", "amount": 0, "ts": end}) for p in range(PARTITIONS)]
+    produce(kafka.bootstrap, topic, [(p, json.dumps(r).encode(), None) for p, r in records])
+    oracle: Counter[tuple[str, int, int]] = Counter()
+    for _, r in records:
+        if r["user"] != "end":
+            start = r["ts"] - r["ts"] % 1000
+            oracle[(r["user"], start, 0)] += r["amount"]
+    expected = Counter({(u, s, total): 1 for (u, s, _), total in oracle.items()})
+
+    def dag() -> DAG:
+        d = DAG()
+        src = d.new_vertex(
+            "kafka",
+            sources.kafka(
+                topic,
+                {"bootstrap.servers": kafka.bootstrap},
+                projection=parse,
+                timestamp_fn=ts_of,
+                policy=lag,
+            ),
+        ).local_parallelism(2)
+        real = d.new_vertex("real", P.filter(lambda r: r["user"] != "end"))
+        win = d.new_vertex(
+            "window",
+            P.aggregate_to_sliding_window(
+                key_fn=user_of,
+                timestamp_fn=ts_of,
+                window_def=tumbling_window_def(1000),
+                agg_op=summing(amount_of),
+            ),
+        )
+        out = d.new_vertex("out", sinks.list_sink("windows")).local_parallelism(1)
+        d.edge(Edge.between(src, real))
+        d.edge(Edge.between(real, win).distributed().partitioned(user_of))
+        d.edge(Edge.between(win, out).distributed())
+        return d
+
+    want = sum(expected.values())
+    results: list[Counter[tuple[str, int, int]]] = []
+    for processes in (2, 1):
+        out = run_until(dag(), processes, "windows", lambda o: len(o) >= want)
+        results.append(Counter((w.key, w.start, w.value) for w in out))
+    assert results[0] == results[1] == expected
+
+
+def test_a_kafka_sink_on_two_members_writes_every_item_once(kafka: Any) -> None:
+    items = list(range(6000))
+    got = []
+    for processes in (2, 1):
+        topic = unique("procsink")
+        kafka.create_topic(topic, PARTITIONS)
+        d = DAG()
+        src = d.new_vertex("items", sources.items(items))
+        out = d.new_vertex(
+            "kafka", sinks.kafka(topic, {"bootstrap.servers": kafka.bootstrap}, value_fn=str)
+        ).local_parallelism(2)
+        d.edge(Edge.between(src, out))
+        ss.local(processes=processes).new_job(d, JobConfig(name=unique("ksink"))).join(GUARD_S)
+        got.append(sorted(int(v) for v in read_topic(kafka.bootstrap, topic, len(items))))
+    assert got[0] == got[1] == items
+
+
+# -- SQL -------------------------------------------------------------------------------
+
+
+def table(dsn: str, columns: str = "k int, v text") -> str:
+    name = unique("proct")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"CREATE TABLE {name} ({columns})")
+    return name
+
+
+def rows(dsn: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as c:
+        return [tuple(r) for r in c.execute(sql).fetchall()]
+
+
+def connect(dsn: str) -> Callable[[], Any]:
+    return lambda: psycopg.connect(dsn)
+
+
+@pytest.mark.parametrize("split_by", ["k", None])
+def test_a_sql_source_on_two_members_reads_every_row_once(
+    postgres: Any, split_by: str | None
+) -> None:
+    """With ``split_by`` the 4 processors of both members each read their hash share of
+    the rows; without it processor 0 (on member 0) reads them all."""
+    t = table(postgres.dsn)
+    with psycopg.connect(postgres.dsn, autocommit=True) as c:
+        c.execute(f"INSERT INTO {t} SELECT i, 'v' || i FROM generate_series(1, 8000) i")
+
+    def dag() -> DAG:
+        d = DAG()
+        src = d.new_vertex(
+            "rows",
+            sources.sql(
+                connect(postgres.dsn), f"SELECT k, v FROM {t} WHERE k > %s", (5,), split_by=split_by
+            ),
+        ).local_parallelism(2)
+        out = d.new_vertex("out", sinks.list_sink("rows")).local_parallelism(1)
+        d.edge(Edge.between(src, out).distributed())
+        return d
+
+    outputs = []
+    for processes in (2, 1):
+        engine = ss.local(processes=processes)
+        engine.new_job(dag(), JobConfig(name=unique("sqlsrc"))).join(GUARD_S)
+        outputs.append(sorted(engine.get_list("rows")))
+    assert outputs[0] == outputs[1] == [(i, f"v{i}") for i in range(6, 8001)]
+
+
+def test_a_sql_sink_on_two_members_writes_every_row_once(postgres: Any) -> None:
+    items = [(i, f"x{i}") for i in range(6000)]
+    written = []
+    for processes in (2, 1):
+        t = table(postgres.dsn)
+        d = DAG()
+        src = d.new_vertex("items", sources.items(items))
+        out = d.new_vertex(
+            "db", sinks.sql(connect(postgres.dsn), f"INSERT INTO {t} (k, v) VALUES (%s, %s)")
+        ).local_parallelism(2)
+        d.edge(Edge.between(src, out).distributed())
+        ss.local(processes=processes).new_job(d, JobConfig(name=unique("sqlsink"))).join(GUARD_S)
+        written.append(rows(postgres.dsn, f"SELECT k, v FROM {t} ORDER BY k"))
+    assert written[0] == written[1] == items
