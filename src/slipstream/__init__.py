@@ -30,6 +30,7 @@ _EXPORTS = {
     "Vertex": "slipstream.core.dag:Vertex",
     "DagError": "slipstream.core.errors:DagError",
     "JobCancelledError": "slipstream.core.errors:JobCancelledError",
+    "JobCompletedError": "slipstream.core.errors:JobCompletedError",
     "JobFailedError": "slipstream.core.errors:JobFailedError",
     "KeyFunctionError": "slipstream.core.errors:KeyFunctionError",
     "SlipstreamError": "slipstream.core.errors:SlipstreamError",
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
     from slipstream.core.errors import (
         DagError,
         JobCancelledError,
+        JobCompletedError,
         JobFailedError,
         KeyFunctionError,
         SinkCommitError,
@@ -180,6 +182,7 @@ __all__ = [
     "JobFailedError",
     "KeyFunctionError",
     "JobCancelledError",
+    "JobCompletedError",
     "SinkCommitError",
     "SinkUnavailableError",
     "SlipstreamError",

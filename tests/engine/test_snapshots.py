@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -272,3 +273,63 @@ def test_suspend_of_a_job_without_a_commit_phase_returns_and_resumes(tmp_path: A
     job.cancel()
     with pytest.raises(ss.JobCancelledError):
         job.join(30)
+
+
+class FinalHoldingStore(DirectorySnapshotStore):
+    """Holds the write of the job's final snapshot (every processor completed) until
+    ``go`` is set; ``holding`` says it is being held."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.holding = threading.Event()
+        self.go = threading.Event()
+
+    def commit(self, manifest: Any, chunk_bytes: int | None = None) -> None:
+        if all(len(vm.completed) == vm.total_parallelism for vm in manifest.vertices.values()):
+            self.holding.set()
+            self.go.wait(60)
+        super().commit(manifest, chunk_bytes)
+
+
+def test_suspend_of_a_job_whose_sources_ended_first_says_it_completed(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sources' end won the race with the terminal snapshot: every processor had
+    completed and the final snapshot was being written (the job still RUNNING) when
+    suspend() asked for the terminal one. On 11205dd suspend() returned as if the job
+    were suspended, its status COMPLETED, and resume() then raised."""
+    n = 300
+    store = FinalHoldingStore(str(tmp_path / "store"))
+    engine = ss.local()
+    cfg = JobConfig(name="ends-first", processing_guarantee=EO, snapshot_store=store)
+    job = engine.new_job(running_sum_dag(n, rate=1e9), cfg)
+    try:
+        assert store.holding.wait(60), "the final snapshot was never written"
+        assert job.status is JobStatus.RUNNING
+        coordinator = job._execution.coordinator  # type: ignore[union-attr]
+        request = coordinator.request
+
+        def request_then_release(terminal: bool = False) -> int | None:
+            try:
+                return request(terminal)  # the terminal snapshot is asked for too late
+            finally:
+                store.go.set()  # the final snapshot commits: the job completes
+
+        monkeypatch.setattr(coordinator, "request", request_then_release)
+        with pytest.raises(RuntimeError) as ei:
+            job.suspend(60)
+    finally:
+        store.go.set()
+    message = (
+        "job 'ends-first' completed before it could be suspended (its sources ended "
+        "first): there is nothing to resume"
+    )
+    assert type(ei.value) is ss.JobCompletedError and str(ei.value) == message
+    assert job.status is JobStatus.COMPLETED
+    job.join(60)
+    assert Counter(engine.get_list("out")) == expected_running_sums(n)
+    # the same error once the job is known to have completed, for restart() too
+    with pytest.raises(ss.JobCompletedError, match="completed before it could be suspended"):
+        job.suspend()
+    with pytest.raises(ss.JobCompletedError, match="completed before it could be suspended"):
+        job.restart()

@@ -398,8 +398,8 @@ def test_window_pipeline_suspended_and_resumed_gives_exact_results(
 
     n = 60_000
     # the generator's 1.2 s at 50,000 items/s can end before two snapshots and the
-    # suspend ("completed, not suspended": 1 full-suite run in 3, quiet machine): then the run starts over,
-    # fresh, at a fifth of the rate, until one is suspended while it runs
+    # suspend (1 full-suite run in 3, quiet machine): suspend() then raises
+    # JobCompletedError and the run starts over, fresh, at a fifth of the rate
     for attempt, rate in enumerate((50_000, 10_000, 2_000)):
         p = ss.Pipeline()
         p.read_from(sources.generator(Event(), rate, max_items=n)).with_timestamps(
@@ -420,19 +420,13 @@ def test_window_pipeline_suspended_and_resumed_gives_exact_results(
             assert time.monotonic() < deadline, "no snapshot within 60 s"
             time.sleep(0.01)
         try:
-            if not job.status.is_terminal:
-                job.suspend()
-        except RuntimeError:
-            if job.status != JobStatus.COMPLETED:
-                raise
-        # suspend() also returns when the generator's end won the race with its terminal
-        # snapshot and the job completed instead
-        if job.status == JobStatus.SUSPENDED:
+            job.suspend()
             break
-        assert job.status == JobStatus.COMPLETED, job.status
-        job.join(timeout=120)
+        except ss.JobCompletedError:
+            job.join(timeout=120)
     else:
         raise AssertionError("the job ended before it could be suspended, at every rate")
+    assert job.status == JobStatus.SUSPENDED
     job.resume()
     job.join(timeout=120)
     expected: dict[tuple[int, int], int] = collections.Counter()

@@ -656,7 +656,10 @@ def run_scenario(
                 GATES[run] = hold
                 wait_commits(job, 1)
             if stop in ("suspend", "export"):
-                job.suspend()
+                try:
+                    job.suspend()
+                except ss.JobCompletedError:  # the sources ended first
+                    assert job.status is JobStatus.COMPLETED
             else:
                 job.cancel()
                 try:

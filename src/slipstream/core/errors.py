@@ -87,6 +87,13 @@ class JobCancelledError(SlipstreamError):
     """``join()`` on a job that was cancelled."""
 
 
+class JobCompletedError(SlipstreamError, RuntimeError):
+    """``suspend()`` (or ``restart()``) of a job that completed before it could be
+    suspended: its sources ended before the terminal snapshot was taken, so its output
+    is complete and there is nothing to resume. A ``RuntimeError``, as ``suspend()`` of a
+    job that is not running is."""
+
+
 class SnapshotError(SlipstreamError):
     """A snapshot could not be written, read or restored."""
 

@@ -27,6 +27,7 @@ from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
 from slipstream.core.dag import DAG
 from slipstream.core.errors import (
     JobCancelledError,
+    JobCompletedError,
     JobFailedError,
     SinkUnavailableError,
     SnapshotError,
@@ -434,12 +435,17 @@ class Job(JobHandle):
     def suspend(self, timeout: float | None = 30.0) -> None:
         """Take a final snapshot and stop; ``resume()`` continues from it. Raises
         ``JobFailedError`` when that snapshot cannot be written (the job fails: a
-        ``resume=True`` continues from the last snapshot that committed)."""
+        ``resume=True`` continues from the last snapshot that committed), and
+        ``JobCompletedError`` when the job completed instead: its sources ended before
+        the terminal snapshot could be taken (a batch job racing its end), so there is
+        nothing to resume; the job's output is complete, ``join()`` returns."""
         with self._lock:
             if self.store is None:
                 raise SnapshotError(
                     f"job {self.name!r} has no processing guarantee, so it cannot be suspended"
                 )
+            if self._status is JobStatus.COMPLETED:
+                raise self._completed_first()
             if self._status is not JobStatus.RUNNING:
                 raise RuntimeError(f"job {self.name!r} is {self._status.value}, not running")
             self._suspend_requested = True
@@ -454,6 +460,17 @@ class Job(JobHandle):
             raise self._join_error()
         if self._status is JobStatus.CANCELLED:
             raise JobCancelledError(f"job {self.name!r} was cancelled")
+        # every processor had completed when the terminal snapshot was asked for (the
+        # coordinator starts none then), or completed while a snapshot before it was in
+        # flight: the execution ended as the job's end, not as a suspension
+        if self._status is JobStatus.COMPLETED:
+            raise self._completed_first()
+
+    def _completed_first(self) -> JobCompletedError:
+        return JobCompletedError(
+            f"job {self.name!r} completed before it could be suspended (its sources ended "
+            f"first): there is nothing to resume"
+        )
 
     def resume(self) -> None:
         """Continue a suspended job from its terminal snapshot."""
@@ -463,7 +480,8 @@ class Job(JobHandle):
             self._start_execution(self._latest_snapshot())
 
     def restart(self, timeout: float | None = 30.0) -> None:
-        """Restart from a fresh terminal snapshot (or from scratch without a guarantee)."""
+        """Restart from a fresh terminal snapshot (or from scratch without a guarantee).
+        ``JobCompletedError`` as for ``suspend()`` when the job completed first."""
         if self.store is None:
             with self._lock:
                 ex = self._execution
