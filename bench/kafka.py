@@ -85,28 +85,35 @@ def window_record(user: str, start: int, total: int) -> bytes:
 
 def count_output(
     bootstrap: str, topic: str, want: int, alive: Callable[[], bool], timeout: float = 600
-) -> float:
+) -> tuple[float, str]:
     """Consume ``topic`` (in the parent process, so the contender's own process does
     only its work) until ``want`` records arrived; returns the wall-clock time of the
-    last one."""
+    last one and a digest of the values (sha256 of their sorted list: the same output
+    in any order gives the same digest)."""
+    import hashlib
+
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"watch-{topic}", "enable.auto.commit": False}
     )
     c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    n = 0
+    values: list[bytes] = []
     deadline = time.monotonic() + timeout
     try:
-        while n < want:
+        while len(values) < want:
             if time.monotonic() > deadline:
-                raise SystemExit(f"timed out: {n} of {want} output records")
+                raise SystemExit(f"timed out: {len(values)} of {want} output records")
             if not alive():
-                raise SystemExit(f"the contender exited after {n} of {want} output records")
-            n += sum(1 for m in c.consume(10_000, 0.05) if m.error() is None)
-        return time.time()
+                raise SystemExit(
+                    f"the contender exited after {len(values)} of {want} output records"
+                )
+            values.extend(m.value() for m in c.consume(10_000, 0.05) if m.error() is None)
+        end = time.time()
     finally:
         c.close()
+    values.sort()
+    return end, hashlib.sha256(b"\n".join(values)).hexdigest()[:16]
 
 
 # -- contenders ----------------------------------------------------------------------------
@@ -183,9 +190,14 @@ def plain_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
     c.close()
 
 
-def slipstream_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
-    import slipstream as ss
-    from slipstream import DAG, Edge, JobConfig, sinks, sources
+#: the engine's ``processes`` for the slipstream contenders (``--processes``; the
+#: bench/processes.py rows run them with 2)
+PROCESSES = 1
+
+
+def k1_dag(bootstrap: str, src: str, out: str) -> Any:
+    """K1 as a slipstream DAG: parse, keep ``amount >= 50``, produce as JSON."""
+    from slipstream import DAG, Edge, sinks, sources
     from slipstream import processors as P
 
     conf = {"bootstrap.servers": bootstrap}
@@ -194,13 +206,22 @@ def slipstream_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
     keep = dag.new_vertex("keep", P.filter(lambda r: r["amount"] >= 50 and r["user"] != END_USER))
     o = dag.new_vertex("out", sinks.kafka(out, conf, value_fn=json.dumps))
     dag.edge(Edge.between(s, keep)).edge(Edge.between(keep, o))
-    job = ss.local().new_job(dag, JobConfig(name="bench-k1"))
+    return dag
+
+
+def slipstream_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
+    import slipstream as ss
+
+    job = ss.local(processes=PROCESSES).new_job(
+        k1_dag(bootstrap, src, out), ss.JobConfig(name="bench-k1")
+    )
     _RUNNING.append(job)  # runs on the engine's threads until the process is killed
 
 
-def slipstream_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
-    import slipstream as ss
-    from slipstream import DAG, Edge, JobConfig, sinks, sources
+def k2_dag(bootstrap: str, src: str, out: str) -> Any:
+    """K2 as a slipstream DAG: a 10 s tumbling sum of ``amount`` per user by event
+    time, one JSON record per window."""
+    from slipstream import DAG, Edge, sinks, sources
     from slipstream import processors as P
     from slipstream.aggregate import summing
     from slipstream.watermark import with_fixed_lag
@@ -231,9 +252,20 @@ def slipstream_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
     o = dag.new_vertex(
         "out", sinks.kafka(out, conf, value_fn=lambda w: window_record(w.key, w.start, w.value))
     )
-    dag.edge(Edge.between(s, real)).edge(Edge.between(real, win).partitioned(lambda r: r["user"]))
+    # distributed: with several members (processes) a user's records from every
+    # partition must meet on one window processor (one member: a local edge)
+    dag.edge(Edge.between(s, real))
+    dag.edge(Edge.between(real, win).distributed().partitioned(lambda r: r["user"]))
     dag.edge(Edge.between(win, o))
-    job = ss.local().new_job(dag, JobConfig(name="bench-k2"))
+    return dag
+
+
+def slipstream_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
+    import slipstream as ss
+
+    job = ss.local(processes=PROCESSES).new_job(
+        k2_dag(bootstrap, src, out), ss.JobConfig(name="bench-k2")
+    )
     _RUNNING.append(job)  # runs on the engine's threads until the process is killed
 
 
@@ -360,8 +392,22 @@ def run_one(name: str, bootstrap: str, src: str, out: str, n_in: int) -> None:
     threading.Thread(target=report_memory, daemon=True).start()
     print(json.dumps({"start": time.time(), "cpu": _process_cpu(os.getpid())}), flush=True)
     fn(bootstrap, src, out, n_in)  # Quix and Bytewax run here until killed
+    if PROCESSES > 1 and _RUNNING:
+        # the member processes' ids, so that measure() reads their CPU time and peak
+        # memory too (they are not this process's children: the forkserver's)
+        ex = _RUNNING[0]._execution
+        print(json.dumps({"member_pids": [p.pid for p in ex._procs]}), flush=True)
     while True:
         time.sleep(1)
+
+
+def _process_peak_mb(pid: int) -> float:
+    """Process ``pid``'s peak resident set (VmHWM) in MB (Linux)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
 
 
 def _process_cpu(pid: int) -> float:
@@ -372,8 +418,21 @@ def _process_cpu(pid: int) -> float:
 
 
 def measure(
-    name: str, bootstrap: str, src: str, out: str, n_in: int, want: int, clock: str = "wall"
+    name: str,
+    bootstrap: str,
+    src: str,
+    out: str,
+    n_in: int,
+    want: int,
+    clock: str = "wall",
+    processes: int = 1,
 ) -> dict[str, Any]:
+    """Run contender ``name`` in its own process until ``out`` holds ``want`` records.
+    ``seconds`` is the wall or CPU time (``clock``); also: ``cpu_seconds`` of the
+    contender's process, ``busiest_cpu_seconds`` (with ``processes`` > 1, the largest of
+    the contender's and each member process's CPU time), ``peak_mb`` (with member
+    processes, the contender's plus each member's peak, summed) and the output's
+    ``digest``."""
     import subprocess
 
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -389,16 +448,28 @@ def measure(
             name,
             "--args",
             json.dumps([bootstrap, src, out, n_in]),
+            "--processes",
+            str(processes),
         ],
         stdout=subprocess.PIPE,
         text=True,
     )
+    members: list[int] = []
+    member_cpu: list[float] = []
+    member_mb = 0.0
     try:
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
         start = first["start"]
-        end = count_output(bootstrap, out, want, lambda: proc.poll() is None)
+        while processes > 1 and not members:
+            line = proc.stdout.readline()
+            if not line:
+                raise SystemExit("the contender exited before its members started")
+            members = json.loads(line).get("member_pids", [])
+        end, digest = count_output(bootstrap, out, want, lambda: proc.poll() is None)
         cpu = _process_cpu(proc.pid) - first["cpu"]
+        member_cpu = [_process_cpu(pid) for pid in members]
+        member_mb = sum(_process_peak_mb(pid) for pid in members)
     finally:
         proc.kill()
         rest, _ = proc.communicate(timeout=30)
@@ -408,8 +479,11 @@ def measure(
         "name": name,
         "seconds": seconds,
         "wall_seconds": end - start,
+        "cpu_seconds": cpu,
+        "busiest_cpu_seconds": max([cpu, *member_cpu]),
         "items": n_in,
-        "peak_mb": max(peaks, default=0),
+        "peak_mb": max(peaks, default=0) + member_mb,
+        "digest": digest,
     }
 
 
@@ -438,8 +512,11 @@ def main() -> None:
     )
     ap.add_argument("--run-variant", help=argparse.SUPPRESS)
     ap.add_argument("--args", help=argparse.SUPPRESS)
+    ap.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.run_variant:
+        global PROCESSES
+        PROCESSES = a.processes
         bootstrap, src, out, n_in = json.loads(a.args)
         run_one(a.run_variant, bootstrap, src, out, n_in)
         return

@@ -1,32 +1,62 @@
-"""Member processes (issue 24): word count with ``ss.local(processes=N)`` against the plain
-single-threaded loop on the same files.
+"""Member processes (issue 24): jobs with ``ss.local(processes=N)`` against the plain
+single-threaded loop on the same data, with the same output digest.
 
-    python bench/processes.py [--words 5000000] [--processes 1,2] [--repeat 3] [--dag]
+    python bench/processes.py [--only wc,rsf,win,k1,k2,latency] [--processes 1,2]
+                              [--repeat 3] [--words 5000000] [--events 2000000]
+                              [--win-events 2000000] [--records 1000000]
+                              [--latency-rate 1000] [--latency-seconds 10]
 
-The corpus is ``bench/wordcount.py``'s (Zipf-like over 50,000 words, 8 files, cached in
-the private bench directory). Rows: ``plain`` (the dict loop of bench/wordcount.py),
-``pipeline, processes=N`` (examples/wordcount.py's ``build_pipeline`` with ``str.split``,
-documented API only) and with ``--dag`` the example's Core API DAG. Each variant runs in
-a fresh interpreter (benchlib.run_variant), after a warm-up job of 10 lines with the same
-engine settings (so the forkserver is running and the imports are done: the figure is the
-job, start-up of its member processes included); rounds are interleaved and the best of
-``--repeat`` is kept. Each row's output digest (sha256 of the sorted counts) must equal
-the plain loop's, or the run stops. Ratios are the plain loop's (or processes=1's) figure
-over the row's: above 1.00x the row is faster. Two figures per row: the wall time, and the
-CPU time of the busiest process (the plain loop's own; with processes=1 the job's
-process; with processes=N the busiest member's, ``job.metrics["__job__"]
-["member_cpu_ms_max"]``, or the coordinator's if larger). On a machine whose cores are
-busy with other work (the load is printed; report ``uptime``) the processes compete with
-that work and the wall time says little: the busiest process's CPU time is about what
-the wall time would be with a core per process. ``peak MB``: the peak resident set of the
-variant's process plus, with member processes, each member's (summed: an upper bound of
-what they held at once; the largest of the rounds).
+Rows (each job's definition is the one of the bench named, imported from it, not
+copied; every engine row uses documented API only):
+
+* ``wc``: word count over ``bench/wordcount.py``'s corpus (Zipf-like over 50,000 words,
+  8 files): the dict loop (benchlib.count_words) vs examples/wordcount.py's
+  ``build_pipeline`` (with ``str.split``) and its Core API ``build_dag``.
+* ``rsf``: the CSV running sum with a user's ``AbstractProcessor`` (bench/wordcount.py's
+  ``rsf_dag``: read_files -> distributed partitioned -> ``CsvRunningSum`` -> map sink)
+  over ``--events`` ``key,value`` lines cut into 8 files (so that the processors of both
+  members read), vs the loop that reads the same files into a dict (``rsf_plain``).
+  Digest: the final sums.
+* ``win``: tumbling 1 s windows, the sum per key (bench/windowing.py's
+  ``window_pipeline``, a Pipeline: with_timestamps(lag 100 ms) -> group_by -> window ->
+  aggregate(summing)) over ``--win-events`` events of windowing.py's ``HashedEvent``
+  shape (1,000 keys, 10,000 events per second of event time, disorder < 100 ms), which
+  ``sources.generator(..., max_items=N)`` computes from the sequence number, split over
+  all processors of all members; the plain loop (``plain_windows``) computes the same
+  events from the same sequence numbers as it goes. Digest: the sorted window results.
+* ``k1``, ``k2``: bench/kafka.py's K1 (parse, filter, produce) and K2 (10 s tumbling sum
+  per user by event time) on the local Kafka-compatible broker (Tansu, memory only,
+  started here), ``--records`` records in 4 partitions, each contender in its own
+  process (kafka.measure: the time runs until the output topic holds every expected
+  record); the plain confluent-kafka loops of bench/kafka.py are the baselines. Digest:
+  the sorted output values.
+* ``latency``: items arriving one at a time: ``sources.generator`` at ``--latency-rate``
+  items per second for ``--latency-seconds``, each stamped with the wall-clock time the
+  generator made it (when it was due), through a distributed partitioned edge (half of the items cross to the other
+  member with processes=2) into a user's sink processor that notes how long after its
+  due time each arrived; p50 / p99 / max of all items after the first second.
+
+Each non-Kafka row runs in a fresh interpreter (benchlib.run_variant) after a warm-up
+job of 10 lines with the same engine settings (the forkserver is running and the imports
+are done: a row's figure is the job, the start-up of its member processes included);
+rounds are interleaved and the best of ``--repeat`` is kept. A row whose digest differs
+from its plain loop's stops the run. Ratios are the plain loop's (or processes=1's)
+figure over the row's: above 1.00x the row is faster. Two figures per row: the wall time,
+and the CPU time of the busiest process (the plain loop's own; with processes=1 the
+job's process; with processes=N the largest of the coordinator's and each member's). On a
+machine whose cores are busy with other work (the load is printed; report ``uptime``)
+the processes compete with that work and the wall time says little: the busiest
+process's CPU time is about what the wall time would be with a core per process (it
+leaves out what crossing between the processes waits for). ``peak MB``: the peak
+resident set of the row's process plus, with member processes, each member's (summed:
+an upper bound of what they held at once; the largest of the rounds).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -34,6 +64,8 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import windowing  # noqa: E402
+import wordcount  # noqa: E402
 from benchlib import (  # noqa: E402
     cache_path,
     count_words,
@@ -44,126 +76,352 @@ from benchlib import (  # noqa: E402
 )
 
 import slipstream as ss  # noqa: E402
+from slipstream import DAG, Edge, sources  # noqa: E402
 from slipstream.core.pickling import cloudpickle  # noqa: E402
 
 example = load_example("wordcount")
-# the example is loaded from its path, so a member process cannot import it by name:
-# its functions travel by value
-cloudpickle.register_pickle_by_value(example)
+# loaded from their paths (or from the bench directory, not on a member's path when
+# another script started the forkserver): their functions travel by value
+for _module in (example, wordcount, windowing):
+    cloudpickle.register_pickle_by_value(_module)
+
+JOBS = {
+    "wc": "word count",
+    "rsf": "CSV running sum, user's AbstractProcessor",
+    "win": "tumbling windows 1 s",
+    "k1": "Kafka K1 (parse, filter, produce)",
+    "k2": "Kafka K2 (10 s tumbling sum per user)",
+}
+RSF_FILES = 8
+WIN_KEYS = 1000
+WIN_EVENT_RATE = 10_000
 
 
-def digest(counts: dict[str, int]) -> str:
-    return hashlib.sha256(repr(sorted(counts.items())).encode()).hexdigest()[:16]
-
-
-def engine_job(directory: str, processes: int, dag: bool) -> Any:
-    if dag:
-        return example.build_dag(directory, "*.txt", str.split)
-    return example.build_pipeline(directory, "*.txt", str.split)
+def digest_of(rows: list[Any]) -> str:
+    return hashlib.sha256(repr(sorted(rows)).encode()).hexdigest()[:16]
 
 
 MEMBERS_RSS_MB = 0.0  # the members' peak RSS summed, of the last run_engine
 
 
-def run_engine(directory: str, processes: int, dag: bool) -> tuple[dict[str, int], float]:
-    """The counts and the busiest process's CPU seconds (this one's, or with member
-    processes the busiest member's, from ``job.metrics``)."""
+def run_engine(job_def: Any, processes: int, name: str = "bench-processes") -> tuple[Any, float]:
+    """Run ``job_def`` to its end; the engine and the busiest process's CPU seconds
+    (this one's, or with member processes the busiest member's, from ``job.metrics``)."""
     global MEMBERS_RSS_MB
     c0 = time.process_time()
     engine = ss.local(processes=processes)
-    job = engine.new_job(engine_job(directory, processes, dag), ss.JobConfig(name="bench-processes"))
+    job = engine.new_job(job_def, ss.JobConfig(name=name))
     job.join()
     cpu = time.process_time() - c0
     if processes > 1:
         figures = job.metrics["__job__"]
         cpu = max(cpu, figures["member_cpu_ms_max"] / 1000)
         MEMBERS_RSS_MB = figures["member_peak_rss_kb_total"] / 1024
-    return dict(engine.get_list("counts")), cpu
+    return engine, cpu
+
+
+def warm_up(processes: int) -> None:
+    with tempfile.TemporaryDirectory() as warm:
+        with open(os.path.join(warm, "w.txt"), "w", encoding="utf-8") as fh:
+            fh.write("warm up the engine\n" * 10)
+        run_engine(example.build_pipeline(warm, "*.txt", str.split), processes)
+
+
+# -- latency -------------------------------------------------------------------------------
+
+
+def stamped(seq: int) -> tuple[int, float]:
+    """``fn(seq)`` of the rate-limited generator: ``(seq, the wall-clock time it was
+    made)``. The generator makes an item when it is due (its share of the rate, on its
+    own clock since its first call), so this is its due time unless the generator's
+    worker was late; a stamp from a global schedule (start + seq / rate) would be off by
+    each processor's offset in the schedule (processor i's first item is seq i)."""
+    return seq, time.time()
+
+
+def item_seq(item: tuple[int, float]) -> int:
+    return item[0]
+
+
+class LatencySink(ss.AbstractProcessor):
+    """Notes ``(seq, seconds since it was made)`` for each item into the list
+    ``latency`` (with member processes the coordinator gathers the members' lists)."""
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.seen = context.get_list("latency")
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        self.seen.append((item[0], time.time() - item[1]))
+        return True
+
+
+def latency_dag(rate: float, seconds: float) -> DAG:
+    dag = DAG()
+    src = dag.new_vertex("source", sources.generator(stamped, rate, max_items=int(rate * seconds)))
+    out = dag.new_vertex("sink", LatencySink)
+    dag.edge(Edge.between(src, out).distributed().partitioned(item_seq))
+    return dag
+
+
+def percentile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+# -- one row, in a fresh interpreter -------------------------------------------------------
 
 
 def run_one(variant: str, a: argparse.Namespace) -> None:
-    """In the fresh interpreter: warm up, time the variant, print one JSON line."""
-    import json
-
-    if variant == "plain":
-        t0, c0 = time.perf_counter(), time.process_time()
-        counts = count_words(a.dir)
-        cpu = time.process_time() - c0
+    """``job:impl[:processes]``: time it, print one JSON line."""
+    job, impl, *rest = variant.split(":")
+    processes = int(rest[0]) if rest else 1
+    if impl != "plain":
+        warm_up(processes)
+    extra: dict[str, Any] = {}
+    t0, c0 = time.perf_counter(), time.process_time()
+    cpu = 0.0
+    if job == "wc":
+        if impl == "plain":
+            rows: list[Any] = list(count_words(a.dir).items())
+        else:
+            build = example.build_dag if impl == "dag" else example.build_pipeline
+            engine, cpu = run_engine(build(a.dir, "*.txt", str.split), processes)
+            rows = list(engine.get_list("counts"))
+    elif job == "rsf":
+        if impl == "plain":
+            rows = list(wordcount.rsf_plain(a.rsf_dir).items())
+        else:
+            engine, cpu = run_engine(wordcount.rsf_dag(a.rsf_dir), processes)
+            rows = list(engine.get_map("sums").items())
+    elif job == "win":
+        fn = windowing.HashedEvent(WIN_KEYS, WIN_EVENT_RATE)
+        wd = windowing.WINDOWS["tumbling"]
+        if impl == "plain":
+            events = (fn(s) for s in range(a.win_events))
+            rows = windowing.plain_windows(events, wd, windowing.LAG_MS)  # type: ignore[arg-type]
+        else:
+            source = sources.generator(fn, None, max_items=a.win_events)
+            p = windowing.window_pipeline(source, wd, ss.sinks.list_sink("windows"))
+            engine, cpu = run_engine(p, processes)
+            rows = [tuple(r) for r in engine.get_list("windows")]
+    elif job == "latency":
+        engine, cpu = run_engine(latency_dag(a.latency_rate, a.latency_seconds), processes)
+        warm = a.latency_rate  # the first second's items
+        ms = sorted(lat * 1000 for seq, lat in engine.get_list("latency") if seq >= warm)
+        expected = int(a.latency_rate * a.latency_seconds) - int(warm)
+        if len(ms) != expected:
+            raise SystemExit(f"latency: {len(ms)} items arrived, {expected} expected")
+        extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
+        rows = []
     else:
-        kind, n = variant.split(":")
-        processes = int(n)
-        with tempfile.TemporaryDirectory() as warm:
-            with open(os.path.join(warm, "w.txt"), "w", encoding="utf-8") as fh:
-                fh.write("warm up the engine\n" * 10)
-            run_engine(warm, processes, kind == "dag")
-        t0 = time.perf_counter()
-        counts, cpu = run_engine(a.dir, processes, kind == "dag")
+        raise SystemExit(f"unknown variant {variant!r}")
     seconds = time.perf_counter() - t0
-    rss = peak_rss_mb() + MEMBERS_RSS_MB
-    print(json.dumps({"seconds": seconds, "cpu": cpu, "digest": digest(counts), "rss": rss}))
+    if impl == "plain":
+        cpu = time.process_time() - c0
+    rss = peak_rss_mb() + (MEMBERS_RSS_MB if processes > 1 else 0.0)
+    print(
+        json.dumps({"seconds": seconds, "cpu": cpu, "digest": digest_of(rows), "rss": rss, **extra})
+    )
+
+
+# -- the table -----------------------------------------------------------------------------
 
 
 def label(variant: str) -> str:
-    if variant == "plain":
-        return "plain dict loop"
-    kind, n = variant.split(":")
-    return f"{'Core API DAG' if kind == 'dag' else 'pipeline'}, processes={n}"
+    job, impl, *rest = variant.split(":")
+    if impl == "plain":
+        return "plain loop"
+    what = {"dag": "Core API DAG", "pipeline": "Pipeline", "slipstream": "DAG"}.get(impl, impl)
+    return f"{what}, processes={rest[0]}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--words", type=int, default=5_000_000)
-    ap.add_argument("--processes", default="1,2", help="comma-separated process counts")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--dag", action="store_true", help="also the Core API DAG")
-    ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.dir is None:
-        a.dir = cache_path(f"corpus-{a.words}")
-    if a.run_variant:
-        run_one(a.run_variant, a)
-        return
-    write_corpus(a.dir, a.words)  # reused when present
-    counts = [int(n) for n in a.processes.split(",")]
-    variants = ["plain"] + [f"pipeline:{n}" for n in counts]
-    if a.dag:
-        variants += [f"dag:{n}" for n in counts]
-    load = os.getloadavg()
-    print(
-        f"{a.words:,} words, {len(os.sched_getaffinity(0))} usable cores, load "
-        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min) at the start"
-    )
-    best: dict[str, float] = {}
-    best_cpu: dict[str, float] = {}
-    rss: dict[str, float] = {}
-    want: str | None = None
-    for _ in range(a.repeat):  # interleaved rounds
-        for v in variants:
-            r = run_variant(__file__, v, ["--words", str(a.words), "--dir", a.dir])
-            if want is None:
-                want = r["digest"]
-            if r["digest"] != want:
-                raise SystemExit(f"{label(v)}: output digest {r['digest']} != the plain loop's {want}")
-            best[v] = min(best.get(v, float("inf")), r["seconds"])
-            best_cpu[v] = min(best_cpu.get(v, float("inf")), r["cpu"])
-            rss[v] = max(rss.get(v, 0.0), r["rss"])
-    load = os.getloadavg()
-    base, base_cpu = best["plain"], best_cpu["plain"]
-    print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end; output digest {want}")
+def print_rows(title: str, variants: list[str], r: dict[str, dict[str, Any]], digest: str) -> None:
+    print(f"\n{title} (output digest {digest})")
     header = (
-        f"{'variant':<28}{'wall s':>8}{'vs plain':>10}{'vs p=1':>8}"
+        f"{'variant':<30}{'wall s':>8}{'vs plain':>10}{'vs p=1':>8}"
         f"{'busiest cpu s':>15}{'vs plain':>10}{'vs p=1':>8}{'peak MB':>9}"
     )
     print(header)
     print("-" * len(header))
+    plain = next(v for v in variants if ":plain" in v)
+    base, base_cpu = r[plain]["seconds"], r[plain]["cpu"]
     for v in variants:
-        one = f"{v.split(':')[0]}:1" if v != "plain" else None
-        row = f"{label(v):<28}{best[v]:>8.2f}{base / best[v]:>9.2f}x"
-        row += f"{best[one] / best[v]:>7.2f}x" if one in best else f"{'':>8}"
-        row += f"{best_cpu[v]:>15.2f}{base_cpu / best_cpu[v]:>9.2f}x"
-        row += f"{best_cpu[one] / best_cpu[v]:>7.2f}x" if one in best_cpu else f"{'':>8}"
-        print(f"{row}{rss[v]:>9.0f}")
+        if v not in r:
+            print(f"{label(v):<30}{r.get(v + ':missing', 'not run')}")
+            continue
+        job, impl, *rest = v.split(":")
+        one = r.get(f"{job}:{impl}:1") if rest else None
+        s, c = r[v]["seconds"], r[v]["cpu"]
+        row = f"{label(v):<30}{s:>8.2f}{base / s:>9.2f}x"
+        row += f"{one['seconds'] / s:>7.2f}x" if one else f"{'':>8}"
+        row += f"{c:>15.2f}{base_cpu / c:>9.2f}x"
+        row += f"{one['cpu'] / c:>7.2f}x" if one else f"{'':>8}"
+        print(f"{row}{r[v]['rss']:>9.0f}")
+
+
+def keep_best(best: dict[str, dict[str, Any]], v: str, row: dict[str, Any]) -> None:
+    """The best wall and CPU time of the rounds, the largest peak memory."""
+    old = best.get(v)
+    if old is None:
+        best[v] = dict(row)
+        return
+    old["seconds"] = min(old["seconds"], row["seconds"])
+    old["cpu"] = min(old["cpu"], row["cpu"])
+    old["rss"] = max(old["rss"], row["rss"])
+
+
+def kafka_rows(a: argparse.Namespace, counts: list[int], jobs: list[str]) -> None:
+    """K1 / K2: bench/kafka.py's contenders in their own processes, on one broker."""
+    import kafka
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    with kafka.broker(None) as bootstrap:
+        src = f"bench-processes-in-{os.getpid()}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic(src, kafka.PARTITIONS, 1)]).values():
+            f.result(30)
+        records = kafka.make_records(a.records, a.users)
+        prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+        for p, key, rec in records:
+            while True:
+                try:
+                    prod.produce(
+                        src,
+                        json.dumps(rec).encode(),
+                        key.encode(),
+                        partition=p,
+                        timestamp=rec["ts"],
+                    )
+                    break
+                except BufferError:
+                    prod.poll(0.01)
+        prod.flush(120)
+        del prod, admin  # before the broker stops (a live client would log its loss)
+        want = dict(zip(("k1", "k2"), kafka.expected(records), strict=True))
+        print(
+            f"\nKafka: {len(records):,} records in {kafka.PARTITIONS} partitions; expected "
+            f"K1 {want['k1']:,} records, K2 {want['k2']:,} windows",
+            flush=True,
+        )
+        runs = 0
+        for job in jobs:
+            variants = [f"{job}:plain"] + [f"{job}:slipstream:{n}" for n in counts]
+            best: dict[str, dict[str, Any]] = {}
+            digest: str | None = None
+            for _ in range(a.repeat):
+                for v in variants:
+                    _, impl, *rest = v.split(":")
+                    name = f"{job.upper()} {'plain confluent-kafka loop' if impl == 'plain' else 'slipstream'}"
+                    runs += 1
+                    m = kafka.measure(
+                        name,
+                        bootstrap,
+                        src,
+                        f"bench-processes-out-{runs}-{os.getpid()}",
+                        len(records),
+                        want[job],
+                        "wall",
+                        int(rest[0]) if rest else 1,
+                    )
+                    row = {
+                        "seconds": m["wall_seconds"],
+                        "cpu": m["busiest_cpu_seconds"],
+                        "rss": m["peak_mb"],
+                        "digest": m["digest"],
+                    }
+                    if digest is None:
+                        digest = row["digest"]
+                    if row["digest"] != digest:
+                        raise SystemExit(
+                            f"{JOBS[job]}, {label(v)}: output digest {row['digest']} != the "
+                            f"plain loop's {digest}"
+                        )
+                    keep_best(best, v, row)
+            assert digest is not None
+            print_rows(JOBS[job], variants, best, digest)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="wc,rsf,win,k1,k2,latency")
+    ap.add_argument("--processes", default="1,2", help="comma-separated process counts")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--words", type=int, default=5_000_000)
+    ap.add_argument("--events", type=int, default=2_000_000, help="lines of the CSV running sum")
+    ap.add_argument("--win-events", type=int, default=2_000_000)
+    ap.add_argument("--records", type=int, default=1_000_000, help="Kafka records")
+    ap.add_argument("--users", type=int, default=10_000, help="K2's users")
+    ap.add_argument("--latency-rate", type=float, default=1000.0, help="items/s")
+    ap.add_argument("--latency-seconds", type=float, default=10.0)
+    # the Core API DAG rows always run now; the option of the first version is kept
+    ap.add_argument("--dag", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rsf-dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.dir is None:
+        a.dir = cache_path(f"corpus-{a.words}")
+    if a.rsf_dir is None:
+        a.rsf_dir = cache_path(f"rsf-{a.events}-{RSF_FILES}")
+    if a.run_variant:
+        run_one(a.run_variant, a)
+        return
+    only = a.only.split(",")
+    counts = [int(n) for n in a.processes.split(",")]
+    load = os.getloadavg()
+    print(
+        f"{len(os.sched_getaffinity(0))} usable cores, load {load[0]:.2f} {load[1]:.2f} "
+        f"{load[2]:.2f} (1/5/15 min) at the start; best of {a.repeat} rounds"
+    )
+    args = [
+        "--words", str(a.words), "--dir", a.dir, "--rsf-dir", a.rsf_dir,
+        "--win-events", str(a.win_events), "--latency-rate", str(a.latency_rate),
+        "--latency-seconds", str(a.latency_seconds),
+    ]  # fmt: skip
+    groups: dict[str, list[str]] = {}
+    if "wc" in only:
+        write_corpus(a.dir, a.words)  # reused when present
+        groups["wc"] = ["wc:plain"] + [f"wc:{k}:{n}" for k in ("pipeline", "dag") for n in counts]
+    if "rsf" in only:
+        wordcount.write_rsf_file(a.rsf_dir, a.events, RSF_FILES)
+        groups["rsf"] = ["rsf:plain"] + [f"rsf:dag:{n}" for n in counts]
+    if "win" in only:
+        groups["win"] = ["win:plain"] + [f"win:pipeline:{n}" for n in counts]
+    for job, variants in groups.items():
+        best: dict[str, dict[str, Any]] = {}
+        digest: str | None = None
+        for _ in range(a.repeat):  # interleaved rounds
+            for v in variants:
+                r = run_variant(__file__, v, args)
+                if digest is None:
+                    digest = r["digest"]
+                if r["digest"] != digest:
+                    raise SystemExit(
+                        f"{JOBS[job]}, {label(v)}: output digest {r['digest']} != the plain "
+                        f"loop's {digest}"
+                    )
+                keep_best(best, v, r)
+        assert digest is not None
+        size = {"wc": f"{a.words:,} words", "rsf": f"{a.events:,} lines in {RSF_FILES} files",
+                "win": f"{a.win_events:,} events"}[job]  # fmt: skip
+        print_rows(f"{JOBS[job]}, {size}", variants, best, digest)
+    kafka_jobs = [j for j in ("k1", "k2") if j in only]
+    if kafka_jobs:
+        kafka_rows(a, counts, kafka_jobs)
+    if "latency" in only:
+        print(
+            f"\nlatency: {a.latency_rate:,.0f} items/s for {a.latency_seconds:g} s, one at a "
+            "time, through a distributed edge; ms from the item made to the sink, after the first second"
+        )
+        print(f"{'':<16}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'busiest cpu s':>15}{'peak MB':>9}")
+        for n in counts:
+            r = run_variant(__file__, f"latency:dag:{n}", args)
+            print(
+                f"{'processes=' + str(n):<16}{r['p50']:>8.2f}{r['p99']:>8.2f}{r['max']:>8.2f}"
+                f"{r['cpu']:>15.2f}{r['rss']:>9.0f}"
+            )
+    load = os.getloadavg()
+    print(f"\nload {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
 
 
 if __name__ == "__main__":

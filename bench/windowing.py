@@ -316,10 +316,11 @@ def engine_windows(
     config: JobConfig | None = None,
     work_dir: str | None = None,
     throttle: bool = True,
+    processes: int = 1,
 ) -> tuple[list[Result], dict[str, Any]]:
     """``two_stage``: True / False for the hand-wired DAGs, ``"pipeline"`` for the
-    pipeline."""
-    engine = ss.local(cooperative_threads=threads, work_dir=work_dir)
+    pipeline; ``processes``: the engine's member processes (bench/processes.py)."""
+    engine = ss.local(cooperative_threads=threads, work_dir=work_dir, processes=processes)
     sink = sinks.list_sink("windows")
     if two_stage == "pipeline":
         job_def: Any = window_pipeline(source, wd, sink)

@@ -186,28 +186,39 @@ def rs_pipeline(evs: list[tuple[int, int]], threads: int | None) -> list[tuple[i
 
 # -- running sum from a CSV file (issue 12) ---------------------------------------------------
 RSF_FILE = "events.csv"
+RSF_GLOB = "events*.csv"  # RSF_FILE, or its parts events-00.csv, ... (files > 1)
 
 
-def write_rsf_file(d: str, n: int) -> str:
-    """``n`` lines ``key,value`` over N_KEYS string keys (reused if present)."""
+def write_rsf_file(d: str, n: int, files: int = 1) -> str:
+    """``n`` lines ``key,value`` over N_KEYS string keys (reused if present): one file,
+    or the same lines cut into ``files`` consecutive parts (which processors of several
+    members read in parallel, bench/processes.py)."""
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, RSF_FILE)
-    marker = os.path.join(d, f".complete-{n}")
+    marker = os.path.join(d, f".complete-{n}" + (f"-{files}" if files > 1 else ""))
     if not os.path.exists(marker):
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.writelines(f"k{i * 7919 % N_KEYS},{i % 100}\n" for i in range(n))
+        per = -(-n // files)
+        for f in range(files):
+            part = path if files == 1 else os.path.join(d, f"events-{f:02d}.csv")
+            with open(part, "w", encoding="utf-8") as fh:
+                fh.writelines(
+                    f"k{i * 7919 % N_KEYS},{i % 100}\n" for i in range(f * per, min(n, (f + 1) * per))
+                )
         open(marker, "w").close()
     return path
 
 
 def rsf_plain(d: str) -> dict[str, int]:
-    """What a user writes without an engine: read the file, update a dict."""
+    """What a user writes without an engine: read the file(s), update a dict."""
+    import glob
+
     sums: dict[str, int] = {}
     get = sums.get
-    with open(os.path.join(d, RSF_FILE), encoding="utf-8") as fh:
-        for line in fh:
-            k, v = line.split(",", 1)
-            sums[k] = get(k, 0) + int(v)
+    for path in sorted(glob.glob(os.path.join(d, RSF_GLOB))):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                k, v = line.split(",", 1)
+                sums[k] = get(k, 0) + int(v)
     return sums
 
 
@@ -233,15 +244,26 @@ class CsvRunningSum(ss.AbstractProcessor):
         self.sums[key] = value
 
 
-def rsf_engine(d: str, threads: int | None) -> dict[str, int]:
+def rsf_key(line: str) -> str:
+    return line.split(",", 1)[0]
+
+
+def rsf_dag(d: str) -> DAG:
+    """The running sum from the CSV file(s) as users write it. The edge into the
+    running sum is distributed: with several members (``processes``) each key's lines
+    must meet on one processor of all members' (with one member it is a local edge)."""
     dag = DAG()
-    src = dag.new_vertex("read", sources.read_files(d, RSF_FILE))
+    src = dag.new_vertex("read", sources.read_files(d, RSF_GLOB))
     rs = dag.new_vertex("running-sum", CsvRunningSum)
     out = dag.new_vertex("sink", sinks.map_sink("sums"))
-    dag.edge(Edge.between(src, rs).partitioned(lambda line: line.split(",", 1)[0]))
+    dag.edge(Edge.between(src, rs).distributed().partitioned(rsf_key))
     dag.edge(Edge.between(rs, out).partitioned(ss.entry_key))
+    return dag
+
+
+def rsf_engine(d: str, threads: int | None) -> dict[str, int]:
     engine = ss.local(cooperative_threads=threads)
-    engine.new_job(dag, ss.JobConfig(name="bench-running-sum-file")).join()
+    engine.new_job(rsf_dag(d), ss.JobConfig(name="bench-running-sum-file")).join()
     return dict(engine.get_map("sums"))
 
 
