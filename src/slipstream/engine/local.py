@@ -72,7 +72,10 @@ class LocalEngine:
     this process coordinates (:mod:`slipstream.engine.processes`). Distributed edges
     cross processes; list and map sinks fill this engine's lists and maps. Not yet with
     a processing guarantee (snapshots across processes are not built): such a job is
-    refused by ``new_job``. docs/guide.md, "Member processes".
+    refused by ``new_job``. ``heartbeat_timeout_ms``: a member process that does not
+    answer the coordinator's heartbeat for this long (stopped, or stuck in a call that
+    holds the GIL) is killed and fails the job naming it (:mod:`slipstream.engine.heartbeat`).
+    docs/guide.md, "Member processes".
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class LocalEngine:
         stop_grace_ms: float = 5000.0,
         allow_gil_threads: bool | None = None,
         processes: int | str = 1,
+        heartbeat_timeout_ms: float = 30_000.0,
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = default_cooperative_threads()
@@ -135,6 +139,11 @@ class LocalEngine:
                 f"slow_call_ms must be > 0 and stop_grace_ms >= 0, got {slow_call_ms!r} and "
                 f"{stop_grace_ms!r}"
             )
+        if not heartbeat_timeout_ms > 0:
+            raise ValueError(f"heartbeat_timeout_ms must be > 0, got {heartbeat_timeout_ms!r}")
+        # a member process not heard from for this long is killed and fails the job
+        # (slipstream.engine.heartbeat)
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
         # a cooperative call longer than this is logged as a warning naming the processor
         self.slow_call_ms = slow_call_ms
         # cancel()/a failure waits this long for a processor stuck in a call, then ends

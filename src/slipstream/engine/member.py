@@ -18,8 +18,10 @@ member process per member with :func:`member_main` as its target. A member:
    coordinator as it does with one process), then ``("done", ...)`` with the last of it,
    or ``("failed", ...)`` naming the vertex, processor and member of the error.
 
-``("cancel",)`` from the coordinator, or the coordinator's end of the pipe closing (it
-died), stops the member. The control pipe is a ``multiprocessing`` connection between
+The control pipe is read by :class:`~slipstream.engine.member_control.MemberControl`'s
+thread from the moment the setup arrived: it answers the coordinator's heartbeat
+(:mod:`slipstream.engine.heartbeat`) apart from the processors, and ``("cancel",)`` from
+the coordinator, or the coordinator's end of the pipe closing (it died), stops the member. The control pipe is a ``multiprocessing`` connection between
 the coordinator and its own children: the only pickles a member reads come from it and
 from its channel sockets, both private to the job's processes.
 """
@@ -38,6 +40,7 @@ from slipstream.core.item_errors import ItemErrorReport
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import gc_tuning
+from slipstream.engine.member_control import Calls, MemberControl
 from slipstream.engine.workers import (
     TaskletFailure,
     WorkerPool,
@@ -181,10 +184,11 @@ class MemberServices(InMemoryServices):
 class _Member:
     """What :func:`member_main` runs: one member's tasklets and its reports."""
 
-    def __init__(self, conn: Any, member: int, setup: dict[str, Any], sockets: Any) -> None:
-        self.conn = conn
+    def __init__(
+        self, control: MemberControl, member: int, setup: dict[str, Any], sockets: Any
+    ) -> None:
+        self.control = control
         self.member = member
-        self._send_lock = threading.Lock()
         self.failure: tuple[Any, ...] | None = None
         self.cancelled = False
         self.finished = threading.Event()
@@ -227,12 +231,7 @@ class _Member:
     # -- reports -------------------------------------------------------------------------
     def send(self, message: tuple[Any, ...]) -> bool:
         """Send ``message`` to the coordinator; ``False`` if it is gone."""
-        with self._send_lock:
-            try:
-                self.conn.send(message)
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-                return False
-        return True
+        return self.control.send(message)
 
     def metrics(self) -> dict[str, dict[str, int]]:
         """Per vertex, as ``Job.metrics`` sums them over this member's processors."""
@@ -263,12 +262,7 @@ class _Member:
                 JOB,
             )
             return False
-        with self._send_lock:
-            try:
-                self.conn.send_bytes(data)
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-                return False
-        return True
+        return self.control.send_bytes(data)
 
     def fail(self, tasklet: Any, error: BaseException, kind: str) -> None:
         """Record this member's first failure and stop its tasklets."""
@@ -294,17 +288,18 @@ class _Member:
             kind = JOB
         self.fail(t, failure.error, kind)
 
-    def _control(self) -> None:
-        """Wait for the coordinator's ``cancel`` (or its end closing) and stop."""
-        try:
-            while True:
-                msg = self.conn.recv()
-                if msg[0] == "cancel":
-                    break
-        except (EOFError, OSError):
-            pass
+    def _cancel(self) -> None:
+        """The coordinator's ``cancel`` (or its end of the pipe closing): stop."""
         self.cancelled = True
         self.stop()
+
+    def running_calls(self) -> Calls:
+        """The processors' (and channels') calls running longer than ``slow_call_ms``
+        now, for the heartbeat's answer (:mod:`slipstream.engine.member_control`)."""
+        pool = self.pool
+        if pool is None:
+            return []
+        return pool.calls_running(self.setup["slow_call_ms"] / 1000.0)
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> None:
@@ -316,7 +311,7 @@ class _Member:
                 self._close_all()
                 self._end()
                 return
-        threading.Thread(target=self._control, name="slipstream-member-control", daemon=True).start()
+        self.control.on_cancel(self._cancel)
         tune = self.setup["tune_gc"]
         if tune:
             gc_tuning.job_started()
@@ -329,6 +324,7 @@ class _Member:
             slow_call_s=self.setup["slow_call_ms"] / 1000.0,
             stop_grace_s=self.setup["stop_grace_ms"] / 1000.0,
         )
+        self.control.running_calls = self.running_calls
         if self.cancelled:
             self.stop()
         self.pool.start()
@@ -375,13 +371,15 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
         pids = conn.recv()
     except (EOFError, OSError):
         return  # the coordinator is gone
+    # from here on the member answers heartbeats, however long its set-up takes
+    control = MemberControl(conn)
+    control.start()
     try:
         setup = pickle.loads(data)
         setup["pids"] = pids
     except ModuleNotFoundError as e:
         _report_setup_error(
-            conn,
-            member,
+            control,
             ModuleNotFoundError(
                 f"the job's code cannot be loaded in member process {member}: {e}. A module "
                 "the DAG's functions come from must be importable there by name (on "
@@ -392,12 +390,12 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
         )
         return
     except BaseException as e:  # noqa: BLE001
-        _report_setup_error(conn, member, e)
+        _report_setup_error(control, e)
         return
     try:
-        m = _Member(conn, member, setup, sockets)
+        m = _Member(control, member, setup, sockets)
     except BaseException as e:  # noqa: BLE001
-        _report_setup_error(conn, member, e)
+        _report_setup_error(control, e)
         return
     m.run()
 
@@ -427,9 +425,6 @@ def failure_message(
     return ("failed", kind, vertex, index, type(error).__name__, str(error), tb, blob)
 
 
-def _report_setup_error(conn: Any, member: int, error: BaseException) -> None:
-    try:
-        conn.send(failure_message(JOB, None, None, error))
-    except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-        pass
+def _report_setup_error(control: MemberControl, error: BaseException) -> None:
+    control.send(failure_message(JOB, None, None, error))
 

@@ -28,7 +28,9 @@ job with the most telling error: a processor's, else a member that died (its exi
 status), else the job-level error of a member, else a channel's (a channel to a member
 that stopped is a consequence, not a cause). A member that dies (SIGKILL, OOM) fails the
 job naming it: there is no failover to fresh members yet (that needs snapshots across
-processes), and a member that hangs without dying is not detected (no heartbeat yet).
+processes). A member that stops answering without dying (SIGSTOP, a call that holds the
+GIL) is found by the heartbeat (:mod:`slipstream.engine.heartbeat`), killed, and fails
+the job naming it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.dag import effective_parallelism
 from slipstream.core.errors import DagError
+from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
+from slipstream.engine.member_control import PONG, Calls
 from slipstream.engine.workers import TaskletFailure
 from slipstream.execution.plan import VertexPlan
 
@@ -176,6 +180,11 @@ class MemberFailedError(RuntimeError):
     and message are in the text), or died."""
 
 
+class MemberUnresponsiveError(MemberFailedError):
+    """A member process stopped answering the coordinator's heartbeat
+    (:mod:`slipstream.engine.heartbeat`) and was killed."""
+
+
 def bare_plans(dag: Any, member_count: int, default_parallelism: int) -> dict[str, VertexPlan]:
     """Each vertex's parallelism and member count, without processors (the coordinator
     creates none: the members do)."""
@@ -247,6 +256,10 @@ class ProcessExecution:
         self._live = 0
         self._procs: list[Any] = []
         self._conns: list[Any] = []
+        self._send_locks: list[threading.Lock] = []
+        #: members the heartbeat found silent (and killed): not reported as died
+        self._silent: set[int] = set()
+        self.heartbeat: HeartbeatMonitor | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -289,6 +302,7 @@ class ProcessExecution:
                     s.close()
         pids = {m: p.pid for m, (p, _) in enumerate(children)}
         self._conns = [c for _, c in children]
+        self._send_locks = [threading.Lock() for _ in children]
         self._live = len(children)
         # every member gets its setup before any listener runs: a listener that sees a
         # member fail sends "cancel" to all, which must not come before a setup
@@ -298,6 +312,12 @@ class ProcessExecution:
                 conn.send(pids)
             except OSError:
                 pass  # it died already: its listener reports it
+        self.heartbeat = HeartbeatMonitor(
+            len(children),
+            self.job.engine.heartbeat_timeout_ms / 1000.0,
+            self._send,
+            self._silent_member,
+        )
         for m, (p, conn) in enumerate(children):
             threading.Thread(
                 target=self._listen,
@@ -305,6 +325,16 @@ class ProcessExecution:
                 name=f"slipstream-{self.job.name}-member{m}-listener",
                 daemon=True,
             ).start()
+        self.heartbeat.start(self.job.name)
+
+    def _send(self, m: int, message: tuple[Any, ...]) -> None:
+        """Send ``message`` to member ``m`` (one writer at a time on its pipe); a member
+        that is gone is its listener's to report."""
+        with self._send_locks[m]:
+            try:
+                self._conns[m].send(message)
+            except OSError:
+                pass
 
     def stop(self) -> None:
         """Stop every member (``cancel()``): each ends its processors and reports; one
@@ -317,11 +347,8 @@ class ProcessExecution:
             if self._stopping:
                 return
             self._stopping = True
-        for conn in self._conns:
-            try:
-                conn.send(("cancel",))
-            except OSError:
-                pass
+        for m in range(len(self._conns)):
+            self._send(m, ("cancel",))
         grace = self.job.engine.stop_grace_ms / 1000.0 + KILL_AFTER_S
         timer = threading.Timer(grace, self._kill_remaining)
         timer.daemon = True
@@ -352,6 +379,11 @@ class ProcessExecution:
                 except (EOFError, OSError):
                     break
                 kind = msg[0]
+                hb = self.heartbeat
+                if hb is not None:
+                    hb.heard(m, msg[1] if kind == PONG else None)
+                if kind == PONG:
+                    continue
                 if kind in ("report", "done", "cancelled"):
                     self.member_metrics[m] = msg[1]
                     self.member_usage[m] = msg[4]
@@ -362,9 +394,11 @@ class ProcessExecution:
                     ended = True
                     self._failed(m, p.pid, msg)
         finally:
+            if self.heartbeat is not None:
+                self.heartbeat.ended(m)
             conn.close()
             p.join(timeout=30)
-            if not ended:
+            if not ended and m not in self._silent:
                 self._died(m, p)
             with self._lock:
                 self._live -= 1
@@ -430,7 +464,31 @@ class ProcessExecution:
             self._failures.append((1, f))
         self._stop_members()
 
+    def _silent_member(self, m: int, calls: Calls) -> None:
+        """The heartbeat heard nothing from member ``m`` for the timeout: kill it and
+        fail the job naming it (and the call it was last seen in, if any)."""
+        p = self._procs[m]
+        self._silent.add(m)
+        text = silence_text(m, p.pid, self.job.engine.heartbeat_timeout_ms, calls)
+        log.error("job %s: %s", self.job.name, text)
+        if not self.cancelled:  # a cancel that a silent member holds up stays a cancel
+            named = [c for c in calls if c[1] is not None]
+            tasklet: Any = None
+            if named:
+                vertex, index, _, _ = max(named, key=lambda c: c[3])
+                tasklet = MemberTasklet(vertex, index, m, p.pid)  # type: ignore[arg-type]
+            f = TaskletFailure(tasklet, MemberUnresponsiveError(text), restartable=False)
+            with self._lock:
+                self._failures.append((1, f))
+        try:
+            p.kill()  # SIGKILL ends a stopped process too
+        except OSError:
+            pass
+        self._stop_members()
+
     def _ended(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.cancelled:  # a channel to a member that stopped first is no failure then
             self._failures = [rf for rf in self._failures if rf[0] < 3]
         if self._failures:

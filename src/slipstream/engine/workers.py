@@ -269,6 +269,20 @@ class WorkerPool:
             if last:
                 self._on_finished()
 
+    def calls_running(self, min_s: float) -> list[tuple[str, int | None, str, float]]:
+        """The calls running for at least ``min_s`` now: ``(vertex, processor index,
+        callback, seconds)``, the index ``None`` for a channel's sender or receiver
+        (what a member process tells its coordinator's heartbeat)."""
+        now = time.monotonic()
+        out: list[tuple[str, int | None, str, float]] = []
+        for slot, t in enumerate(list(self._calling)):
+            started = self._since[slot]
+            if t is None or now - started < min_s:
+                continue
+            index = t.index if getattr(t, "processor", None) is not None else None
+            out.append((t.vertex_name, index, t.callback_name, round(now - started, 3)))
+        return out
+
     # -- the watchdog ----------------------------------------------------------------
     def _watch(self) -> None:
         while True:
