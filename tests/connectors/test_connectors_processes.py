@@ -287,3 +287,38 @@ def test_a_sql_sink_on_two_members_writes_every_row_once(postgres: Any) -> None:
         ss.local(processes=processes).new_job(d, JobConfig(name=unique("sqlsink"))).join(GUARD_S)
         written.append(rows(postgres.dsn, f"SELECT k, v FROM {t} ORDER BY k"))
     assert written[0] == written[1] == items
+
+
+def as_row(message: Any) -> tuple[int, str]:
+    v = int(message.value())
+    return v, f"p{message.partition()}"
+
+
+def test_a_pipeline_from_kafka_into_postgresql_on_two_members(kafka: Any, postgres: Any) -> None:
+    """Both connectors in one Pipeline job: each member reads its partitions, maps, and
+    its sink processors write their rows; the table ends as with one process and as the
+    oracle says (read until every row is there, then cancelled)."""
+    topic = unique("procpipe")
+    kafka.create_topic(topic, PARTITIONS)
+    n = 3000
+    produce(kafka.bootstrap, topic, [(i % PARTITIONS, str(i).encode(), None) for i in range(n)])
+    oracle = sorted((i * 3, f"p{i % PARTITIONS}") for i in range(n))
+    written = []
+    for processes in (2, 1):
+        t = table(postgres.dsn)
+        p = ss.Pipeline()
+        (
+            p.read_from(
+                sources.kafka(topic, {"bootstrap.servers": kafka.bootstrap}, projection=as_row)
+            )
+            .map(lambda r: (r[0] * 3, r[1]))
+            .write_to(sinks.sql(connect(postgres.dsn), f"INSERT INTO {t} (k, v) VALUES (%s, %s)"))
+        )
+        job = ss.local(processes=processes).new_job(p, JobConfig(name=unique("pipe")))
+        count = f"SELECT count(*) FROM {t}"
+        wait_for(lambda: rows(postgres.dsn, count)[0][0] >= n, f"{n} rows in {t}")  # noqa: B023
+        job.cancel()
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=GUARD_S)
+        written.append(rows(postgres.dsn, f"SELECT k, v FROM {t} ORDER BY k"))
+    assert written[0] == written[1] == oracle
