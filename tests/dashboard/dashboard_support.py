@@ -72,3 +72,26 @@ def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condit
             return last
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
+
+
+def member_pipeline(rate: float = 2000.0) -> Any:
+    """A never-ending job for ``processes=2``: a rate-limited generator, a keyed running
+    count behind a distributed edge (items cross between the member processes), a sink."""
+    import slipstream as ss
+
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.generator(_seq, rate))
+        .group_by(_mod7)
+        .rolling_aggregate(counting())
+        .write_to(sinks.noop())
+    )
+    return p
+
+
+def _seq(seq: int) -> int:
+    return seq
+
+
+def _mod7(x: int) -> int:
+    return x % 7

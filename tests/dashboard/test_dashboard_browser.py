@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashboard_support import LONG_NAMES, streaming_dag, wait_for
+from dashboard_support import LONG_NAMES, member_pipeline, streaming_dag, wait_for
 
 import slipstream as ss
 from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
@@ -309,3 +309,76 @@ def test_state_sizes_and_a_key_search(browser: Any, tmp_path: Path) -> None:
             "error",
             "job 'nosnapshots' takes no snapshots (processing_guarantee NONE): it has no state to read",
         )
+
+
+@pytest.mark.slow
+def test_member_processes_each_get_a_row_and_the_total_sums_them(browser: Any) -> None:
+    """``processes=2``: the Members table shows each member process (pid, state, items,
+    CPU, resident set) and a total row; a job in one process has no such table."""
+    from selenium.webdriver.common.by import By
+
+    engine = ss.local(processes=2, dashboard=0)
+    try:
+        job = engine.new_job(member_pipeline(), JobConfig(name="members"))
+        browser.get(engine.dashboard_url)
+        sec = f"#job-{job.id}"
+
+        def cells(tr: Any) -> dict[str, str]:
+            return {td.get_attribute("data-f"): td.text for td in tr.find_elements(By.TAG_NAME, "td")}
+
+        def table() -> Any:
+            rows = browser.find_elements(By.CSS_SELECTOR, f"{sec} table.members tbody tr")
+            got = [cells(tr) for tr in rows]
+            ok = len(got) == 2 and all(r.get("items_in", "0") not in ("", "0") for r in got)
+            return ok and got
+
+        rows = wait_for(table, what="a row per member with items")
+        pids = [str(p.pid) for p in job._execution._procs]
+        assert [(r["member"], r["pid"], r["state"]) for r in rows] == [
+            ("member 0", pids[0], "running"),
+            ("member 1", pids[1], "running"),
+        ]
+        for r in rows:
+            assert re.fullmatch(r"\d+\.\d s", r["cpu"]), r
+            assert re.fullmatch(r"\d+%|\u2013", r["cpu_share"]), r
+            assert re.fullmatch(r"[\d.]+ (KiB|MiB)", r["rss"]) and re.fullmatch(r"[\d.]+ (KiB|MiB)", r["peak_rss"]), r
+        assert browser.find_element(By.CSS_SELECTOR, f"{sec} div.members").is_displayed()
+
+        # the total row sums what the same poll brought (the page fills both from one answer)
+        def consistent() -> Any:
+            snap = browser.execute_script(
+                "var s=document.querySelector(arguments[0]);"
+                "function n(tr,f){return tr.querySelector('[data-f='+f+']').textContent;}"
+                "var rs=Array.from(s.querySelectorAll('table.members tbody tr')),"
+                "t=s.querySelector('table.members tfoot tr');"
+                "return {rows:rs.map(function(r){return [n(r,'items_in'),n(r,'items_out')];}),"
+                "total:[n(t,'member'),n(t,'state'),n(t,'items_in'),n(t,'items_out')]};",
+                sec,
+            )
+            ins = sum(int(r[0]) for r in snap["rows"])
+            outs = sum(int(r[1]) for r in snap["rows"])
+            return snap["total"] == ["total", "2 processes", str(ins), str(outs)] and snap
+
+        wait_for(consistent, what="a total row that sums the members")
+        job.cancel()
+        wait_for(lambda: [r["state"] for r in cells_of(browser, sec)] == ["cancelled", "cancelled"],
+                 what="the members' end")
+    finally:
+        engine.shutdown()
+
+    with ss.local(dashboard=0) as one:
+        plain = one.new_job(member_pipeline(), JobConfig(name="one"))
+        browser.get(one.dashboard_url)
+        wait_for(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-updates")) >= 2)
+        box = browser.find_element(By.CSS_SELECTOR, f"#job-{plain.id} div.members")
+        assert not box.is_displayed()
+        plain.cancel()
+
+
+def cells_of(browser: Any, sec: str) -> list[dict[str, str]]:
+    from selenium.webdriver.common.by import By
+
+    return [
+        {td.get_attribute("data-f"): td.text for td in tr.find_elements(By.TAG_NAME, "td")}
+        for tr in browser.find_elements(By.CSS_SELECTOR, f"{sec} table.members tbody tr")
+    ]

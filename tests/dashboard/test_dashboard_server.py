@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from dashboard_support import get_json, streaming_dag, wait_for
+from dashboard_support import get_json, member_pipeline, streaming_dag, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 import slipstream as ss
@@ -271,3 +271,77 @@ def test_items_set_aside_by_on_item_error_are_shown_per_vertex() -> None:
         assert [x for x in line.splitlines() if x.strip().startswith("parse")][0].endswith(
             "skipped 5"
         )
+
+
+def test_a_job_with_member_processes_shows_each_member_and_the_total() -> None:
+    """``processes=2``: ``/api/jobs`` and ``/metrics`` give per member its pid, state,
+    items, CPU and resident set, and their totals (on main: neither had members)."""
+    engine = ss.local(processes=2, dashboard=0)
+    try:
+        job = engine.new_job(member_pipeline(), JobConfig(name="members"))
+        api = engine.dashboard_url + "api/jobs"
+
+        def busy() -> Any:
+            (j,) = get_json(api)["jobs"]
+            rows = j["members"] or []
+            return (
+                len(rows) == 2
+                and all(r["items_in"] > 0 and r["cpu_share"] is not None for r in rows)
+                and j
+            )
+
+        j = wait_for(busy, what="both members' figures")
+        pids = [p.pid for p in job._execution._procs]
+        rows = j["members"]
+        assert [(r["member"], r["pid"], r["state"]) for r in rows] == [
+            (0, pids[0], "running"),
+            (1, pids[1], "running"),
+        ]
+        for r in rows:
+            assert r["items_out"] > 0 and r["cpu_ms"] > 0 and r["cpu_share"] >= 0
+            assert 0 < r["rss_kb"] <= r["peak_rss_kb"]
+        total = j["members_total"]
+        assert total["members"] == 2
+        for k in ("items_in", "items_out", "cpu_ms", "rss_kb", "peak_rss_kb"):
+            assert total[k] == sum(r[k] for r in rows), k
+
+        with urllib.request.urlopen(engine.dashboard_url + "metrics", timeout=10) as r:
+            text = r.read().decode()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+
+        def per_member(name: str) -> dict[str, float]:
+            return {s.labels["member"]: s.value for s in fams[name].samples if s.labels["job"] == "members"}
+
+        assert set(per_member("slipstream_member_items_in")) == {"0", "1"}
+        assert all(v > 0 for v in per_member("slipstream_member_cpu_seconds").values())
+        assert all(v > 0 for v in per_member("slipstream_member_rss_bytes").values())
+        running = {s.labels["member"]: (s.labels["state"], s.value) for s in fams["slipstream_member_running"].samples}
+        assert running == {"0": ("running", 1.0), "1": ("running", 1.0)}
+        (n,) = fams["slipstream_job_processes"].samples
+        assert n.value == 2
+        (rss,) = fams["slipstream_job_processes_rss_bytes"].samples
+        assert rss.value == sum(per_member("slipstream_member_rss_bytes").values())
+        (cpu,) = [s for s in fams["slipstream_job_processes_cpu_seconds"].samples if s.name.endswith("_total")]
+        assert cpu.value == pytest.approx(sum(per_member("slipstream_member_cpu_seconds").values()))
+
+        job.cancel()
+        ended = wait_for(
+            lambda: (d := get_json(api)["jobs"][0])["status"] == "cancelled" and d, what="the cancel"
+        )
+        assert [r["state"] for r in ended["members"]] == ["cancelled", "cancelled"]
+    finally:
+        engine.shutdown()
+
+
+def test_a_job_in_one_process_has_no_members() -> None:
+    engine = ss.local(dashboard=0)
+    try:
+        job = engine.new_job(member_pipeline(), JobConfig(name="one"))
+        wait_for(lambda: job.metrics.get("sink", {}).get("items_in", 0) > 0, what="output")
+        (j,) = get_json(engine.dashboard_url + "api/jobs")["jobs"]
+        assert j["members"] is None and j["members_total"] is None
+        with urllib.request.urlopen(engine.dashboard_url + "metrics", timeout=10) as r:
+            assert "slipstream_member_" not in r.read().decode()
+        job.cancel()
+    finally:
+        engine.shutdown()

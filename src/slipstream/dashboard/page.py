@@ -59,6 +59,7 @@ td.num{font-family:monospace}
 .bar{display:inline-block;width:70px;height:8px;background:#dfe6ee;vertical-align:middle;margin-right:4px}
 .bar i{display:block;height:100%;background:#3a9a5b}
 .empty{color:#5a6b80}
+table.members tfoot td{font-weight:600;border-top:2px solid #c9d3de}
 form.statesearch{margin:8px 0 4px 0;font-size:13px;display:flex;flex-wrap:wrap;gap:8px;align-items:center}
 form.statesearch input{font:13px monospace;width:16em}
 form.statesearch .hint{font-size:12px;color:#5a6b80}
@@ -188,6 +189,28 @@ _SCRIPT = """
     });
     snapRows(sec,j);
     stateRows(sec,j);
+    memberRows(sec,j);
+  }
+  // a job whose members run in processes: a row per member and the total
+  function memberRows(sec,j){
+    var box=sec.querySelector('div.members');if(!box)return;
+    var list=j.members||[];box.style.display=list.length?'':'none';if(!list.length)return;
+    var body=box.querySelector('tbody');
+    function cells(tr,r,first){
+      [[first,''],[r.pid===undefined||r.pid===null?'':String(r.pid),'pid'],[r.state||'','state'],
+       [String(r.items_in),'items_in'],[String(r.items_out),'items_out'],
+       [(r.cpu_ms/1000).toFixed(1)+' s','cpu'],[fmtPct(r.cpu_share),'cpu_share'],
+       [fmtB(r.rss_kb*1024),'rss'],[fmtB(r.peak_rss_kb*1024),'peak_rss']].forEach(function(c,i){
+        var td=tr.children[i];if(!td){td=document.createElement('td');if(i>=3)td.className='num';
+          td.setAttribute('data-f',c[1]||'member');tr.appendChild(td);}
+        if(td.textContent!==c[0])td.textContent=c[0];});}
+    list.forEach(function(r){
+      var tr=body.querySelector('tr[data-member="'+r.member+'"]');
+      if(!tr){tr=document.createElement('tr');tr.setAttribute('data-member',String(r.member));body.appendChild(tr);}
+      cells(tr,r,'member '+r.member);});
+    var t=j.members_total,ft=box.querySelector('tfoot tr');
+    if(t&&ft)cells(ft,{pid:null,state:t.members+' processes',items_in:t.items_in,items_out:t.items_out,
+      cpu_ms:t.cpu_ms,cpu_share:t.cpu_share,rss_kb:t.rss_kb,peak_rss_kb:t.peak_rss_kb},'total');
   }
   // the size of each stateful vertex's state (see docs/watching.md, "State")
   function stateRows(sec,j){
@@ -350,6 +373,13 @@ def job_section(job_id: str, name: str, svg: str, vertices: list[str]) -> str:
         '<th title="items set aside because user code raised on them (on_item_error)">'
         "skipped</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
+        '<div class="members" style="display:none"><h3>Members<span class="note">one process '
+        "each; items summed over the member's processors, CPU as a share of one core over the "
+        "last second</span></h3>"
+        '<table class="members"><thead><tr><th>member</th><th>pid</th><th>state</th>'
+        "<th>items in</th><th>items out</th><th>CPU</th><th>CPU now</th><th>RSS</th>"
+        '<th>peak RSS</th></tr></thead><tbody></tbody><tfoot><tr class="total"></tr></tfoot>'
+        "</table></div>"
         '<h3>Snapshots<span class="note" data-f="snapcount"></span></h3>'
         '<table class="snapshots"><thead><tr><th>id</th><th>committed</th><th>duration</th>'
         "<th>size</th><th>entries</th><th>longest pause</th></tr></thead><tbody></tbody></table>"

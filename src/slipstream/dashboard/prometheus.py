@@ -93,8 +93,10 @@ class JobsCollector(Collector):
             "Distinct keys of the vertex's keyed state in the last counted snapshot",
             labels=vlabels,
         )
+        members = MemberFamilies(labels)
         for j in jobs:
             lv = [j["name"], j["id"]]
+            members.add(lv, j)
             for sv in (j.get("state") or {}).get("vertices") or ():
                 vl = [*lv, sv["name"]]
                 state_bytes.add_metric(vl, sv["bytes"])
@@ -134,6 +136,68 @@ class JobsCollector(Collector):
         yield from (status, restarts, snaps, snap_id, snap_dur, snap_bytes, snap_age, stage_tasks)
         yield from (unavailable, retries, warnings, state_bytes, state_entries, state_keys)
         yield from (items_in, items_out, late, skipped, in_rate, out_rate, fill, wm, lag)
+        yield from members.families()
+
+
+class MemberFamilies:
+    """The ``slipstream_member_*`` series of jobs whose members run in processes (one
+    per member, label ``member``) and their totals (``slipstream_job_processes_*``);
+    nothing for other jobs."""
+
+    def __init__(self, labels: list[str]) -> None:
+        ml = [*labels, "member"]
+        self.up = GaugeMetricFamily(
+            "slipstream_member_running", "1 while the member process runs, else 0", labels=[*ml, "state"]
+        )
+        self.seen = False
+        self.items_in = CounterMetricFamily(
+            "slipstream_member_items_in", "Items received by the member's processors", labels=ml
+        )
+        self.items_out = CounterMetricFamily(
+            "slipstream_member_items_out", "Items emitted by the member's processors", labels=ml
+        )
+        self.cpu = CounterMetricFamily("slipstream_member_cpu_seconds", "CPU time of the member process", labels=ml)
+        self.rss = GaugeMetricFamily("slipstream_member_rss_bytes", "Resident set of the member process", labels=ml)
+        self.peak = GaugeMetricFamily(
+            "slipstream_member_peak_rss_bytes", "Peak resident set of the member process", labels=ml
+        )
+        self.n = GaugeMetricFamily("slipstream_job_processes", "Member processes of the job", labels=labels)
+        self.cpu_total = CounterMetricFamily(
+            "slipstream_job_processes_cpu_seconds", "CPU time of the job's member processes together", labels=labels
+        )
+        self.rss_total = GaugeMetricFamily(
+            "slipstream_job_processes_rss_bytes", "Resident sets of the job's member processes, summed", labels=labels
+        )
+        self.peak_total = GaugeMetricFamily(
+            "slipstream_job_processes_peak_rss_bytes",
+            "Peak resident sets of the job's member processes, summed (an upper bound of what they held at once)",
+            labels=labels,
+        )
+
+    def add(self, lv: list[str], job: dict[str, Any]) -> None:
+        rows = job.get("members")
+        if not rows:
+            return
+        self.seen = True
+        for r in rows:
+            ml = [*lv, str(r["member"])]
+            self.up.add_metric([*ml, r["state"]], 1.0 if r["state"] == "running" else 0.0)
+            self.items_in.add_metric(ml, r["items_in"])
+            self.items_out.add_metric(ml, r["items_out"])
+            self.cpu.add_metric(ml, r["cpu_ms"] / 1000.0)
+            self.rss.add_metric(ml, r["rss_kb"] * 1024)
+            self.peak.add_metric(ml, r["peak_rss_kb"] * 1024)
+        t = job["members_total"]
+        self.n.add_metric(lv, t["members"])
+        self.cpu_total.add_metric(lv, t["cpu_ms"] / 1000.0)
+        self.rss_total.add_metric(lv, t["rss_kb"] * 1024)
+        self.peak_total.add_metric(lv, t["peak_rss_kb"] * 1024)
+
+    def families(self) -> Iterator[Any]:
+        if not self.seen:  # no job has member processes: no empty families either
+            return
+        yield from (self.up, self.items_in, self.items_out, self.cpu, self.rss, self.peak)
+        yield from (self.n, self.cpu_total, self.rss_total, self.peak_total)
 
 
 def metrics_text(describe_all: Callable[[], list[dict[str, Any]]]) -> bytes:

@@ -98,6 +98,7 @@ class Sampler:
             snap["age_s"] = round(max(0.0, now - snap.get("committed_at", now)), 1)
             snap.setdefault("pause_ms", _pause_ms(snap, job_metrics))
         ended = getattr(job, "completion_time", None)
+        members = watch.get("members")
         return {
             "id": str(getattr(job, "id", key)),
             "name": job.name,
@@ -116,6 +117,9 @@ class Sampler:
             "sink_unavailable_s": int(job_metrics.get("sink_unavailable_s", 0)),
             "stages": watch.get("stages"),
             "vertices": vertices,
+            # a job whose members run in processes: per member and all together
+            "members": members,
+            "members_total": members_total(members) if members else None,
         }
 
     def _rates(
@@ -150,6 +154,21 @@ class Sampler:
         with self._lock:
             for k in [k for k in self._readings if k not in keys]:
                 del self._readings[k]
+
+
+def members_total(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The members' figures summed (``cpu_share`` of all of them: 2.0 is two cores
+    busy; the peak resident sets summed are an upper bound of what they held at once)."""
+    shares = [r["cpu_share"] for r in rows if r["cpu_share"] is not None]
+    return {
+        "members": len(rows),
+        "items_in": sum(r["items_in"] for r in rows),
+        "items_out": sum(r["items_out"] for r in rows),
+        "cpu_ms": sum(r["cpu_ms"] for r in rows),
+        "cpu_share": round(sum(shares), 3) if shares else None,
+        "rss_kb": sum(r["rss_kb"] for r in rows),
+        "peak_rss_kb": sum(r["peak_rss_kb"] for r in rows),
+    }
 
 
 def _pause_ms(snap: dict[str, Any], job_metrics: dict[str, Any]) -> float | None:

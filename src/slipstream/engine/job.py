@@ -623,6 +623,10 @@ class Job(JobHandle):
                     progress[t.vertex_name] = (d0 + done_total[0], t0 + done_total[1])
         if progress:
             out["progress"] = progress
+        if hasattr(ex, "member_usage"):  # processes > 1: per member, engine/member_stats.py
+            from slipstream.engine.member_stats import member_rows
+
+            out["members"] = member_rows(ex)
         return out
 
     @staticmethod

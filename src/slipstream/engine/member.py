@@ -29,6 +29,7 @@ from its channel sockets, both private to the job's processes.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import signal
 import threading
@@ -400,12 +401,26 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
     m.run()
 
 
-def usage() -> tuple[float, int]:
-    """This process's CPU seconds so far and its peak resident set in KiB."""
+def usage() -> tuple[float, int, int]:
+    """This process's CPU seconds so far, its peak resident set and its resident set now
+    (KiB; 0 where ``/proc`` does not tell)."""
     import resource
     import time
 
-    return time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = resident_kb()  # first: the peak read after it is at least as large
+    return time.process_time(), max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss), rss
+
+
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024 if hasattr(os, "sysconf") else 4
+
+
+def resident_kb() -> int:
+    """This process's resident set now, in KiB (``/proc/self/statm``; 0 without it)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_KB
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def failure_message(

@@ -47,6 +47,7 @@ from slipstream.core.dag import effective_parallelism
 from slipstream.core.errors import DagError
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 from slipstream.engine.member_control import PONG, Calls
+from slipstream.engine.member_stats import CpuShare
 from slipstream.engine.workers import TaskletFailure
 from slipstream.execution.plan import VertexPlan
 
@@ -212,8 +213,11 @@ class ProcessExecution:
         self.finished = threading.Event()
         self.tasklets: list[Any] = []
         self.member_metrics: dict[int, dict[str, dict[str, int]]] = {}
-        #: per member: (CPU seconds, peak RSS in KiB) as of its latest report
-        self.member_usage: dict[int, tuple[float, int]] = {}
+        #: per member: (CPU seconds, peak RSS, RSS in KiB) as of its latest report
+        self.member_usage: dict[int, tuple[float, int, int]] = {}
+        #: per member that ended: how (done, cancelled, failed, died, unresponsive)
+        self.member_state: dict[int, str] = {}
+        self.cpu_share = CpuShare()
         dag = job.dag
         dag.validate(
             default_parallelism=engine.default_parallelism,
@@ -387,17 +391,24 @@ class ProcessExecution:
                 if kind in ("report", "done", "cancelled"):
                     self.member_metrics[m] = msg[1]
                     self.member_usage[m] = msg[4]
+                    self.cpu_share.record(m, msg[4][0])
                     self._apply(msg[2], msg[3])
                     if kind != "report":
                         ended = True
+                        self.member_state[m] = kind
                 elif kind == "failed":
                     ended = True
+                    self.member_state[m] = "failed"
                     self._failed(m, p.pid, msg)
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.ended(m)
             conn.close()
             p.join(timeout=30)
+            if m in self._silent:
+                self.member_state[m] = "unresponsive"
+            elif not ended:
+                self.member_state[m] = "died"
             if not ended and m not in self._silent:
                 self._died(m, p)
             with self._lock:

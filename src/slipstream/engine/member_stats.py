@@ -1,0 +1,86 @@
+"""Per-member figures of a job whose members run in processes (``ss.local(processes=N)``):
+what ``job.watch()["members"]`` holds, and the dashboard's Members table and ``/metrics``
+``slipstream_member_*`` series show.
+
+Each member process reports, every 0.1 s with its metrics (:mod:`slipstream.engine.member`),
+its CPU time, its peak and its current resident set; the coordinator keeps the latest
+report per member (``ProcessExecution.member_usage``) and, here, a few of the past CPU
+readings to turn CPU time into a share of a core (:class:`CpuShare`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+#: the CPU share is the growth of CPU time over at least this long (the newest reading
+#: that old, or the oldest kept)
+CPU_WINDOW_S = 1.0
+_KEPT = 32
+
+
+class CpuShare:
+    """Per member, recent ``(time, CPU seconds)`` readings, for its CPU use as a share of
+    one core over about the last :data:`CPU_WINDOW_S`."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._readings: dict[int, deque[tuple[float, float]]] = {}
+
+    def record(self, member: int, cpu_s: float) -> None:
+        with self._lock:
+            self._readings.setdefault(member, deque(maxlen=_KEPT)).append((self._clock(), cpu_s))
+
+    def share(self, member: int) -> float | None:
+        """CPU seconds per second (1.0 is one core busy) between the newest reading and
+        the newest one at least :data:`CPU_WINDOW_S` older (or the oldest kept);
+        ``None`` before two readings."""
+        with self._lock:
+            readings = list(self._readings.get(member, ()))
+        if len(readings) < 2:
+            return None
+        t1, c1 = readings[-1]
+        ref = readings[0]
+        for r in reversed(readings[:-1]):
+            if t1 - r[0] >= CPU_WINDOW_S:
+                ref = r
+                break
+        dt = t1 - ref[0]
+        return max(0.0, (c1 - ref[1]) / dt) if dt > 0 else None
+
+
+def member_rows(ex: Any) -> list[dict[str, Any]]:
+    """Per member (``ex`` is a ``ProcessExecution``): ``member``, ``pid``, ``state``
+    (``starting`` before its first report, ``running``, then ``done``, ``cancelled``,
+    ``failed``, ``died`` or ``unresponsive``), ``items_in`` and ``items_out`` (summed
+    over the member's processors, every vertex), ``cpu_ms``, ``cpu_share`` (CPU seconds
+    per second lately; ``None`` before two reports), ``rss_kb`` (its resident set at its
+    last report) and ``peak_rss_kb``."""
+    rows = []
+    procs = list(ex._procs)
+    for m in range(ex.count):
+        metrics = ex.member_metrics.get(m, {})
+        usage = ex.member_usage.get(m)
+        state = ex.member_state.get(m) or ("running" if usage is not None else "starting")
+        rows.append(
+            {
+                "member": m,
+                "pid": procs[m].pid if m < len(procs) else None,
+                "state": state,
+                "items_in": sum(int(f.get("items_in", 0)) for f in metrics.values()),
+                "items_out": sum(int(f.get("items_out", 0)) for f in metrics.values()),
+                "cpu_ms": int(usage[0] * 1000) if usage else 0,
+                "cpu_share": _round(ex.cpu_share.share(m)),
+                "rss_kb": int(usage[2]) if usage and len(usage) > 2 else 0,
+                "peak_rss_kb": int(usage[1]) if usage else 0,
+            }
+        )
+    return rows
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
