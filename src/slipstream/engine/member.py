@@ -40,7 +40,7 @@ from typing import Any
 from slipstream.core.item_errors import ItemErrorReport
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.services import InMemoryServices
-from slipstream.engine import gc_tuning
+from slipstream.engine import gc_tuning, member_logging
 from slipstream.engine.member_control import Calls, MemberControl
 from slipstream.engine.workers import (
     TaskletFailure,
@@ -378,6 +378,7 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
     try:
         setup = pickle.loads(data)
         setup["pids"] = pids
+        member_logging.install(control.send, setup.get("log_levels", {}))
     except ModuleNotFoundError as e:
         _report_setup_error(
             control,

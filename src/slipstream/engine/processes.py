@@ -47,6 +47,7 @@ from slipstream.core.dag import effective_parallelism
 from slipstream.core.errors import DagError
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 from slipstream.engine.member_control import PONG, Calls
+from slipstream.engine.member_logging import LOG, levels_here, replay
 from slipstream.engine.member_stats import CpuShare
 from slipstream.engine.workers import TaskletFailure
 from slipstream.execution.plan import VertexPlan
@@ -245,6 +246,7 @@ class ProcessExecution:
             "batch_late_items": job.bounded and job.config.batch_watermarks,
             "lists": lists,
             "maps": maps,
+            "log_levels": levels_here(),
         }
         try:
             self._payload = cloudpickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
@@ -387,6 +389,9 @@ class ProcessExecution:
                 if hb is not None:
                     hb.heard(m, msg[1] if kind == PONG else None)
                 if kind == PONG:
+                    continue
+                if kind == LOG:
+                    replay(msg[1], m, p.pid)
                     continue
                 if kind in ("report", "done", "cancelled"):
                     self.member_metrics[m] = msg[1]
