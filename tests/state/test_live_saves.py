@@ -262,3 +262,46 @@ def test_a_slice_the_fast_pickler_cannot_encode_turns_the_save_into_a_dict() -> 
     save2.finish()
     content, _ = save2.result()
     assert type(content) is dict and len(content) == 2 and content[1] == 1
+
+
+def test_keys_inserted_during_a_full_save_wait_in_the_overlay_and_join_the_map_after() -> None:
+    """An insertion during a full save does not end the save's walk of the map (main
+    listed every key still to encode in one step: tens of ms at a few million keys,
+    holding the GIL); the processor still reads its new keys at once."""
+    ctx = _ctx()
+    s = _state(ctx, {i: i for i in range(10)})
+    save = _save(s, ctx, 1, 0).upserts
+    assert not save.step(3)
+    s[100] = 1  # new keys, and a write of one not encoded yet
+    s[100] = s[100] + 1
+    s[5] = 50
+    assert s.get(100) == 2 and s[100] == 2 and 100 in s and len(s) == 11
+    assert dict.__len__(s) == 10  # the walk's map keeps its size
+    assert not save.step(3)
+    assert save._rest is None  # nothing listed
+    s[101] = 7
+    while not save.done:
+        save.step(3)
+    assert _content(save) == ({i: i for i in range(10)}, ())
+    assert dict(s) == {**{i: i for i in range(10)}, 5: 50, 100: 2, 101: 7}
+    while not save.step(1):  # the overlay joins the map, a key at a time
+        assert 101 in s and s.get(101) == 7
+    assert type(s) is KeyedState and dict.__len__(s) == 12
+    assert list(s)[-2:] == [100, 101]
+
+
+def test_no_step_encodes_more_than_its_budget_when_keys_were_written_since_the_barrier() -> None:
+    """The pre-barrier values of written keys go into the slices that encode those keys
+    (main encoded them all in the last step: a step that grows with what was written)."""
+    ctx = _ctx()
+    s = _state(ctx, {i: i for i in range(12)})
+    save = _save(s, ctx, 1, 0).upserts
+    for i in range(12):
+        s[i] = -i
+    sizes = []
+    while not save.done:
+        before = len(save.parts)
+        save.step(4)
+        sizes.extend(len(EncodedMap([p], 0).to_dict()) for p in save.parts[before:])
+    assert sizes == [4, 4, 4]
+    assert _content(save) == ({i: i for i in range(12)}, ())

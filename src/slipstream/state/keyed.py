@@ -50,6 +50,8 @@ after it (see :mod:`slipstream.state.live`).
 
 from __future__ import annotations
 
+from collections.abc import ItemsView, Iterator, KeysView, ValuesView
+from itertools import chain
 from typing import Any, NamedTuple, cast
 
 from slipstream.state.live import ABSENT as _LIVE_ABSENT
@@ -221,7 +223,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
             return None
         save = live_mod.LiveSave(self, sid, mode, keys)
         self._live = save
-        self.__class__ = _SavingKeyedState
+        self.__class__ = _OverlayKeyedState if mode == FULL else _SavingKeyedState
         saves.append(save)
         return save
 
@@ -373,7 +375,7 @@ _FULL_AGAIN: Any = (None, None)
 
 
 class _SavingKeyedState(KeyedState):
-    """The class of a :class:`KeyedState` while a copy-on-write save of it is in progress
+    """The class of a :class:`KeyedState` while a copy-on-write *delta* of it is produced
     (:mod:`slipstream.state.live`): every mutator first lets the save record the key's
     pre-barrier value. Only then is a write a Python call; the map gets its class back
     when the save is complete."""
@@ -381,15 +383,9 @@ class _SavingKeyedState(KeyedState):
     __slots__ = ()
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        live = self._live
-        old = live.old
-        if key not in old:  # LiveSave.before_set, inlined: the first write after the barrier
-            v = dict.get(self, key, _LIVE_ABSENT)
-            old[key] = v
-            if v is _LIVE_ABSENT:
-                live._it = None  # the map grows: its iterator is no good any more
-        elif live._it is not None and not dict.__contains__(self, key):
-            live._it = None
+        old = self._live.old
+        if old is not None and key not in old:  # the first write after the barrier
+            old[key] = dict.get(self, key, _LIVE_ABSENT)
         dict.__setitem__(self, key, value)
 
     def __delitem__(self, key: Any) -> None:
@@ -409,8 +405,9 @@ class _SavingKeyedState(KeyedState):
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         if not dict.__contains__(self, key):
-            self._live.before_set(self, key)
-        return dict.setdefault(self, key, default)
+            self[key] = default
+            return default
+        return dict.__getitem__(self, key)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         for k, v in dict(*args, **kwargs).items():
@@ -423,3 +420,111 @@ class _SavingKeyedState(KeyedState):
     def clear(self) -> None:
         self._live.finish()  # produced now: the map's class is KeyedState again
         dict.clear(self)
+
+
+class _OverlayKeyedState(_SavingKeyedState):
+    """The class of a :class:`KeyedState` while a copy-on-write *full* save of it is in
+    progress: the save encodes the map's pre-barrier keys in its insertion order with
+    one dict iterator, which an insertion would end (and finding the place again after
+    one costs a pass over the part already encoded: tens of ms at a few million keys,
+    a step that holds the GIL that long). So a key inserted after the barrier goes into
+    the save's overlay (``LiveSave.new``) and every read looks there after the map
+    itself, until the save merged the overlay into the map, in steps after its content
+    is produced. A removal produces the rest of the save first (``finish``)."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        live = self._live
+        old = live.old
+        if old is not None:  # the content is being produced
+            if key not in old:
+                v = dict.get(self, key, _LIVE_ABSENT)
+                if v is _LIVE_ABSENT:
+                    live.new[key] = value  # inserted since the barrier: the overlay
+                    return
+                old[key] = v  # the first write of a pre-barrier key
+        elif key in live.new:  # the overlay is being merged: it still holds the key
+            live.new[key] = value
+            return
+        dict.__setitem__(self, key, value)
+
+    def __missing__(self, key: Any) -> Any:  # d[key] (dict's own lookup comes first)
+        return self._live.new[key]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        v = dict.get(self, key, _MISSING)
+        if v is _MISSING:
+            return self._live.new.get(key, default)
+        return v
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or key in self._live.new
+
+    def __len__(self) -> int:
+        return dict.__len__(self) + len(self._live.new)
+
+    def __iter__(self) -> Iterator[Any]:
+        return chain(dict.__iter__(self), list(self._live.new))
+
+    def __reversed__(self) -> Iterator[Any]:
+        return chain(reversed(list(self._live.new)), dict.__reversed__(self))
+
+    def keys(self) -> KeysView[Any]:  # type: ignore[override]
+        return KeysView(self)
+
+    def values(self) -> ValuesView[Any]:  # type: ignore[override]
+        return ValuesView(self)
+
+    def items(self) -> ItemsView[Any, Any]:  # type: ignore[override]
+        return ItemsView(self)
+
+    def copy(self) -> dict[Any, Any]:
+        out = dict.copy(self)
+        out.update(self._live.new)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return self.copy() == other
+
+    def __ne__(self, other: object) -> bool:
+        return self.copy() != other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.copy())
+
+    def _settled(self) -> None:
+        """Produce the rest of the save and merge the overlay now: the map is a plain
+        :class:`KeyedState` again (before a change the save does not follow)."""
+        self._live.finish()
+
+    def __delitem__(self, key: Any) -> None:
+        self._settled()
+        dict.__delitem__(self, key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self._settled()
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        self._settled()
+        return dict.popitem(self)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        v = self.get(key, _MISSING)
+        if v is _MISSING:
+            self[key] = default
+            return default
+        return v
+
+    def __ior__(self, other: Any) -> _OverlayKeyedState:  # type: ignore[override, misc]
+        self.update(other)
+        return self
+
+    def __or__(self, other: Any) -> dict[Any, Any]:  # type: ignore[override]
+        return self.copy() | other  # type: ignore[no-any-return]
+
+    def __ror__(self, other: Any) -> dict[Any, Any]:  # type: ignore[override]
+        return other | self.copy()  # type: ignore[no-any-return]

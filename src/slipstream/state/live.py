@@ -4,7 +4,8 @@ A :class:`~slipstream.state.keyed.KeyedState` whose values are never changed in 
 (``values_replaced``: numbers, strings, tuples of such, replaced with ``d[k] = new``)
 saves in a job that drives its saves (``context.live_saves``, the embedded engine's
 tasklet) as a :class:`LiveSave`: at the barrier the save takes O(1) work (it notes the
-map's size and swaps the map's class for ``_SavingKeyedState``, whose mutators record a
+map's size and swaps the map's class for ``_OverlayKeyedState`` (a full save) or
+``_SavingKeyedState`` (a delta), whose mutators record a
 key's pre-barrier value the first time the key is written or removed after the
 barrier); the tasklet then calls :meth:`LiveSave.step` between two ``process()`` calls,
 each time encoding a bounded slice of the saved content, read from the live map or the
@@ -15,16 +16,21 @@ that decodes to exactly the map as it was at the barrier, as the copy did, with 
 of the map in memory (the slices are pickled bytes) and no long hold of the GIL by the
 store thread (the pickling happened in the steps).
 
-A *full* save walks the live map in insertion order: the keys the map held at the
-barrier form a prefix of that order while none is removed (a value written in place
-keeps its key's place, a key inserted after the barrier goes to the end). A dict
-iterator is kept from one step to the next while the map's size does not change; after
-an insertion (new keys coming in while the save is made) the keys still to encode are
-listed once, from a new iterator advanced past the part already encoded (C speed, a few
-ns a key: the only step whose cost grows with the map, once per save at most). A removal while a full save is in progress makes the rest of the save at once
-(the processors that save copy-on-write do not remove keys; a custom one that does pays
-that then). A *delta* walks the changed keys (a set nobody changes any more) and reads
-each one's value from the live map or its recorded pre-barrier value.
+A *full* save walks the live map in insertion order with one dict iterator, which an
+insertion would end (and finding the place again costs a pass over the part already
+encoded: at a few million keys a step of tens of ms, holding the GIL, that lands in
+every other processor's pause). So while a full save is in progress the map's class is
+``_OverlayKeyedState``: a key inserted after the barrier goes into the save's overlay
+(:attr:`LiveSave.new`), which every read of the map consults after the map itself, and
+the map's size stays that of the barrier. Each slice reads its keys' live values and,
+for a key written since the barrier, its recorded pre-barrier value (C-speed maps over
+the slice; nothing is left for a last step that grows with the number of keys written).
+Once the content is produced the overlay is merged into the map in steps of the same
+size; then the map gets its class back. A removal while a full save is in progress
+makes the rest of the save at once (the processors that save copy-on-write do not
+remove keys; a custom one that does pays that then). A *delta* walks the changed keys
+(a set nobody changes any more) and reads each one's value from the live map or its
+recorded pre-barrier value; keys inserted meanwhile go into the map itself.
 
 A slice whose keys or values the fast pickler cannot encode (``cloudpickle`` needed, a
 recursive key) turns the save into a plain ``dict`` of the content, encoded by the store
@@ -129,8 +135,14 @@ class LiveSave:
         self.snapshot_id = snapshot_id
         self.mode = mode
         #: pre-barrier value of every key written or removed since the barrier
-        #: (``_ABSENT``: the key was not in the map)
-        self.old: dict[Any, Any] = {}
+        #: (``_ABSENT``: the key was not in the map); ``None`` once the content is
+        #: produced (nothing to record any more)
+        self.old: dict[Any, Any] | None = {}
+        #: a full save's overlay: the keys inserted since the barrier, with their values,
+        #: kept out of the map until its pre-barrier keys are encoded (an insertion would
+        #: end the dict iterator the slices are read with); merged into the map in steps
+        #: afterwards. ``None`` for a delta (it walks its own set of keys)
+        self.new: dict[Any, Any] | None = {} if mode == "full" else None
         self.parts: list[bytes] = []  # the encoded content
         self.out: dict[Any, Any] | None = None  # the content, if it could not be encoded
         self.count = 0  # entries produced
@@ -139,6 +151,7 @@ class LiveSave:
         self._it: Any = None  # full: an iterator over the map's keys
         self._rest: list[Any] | None = None  # full: the keys still to encode, once listed
         self._rest_at = 0  # how many were encoded when they were listed
+        self._it_len = -1  # full: the map's size when ``_it`` was made
         self._kit: Any = None  # delta: the iterator over the changed keys
         self._keys = keys
         self._done = threading.Event()
@@ -155,37 +168,34 @@ class LiveSave:
         return self._done.is_set()
 
     # -- the map's mutators call these (the processor's thread) -------------------------
-    def before_set(self, state: Any, key: Any) -> None:
-        old = self.old
-        if key not in old:
-            v = dict.get(state, key, _ABSENT)
-            old[key] = v
-            if v is _ABSENT:
-                self._it = None  # the map grows: its iterator is no good any more
-        elif self._it is not None and not dict.__contains__(state, key):
-            self._it = None
-
     def before_remove(self, state: Any, key: Any) -> None:
-        """``key`` (in the map) is about to be removed."""
-        if self.mode == "full":
-            self.finish()  # the rest now: the map's order no longer tells what is left
-            return
+        """``key`` (in the map) is about to be removed (a delta: a full save calls
+        :meth:`finish` first, see ``_OverlayKeyedState``)."""
         old = self.old
-        if key not in old:
+        if old is not None and key not in old:
             old[key] = dict.__getitem__(state, key)
 
     # -- production (the processor's thread) ---------------------------------------------
     def step(self, budget: int) -> bool:
         """Produce up to ``budget`` more entries; ``True`` once the save is complete (the
         map has its class back)."""
-        if self._done.is_set():
+        if self._done.is_set() and self.state is None:
             return True
         t0 = time.perf_counter()
         try:
-            finished = self._full_step(budget) if self.mode == "full" else self._delta_step(budget)
-            if finished:
-                self._complete()
+            if self._done.is_set():
+                finished = self._merge_step(budget)
+            else:
+                if self.mode == "full":
+                    produced = self._full_step(budget)
+                else:
+                    produced = self._delta_step(budget)
+                if produced:
+                    self._complete()
+                finished = self.state is None
         except BaseException as e:  # noqa: BLE001 - handed to the store thread
+            if self._done.is_set():  # merging the overlay: the content is taken already
+                raise
             self._fail(e)
             finished = True
         self.steps += 1
@@ -195,8 +205,9 @@ class LiveSave:
         return finished
 
     def finish(self, timed: bool = True) -> None:
-        """Produce the rest now (the processor is closing, or the map changes in a way
-        the save does not follow: a removal during a full save, ``clear()``).
+        """Produce the rest now, and merge the overlay into the map (the processor is
+        closing, or the map changes in a way the save does not follow: a removal during
+        a full save, ``clear()``).
         ``timed=False``: not counted as a step (the processor is closing)."""
         longest = self.step_max_s
         while not self.step(1 << 62):
@@ -212,10 +223,11 @@ class LiveSave:
             return True
         take = budget if budget < remaining else remaining
         rest = self._rest
-        if rest is None and self._it is None and pos:
-            # the map grew since the last step: a new iterator would have to pass the
-            # part already encoded after every insertion; the keys still to encode are
-            # listed once instead (C speed; 8 bytes a key until the save is complete)
+        if rest is None and pos and dict.__len__(state) != self._it_len:
+            # the map changed size behind the overlay (a write through ``dict`` itself):
+            # a new iterator would have to pass the part already encoded after every
+            # insertion; the keys still to encode are listed once instead (C speed, a
+            # few ns a key: a step as long as the map is large, once per save at most)
             it = iter(dict.keys(state))
             next(islice(it, pos - 1, pos), None)
             rest = self._rest = list(islice(it, remaining))
@@ -227,15 +239,18 @@ class LiveSave:
             it = self._it
             if it is None:
                 it = iter(dict.keys(state))
+                self._it_len = dict.__len__(state)
             keys = list(islice(it, take))
             self._it = it
         if len(keys) < take:  # the map ended early: a bug
             raise RuntimeError("the map's pre-barrier keys ran out before their count")
-        # the live values: a key written since the barrier gets its recorded value in a
-        # last fragment (it comes later: the unpickled dict keeps that one)
+        # the live values, and for a key written since the barrier its recorded value
         values: Any = (
             itemgetter(*keys)(state) if take > 1 else [dict.__getitem__(state, keys[0])]
         )
+        old = self.old
+        if old:
+            values = list(map(old.get, keys, values))
         self._add(keys, values)
         return take == remaining
 
@@ -247,7 +262,7 @@ class LiveSave:
         n = len(keys)
         if keys:
             live = map(dict.get, repeat(self.state), keys, repeat(_MISSING))
-            values = list(map(self.old.get, keys, live))
+            values = list(map(self.old.get, keys, live))  # type: ignore[union-attr]
             if any(map(is_, values, repeat(_MISSING))) or any(map(is_, values, repeat(_ABSENT))):
                 kept_k, kept_v = [], []
                 for k, v in zip(keys, values, strict=True):
@@ -272,20 +287,33 @@ class LiveSave:
         self.out.update(zip(keys, values, strict=True))
 
     def _complete(self) -> None:
-        if self.mode == "full":
-            if self.count != self.size:
-                raise RuntimeError(
-                    f"a copy-on-write save produced {self.count} entries of a map of "
-                    f"{self.size} keys"
-                )
-            old = self.old
-            keys = [k for k, v in old.items() if v is not _ABSENT]
-            if keys:  # their pre-barrier values, after what the slices read
-                count = self.count
-                self._add(keys, list(map(old.__getitem__, keys)))
-                self.count = count
-        self._release()
+        """The content is produced (the store thread may take it); a full save's overlay
+        is merged into the map by the next steps (:meth:`_merge_step`)."""
+        if self.mode == "full" and self.count != self.size:
+            raise RuntimeError(
+                f"a copy-on-write save produced {self.count} entries of a map of "
+                f"{self.size} keys"
+            )
+        self.old = None
+        self._it = None
+        self._rest = None
+        self._kit = None
+        self._keys = None
+        if not self.new:
+            self._release()
         self._done.set()
+
+    def _merge_step(self, budget: int) -> bool:
+        """Move up to ``budget`` keys of the overlay into the map (oldest first); ``True``
+        once it is empty (the map has its class back)."""
+        new = self.new
+        if new:
+            keys = list(islice(new, budget))
+            dict.update(self.state, zip(keys, map(new.pop, keys), strict=True))  # type: ignore[call-overload]
+        if not new:
+            self._release()
+            return True
+        return False
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
@@ -297,10 +325,13 @@ class LiveSave:
         if state is not None and getattr(state, "_live", None) is self:
             from slipstream.state.keyed import KeyedState
 
+            if self.new:  # the keys inserted since the barrier join the map now
+                dict.update(state, self.new)
             state._live = None
             state.__class__ = KeyedState
         self.state = None
-        self.old = {}
+        self.new = None
+        self.old = None
         self._it = None
         self._rest = None
         self._kit = None
@@ -334,6 +365,9 @@ class LiveSave:
         return content, removed
 
     def cancel(self) -> None:
-        """Nobody will take this save (its snapshot failed): let the map go as it is."""
+        """Nobody will take this save (its snapshot failed), or a new save of the map
+        begins: let the map go as it is (with the overlay merged)."""
         if not self._done.is_set():
             self._fail(RuntimeError("cancelled"))
+        else:
+            self._release()
