@@ -145,3 +145,26 @@ def test_the_child_process_entry_point(tmp_path: Any) -> None:
         ("offset", 2),
         (StateMap(PLAIN), StateMapSave(FULL, {2: 2})),
     ]
+
+
+def test_the_child_runs_niced_below_the_job() -> None:
+    """The child takes the CPU the job's threads leave idle (COMPACTION_NICE): it is
+    niced before it reads its request (main: the child ran at the job's priority)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slipstream.state.compact"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        expected = min(19, ours + compact.COMPACTION_NICE)
+        wait_for(lambda: os.getpriority(os.PRIO_PROCESS, proc.pid) == expected, "the nice")
+    finally:
+        proc.communicate(b"")  # no request: the child fails and ends
+    assert proc.returncode != 0

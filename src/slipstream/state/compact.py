@@ -42,6 +42,13 @@ log = logging.getLogger("slipstream.snapshot")
 #: snapshots still append deltas while the compaction runs).
 DEFAULT_MAX_DELTAS = 4
 
+#: The compaction child's niceness: it unpickles, merges and pickles the whole state
+#: (seconds of CPU at a few million keys, every ``max_deltas + 1`` snapshots of a job
+#: whose keys change little), and on a machine with few cores it would take them from
+#: the job's threads, whose pauses and rate suffer (docs/performance.md); niced, it runs
+#: on what the job leaves idle, and the chain meanwhile grows by a delta a snapshot.
+COMPACTION_NICE = 10
+
 Key = tuple[str, int]
 
 
@@ -289,6 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference as JSON on stdout."""
     # SIGTERM (the job ended) unwinds: the chunk being written removes its temp file
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        os.nice(COMPACTION_NICE)  # the job's threads first (see COMPACTION_NICE)
+    except OSError:  # not allowed here: run as we are
+        pass
     req: dict[str, Any] = json.loads(sys.stdin.buffer.read())
     store = DirectorySnapshotStore(req["directory"], key=bytes.fromhex(req["key"]))
     chain = [ChunkRef.from_json(r) for r in req["chain"]]
