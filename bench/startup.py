@@ -1,7 +1,7 @@
 """Start-up time: a fresh ``python`` process that imports slipstream and runs a 10-item job.
 
     python bench/startup.py [--rounds 15] [--clock wall|cpu] [--pyc cached|none]
-                            [--src DIR ...] [--bytewax-python PATH] [--imports]
+                            [--src DIR ...] [--bytewax-python PATH] [--imports] [--processes]
 
 Every variant is a fresh interpreter (``python -c ...``), run ``--rounds`` times,
 interleaved (round 1 of every variant, then round 2, ...) so that a noisy moment of a
@@ -13,6 +13,10 @@ shared machine hurts all alike; the table shows the best and the median run. Var
   ``map(lambda ...)`` into a list sink on ``ss.local()``, joined (a lambda: the job pays
   for cloudpickle, which the submission check needs for lambdas and closures);
 * ``slipstream DAG job``: the same with the Core API and named functions only;
+* ``slipstream pipeline job, processes=2`` (``--processes``): the Pipeline job on
+  ``ss.local(processes=2)``: the whole process, forkserver start included; and, inside
+  fresh interpreters, its parts: the forkserver's start, ``new_job`` and ``new_job`` to
+  ``join()`` of the first job and of later ones;
 * ``bytewax job``: the same 10-item map with Bytewax (``TestingSource`` -> ``map`` ->
   ``TestingSink``, ``run_main``), when Bytewax is importable by this interpreter or by
   the one ``--bytewax-python`` names (e.g. a separate venv with ``pip install bytewax``).
@@ -69,6 +73,34 @@ engine.new_job(dag).join()
 assert sorted(engine.get_list("out")) == list(range(10))
 """
 
+PROCESSES_JOB = PIPELINE_JOB.replace("ss.local()", "ss.local(processes=2)")
+
+#: in a fresh interpreter: the forkserver's start alone (what the first job with
+#: processes > 1 pays once per process), then jobs with the forkserver up; prints seconds
+IN_PROCESS = """
+import sys, time
+t0 = time.perf_counter()
+from slipstream.engine.processes import member_context
+ctx = member_context()
+from multiprocessing import forkserver
+forkserver.ensure_running()
+t_server = time.perf_counter() - t0
+import slipstream as ss
+from slipstream import sinks, sources
+jobs = []
+for i in range(int(sys.argv[1])):
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(10))).map(lambda x: x * 2).write_to(sinks.list_sink("out"))
+    engine = ss.local(processes=2)
+    t = time.perf_counter()
+    job = engine.new_job(p)
+    t_new = time.perf_counter() - t
+    job.join()
+    jobs.append((t_new, time.perf_counter() - t))
+    assert sorted(engine.get_list("out")) == list(range(0, 20, 2))
+print(t_server, *[f"{a},{b}" for a, b in jobs])
+"""
+
 BYTEWAX_JOB = """
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow
@@ -123,6 +155,31 @@ def slowest_imports(n: int = 15) -> None:
         print(f"{own:>9}{cum:>10}  {name.strip()}")
 
 
+def in_process(env: dict[str, str], rounds: int) -> None:
+    """The parts of a processes=2 job's start-up, measured inside fresh interpreters:
+    the forkserver's start (once per process), ``new_job`` (validating and pickling the
+    job, starting the members) and ``new_job`` to ``join()``'s return, of the first job
+    after the forkserver is up and of later jobs."""
+    env = dict(env, PYTHONPATH=installed_src())
+    server: list[float] = []
+    first: list[tuple[float, float]] = []
+    later: list[tuple[float, float]] = []
+    for _ in range(max(1, rounds)):
+        r = subprocess.run([sys.executable, "-c", IN_PROCESS, "5"], capture_output=True,
+                           text=True, env=env, check=True)
+        t_server, *jobs = r.stdout.split()
+        server.append(float(t_server))
+        pairs = [tuple(float(x) for x in j.split(",")) for j in jobs]
+        first.append(pairs[0])  # type: ignore[arg-type]
+        later += pairs[1:]  # type: ignore[arg-type]
+    print(f"\nprocesses=2 inside one process, {rounds} fresh interpreters, seconds best / median "
+          f"(load average {os.getloadavg()[0]:.1f} at the end)")
+    print(f"  forkserver start (preloading slipstream)   {min(server):.3f} / {statistics.median(server):.3f}")
+    for label, rows in (("first job", first), ("later jobs", later)):
+        print(f"  {label:<11} new_job {min(r[0] for r in rows):.3f} / {statistics.median(r[0] for r in rows):.3f}"
+              f"   new_job..join {min(r[1] for r in rows):.3f} / {statistics.median(r[1] for r in rows):.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15, help="runs of each variant (interleaved)")
@@ -133,6 +190,9 @@ def main() -> None:
     ap.add_argument("--imports", action="store_true", help="also list the slowest imports")
     ap.add_argument("--pyc", choices=["cached", "none"], default="cached",
                     help="children use cached bytecode, or compile every module on every start")
+    ap.add_argument("--processes", action="store_true",
+                    help="also a processes=2 job: whole process, and the forkserver's start "
+                    "and jobs with the forkserver up measured inside one process")
     ap.add_argument("--src", action="append", default=[],
                     help="another slipstream source tree to compare (repeatable)")
     a = ap.parse_args()
@@ -157,6 +217,8 @@ def main() -> None:
             (f"slipstream pipeline job (lambda){tag}", py, PIPELINE_JOB, src_env),
             (f"slipstream DAG job (named functions){tag}", py, DAG_JOB, src_env),
         ]
+        if a.processes:
+            variants.append((f"slipstream pipeline job, processes=2{tag}", py, PROCESSES_JOB, src_env))
     bw = a.bytewax_python or py
     if importable(bw, "bytewax"):
         variants.append(("bytewax job (lambda)", bw, BYTEWAX_JOB, env))
@@ -184,6 +246,8 @@ def main() -> None:
         ts = times[name]
         print(f"{name:<{width}}{min(ts):>9.3f}{statistics.median(ts):>10.3f}"
               f"{(min(ts) - base) * 1000:>12.0f} ms")
+    if a.processes:
+        in_process(env, a.rounds)
     if a.imports:
         slowest_imports()
     shutil.rmtree(tmp, ignore_errors=True)
