@@ -345,3 +345,62 @@ def test_a_job_in_one_process_has_no_members() -> None:
         job.cancel()
     finally:
         engine.shutdown()
+
+
+def test_watermarks_and_queue_fill_of_member_processes() -> None:
+    """``processes=2``: the vertices' watermarks (lowest over the members) and queue fill
+    (fullest over the members) reach the JSON (on main both were empty with processes)."""
+    engine = ss.local(processes=2, dashboard=0)
+    try:
+        job = engine.new_job(member_streaming_dag(), JobConfig(name="member-watermarks"))
+        api = engine.dashboard_url + "api/jobs"
+        d = wait_for(
+            lambda: (d := get_json(api))
+            and vertex(d, "timestamps")["watermark_lag_ms"] is not None
+            and vertex(d, "count-per-window")["watermark"] is not None
+            and d,
+            what="watermarks from the members",
+        )
+        for name in ("timestamps", "count-per-window", "sink"):
+            assert 0 <= vertex(d, name)["queue_fill"] <= 1, name
+        assert 0 <= vertex(d, "timestamps")["watermark_lag_ms"] < 60_000
+        assert vertex(d, "events")["watermark"] is None  # the source has none
+        watched = job.watch()
+        assert watched["watermarks"]["timestamps"] is not None
+        assert set(watched["queue_fill"]) == {"events", "timestamps", "count-per-window", "sink"}
+        job.cancel()
+    finally:
+        engine.shutdown()
+
+
+def member_streaming_dag() -> DAG:
+    """dashboard_support.streaming_dag's shape with the window behind a distributed
+    partitioned edge (keys must meet on one processor of all members)."""
+    from dashboard_support import event
+
+    from slipstream.aggregate import counting
+    from slipstream.watermark import with_fixed_lag
+    from slipstream.window import tumbling_window_def
+
+    dag = DAG()
+    src = dag.new_vertex("events", sources.generator(event, 400.0)).local_parallelism(1)
+    wm = dag.new_vertex("timestamps", P.insert_watermarks(event_ts, lambda: with_fixed_lag(50)))
+    win = dag.new_vertex(
+        "count-per-window",
+        P.aggregate_to_sliding_window(
+            key_fn=event_key, timestamp_fn=event_ts, window_def=tumbling_window_def(100), agg_op=counting()
+        ),
+    )
+    out = dag.new_vertex("sink", sinks.noop()).local_parallelism(1)
+    dag.edge(Edge.between(src, wm).isolated())
+    dag.edge(Edge.between(wm, win).distributed().partitioned(event_key))
+    dag.edge(Edge.between(win, out))
+    return dag
+
+
+def event_ts(e: tuple[int, int]) -> int:
+    return e[0]
+
+
+def event_key(e: tuple[int, int]) -> int:
+    return e[1] % 4

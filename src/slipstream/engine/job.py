@@ -35,11 +35,11 @@ from slipstream.core.errors import (
     SnapshotStoreRolledBackError,
 )
 from slipstream.core.item_errors import ItemErrorReport, on_item
-from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.traits import all_sources_bounded
 from slipstream.engine import gc_tuning
+from slipstream.engine.member_stats import merge_members_watch, watermarks_and_fill
 from slipstream.engine.workers import (
     TaskletFailure,
     WorkerPool,
@@ -582,22 +582,9 @@ class Job(JobHandle):
         if ex is None:
             return out
         out["parallelism"] = {n: vp.total_parallelism for n, vp in ex.plans.items()}
-        wms: dict[str, list[int]] = {}
-        fill: dict[str, float] = {}
-        for t in ex.tasklets:
-            wm = t.last_wm_out if t.collectors else t.coalescer.last_emitted
-            lst = wms.setdefault(t.vertex_name, [])
-            if NO_WATERMARK < wm < MAX_TIMESTAMP:
-                lst.append(wm)
-            f = fill.get(t.vertex_name, 0.0)
-            for s in t.streams:
-                for q in s.queues:
-                    f = max(f, min(1.0, q.size() / q.capacity))
-            fill[t.vertex_name] = f
-        # a vertex's watermark is its slowest processor's; one that has none yet holds
-        # the vertex back only once it passes one on, as in Jet's coalescing
-        out["watermarks"] = {n: (min(v) if v else None) for n, v in wms.items()}
-        out["queue_fill"] = fill
+        out["watermarks"], out["queue_fill"] = watermarks_and_fill(ex.tasklets)
+        if hasattr(ex, "member_watch"):  # processes > 1: the members' figures
+            out["watermarks"], out["queue_fill"] = merge_members_watch(ex.member_watch)
         failure = self._failure
         if ex.coordinator is not None and ex.coordinator.last_commit is not None:
             out["snapshot"] = dict(ex.coordinator.last_commit)
@@ -627,6 +614,7 @@ class Job(JobHandle):
             from slipstream.engine.member_stats import member_rows
 
             out["members"] = member_rows(ex)
+        return out
         return out
 
     @staticmethod

@@ -42,6 +42,7 @@ from slipstream.core.late_items import LateItemsReport
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import gc_tuning, member_logging
 from slipstream.engine.member_control import Calls, MemberControl
+from slipstream.engine.member_stats import WATCH, watermarks_and_fill
 from slipstream.engine.workers import (
     TaskletFailure,
     WorkerPool,
@@ -333,6 +334,7 @@ class _Member:
             if not self.report():
                 self.cancelled = True
                 self.stop()
+            self.send((WATCH, watermarks_and_fill(self.tasklets)))
         if tune:
             gc_tuning.job_ended()
         if self.failure is not None or self.cancelled:

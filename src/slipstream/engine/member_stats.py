@@ -16,6 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
+
+#: the control message with a member's watermarks and queue fill per vertex
+WATCH = "watch"
+
 #: the CPU share is the growth of CPU time over at least this long (the newest reading
 #: that old, or the oldest kept)
 CPU_WINDOW_S = 1.0
@@ -84,3 +89,40 @@ def member_rows(ex: Any) -> list[dict[str, Any]]:
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
+
+
+def watermarks_and_fill(tasklets: Any) -> tuple[dict[str, int | None], dict[str, float]]:
+    """Per vertex of ``tasklets``: its watermark (the slowest processor's of those that
+    passed one on, ``None`` if none did: a processor without one yet holds the vertex
+    back only once it passes one on, as in Jet's coalescing) and the fill of its fullest
+    inbound queue (0..1). What ``job.watch()`` shows for one process, and what a member
+    process reports for its own processors."""
+    wms: dict[str, list[int]] = {}
+    fill: dict[str, float] = {}
+    for t in tasklets:
+        wm = t.last_wm_out if t.collectors else t.coalescer.last_emitted
+        lst = wms.setdefault(t.vertex_name, [])
+        if NO_WATERMARK < wm < MAX_TIMESTAMP:
+            lst.append(wm)
+        f = fill.get(t.vertex_name, 0.0)
+        for s in t.streams:
+            for q in s.queues:
+                f = max(f, min(1.0, q.size() / q.capacity))
+        fill[t.vertex_name] = f
+    return {n: (min(v) if v else None) for n, v in wms.items()}, fill
+
+
+def merge_members_watch(
+    reports: dict[int, tuple[dict[str, int | None], dict[str, float]]],
+) -> tuple[dict[str, int | None], dict[str, float]]:
+    """The members' latest :func:`watermarks_and_fill` as one job's: per vertex the
+    lowest watermark of the members that have one, and the fullest queue."""
+    wms: dict[str, int | None] = {}
+    fill: dict[str, float] = {}
+    for member_wms, member_fill in list(reports.values()):
+        for v, wm in member_wms.items():
+            have = wms.get(v)
+            wms[v] = wm if have is None else (have if wm is None else min(have, wm))
+        for v, f in member_fill.items():
+            fill[v] = max(fill.get(v, 0.0), f)
+    return wms, fill

@@ -48,7 +48,7 @@ from slipstream.core.errors import DagError
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 from slipstream.engine.member_control import PONG, Calls
 from slipstream.engine.member_logging import LOG, levels_here, replay
-from slipstream.engine.member_stats import CpuShare
+from slipstream.engine.member_stats import WATCH, CpuShare
 from slipstream.engine.workers import TaskletFailure
 from slipstream.execution.plan import VertexPlan
 
@@ -219,6 +219,8 @@ class ProcessExecution:
         #: per member that ended: how (done, cancelled, failed, died, unresponsive)
         self.member_state: dict[int, str] = {}
         self.cpu_share = CpuShare()
+        #: per member: its latest (watermark, queue fill) per vertex (member_stats.py)
+        self.member_watch: dict[int, Any] = {}
         dag = job.dag
         dag.validate(
             default_parallelism=engine.default_parallelism,
@@ -392,6 +394,9 @@ class ProcessExecution:
                     continue
                 if kind == LOG:
                     replay(msg[1], m, p.pid)
+                    continue
+                if kind == WATCH:
+                    self.member_watch[m] = msg[1]
                     continue
                 if kind in ("report", "done", "cancelled"):
                     self.member_metrics[m] = msg[1]
