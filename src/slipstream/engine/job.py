@@ -47,9 +47,10 @@ from slipstream.engine.workers import (
     execution_state_dir,
     prepare_context,
     remove_state_dir,
+    run_committed_closures,
 )
 from slipstream.execution.plan import build_vertex_plans, close_suppliers, wire
-from slipstream.execution.tasklet import AWAIT_COMPLETION_COMMIT, COMMIT_FINISH, ProcessorTasklet
+from slipstream.execution.tasklet import ProcessorTasklet
 
 if TYPE_CHECKING:
     from slipstream.engine.local import LocalEngine
@@ -302,63 +303,20 @@ class _Execution:
                 self.failure = TaskletFailure(None, e, restartable=False)
 
     def _run_committed_closures(self, coordinator: SnapshotCoordinator) -> None:
-        """The execution stopped (cancelled or failed): what the processors prepared for
-        snapshots that committed is committed now, if their tasklets had not done it
-        yet: actions staged with ``context.stage_on_commit`` and the processors' own
-        ``snapshot_commit_finish(True)``. A committed snapshot is final, so its output
-        must not wait for a resume that may never come (a fresh start rolls back what it
-        finds prepared; an in-memory list of a cancelled job would lack it for good). A
-        restore would commit the same things again: the callbacks are idempotent by
-        contract. Bounded by the engine's ``stop_grace_ms``; the processor that failed
-        and those stuck in a call the pool gave up on are left to the restore."""
-        board = coordinator.commit_board
-        abandoned = {id(t) for t in self.pool.abandoned} if self.pool is not None else set()
-        failed = self.failure.tasklet if self.failure is not None else None
-        deadline = time.monotonic() + self.job.engine.stop_grace_ms / 1000.0
-        for t in self.tasklets:
-            ctx = t.context
-            if id(t) in abandoned or t is failed or board.committed_id <= 0:
-                continue
-            cid = t.completion_snapshot_id
-            completion = board.released or 0 < cid <= board.committed_id
-            try:
-                if ctx.has_staged:
-                    ctx.run_staged(board.committed_id, completion)
-                if t.finish_fn is not None and _commit_pending(t, board.committed_id):
-                    ctx.committed_snapshot_id = board.committed_id
-                    if completion:
-                        ctx.completion_committed = True
-                    while not t.finish_fn(True):
-                        if time.monotonic() > deadline:
-                            log.warning(
-                                "job %s: %s#%d did not finish committing snapshot %d before "
-                                "the execution ended; a resume commits it",
-                                self.job.name,
-                                t.vertex_name,
-                                t.index,
-                                board.committed_id,
-                            )
-                            break
-                        time.sleep(0.01)
-            except Exception:  # noqa: BLE001 - the execution is already ending
-                log.exception(
-                    "job %s: %s#%d: committing what it prepared for committed snapshot %d "
-                    "failed; a resume commits it",
-                    self.job.name,
-                    t.vertex_name,
-                    t.index,
-                    board.committed_id,
-                )
+        """The execution stopped (cancelled or failed): commit what the processors
+        prepared for snapshots that committed (:func:`~slipstream.engine.workers.
+        run_committed_closures`)."""
+        run_committed_closures(
+            self.tasklets,
+            coordinator.commit_board,
+            self.pool,
+            self.failure.tasklet if self.failure is not None else None,
+            self.job.engine.stop_grace_ms / 1000.0,
+            self.job.name,
+        )
 
     def _close_all(self) -> None:
         close_tasklets(self.tasklets, self.pool)
-
-
-def _commit_pending(t: ProcessorTasklet, committed_id: int) -> bool:
-    """Whether tasklet ``t`` may not have finished committing snapshot ``committed_id``:
-    it had not taken that outcome yet, or stopped inside its commit phase or while
-    waiting for its completion to commit."""
-    return t.committed_seen < committed_id or t.state in (COMMIT_FINISH, AWAIT_COMPLETION_COMMIT)
 
 
 class Job(JobHandle):

@@ -42,7 +42,14 @@ from typing import Any
 
 from slipstream.core.errors import trim_driver_frames
 from slipstream.core.processor import blocking_call_advice
-from slipstream.execution.tasklet import DONE, MADE_PROGRESS, ProcessorTasklet, _Cancelled
+from slipstream.execution.tasklet import (
+    AWAIT_COMPLETION_COMMIT,
+    COMMIT_FINISH,
+    DONE,
+    MADE_PROGRESS,
+    ProcessorTasklet,
+    _Cancelled,
+)
 
 MIN_IDLE_S = 0.00002
 MAX_IDLE_S = 0.001
@@ -134,6 +141,69 @@ def close_tasklets(tasklets: Sequence[ProcessorTasklet], pool: WorkerPool | None
             t.close()
         except Exception:  # noqa: BLE001 - close errors are only logged
             log.exception("closing %s#%d failed", t.vertex_name, t.index)
+
+
+def run_committed_closures(
+    tasklets: Sequence[ProcessorTasklet],
+    board: Any,
+    pool: WorkerPool | None,
+    failed: Any,
+    grace_s: float,
+    job_name: str,
+) -> None:
+    """An execution stopped (cancelled or failed; the local job's or a member
+    process's): what the processors prepared for snapshots that committed (``board``,
+    the execution's :class:`~slipstream.execution.tasklet.CommitBoard`) is committed
+    now, if their tasklets had not done it yet: actions staged with
+    ``context.stage_on_commit`` and the processors' own ``snapshot_commit_finish(True)``.
+    A committed snapshot is final, so its output must not wait for a resume that may
+    never come (a fresh start rolls back what it finds prepared; an in-memory list of a
+    cancelled job would lack it for good). A restore would commit the same things again:
+    the callbacks are idempotent by contract. Bounded by ``grace_s``; the processor that
+    failed (``failed``) and those stuck in a call the pool gave up on are left to the
+    restore."""
+    abandoned = {id(t) for t in pool.abandoned} if pool is not None else set()
+    deadline = time.monotonic() + grace_s
+    for t in tasklets:
+        ctx = t.context
+        if id(t) in abandoned or t is failed or board.committed_id <= 0:
+            continue
+        cid = t.completion_snapshot_id
+        completion = board.released or 0 < cid <= board.committed_id
+        # it may not have finished committing: it had not taken that outcome yet, or
+        # stopped inside its commit phase or while waiting for its completion to commit
+        pending = t.committed_seen < board.committed_id or t.state in (
+            COMMIT_FINISH,
+            AWAIT_COMPLETION_COMMIT,
+        )
+        try:
+            if ctx.has_staged:
+                ctx.run_staged(board.committed_id, completion)
+            if t.finish_fn is not None and pending:
+                ctx.committed_snapshot_id = board.committed_id
+                if completion:
+                    ctx.completion_committed = True
+                while not t.finish_fn(True):
+                    if time.monotonic() > deadline:
+                        log.warning(
+                            "job %s: %s#%d did not finish committing snapshot %d before "
+                            "the execution ended; a resume commits it",
+                            job_name,
+                            t.vertex_name,
+                            t.index,
+                            board.committed_id,
+                        )
+                        break
+                    time.sleep(0.01)
+        except Exception:  # noqa: BLE001 - the execution is already ending
+            log.exception(
+                "job %s: %s#%d: committing what it prepared for committed snapshot %d "
+                "failed; a resume commits it",
+                job_name,
+                t.vertex_name,
+                t.index,
+                board.committed_id,
+            )
 
 
 class TaskletFailure:
