@@ -51,6 +51,7 @@ EXPECTED_STDOUT = {
     "wordcount-dag": "[('to', 3), ('be', 2), ('the', 2), ('or', 1), ('not', 1), ('that', 1),",
     "wordcount-guide": "incomprehensibilities",
     "wordcount-processes": "[('to', 3), ('be', 2), ('the', 2)]\n2\n",
+    "doubled-processes": "True\nTrue\n",
     "prices": "KeyedWindowResult(start=0, end=10000, key='AAPL', value=3810.0)",
     "spark-wordcount": "[('be', 2), ('not', 1), ('or', 1), ('to', 2)]",
     # docs/spark.md, "Event time": native append mode's windows (on main: [])

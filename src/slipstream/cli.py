@@ -258,12 +258,6 @@ def _engine(a: argparse.Namespace, module: ModuleType) -> tuple[Any, Any]:
             # member processes import by name only what is on their sys.path: ship the
             # target's code by value, as for Spark executors
             cloudpickle.register_pickle_by_value(module)
-        if _guarantee(a) is not ProcessingGuarantee.NONE or a.resume:
-            raise CliError(
-                f"--processes {a.processes} with snapshots (--guarantee, --snapshot-store, "
-                "--resume): snapshots across member processes are not built yet; run with "
-                "--processes 1 or --guarantee none"
-            )
     try:
         local = LocalEngine(
             cooperative_threads=a.threads,

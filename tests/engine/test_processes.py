@@ -4,7 +4,8 @@ Differential: the same job with processes=2, with processes=1 and a plain-Python
 give the same output (word count as the Core API DAG and as a Pipeline, a rolling
 aggregate, tumbling windows in a batch and in a streaming job, random DAG shapes).
 Failures: a processor's error names its vertex, processor and member; a SIGKILLed
-member fails the job naming it; a processing guarantee is refused at ``new_job``.
+member fails the job naming it (without a processing guarantee; with one,
+tests/engine/test_process_snapshots.py).
 Tests wait for events (the sink's list filling, the job ending), never for time;
 ``GUARD_S`` only bounds a test that hangs.
 """
@@ -24,7 +25,7 @@ import pytest
 from engine_test_procs import ListSource
 
 import slipstream as ss
-from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import counting, summing
 from slipstream.core.errors import JobCancelledError, JobFailedError
@@ -300,26 +301,11 @@ def test_a_member_killed_with_sigkill_fails_the_job_naming_it() -> None:
         job.join(timeout=GUARD_S)
     assert str(e.value).split("\n")[0] == (
         f"job 'killed' failed: MemberFailedError: member 1 (pid {pid}) died (killed by "
-        "SIGKILL) before the job ended; its processors' work is lost: member processes "
-        "have no failover yet (a job with processes > 1 cannot restart from a snapshot), "
-        "so the job fails"
+        "SIGKILL) before the job ended; its processors' work is lost: a job without a "
+        "processing guarantee has no snapshot to restart from, so the job fails"
     )
     assert job.status is ss.JobStatus.FAILED
     assert all(p.exitcode is not None for p in job._execution._procs)
-
-
-@pytest.mark.parametrize("guarantee", ["EXACTLY_ONCE", "AT_LEAST_ONCE"])
-def test_a_processing_guarantee_with_processes_is_refused_at_new_job(guarantee: str) -> None:
-    engine = ss.local(processes=2)
-    config = JobConfig(name="guarded", processing_guarantee=ProcessingGuarantee[guarantee])
-    with pytest.raises(ValueError) as e:
-        engine.new_job(word_count_dag(["a b"]), config)
-    assert str(e.value) == (
-        f"job 'guarded': processing_guarantee={guarantee} with processes=2: snapshots "
-        "across member processes are not built yet, so this engine cannot give the "
-        "guarantee; run it with processes=1 (the default) or ProcessingGuarantee.NONE"
-    )
-    assert engine.jobs == []
 
 
 def test_processes_auto_is_the_usable_cores_and_bad_values_are_refused() -> None:

@@ -87,7 +87,9 @@ def flat(entries: list[Any]) -> list[Any]:
 
 def lane_entries(lane: int) -> list[Any]:
     """Chunks of every kind of item (plain, tuples, nested, a user's class, an int
-    subclass that marshal must not flatten) between every kind of special item."""
+    subclass that marshal must not flatten) between every kind of special item. Lane 2
+    ends with a terminal barrier (suspend: nothing follows it, it ends the lane), the
+    others with a barrier and end of stream."""
     out: list[Any] = []
     for i in range(40):
         base = lane * 100_000 + i * 100
@@ -101,8 +103,9 @@ def lane_entries(lane: int) -> list[Any]:
             out.append(IDLE_MESSAGE)
         if i % 10 == 7:
             out.append(SnapshotBarrier(i // 10 + 1))
-    out.append(SnapshotBarrier(9, is_terminal=True))
-    out.append(DONE_ITEM)
+    out.append(SnapshotBarrier(9, is_terminal=lane == 2))
+    if lane != 2:
+        out.append(DONE_ITEM)
     return out
 
 
@@ -167,6 +170,7 @@ def test_every_kind_of_entry_arrives_in_order_and_unchanged(pair: Any) -> None:
         assert got[lane] == want
         assert [type(x) for x in got[lane]] == [type(x) for x in want]
     assert got[lanes[0]][-1] is DONE_ITEM  # the singletons stay singletons
+    assert got[lanes[2]][-1] == SnapshotBarrier(9, is_terminal=True)
     assert IDLE_MESSAGE in got[lanes[0]]
     assert sender.frames_sent > 20  # many frames, so credits went round many times
 
@@ -493,12 +497,32 @@ def test_special_items_keep_their_types_and_singletons(pair: Any) -> None:
     receiver = ChannelReceiver(b, LABEL, 0)
     q = sender.lane(0, 1, 8)
     r = receiver.lane(0, 1, 8)
-    for e in (Watermark(-5), IDLE_MESSAGE, SnapshotBarrier(3, True), DONE_ITEM):
+    for e in (Watermark(-5), IDLE_MESSAGE, SnapshotBarrier(3), DONE_ITEM):
         q.offer(e, 1)
     got: list[Any] = []
     while sender.call() != DONE:
         receiver.call()
         take_all(r, got)
     assert [type(x) for x in got] == [Watermark, IdleMessage, SnapshotBarrier, DoneItem]
-    assert got[0] == Watermark(-5) and got[2] == SnapshotBarrier(3, True)
+    assert got[0] == Watermark(-5) and got[2] == SnapshotBarrier(3)
     assert got[1] is IDLE_MESSAGE and got[3] is DONE_ITEM
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_a_terminal_barrier_ends_its_lane_and_the_pair(pair: Any) -> None:
+    """Nothing follows a terminal barrier (suspend): both ends finish after it, without
+    end of stream and without an error."""
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 8)
+    r = receiver.lane(0, 1, 8)
+    q.offer([1, 2], 2)
+    q.offer(SnapshotBarrier(3, True), 1)
+    got: list[Any] = []
+    while not (sender.done and receiver.done):
+        sender.call()
+        receiver.call()
+        take_all(r, got)
+    take_all(r, got)
+    assert got == [1, 2, SnapshotBarrier(3, True)]

@@ -709,7 +709,7 @@ class Job(JobHandle):
             if self.engine.process_count > 1:
                 from slipstream.engine.processes import ProcessExecution
 
-                ex: Any = ProcessExecution(self)
+                ex: Any = ProcessExecution(self, restore)
             else:
                 ex = _Execution(self, restore)
         except BaseException as e:

@@ -70,11 +70,12 @@ class LocalEngine:
     ``processes`` > 1 (or ``"auto"``: the cores this process may use) runs each job's
     members in that many OS processes, one member each, so a job uses that many cores;
     this process coordinates (:mod:`slipstream.engine.processes`). Distributed edges
-    cross processes; list and map sinks fill this engine's lists and maps. Not yet with
-    a processing guarantee (snapshots across processes are not built): such a job is
-    refused by ``new_job``. ``heartbeat_timeout_ms``: a member process that does not
-    answer the coordinator's heartbeat for this long (stopped, or stuck in a call that
-    holds the GIL) is killed and fails the job naming it (:mod:`slipstream.engine.heartbeat`).
+    cross processes; list and map sinks fill this engine's lists and maps. With a
+    processing guarantee the members take part in every snapshot and a member that dies
+    restarts the job from the last one (:mod:`slipstream.engine.process_snapshots`).
+    ``heartbeat_timeout_ms``: a member process that does not answer the coordinator's
+    heartbeat for this long (stopped, or stuck in a call that holds the GIL) is killed
+    and fails the job naming it (:mod:`slipstream.engine.heartbeat`).
     docs/guide.md, "Member processes".
     """
 
@@ -185,8 +186,6 @@ class LocalEngine:
         # carry over between engines and entry points)
         dag = as_dag(dag)
         config = config or JobConfig()
-        if self.process_count > 1:
-            _check_processes(config, restore_from, self.process_count)
         # on_item_error=<sink>: dead letters reach their sink on edges of their own
         dag = with_dead_letters(dag, config.on_item_error)
         job = Job(self, dag, config, restore_from=restore_from)
@@ -224,25 +223,6 @@ class LocalEngine:
         return (
             f"LocalEngine(cooperative_threads={self.cooperative_threads}, "
             f"members={self.member_count}{processes})"
-        )
-
-
-def _check_processes(config: JobConfig, restore_from: Any, processes: int) -> None:
-    """What member processes do not run yet is refused, never run without it."""
-    from slipstream.core.config import ProcessingGuarantee
-
-    guarantee = config.processing_guarantee
-    if guarantee is not ProcessingGuarantee.NONE:
-        raise ValueError(
-            f"job {config.name or '(unnamed)'!r}: processing_guarantee={guarantee.name} with "
-            f"processes={processes}: snapshots across member processes are not built yet, "
-            "so this engine cannot give the guarantee; run it with processes=1 (the "
-            "default) or ProcessingGuarantee.NONE"
-        )
-    if restore_from is not None:
-        raise ValueError(
-            f"job {config.name or '(unnamed)'!r}: restore_from= with processes={processes}: "
-            "snapshots across member processes are not built yet; restore with processes=1"
         )
 
 

@@ -21,7 +21,18 @@ member process per member with :func:`member_main` as its target. A member:
 The control pipe is read by :class:`~slipstream.engine.member_control.MemberControl`'s
 thread from the moment the setup arrived: it answers the coordinator's heartbeat
 (:mod:`slipstream.engine.heartbeat`) apart from the processors, and ``("cancel",)`` from
-the coordinator, or the coordinator's end of the pipe closing (it died), stops the member. The control pipe is a ``multiprocessing`` connection between
+the coordinator, or the coordinator's end of the pipe closing (it died), stops the member.
+
+With a processing guarantee the member's processors save into a
+:class:`~slipstream.engine.member_snapshots.MemberSnapshots` (its chunks go into the
+store, its part of each manifest to the coordinator, which commits), and the control
+messages about snapshots go to it; a restored execution's member reads the snapshot
+from the store itself (:func:`~slipstream.engine.member_snapshots.restore_routing`).
+A report also carries the marks of the batches staging list/map sinks published
+(``sinks.basic``), with their items, so the coordinator's marks never get ahead of the
+items it holds.
+
+The control pipe is a ``multiprocessing`` connection between
 the coordinator and its own children: the only pickles a member reads come from it and
 from its channel sockets, both private to the job's processes.
 """
@@ -131,6 +142,7 @@ class MemberServices(InMemoryServices):
         self._seed_lists = lists
         self._seed_maps = maps
         self._marks: dict[str, int] = {}
+        self._published: dict[tuple[str, str, int], int] = {}  # the marks reported
 
     def get_list(self, name: str) -> list[Any]:
         with self._lock:
@@ -146,6 +158,25 @@ class MemberServices(InMemoryServices):
             if m is None:
                 m = self.maps[name] = TrackedDict(self._seed_maps.get(name, {}))
             return m
+
+    def take_output(
+        self,
+    ) -> tuple[
+        dict[str, list[Any]],
+        dict[str, tuple[dict[Any, Any], list[Any]]],
+        dict[tuple[str, str, int], int],
+    ]:
+        """:meth:`take_changes` and the marks of the batches the staging sinks
+        published since the last call (``sinks.basic``), taken at once: a batch's
+        items travel with its mark, so a restore after this member dies publishes a
+        batch again only if its items never reached the coordinator."""
+        from slipstream.sinks import basic
+
+        with basic._PUBLISHED_LOCK:
+            lists, maps = self.take_changes()
+            marks = {k: v for k, v in basic._PUBLISHED.items() if self._published.get(k) != v}
+            self._published.update(marks)
+        return lists, maps, marks
 
     def take_changes(
         self,
@@ -192,11 +223,17 @@ class _Member:
         self.control = control
         self.member = member
         self.failure: tuple[Any, ...] | None = None
+        self.failed_tasklet: Any = None
         self.cancelled = False
         self.finished = threading.Event()
         config = setup["config"]
         self.job_name = name = setup["job_name"]
         self.services = MemberServices(setup["lists"], setup["maps"])
+        if setup.get("published"):
+            from slipstream.sinks.basic import merge_published
+
+            merge_published(setup["published"])
+            self.services._published.update(setup["published"])
         self.late_items = LateItemsReport(name, log, batch=setup["batch_late_items"])
         self.item_errors = ItemErrorReport(name, log)
         dag = setup["dag"]
@@ -212,9 +249,19 @@ class _Member:
         channels = MemberChannels(member, dag, self.plans, sockets, pids=setup["pids"])
         specs = wire(dag, self.plans, config.processing_guarantee, channels, member=member)
         self.state_dir = execution_state_dir(setup["work_dir"], name, member)
+        self.snapshots: Any = None
+        restore: Any = None
+        if setup.get("snapshots") is not None:
+            from slipstream.engine.member_snapshots import member_snapshots, restore_routing
+
+            self.snapshots = member_snapshots(self, setup)
+            restore = restore_routing(setup, dag, self.plans)
         self.tasklets: list[Any] = []
         for s in specs:
             prepare_context(s.context, s.vertex.vertex, config, self.state_dir, self.late_items.on_metric)
+            entries, completed = None, False
+            if self.snapshots is not None:
+                entries, completed = self.snapshots.prepare(s, restore)
             self.tasklets.append(
                 ProcessorTasklet(
                     s.processor,
@@ -222,10 +269,18 @@ class _Member:
                     s.inbound,
                     s.outbound,
                     guarantee=config.processing_guarantee,
-                    snapshot_sink=None,
+                    snapshot_sink=self.snapshots,
+                    restore_entries=entries,
+                    restore_completed=completed,
                     outbox_capacity=setup["outbox_capacity"],
                 )
             )
+        if self.snapshots is not None:
+            from slipstream.engine.member_snapshots import MESSAGES
+
+            self.snapshots.attach(self.tasklets)
+            for kind in MESSAGES:
+                control.handle(kind, self.snapshots.handle)
         self.channel_tasklets: list[Any] = list(channels.tasklets)
         self.setup = setup
         self.pool: Any = None
@@ -249,8 +304,8 @@ class _Member:
     def report(self, kind: str = "report") -> bool:
         """Send the metrics and the sinks' new output; a sink item that cannot be
         pickled fails the member, naming the list or map."""
-        lists, maps = self.services.take_changes()
-        message = (kind, self.metrics(), lists, maps, usage())
+        lists, maps, marks = self.services.take_output()
+        message = (kind, self.metrics(), lists, maps, usage(), marks)
         try:
             data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # noqa: BLE001 - the user's items
@@ -272,9 +327,12 @@ class _Member:
             self.failure = failure_message(
                 kind, getattr(tasklet, "vertex_name", None), getattr(tasklet, "index", None), error
             )
+            self.failed_tasklet = tasklet
         self.stop()
 
     def stop(self) -> None:
+        if self.snapshots is not None:
+            self.snapshots.stop_member()
         for t in self.tasklets:
             t.cancelled = True
         if self.pool is not None:
@@ -337,6 +395,8 @@ class _Member:
             self.send((WATCH, watermarks_and_fill(self.tasklets)))
         if tune:
             gc_tuning.job_ended()
+        if self.snapshots is not None:
+            self.snapshots.execution_ended(self)
         if self.failure is not None or self.cancelled:
             self._close_all()
         error = None

@@ -17,7 +17,9 @@ processors are built, and runs apart from the processors' worker threads, so:
 Everything a member sends to the coordinator goes through :meth:`MemberControl.send` /
 :meth:`send_bytes`, under one lock: reports from the member's main thread and pongs from
 this thread never interleave on the pipe. Other message kinds can be handled with
-:meth:`handle` (they are read and dispatched by this thread, in order).
+:meth:`handle` (they are read and dispatched by this thread, in order); one that arrives
+before its handler is registered (the coordinator may start a snapshot while this member
+still builds its processors) is kept and handed to the handler when it is registered.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class MemberControl:
         self.cancelled = False
         self._on_cancel: Callable[[], None] | None = None
         self._handlers: dict[str, Callable[[tuple[Any, ...]], None]] = {}
+        # messages that came before their handler, and the lock that keeps dispatching
+        # in order while they are handed over
+        self._early: list[tuple[Any, ...]] = []
+        self._dispatch = threading.Lock()
         #: the calls running long right now, for a pong (set once the member runs)
         self.running_calls: Callable[[], Calls] = list
 
@@ -51,8 +57,14 @@ class MemberControl:
         threading.Thread(target=self._run, name="slipstream-member-control", daemon=True).start()
 
     def handle(self, kind: str, fn: Callable[[tuple[Any, ...]], None]) -> None:
-        """Call ``fn(message)`` on this thread for each message of ``kind``."""
-        self._handlers[kind] = fn
+        """Call ``fn(message)`` on this thread for each message of ``kind`` (first, on
+        the caller's thread, for those that came already)."""
+        with self._dispatch:
+            self._handlers[kind] = fn
+            early = [m for m in self._early if m[0] == kind]
+            self._early = [m for m in self._early if m[0] != kind]
+            for msg in early:
+                fn(msg)
 
     def on_cancel(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the coordinator cancels (now, if it did already)."""
@@ -94,8 +106,13 @@ class MemberControl:
                         break
                 elif kind == "cancel":
                     break
-                elif kind in self._handlers:
-                    self._handlers[kind](msg)
+                else:
+                    with self._dispatch:
+                        handler = self._handlers.get(kind)
+                        if handler is None:
+                            self._early.append(msg)
+                        else:
+                            handler(msg)
         except (EOFError, OSError):
             pass
         with self._lock:

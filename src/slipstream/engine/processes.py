@@ -27,10 +27,17 @@ member) and stops; the coordinator then stops the others and, once all ended, fa
 job with the most telling error: a processor's, else a member that died (its exit
 status), else the job-level error of a member, else a channel's (a channel to a member
 that stopped is a consequence, not a cause). A member that dies (SIGKILL, OOM) fails the
-job naming it: there is no failover to fresh members yet (that needs snapshots across
-processes). A member that stops answering without dying (SIGSTOP, a call that holds the
+execution naming it: with a processing guarantee the job restarts from its last
+committed snapshot with fresh members (as after a processor's error), without one it
+fails. A member that stops answering without dying (SIGSTOP, a call that holds the
 GIL) is found by the heartbeat (:mod:`slipstream.engine.heartbeat`), killed, and fails
-the job naming it.
+the job naming it (with a processing guarantee: restarts it, as a member that died).
+
+**Snapshots.** With a processing guarantee the execution's ``coordinator`` is a
+:class:`~slipstream.engine.process_snapshots.ProcessSnapshots`: the members' snapshot
+messages (``snap_*``) go to it, its control messages to the members through
+:meth:`ProcessExecution.send_to`; the members write their chunks, the coordinator
+commits the manifests.
 """
 
 from __future__ import annotations
@@ -198,13 +205,14 @@ def bare_plans(dag: Any, member_count: int, default_parallelism: int) -> dict[st
 
 class ProcessExecution:
     """One run of the job with its members in processes (what ``_Execution`` is for one
-    process). ``tasklets`` is empty and ``coordinator`` ``None``: the processors live in
-    the members; ``member_metrics`` holds each member's latest figures."""
+    process). ``tasklets`` is empty: the processors live in the members; ``coordinator``
+    is the snapshot coordination (``None`` without a processing guarantee);
+    ``member_metrics`` holds each member's latest figures. ``restore``: the snapshot the
+    members restore from, if any."""
 
-    coordinator = None
-
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, restore: Any = None) -> None:
         from slipstream.core.pickling import cloudpickle
+        from slipstream.sinks.basic import published_marks
 
         self.job = job
         engine = job.engine
@@ -249,7 +257,13 @@ class ProcessExecution:
             "lists": lists,
             "maps": maps,
             "log_levels": levels_here(),
+            "published": published_marks(),
         }
+        self.coordinator: Any = None
+        if job.store is not None:  # snapshots across processes
+            from slipstream.engine.process_snapshots import member_setup
+
+            setup.update(member_setup(job, restore))
         try:
             self._payload = cloudpickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
@@ -268,6 +282,10 @@ class ProcessExecution:
         #: members the heartbeat found silent (and killed): not reported as died
         self._silent: set[int] = set()
         self.heartbeat: HeartbeatMonitor | None = None
+        if job.store is not None:
+            from slipstream.engine.process_snapshots import new_coordinator
+
+            self.coordinator = new_coordinator(self)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -334,15 +352,13 @@ class ProcessExecution:
                 daemon=True,
             ).start()
         self.heartbeat.start(self.job.name)
+        if self.coordinator is not None:
+            self.coordinator.start_timer()
 
     def _send(self, m: int, message: tuple[Any, ...]) -> None:
         """Send ``message`` to member ``m`` (one writer at a time on its pipe); a member
         that is gone is its listener's to report."""
-        with self._send_locks[m]:
-            try:
-                self._conns[m].send(message)
-            except OSError:
-                pass
+        self.send_to(m, message)
 
     def stop(self) -> None:
         """Stop every member (``cancel()``): each ends its processors and reports; one
@@ -350,7 +366,27 @@ class ProcessExecution:
         self.cancelled = True
         self._stop_members()
 
+    def send_to(self, m: int, message: tuple[Any, ...]) -> bool:
+        """Send a control message to member ``m`` (``False``: it is gone)."""
+        if m >= len(self._conns):
+            return False
+        with self._send_locks[m]:
+            try:
+                self._conns[m].send(message)
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def snapshot_failed(self, failure: TaskletFailure) -> None:
+        """The snapshots fail the execution (too many in a row, a final or terminal one
+        that could not be written, a stalled one): the members are stopped."""
+        with self._lock:
+            self._failures.append((2, failure))
+        self._stop_members()
+
     def _stop_members(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.abort()  # no snapshot starts, none is retried
         with self._lock:
             if self._stopping:
                 return
@@ -403,6 +439,10 @@ class ProcessExecution:
                     self.member_usage[m] = msg[4]
                     self.cpu_share.record(m, msg[4][0])
                     self._apply(msg[2], msg[3])
+                    if len(msg) > 5 and msg[5]:
+                        from slipstream.sinks.basic import merge_published
+
+                        merge_published(msg[5])
                     if kind != "report":
                         ended = True
                         self.member_state[m] = kind
@@ -410,6 +450,8 @@ class ProcessExecution:
                     ended = True
                     self.member_state[m] = "failed"
                     self._failed(m, p.pid, msg)
+                elif self.coordinator is not None:
+                    self.coordinator.on_message(m, msg)
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.ended(m)
@@ -456,7 +498,10 @@ class ProcessExecution:
             error = MemberFailedError(
                 f"member {m} (pid {pid}): {vertex + ': ' if vertex else ''}{type_name}: {text}"
             )
-        f = TaskletFailure(tasklet, error, restartable=False)
+        # with snapshots a processor's error (and a channel's, the consequence of a death)
+        # restarts the job from the last committed snapshot, as with one process
+        restartable = self.coordinator is not None and kind in (PROCESSOR, PEER)
+        f = TaskletFailure(tasklet, error, restartable=restartable)
         f.traceback = tb
         rank = {PROCESSOR: 0, PEER: 3}.get(kind, 2)
         with self._lock:
@@ -475,12 +520,15 @@ class ProcessExecution:
                 how = f"killed by signal {-code}"
         else:
             how = f"exit status {code}"
-        error = MemberFailedError(
-            f"member {m} (pid {p.pid}) died ({how}) before the job ended; its processors' "
-            "work is lost: member processes have no failover yet (a job with processes > 1 "
-            "cannot restart from a snapshot), so the job fails"
-        )
-        f = TaskletFailure(None, error, restartable=False)
+        if self.coordinator is not None:  # fresh members restore the last snapshot
+            error = MemberFailedError(f"member {m} (pid {p.pid}) died ({how}) before the job ended")
+        else:
+            error = MemberFailedError(
+                f"member {m} (pid {p.pid}) died ({how}) before the job ended; its "
+                "processors' work is lost: a job without a processing guarantee has no "
+                "snapshot to restart from, so the job fails"
+            )
+        f = TaskletFailure(None, error, restartable=self.coordinator is not None)
         with self._lock:
             self._failures.append((1, f))
         self._stop_members()
@@ -498,7 +546,9 @@ class ProcessExecution:
             if named:
                 vertex, index, _, _ = max(named, key=lambda c: c[3])
                 tasklet = MemberTasklet(vertex, index, m, p.pid)  # type: ignore[arg-type]
-            f = TaskletFailure(tasklet, MemberUnresponsiveError(text), restartable=False)
+            # with snapshots fresh members restore the last one, as after a death
+            restartable = self.coordinator is not None
+            f = TaskletFailure(tasklet, MemberUnresponsiveError(text), restartable=restartable)
             with self._lock:
                 self._failures.append((1, f))
         try:
@@ -510,6 +560,8 @@ class ProcessExecution:
     def _ended(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
         if self.cancelled:  # a channel to a member that stopped first is no failure then
             self._failures = [rf for rf in self._failures if rf[0] < 3]
         if self._failures:

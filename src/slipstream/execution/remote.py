@@ -46,6 +46,10 @@ length and a ``marshal``\\ ed list ``[acked_frames, lane, taken, lane, taken, ..
 nobody else can write to: the engine creates each pair with ``socket.socketpair()``
 (no address anyone could connect to) and hands the ends to its own member processes.
 
+**Suspending.** Nothing follows a terminal snapshot barrier on a lane (its producer
+ends once the snapshot's outcome is known, ``suspend()``), so a lane ends with it as with
+end of stream: both ends of a pair finish when every lane did, without an error.
+
 **A dead peer** (killed, crashed, closed its end early) surfaces as
 :class:`ChannelPeerError`, naming the edge, the direction and the member: at the
 receiver's next call, at the sender's next frame or credit read (a sender with nothing to
@@ -299,6 +303,11 @@ class ChannelSender:
                     records += [i, _IDLE, None]
                 elif t is SnapshotBarrier:
                     records += [i, _BARRIER, (entry.snapshot_id, entry.is_terminal)]
+                    if entry.is_terminal:
+                        # nothing follows a terminal barrier (the producer ends once its
+                        # snapshot's outcome is known): the lane ends as at end of stream
+                        finished.append(i)
+                        break
                 elif t is DoneItem:
                     records += [i, _DONE, None]
                     finished.append(i)
@@ -533,6 +542,8 @@ class ChannelReceiver:
                 item = IDLE_MESSAGE
             elif kind == _BARRIER:
                 item = SnapshotBarrier(payload[0], payload[1])
+                if payload[1]:
+                    self.open -= 1  # a terminal barrier ends the lane (see the sender)
             elif kind == _DONE:
                 item = DONE_ITEM
                 self.open -= 1

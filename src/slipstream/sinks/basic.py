@@ -51,7 +51,25 @@ class _SinkP(AbstractProcessor):
 # into another engine of this process, with restore_from=) publishes only what is not
 # published yet. One small entry per sink processor and execution.
 _PUBLISHED: dict[tuple[str, str, int], int] = {}
-_PUBLISHED_LOCK = threading.Lock()
+#: held while a batch is published and marked (a member process reports both at once,
+#: slipstream.engine.member: its coordinator holds the structures and the marks)
+_PUBLISHED_LOCK = threading.RLock()
+
+
+def published_marks() -> dict[tuple[str, str, int], int]:
+    """A copy of this process's marks of published batches (a member process starts
+    with the coordinator's: a restore there publishes only what is not published yet)."""
+    with _PUBLISHED_LOCK:
+        return dict(_PUBLISHED)
+
+
+def merge_published(marks: dict[tuple[str, str, int], int]) -> None:
+    """Take in marks of batches published elsewhere (a member process's, reported
+    with the batches' items)."""
+    with _PUBLISHED_LOCK:
+        for k, sid in marks.items():
+            if _PUBLISHED.get(k, -1) < sid:
+                _PUBLISHED[k] = sid
 
 
 class _StagingSinkP(_SinkP):
@@ -120,9 +138,10 @@ class _StagingSinkP(_SinkP):
         if success:
             ctx = self.context
             for sid, batch in self._prepared.due_entries(ctx):
-                self._publish(batch)
+                with _PUBLISHED_LOCK:  # published and marked at once
+                    self._publish(batch)
+                    self._mark(self._lineage, ctx.global_processor_index, sid)
                 self._prepared.remove(batch)
-                self._mark(self._lineage, ctx.global_processor_index, sid)
         return True
 
     def _mark(self, lineage: str, index: int, snapshot_id: int) -> None:
@@ -145,9 +164,9 @@ class _StagingSinkP(_SinkP):
                 continue
             with _PUBLISHED_LOCK:
                 published = _PUBLISHED.get((ctx.vertex_name, lineage, index), -1)
-            if published < sid:
-                self._publish(batch)
-                self._mark(lineage, index, sid)
+                if published < sid:
+                    self._publish(batch)
+                    self._mark(lineage, index, sid)
         self._restored = []
         return True
 

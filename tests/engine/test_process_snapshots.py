@@ -1,0 +1,192 @@
+"""Snapshots across member processes (``ss.local(processes=N)`` with a processing
+guarantee, issue 24): the coordinator starts each snapshot, barriers travel in band on
+the cross-process edges, each member writes its processors' chunks and the coordinator
+commits the manifest; sinks commit on "snapshot N committed".
+
+Differential: exactly-once and at-least-once jobs with processes=2 and processes=1 give
+the oracle's output with snapshots taken while they run. Restores: suspend/resume with
+two processes, and a job stopped and restored with 2, then 1, then 2 processes (the
+state routed by key to the new processors) gives exact output. Member failure: a member
+SIGKILLed at a random moment makes the job restart from its last committed snapshot
+with fresh members, nothing lost or duplicated in a two-phase file sink (slow).
+
+Tests wait for events (snapshots committed, the job ending), never for time; the rate of
+the generator only makes the job last long enough for snapshots to be taken mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import slipstream as ss
+from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import processors as P
+from slipstream.aggregate import summing
+from slipstream.core.errors import JobCancelledError
+from store_support import part_lines
+
+GUARD_S = 120
+EO = ProcessingGuarantee.EXACTLY_ONCE
+
+
+def triple(x: int) -> int:
+    return x * 3
+
+
+def tens(x: int) -> int:
+    return x % 10
+
+
+def identity(x: int) -> int:
+    return x
+
+
+def build(
+    n: int, rate: float | None, processes: int, items_sink: Any = None, source_lp: int = 2
+) -> DAG:
+    """A generator of ``0 .. n-1`` -> ``x * 3`` -> both a keyed running sum (by ``x %
+    10``, a distributed partitioned edge: keyed state moves between processes) and an
+    items sink (a distributed edge: items cross processes). The source keeps its total
+    parallelism ``source_lp`` at any process count (a generator restores its position
+    exactly only at the same parallelism)."""
+    dag = DAG()
+    src = dag.new_vertex("gen", sources.generator(identity, rate, max_items=n))
+    src.local_parallelism(max(1, source_lp // processes))
+    m = dag.new_vertex("map", P.map(triple))
+    agg = dag.new_vertex("sum", P.aggregate_by_key(tens, summing()))
+    items = dag.new_vertex("items", items_sink or sinks.list_sink("items"))
+    sums = dag.new_vertex("sums", sinks.list_sink("sums"))
+    dag.edge(Edge.between(src, m))
+    dag.edge(Edge.from_(m, 0).to(agg).partitioned(tens).distributed())
+    dag.edge(Edge.from_(m, 1).to(items).distributed())
+    dag.edge(Edge.between(agg, sums))
+    return dag
+
+
+def oracle_sums(n: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for i in range(n):
+        out[tens(3 * i)] = out.get(tens(3 * i), 0) + 3 * i
+    return out
+
+
+def config(name: str, store: Any, guarantee: ProcessingGuarantee = EO, **kw: Any) -> JobConfig:
+    return JobConfig(
+        name=name,
+        processing_guarantee=guarantee,
+        snapshot_interval_ms=20,
+        snapshot_store=str(store),
+        **kw,
+    )
+
+
+def wait_for(cond: Callable[[], bool], what: str) -> None:
+    """Wait for an event; the deadline only bounds a hang."""
+    deadline = time.monotonic() + GUARD_S / 2
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.005)
+
+
+def snapshots(job: Any) -> int:
+    return int(job.metrics["__job__"]["snapshots"])
+
+
+@pytest.mark.timeout(GUARD_S)
+@pytest.mark.parametrize("guarantee", ["EXACTLY_ONCE", "AT_LEAST_ONCE"])
+def test_jobs_with_snapshots_mid_run_match_one_process_and_the_oracle(
+    tmp_path: Any, guarantee: str
+) -> None:
+    n = 3000
+    outputs = []
+    for processes in (2, 1):
+        engine = ss.local(processes=processes)
+        cfg = config(f"diff-{processes}", tmp_path / f"store{processes}", ProcessingGuarantee[guarantee])
+        job = engine.new_job(build(n, 10000.0, processes), cfg)
+        job.join(timeout=GUARD_S)
+        assert snapshots(job) >= 2, "no snapshot was taken while the job ran"
+        outputs.append((sorted(engine.get_list("items")), dict(engine.get_list("sums"))))
+        assert len(engine.get_list("sums")) == 10
+    expected = ([3 * i for i in range(n)], oracle_sums(n))
+    assert outputs[0] == outputs[1] == expected
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_suspend_and_resume_with_two_processes_gives_exact_output(tmp_path: Any) -> None:
+    n = 4000
+    engine = ss.local(processes=2)
+    job = engine.new_job(build(n, 8000.0, 2), config("suspended", tmp_path / "store"))
+    wait_for(lambda: snapshots(job) >= 2, "two snapshots")
+    job.suspend(timeout=GUARD_S)
+    assert job.status is ss.JobStatus.SUSPENDED
+    assert all(p.exitcode == 0 for p in job._execution._procs)  # the members ended
+    job.resume()
+    job.join(timeout=GUARD_S)
+    assert job.restarts == 0
+    assert sorted(engine.get_list("items")) == [3 * i for i in range(n)]
+    assert dict(engine.get_list("sums")) == oracle_sums(n)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_restores_at_two_then_one_then_two_processes_give_exact_output(tmp_path: Any) -> None:
+    """Stopped (cancelled) after some snapshots, restored with ``restore_from=`` at one
+    process, stopped again and resumed at two: the keyed state and the sinks' staged
+    batches are routed by key to the processors of each new process count."""
+    n = 8000
+    store = tmp_path / "store"
+    items: list[int] = []
+    sums: list[tuple[int, int]] = []
+    resumed = []
+    for step, processes in enumerate((2, 1, 2)):
+        engine = ss.local(processes=processes)
+        cfg = config("rescaled", store, resume=step == 2)
+        restore = str(store) if step == 1 else None
+        job = engine.new_job(build(n, 8000.0, processes), cfg, restore_from=restore)
+        resumed.append(job.resumed_from_snapshot)
+        if step < 2:
+            wait_for(lambda: snapshots(job) >= 3, "three snapshots")  # noqa: B023
+            job.cancel()
+            with pytest.raises(JobCancelledError):
+                job.join(timeout=GUARD_S)
+        else:
+            job.join(timeout=GUARD_S)
+        items += engine.get_list("items")
+        sums += engine.get_list("sums")
+    assert resumed[0] == 0 and 0 < resumed[1] < resumed[2]
+    assert sorted(items) == [3 * i for i in range(n)]
+    assert dict(sums) == oracle_sums(n) and len(sums) == 10
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(GUARD_S * 3)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_member_killed_at_a_random_moment_restarts_the_job_exactly_once(
+    tmp_path: Any, seed: int
+) -> None:
+    """SIGKILL of a random member after a random number of committed snapshots (and a
+    random extra moment): the job restarts from its last committed snapshot with fresh
+    members; the two-phase file sink's committed files hold every item exactly once."""
+    rnd = random.Random(seed)
+    n = 20000
+    out = str(tmp_path / "out")
+    engine = ss.local(processes=2)
+    sink = sinks.write_files(out, roll_interval_ms=50)
+    cfg = config("killed", tmp_path / "store", restart_delay_ms=10)
+    job = engine.new_job(build(n, 10000.0, 2, items_sink=sink), cfg)
+    wait_for(lambda: snapshots(job) >= rnd.randint(1, 6), "committed snapshots")
+    time.sleep(rnd.random() * 0.05)  # the moment within a snapshot interval
+    ex = job._execution
+    victim = ex._procs[rnd.randrange(2)]
+    os.kill(victim.pid, signal.SIGKILL)
+    job.join(timeout=GUARD_S * 2)
+    assert job.restarts == 1
+    assert sorted(int(x) for x in part_lines(out)) == [3 * i for i in range(n)]
+    assert dict(engine.get_list("sums")) == oracle_sums(n)
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
