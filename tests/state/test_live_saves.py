@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.state import live
+from slipstream.state.columnar import EncodedBatches
 from slipstream.state.keyed import DELTA, FULL, KeyedState
 from slipstream.state.live import EncodedMap, LiveSave
 
@@ -39,7 +40,7 @@ def _state(ctx: SimpleNamespace, content: dict[Any, Any]) -> KeyedState:
 def _content(save: LiveSave) -> tuple[dict[Any, Any], tuple[Any, ...]]:
     """What the store thread takes from a complete save, as a dict."""
     upserts, removed = save.result()
-    if type(upserts) is EncodedMap:
+    if type(upserts) in (EncodedMap, EncodedBatches):
         upserts = upserts.to_dict()
     return upserts, removed
 
@@ -212,7 +213,9 @@ def test_update_and_ior_record_pre_barrier_values() -> None:
 @settings(max_examples=100, deadline=None)
 @given(
     st.dictionaries(
-        st.one_of(st.integers(), st.text(max_size=5), st.tuples(st.integers(), st.text(max_size=3))),
+        st.one_of(
+            st.integers(), st.text(max_size=5), st.tuples(st.integers(), st.text(max_size=3))
+        ),
         st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=4)),
         max_size=60,
     ),
@@ -233,7 +236,7 @@ def test_an_encoded_save_decodes_to_the_records_a_copy_gives(
     while not save.step(budget):
         pass
     upserts, removed = save.result()
-    assert type(upserts) is EncodedMap
+    assert type(upserts) in (EncodedMap, EncodedBatches)
     entries = [
         (StateMap("e", None), StateMapSave(FULL, upserts, removed, 0)),
         (BroadcastKey("cursor"), (1, "x")),
@@ -300,8 +303,69 @@ def test_no_step_encodes_more_than_its_budget_when_keys_were_written_since_the_b
         s[i] = -i
     sizes = []
     while not save.done:
-        before = len(save.parts)
+        before = len(save.columns.batches)
         save.step(4)
-        sizes.extend(len(EncodedMap([p], 0).to_dict()) for p in save.parts[before:])
+        sizes.extend(b[0]["n"] for b in save.columns.batches[before:])
     assert sizes == [4, 4, 4]
     assert _content(save) == ({i: i for i in range(12)}, ())
+
+
+def _chunk_records(upserts: Any, columns: bool = False) -> list[Any]:
+    """The records of a chunk holding a full map whose content is ``upserts``."""
+    from slipstream.state import format as fmt
+    from slipstream.state.keyed import StateMap, StateMapSave
+
+    entries = [(StateMap("e", None), StateMapSave(FULL, upserts, (), 0))]
+    payload = b"".join(fmt.encode_payload_parts(fmt.encode_records(entries)))
+    return fmt.decode_payload(payload, columns)
+
+
+def test_a_save_of_simple_keys_and_values_is_a_column_batch_per_step() -> None:
+    """A full save of str -> int is a column batch per step, each with the pre-barrier
+    values of its keys: the chunk decodes to the map at the barrier, and read as data
+    (MapColumns) its columns are the map's rows as they are, in order."""
+    from slipstream.state.columnar import COLUMNS_MAGIC, MapColumns
+    from slipstream.state.query import _Columns
+
+    ctx = _ctx()
+    content = {f"k{i}": i for i in range(10)}
+    s = _state(ctx, content)
+    save = _save(s, ctx, 1, 0).upserts
+    save.step(4)
+    s["k1"] = 100  # encoded already
+    s["k9"] = 900  # not yet encoded: its pre-barrier value is encoded
+    s["new"] = 1
+    save.finish()
+    upserts, _removed = save.result()
+    assert type(upserts) is EncodedBatches and len(upserts) == 10 and not upserts.repeats
+    assert [b[0]["n"] for b in upserts.batches] == [4, 6]
+    assert upserts.to_dict() == content
+    ((*_, decoded, _r, _b),) = _chunk_records(upserts)
+    assert decoded == content
+    ((*_, cols, _r, _b),) = _chunk_records(upserts, columns=True)
+    assert type(cols) is MapColumns and cols.unique and len(cols) == 10
+    table = _Columns()
+    table.add_map("v", 0, cols)
+    got = table.table().select(["key", "value"]).to_pydict()
+    assert list(zip(got["key"], got["value"], strict=True)) == list(content.items())
+    from slipstream.state import format as fmt
+    from slipstream.state.keyed import StateMap, StateMapSave
+
+    entries = [(StateMap("e", None), StateMapSave(FULL, upserts, (), 0))]
+    payload = b"".join(fmt.encode_payload_parts(fmt.encode_records(entries)))
+    assert payload.startswith(COLUMNS_MAGIC)
+
+
+def test_a_save_whose_later_slice_fits_no_column_turns_into_pickle_fragments() -> None:
+    ctx = _ctx()
+    content: dict[Any, Any] = {i: i for i in range(6)}
+    content["mixed"] = (1, 2)  # a str key and a tuple value in the last slice
+    s = _state(ctx, content)
+    save = _save(s, ctx, 1, 0).upserts
+    while not save.step(3):
+        pass
+    upserts, _removed = save.result()
+    assert type(upserts) is EncodedMap and len(upserts) == 7
+    assert upserts.to_dict() == content
+    ((*_, decoded, _r, _b),) = _chunk_records(upserts)
+    assert decoded == content

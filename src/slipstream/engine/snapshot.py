@@ -53,6 +53,7 @@ from slipstream.core.items import SnapshotBarrier
 from slipstream.execution.tasklet import CommitBoard
 from slipstream.state import compact
 from slipstream.state import format as fmt
+from slipstream.state.columnar import EncodedBatches
 from slipstream.state.compact import Compactor
 from slipstream.state.forked import ForkedChunk, copied_maps, fork_chunk, has_live_map
 from slipstream.state.keyed import KeyedState, StateMap, StateMapSave
@@ -621,7 +622,7 @@ class SnapshotCoordinator:
             if type(k) is StateMap and type(v.upserts) is LiveSave:
                 live = v.upserts
                 upserts, removed = live.result(self._aborted)
-                if decoded and type(upserts) is EncodedMap:
+                if decoded and isinstance(upserts, EncodedMap | EncodedBatches):
                     upserts = upserts.to_dict()
                 self._step_s = max(self._step_s, live.step_max_s)
                 e = (k, StateMapSave(v.mode, upserts, removed, v.base_id))  # type: ignore[arg-type]

@@ -22,7 +22,18 @@ Files of a store directory
         SLIPSTREAM-CHUNK 3\\n
         <HMAC-SHA256 hex of header + "\\n" + payload>\\n
         <header: JSON {format: 3, snapshot_id, vertex, index, mode, size}>\\n
-        <payload: a pickle of a list of records (below)>
+        <payload: the list of records (below), in one of two encodings>
+
+    The payload's first bytes tell its encoding (both covered by the chunk's MAC, both
+    decoded only after it was checked):
+
+    * ``SLIPSTREAM-COLUMNS 1\\n``: the *columnar* encoding, written whenever the chunk's
+      keyed maps hold keys and values of simple types (int, float, str, bytes, bool,
+      None) and its other records are plain JSON data: each map as typed column buffers
+      in Arrow's layout, nothing pickled (:mod:`~slipstream.state.columnar` documents
+      it, with when it applies);
+    * a pickle (protocol 5, first byte ``0x80``) of the list of records otherwise, and
+      in every chunk written before the columnar encoding existed (they read as before).
 
 ``MANIFEST.json``
     the store's index (signed JSON: the committed ids, owner, completed); see the store.
@@ -43,7 +54,7 @@ restore naming its file; nothing is unpickled before both checks pass.
 
 Records
 -------
-A chunk's payload holds plain data only: lists, tuples, dicts, str, int, and the user's
+A chunk's records hold plain data only: lists, tuples, dicts, str, int, and the user's
 own keys and values. No slipstream class is pickled (a file's meaning does not depend on
 the Python class paths of the version that wrote it). One record per saved entry:
 
@@ -92,6 +103,9 @@ import pickle
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from slipstream.state.columnar import EncodedBatches, MapColumns, is_columnar
+from slipstream.state.columnar import decode as decode_columnar
+from slipstream.state.columnar import encode as encode_columnar
 from slipstream.state.keyed import DELTA, DROP, FULL, StateMap, StateMapSave
 from slipstream.state.keys import BroadcastKey, KeyedStateBatch, KeyedStateKey
 
@@ -129,7 +143,10 @@ def encode_records(entries: Iterable[tuple[Any, Any]]) -> list[tuple[Any, ...]]:
         k, v = entry
         t = type(k)
         if t is StateMap:
-            append(("m", k.tag, k.detail, v.mode, v.upserts, list(v.removed), v.base_id))
+            upserts = v.upserts
+            if type(upserts) is MapColumns:  # read as data, written back (a transform)
+                upserts = upserts.to_dict()
+            append(("m", k.tag, k.detail, v.mode, upserts, list(v.removed), v.base_id))
         elif t is KeyedStateKey:
             append(("k", k.key, k.detail, v))
         elif t is BroadcastKey:
@@ -180,24 +197,38 @@ def delta_bases(entries: Iterable[tuple[Any, Any]]) -> set[int]:
     return {v.base_id for k, v in entries if type(k) is StateMap and v.mode != FULL}
 
 
-def encode_payload(records: list[tuple[Any, ...]]) -> bytes:
-    """A chunk's payload: the C pickler, or cloudpickle for what only it encodes
-    (lambdas, classes defined in ``__main__``) among the user's values.
+def encode_payload(records: list[tuple[Any, ...]], columnar: bool = True) -> bytes:
+    """A chunk's payload: the columnar encoding when the records are keyed maps of
+    simple keys and values (:mod:`~slipstream.state.columnar`; not with ``columnar``
+    false), else the C pickler, or cloudpickle for what only it encodes (lambdas,
+    classes defined in ``__main__``) among the user's values.
 
     A map record whose content was encoded already, in steps by a copy-on-write save
     (an :class:`~slipstream.state.live.EncodedMap` of pickle fragments), is put together
     from its fragments: the same pickle opcodes a dict's items get, after an empty dict,
     so the payload decodes to the same records (the other records are pickled without
     a memo around it; if one cannot be, the map is decoded and pickled as a dict)."""
-    parts = encode_payload_parts(records)
+    parts = encode_payload_parts(records, columnar)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def encode_payload_parts(records: list[tuple[Any, ...]]) -> list[bytes]:
+def encode_payload_parts(records: list[tuple[Any, ...]], columnar: bool = True) -> list[bytes]:
     """:func:`encode_payload` as the pieces the payload is made of, in order (no joined
-    copy of an encoded map's fragments: the store writes and signs the pieces)."""
+    copy of an encoded map's fragments: the store writes and signs the pieces). The
+    columnar encoding (:mod:`~slipstream.state.columnar`) where it applies, unless
+    ``columnar`` is false; the pickle otherwise."""
     from slipstream.state.live import EncodedMap
 
+    if columnar:
+        parts = encode_columnar(records)
+        if parts is not None:
+            return parts
+    if any(r[0] == "m" and type(r[4]) is EncodedBatches for r in records):
+        # column batches of a copy-on-write save in a chunk that is pickled
+        records = [
+            (*r[:4], r[4].to_dict(), *r[5:]) if r[0] == "m" and type(r[4]) is EncodedBatches else r
+            for r in records
+        ]
     if any(r[0] == "m" and type(r[4]) is EncodedMap for r in records):
         try:
             return _assembled(records, EncodedMap)
@@ -238,15 +269,21 @@ def _assembled(records: list[tuple[Any, ...]], encoded: type) -> list[bytes]:
     return out
 
 
-def decode_payload(payload: bytes | memoryview) -> list[Any]:
-    """The records of a *verified* chunk payload."""
+def decode_payload(payload: bytes | memoryview, columns: bool = False) -> list[Any]:
+    """The records of a *verified* chunk payload, columnar or pickled. ``columns``: a
+    columnar map's content as :class:`~slipstream.state.columnar.MapColumns` (its
+    column buffers, for Arrow) instead of a dict."""
+    if is_columnar(payload):
+        return decode_columnar(payload, columns)
     records = pickle.loads(payload)
     if not isinstance(records, list):
         raise ValueError(f"a chunk payload is a list of records, not {type(records).__name__}")
     return records
 
 
-def merge_chain(chunks: Sequence[tuple[str, int, list[Any]]], where: str = "") -> list[tuple[Any, Any]]:
+def merge_chain(
+    chunks: Sequence[tuple[str, int, list[Any]]], where: str = ""
+) -> list[tuple[Any, Any]]:
     """Fold a chain of decoded chunks ``(mode, snapshot_id, records)`` (oldest first, a
     full chunk first) into the entries of one full chunk: the chain's last non-map
     entries, then every map as a full :class:`StateMap` entry. ``where`` names the chain
@@ -258,7 +295,7 @@ def merge_chain(chunks: Sequence[tuple[str, int, list[Any]]], where: str = "") -
     if len(chunks) == 1:
         return decode_records(chunks[0][2])
     other: list[tuple[Any, Any]] = []
-    maps: dict[tuple[str, Any], dict[Any, Any]] = {}
+    maps: dict[tuple[str, Any], Any] = {}  # a dict, or columns (MapColumns) until updated
     previous = 0
     for mode, sid, records in chunks:
         if mode == CHUNK_FULL:
@@ -280,6 +317,8 @@ def merge_chain(chunks: Sequence[tuple[str, int, list[Any]]], where: str = "") -
                         f"{previous}"
                     )
                 m = maps.get(name)
+                if m is not None and type(m) is not dict:  # columns: a dict to update
+                    m = maps[name] = m.to_dict()
                 if m is None:
                     raise ValueError(
                         f"{where}snapshot {sid} holds a delta of map {name!r} that no earlier "

@@ -13,8 +13,11 @@ recorded pre-barrier values, until the save is complete; the map gets its class 
 The store thread waits for the save (:meth:`LiveSave.result`) and writes the encoded
 slices as the chunk's payload (:func:`slipstream.state.format.encode_payload`): a chunk
 that decodes to exactly the map as it was at the barrier, as the copy did, with no copy
-of the map in memory (the slices are pickled bytes) and no long hold of the GIL by the
-store thread (the pickling happened in the steps).
+of the map in memory (the slices are encoded bytes) and no long hold of the GIL by the
+store thread (the encoding happened in the steps). A slice is a batch of the columnar
+encoding (:class:`~slipstream.state.columnar.EncodedBatches`: keys and values of simple
+types, cheaper to encode than the pickle) or, from the first slice that does not fit
+it on, pickle fragments (:class:`EncodedMap`).
 
 A *full* save walks the live map in insertion order with one dict iterator, which an
 insertion would end (and finding the place again costs a pass over the part already
@@ -46,6 +49,8 @@ import time
 from itertools import islice, repeat
 from operator import is_, itemgetter
 from typing import Any
+
+from slipstream.state.columnar import EncodedBatches
 
 __all__ = [
     "LIVE_SAVE_MIN_KEYS",
@@ -143,7 +148,11 @@ class LiveSave:
         #: end the dict iterator the slices are read with); merged into the map in steps
         #: afterwards. ``None`` for a delta (it walks its own set of keys)
         self.new: dict[Any, Any] | None = {} if mode == "full" else None
-        self.parts: list[bytes] = []  # the encoded content
+        #: the encoded content: column batches while every slice fits the columnar
+        #: encoding (:mod:`~slipstream.state.columnar`), pickle fragments after one
+        #: did not
+        self.columns: EncodedBatches | None = EncodedBatches()
+        self.parts: list[bytes] = []
         self.out: dict[Any, Any] | None = None  # the content, if it could not be encoded
         self.count = 0  # entries produced
         self.removed: list[Any] = []  # a delta's removed keys
@@ -245,9 +254,7 @@ class LiveSave:
         if len(keys) < take:  # the map ended early: a bug
             raise RuntimeError("the map's pre-barrier keys ran out before their count")
         # the live values, and for a key written since the barrier its recorded value
-        values: Any = (
-            itemgetter(*keys)(state) if take > 1 else [dict.__getitem__(state, keys[0])]
-        )
+        values: Any = itemgetter(*keys)(state) if take > 1 else [dict.__getitem__(state, keys[0])]
         old = self.old
         if old:
             values = list(map(old.get, keys, values))
@@ -277,6 +284,16 @@ class LiveSave:
 
     def _add(self, keys: list[Any], values: list[Any]) -> None:
         self.count += len(keys)
+        columns = self.columns
+        if columns is not None:
+            if columns.add(keys, values):
+                return
+            # a slice no column holds: pickle fragments from here on, the batches so
+            # far included (decoded once; a map of mixed types pays it once a save)
+            self.columns = None
+            done_keys, done_values = columns.pairs()
+            keys = done_keys + list(keys)
+            values = done_values + list(values)
         if self.out is None:
             try:
                 self.parts.append(setitems_fragment(keys, values))
@@ -291,8 +308,7 @@ class LiveSave:
         is merged into the map by the next steps (:meth:`_merge_step`)."""
         if self.mode == "full" and self.count != self.size:
             raise RuntimeError(
-                f"a copy-on-write save produced {self.count} entries of a map of "
-                f"{self.size} keys"
+                f"a copy-on-write save produced {self.count} entries of a map of {self.size} keys"
             )
         self.old = None
         self._it = None
@@ -340,9 +356,10 @@ class LiveSave:
     # -- the store thread ----------------------------------------------------------------
     def result(
         self, stopped: threading.Event | None = None
-    ) -> tuple[dict[Any, Any] | EncodedMap, tuple[Any, ...]]:
-        """Wait for the save: ``(content, removed keys)``, the content encoded
-        (:class:`EncodedMap`) or, if it could not be, a ``dict``. Raises the error
+    ) -> tuple[dict[Any, Any] | EncodedMap | EncodedBatches, tuple[Any, ...]]:
+        """Wait for the save: ``(content, removed keys)``, the content encoded (column
+        batches, :class:`~slipstream.state.columnar.EncodedBatches`, or pickle fragments,
+        :class:`EncodedMap`) or, if it could not be, a ``dict``. Raises the error
         production met, or ``RuntimeError`` when ``stopped`` is set first (the job is
         stopping)."""
         while not self._done.wait(0.05):
@@ -356,10 +373,17 @@ class LiveSave:
                 f"the copy-on-write save of snapshot {self.snapshot_id} failed: "
                 f"{type(self._error).__name__}: {self._error}"
             ) from self._error
-        content: dict[Any, Any] | EncodedMap
-        content = self.out if self.out is not None else EncodedMap(self.parts, self.count)
+        content: dict[Any, Any] | EncodedMap | EncodedBatches
+        if self.out is not None:
+            content = self.out
+        elif self.columns is not None:
+            content = self.columns
+            content.count = self.count
+        else:
+            content = EncodedMap(self.parts, self.count)
         removed = tuple(self.removed)
         self.out = None
+        self.columns = None
         self.parts = []
         self.removed = []
         return content, removed

@@ -31,6 +31,7 @@ import re
 import struct
 from typing import Any
 
+from slipstream.state.columnar import Column, MapColumns
 from slipstream.state.keyed import FULL, PLAIN, StateMap
 from slipstream.state.keys import BroadcastKey
 from slipstream.state.reader import (
@@ -86,7 +87,10 @@ def _segments(pa: Any, parts: list[Any]) -> Any:
     :func:`_column` makes it (the type Arrow infers for them together, or reprs)."""
     arrays = []
     try:
-        arrays = [pa.array(p if type(p) is list else list(p)) for p in parts]
+        arrays = [
+            p.to_arrow(pa) if type(p) is Column else pa.array(p if type(p) is list else list(p))
+            for p in parts
+        ]
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
     else:
@@ -98,11 +102,11 @@ def _segments(pa: Any, parts: list[Any]) -> Any:
             return pa.chunked_array([a if a.type == t else a.cast(t) for a in arrays], t)
     everything: list[Any] = []
     for p in parts:
-        everything.extend(p)
+        everything.extend(p.to_list() if type(p) is Column else p)
     return _column(pa, everything)
 
 
-def _fast_map(entry: tuple[Any, Any]) -> dict[Any, Any] | None:
+def _fast_map(entry: tuple[Any, Any]) -> dict[Any, Any] | MapColumns | None:
     """The map of a full plain keyed-state entry (one row per key, detail ``None``)."""
     k, v = entry
     if type(k) is StateMap and k.tag == PLAIN and k.detail is None and v.mode == FULL:
@@ -120,9 +124,9 @@ class _Columns:
     list of :class:`StateRow` s (every other entry)."""
 
     def __init__(self) -> None:
-        self.parts: list[tuple[str, int, dict[Any, Any]] | list[StateRow]] = []
+        self.parts: list[tuple[str, int, dict[Any, Any] | MapColumns] | list[StateRow]] = []
 
-    def add_map(self, vertex: str, index: int, m: dict[Any, Any]) -> None:
+    def add_map(self, vertex: str, index: int, m: dict[Any, Any] | MapColumns) -> None:
         if m:
             self.parts.append((vertex, index, m))
 
@@ -142,9 +146,13 @@ class _Columns:
             if not isinstance(part, list):
                 vertex, index, m = part
                 runs.append((vertex, index, "keyed", len(m)))
-                keys.append(m.keys())
+                if type(m) is MapColumns and m.unique:  # Arrow over the chunk's buffers
+                    keys.extend(m.keys_columns)
+                    values.extend(m.values_columns)
+                else:
+                    keys.append(m.keys())
+                    values.append(m.values())
                 details.append(len(m))
-                values.append(m.values())
                 continue
             rows = [r for r in part if r.kind in STATE_KINDS] if state_only else part
             if not rows:
@@ -251,7 +259,7 @@ def gather_with_id(
     _pyarrow()
     s = open_store(store)
     with gc_paused():
-        sid, data = _snapshot(s, vertex, snapshot_id)
+        sid, data = _snapshot(s, vertex, snapshot_id, columns=True)
         return sid, _gather(data, vertex)
 
 

@@ -146,9 +146,12 @@ def open_store(store: Any) -> Any:
     return DirectorySnapshotStore(directory)
 
 
-def _snapshot(store: Any, vertex: str | None, snapshot_id: int | None) -> tuple[int, Any]:
+def _snapshot(
+    store: Any, vertex: str | None, snapshot_id: int | None, columns: bool = False
+) -> tuple[int, Any]:
     """The id and :class:`~slipstream.state.store.SnapshotData` to read (only
-    ``vertex``'s processors if given)."""
+    ``vertex``'s processors if given; ``columns``: the maps of columnar chunks as their
+    columns, :class:`~slipstream.state.columnar.MapColumns`, for the readers here)."""
     last: SnapshotError | None = None
     for _ in range(_RETRIES):
         ids = store.committed_ids()
@@ -172,7 +175,7 @@ def _snapshot(store: Any, vertex: str | None, snapshot_id: int | None) -> tuple[
                         f"vertices: {names}"
                     )
                 processors = [(vertex, i) for i in vm.chains] if vm is not None else None
-            data = store.read(sid, processors)
+            data = store.read(sid, processors, columns=columns)
             if vertex is not None and vertex not in data.vertices:
                 names = ", ".join(repr(n) for n in sorted(data.vertices))
                 raise ValueError(
@@ -335,7 +338,7 @@ def read(
     and its ``SnapshotError`` naming the file for an older one."""
     s = open_store(store)
     with gc_paused():
-        _sid, data = _snapshot(s, vertex, snapshot_id)
+        _sid, data = _snapshot(s, vertex, snapshot_id, columns=True)
         return _rows(data, vertex, key)
 
 
@@ -345,7 +348,7 @@ def read_with_id(
     """:func:`read` and the id of the snapshot it read."""
     s = open_store(store)
     with gc_paused():
-        sid, data = _snapshot(s, vertex, snapshot_id)
+        sid, data = _snapshot(s, vertex, snapshot_id, columns=True)
         return sid, _rows(data, vertex)
 
 
@@ -366,7 +369,7 @@ def point_query(job: Any, vertex: str, key: Any = _ALL) -> tuple[int, list[State
             f"job {job.name!r} has committed no snapshot yet (its store is "
             f"{store.directory}): there is no state to read"
         )
-    sid, data = _snapshot(open_store(store), vertex, None)
+    sid, data = _snapshot(open_store(store), vertex, None, columns=True)
     return sid, _rows(data, vertex, key)
 
 
@@ -405,7 +408,7 @@ def size_counts(data: Any) -> dict[str, tuple[int, int]]:
 def newest_size_counts(store: Any) -> tuple[int, dict[str, tuple[int, int]]]:
     """:func:`size_counts` of the newest committed snapshot of ``store``, and its id
     (a snapshot a running job pruned while it was read is skipped for the newer one)."""
-    sid, data = _snapshot(open_store(store), None, None)
+    sid, data = _snapshot(open_store(store), None, None, columns=True)
     return sid, size_counts(data)
 
 
@@ -452,8 +455,8 @@ def changes(store: Any, from_id: int, to_id: int, vertex: str | None = None) -> 
     no longer has. A session that grew is a removed session and an added one (its
     bounds are its detail)."""
     s = open_store(store)
-    _a, old = _snapshot(s, vertex, from_id)
-    _b, new = _snapshot(s, vertex, to_id)
+    _a, old = _snapshot(s, vertex, from_id, columns=True)
+    _b, new = _snapshot(s, vertex, to_id, columns=True)
     before: dict[tuple[Any, ...], StateRow] = {}
     for r in _rows(old, vertex):
         before[_identity(r)] = r

@@ -228,7 +228,13 @@ class SnapshotStore(Protocol):
         self, snapshot_id: int, processors: Iterable[tuple[str, int]] | None = None
     ) -> dict[tuple[str, int], list[tuple[Any, Any]]]: ...
 
-    def read(self, snapshot_id: int) -> SnapshotData: ...
+    def read(
+        self,
+        snapshot_id: int,
+        processors: Iterable[tuple[str, int]] | None = None,
+        *,
+        columns: bool = False,
+    ) -> SnapshotData: ...
 
     def latest(self) -> SnapshotData | None: ...
 
@@ -794,12 +800,26 @@ class DirectorySnapshotStore:
                     )
 
     def read_chain(
-        self, chain: Sequence[ChunkRef], vertex: str, index: int, snapshot_id: int
+        self,
+        chain: Sequence[ChunkRef],
+        vertex: str,
+        index: int,
+        snapshot_id: int,
+        *,
+        columns: bool = False,
     ) -> list[tuple[Any, Any]]:
         """A processor's chain merged into its full entries (maps as full StateMap
-        entries, :func:`~slipstream.state.format.merge_chain`)."""
+        entries, :func:`~slipstream.state.format.merge_chain`; ``columns``: as
+        :func:`read_chain_files`)."""
         return read_chain_files(
-            self.directory, self.key, chain, vertex, index, snapshot_id, self.key_origin
+            self.directory,
+            self.key,
+            chain,
+            vertex,
+            index,
+            snapshot_id,
+            self.key_origin,
+            columns=columns,
         )
 
     def read_chunks(
@@ -813,11 +833,17 @@ class DirectorySnapshotStore:
         }
 
     def read(
-        self, snapshot_id: int, processors: Iterable[tuple[str, int]] | None = None
+        self,
+        snapshot_id: int,
+        processors: Iterable[tuple[str, int]] | None = None,
+        *,
+        columns: bool = False,
     ) -> SnapshotData:
         """Read one snapshot (only ``processors``' chains, if given); SnapshotError if it,
-        or a chunk it names, is missing, corrupt or unsigned. Nothing is unpickled
-        before its signature is verified."""
+        or a chunk it names, is missing, corrupt or unsigned. Nothing is decoded before
+        its signature is verified. ``columns``: a full map read from a columnar chunk
+        stays its columns (:class:`~slipstream.state.columnar.MapColumns`, for the
+        readers of state as data) instead of becoming a dict."""
         version, _info, payload = self._read_verified(snapshot_id)
         if version == 2:
             return self._load_format2(snapshot_id, payload)
@@ -831,7 +857,7 @@ class DirectorySnapshotStore:
             vs.final = set(vm.final)
             for i, chain in vm.chains.items():
                 if wanted is None or (name, i) in wanted:
-                    vs.entries[i] = self.read_chain(chain, name, i, snapshot_id)
+                    vs.entries[i] = self.read_chain(chain, name, i, snapshot_id, columns=columns)
         data.source = (
             os.path.realpath(self.directory),
             {(name, i): list(c) for name, vm in manifest.vertices.items() for i, c in vm.chains.items()},
@@ -925,14 +951,16 @@ def read_chunk_file(
     index: int,
     snapshot_id: int,
     key_origin: str = "",
+    *,
+    columns: bool = False,
 ) -> list[Any]:
     """The records of chunk ``ref`` in store ``directory`` (of processor ``vertex#index``
     in the chain of snapshot ``snapshot_id``), verified against its own MAC and the one
-    the manifest recorded before anything is unpickled; :class:`SnapshotError` naming
-    the file otherwise."""
+    the manifest recorded before anything is decoded; :class:`SnapshotError` naming
+    the file otherwise. ``columns``: see :func:`~slipstream.state.format.decode_payload`."""
     where, payload = verified_chunk_file(directory, key, ref, vertex, index, snapshot_id, key_origin)
     try:
-        return fmt.decode_payload(payload)
+        return fmt.decode_payload(payload, columns)
     except Exception as e:  # noqa: BLE001
         raise SnapshotError(f"{where} cannot be loaded: {e}") from e
 
@@ -994,16 +1022,23 @@ def read_chain_files(
     index: int,
     snapshot_id: int,
     key_origin: str = "",
+    *,
+    columns: bool = False,
 ) -> list[tuple[Any, Any]]:
     """Processor ``vertex#index``'s chain in store ``directory`` (each chunk verified as
     :func:`read_chunk_file`) merged into its full entries (maps as full StateMap entries,
     :func:`~slipstream.state.format.merge_chain`). Stateless: an executor restores its
-    processor from the refs of the committed manifest."""
+    processor from the refs of the committed manifest. ``columns``: a full map of a
+    columnar chunk that no delta follows stays a
+    :class:`~slipstream.state.columnar.MapColumns` (state read as data); a restore
+    leaves it false (dicts)."""
     chunks = [
         (
             r.mode,
             r.snapshot_id,
-            read_chunk_file(directory, key, r, vertex, index, snapshot_id, key_origin),
+            read_chunk_file(
+                directory, key, r, vertex, index, snapshot_id, key_origin, columns=columns
+            ),
         )
         for r in chain
     ]
