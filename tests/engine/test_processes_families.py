@@ -426,3 +426,59 @@ def test_file_sources_and_sinks(engines: dict[int, Any], tmp_path: Path) -> None
         assert all(part[0] == "id,amount" for part in parts.values() if part)
     csv2 = Counter(line for part in two["csv"].values() for line in part[1:])
     assert csv2 == Counter(f"{i},{i * 3}" for i in range(300))
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_read_jsonl_and_a_map_source(engines: dict[int, Any], tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    for f in range(3):
+        (tmp_path / "in" / f"r{f}.jsonl").write_text("".join(json.dumps({"f": f, "i": i}) + "\n" for i in range(40)))
+    for n in (2, 1):
+        engines[n].get_map("prices").update({f"k{i}": i for i in range(50)})
+
+    def build(name: str) -> ss.Pipeline:
+        p = ss.Pipeline()
+        p.read_from(sources.read_jsonl(tmp_path / "in")).map(lambda r: ("row", r["f"], r["i"])).write_to(
+            sinks.list_sink(name)
+        )
+        p.read_from(sources.map_source("prices")).map(lambda kv: ("price", kv[0], kv[1])).write_to(
+            sinks.list_sink(name)
+        )
+        return p
+
+    two, one = run_both(engines, build)
+    oracle = [("row", f, i) for f in range(3) for i in range(40)] + [("price", f"k{i}", i) for i in range(50)]
+    same(two, one, oracle)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_stream_files_reads_each_file_once(engines: dict[int, Any], tmp_path: Path) -> None:
+    """A directory watched by a streaming job: the files there at its start and one
+    written while it runs, each line once (the job runs until they all arrived)."""
+    directory = tmp_path / "watched"
+    directory.mkdir()
+    for f in range(4):
+        (directory / f"f{f}.txt").write_text("".join(f"{f}-{i}\n" for i in range(25)))
+    p = ss.Pipeline()
+    p.read_from(sources.stream_files(directory, "*.txt")).write_to(sinks.list_sink("streamed"))
+    engine = engines[2]
+    job = engine.new_job(p)
+    out = engine.get_list("streamed")
+    wait_until(lambda: len(out) >= 100, "the first files' lines")
+    (directory / ".new.tmp").write_text("".join(f"new-{i}\n" for i in range(30)))
+    os.rename(directory / ".new.tmp", directory / "new.txt")
+    wait_until(lambda: len(out) >= 130, "the new file's lines")
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(timeout=GUARD_S)
+    expected = [f"{f}-{i}" for f in range(4) for i in range(25)] + [f"new-{i}" for i in range(30)]
+    assert Counter(out) == Counter(expected)
+
+
+def wait_until(cond: Callable[[], bool], what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + GUARD_S / 2
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)

@@ -36,10 +36,15 @@ def test_member_log_records_reach_the_coordinators_handlers(caplog: Any) -> None
     pids = {p.pid for p in job._execution._procs}
     assert {r.processName for r in items} <= {"member0", "member1"}
     assert {r.process for r in items} <= pids
-    skipped = [r for r in caplog.records if "on which user code raised" in r.getMessage()]
-    assert skipped and all(r.levelno == logging.WARNING for r in skipped)
-    said = " ".join(r.getMessage() for r in skipped)
-    assert "item 'oops'" in said and "item 'c,x'" in said
+    # one job-wide report, as with one process: the first item at once, the total at
+    # the end (on main each member warned about its own, with its own counts)
+    skipped = [r.getMessage() for r in caplog.records if "on which user code raised" in r.getMessage()]
+    oops = "item 'oops': ValueError: not enough values to unpack (expected 2, got 1)"
+    cx = "item 'c,x': ValueError: invalid literal for int() with base 10: 'x'"
+    head = "job 'logged' skipped {} on which user code raised {} (vertex 'map': {}); the last: vertex 'map', {}. See docs/troubleshooting.md"
+    first = {head.format("1 item", "so far", 1, last) + " (repeated at most once a minute while items fail)" for last in (oops, cx)}
+    final = {head.format("2 items", "in all", 2, last) for last in (oops, cx)}
+    assert len(skipped) == 2 and skipped[0] in first and skipped[1] in final, skipped
 
 
 @pytest.mark.timeout(GUARD_S)
@@ -50,3 +55,36 @@ def test_a_level_the_coordinator_filters_out_is_not_sent(caplog: Any) -> None:
     engine = ss.local(processes=2)
     engine.new_job(p).join(timeout=GUARD_S)
     assert [r for r in caplog.records if r.name.startswith("slipstream.sink")] == []
+
+
+def late_event(seq: int) -> tuple[int, int]:
+    """In order, except two of every 10 events (one of each generator processor), 1000
+    time units behind."""
+    return (seq * 10 - (1000 if seq % 10 in (8, 9) else 0), seq % 3)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_late_items_of_all_members_are_one_jobs_warnings(caplog: Any) -> None:
+    from slipstream.aggregate import counting
+    from slipstream.core.late_items import late_items_message
+    from slipstream.window import tumbling_window_def
+
+    caplog.set_level(logging.WARNING)
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.generator(late_event, None, max_items=3000))
+        .with_timestamps(lambda e: e[0], 0)
+        .group_by(lambda e: e[1])
+        .window(tumbling_window_def(50))
+        .aggregate(counting())
+        .write_to(sinks.noop())
+    )
+    engine = ss.local(processes=2)
+    job = engine.new_job(p, ss.JobConfig(name="late"))
+    job.join(timeout=GUARD_S)
+    vertex = "with_timestamps+window-accumulate"
+    dropped = job.metrics[vertex]["late_items_dropped"]
+    assert dropped > 0
+    late = [r.getMessage() for r in caplog.records if "late item" in r.getMessage()]
+    assert late[-1] == late_items_message("late", {vertex: dropped}, True, False)
+    assert len(late) == 2 and "so far" in late[0]

@@ -48,11 +48,10 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from slipstream.core.item_errors import ItemErrorReport
-from slipstream.core.late_items import LateItemsReport
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import gc_tuning, member_logging
 from slipstream.engine.member_control import Calls, MemberControl
+from slipstream.engine.member_reports import ForwardedItemErrors, ForwardedLateItems
 from slipstream.engine.member_stats import WATCH, watermarks_and_fill
 from slipstream.engine.workers import (
     TaskletFailure,
@@ -234,8 +233,9 @@ class _Member:
 
             merge_published(setup["published"])
             self.services._published.update(setup["published"])
-        self.late_items = LateItemsReport(name, log, batch=setup["batch_late_items"])
-        self.item_errors = ItemErrorReport(name, log)
+        # the job's warnings come from the coordinator's reports (member_reports.py)
+        self.late_items = ForwardedLateItems(name, control.send)
+        self.item_errors = ForwardedItemErrors(name, control.send)
         dag = setup["dag"]
         self.plans = build_vertex_plans(
             dag,

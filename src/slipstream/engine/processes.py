@@ -52,9 +52,11 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.dag import effective_parallelism
 from slipstream.core.errors import DagError
+from slipstream.engine import member_reports
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 from slipstream.engine.member_control import PONG, Calls
 from slipstream.engine.member_logging import LOG, levels_here, replay
+from slipstream.engine.member_reports import ITEM_ERROR, LATE
 from slipstream.engine.member_stats import WATCH, CpuShare
 from slipstream.engine.workers import TaskletFailure
 from slipstream.execution.plan import VertexPlan
@@ -433,6 +435,9 @@ class ProcessExecution:
                     continue
                 if kind == WATCH:
                     self.member_watch[m] = msg[1]
+                    continue
+                if kind in (LATE, ITEM_ERROR):
+                    member_reports.apply(self.job, msg)
                     continue
                 if kind in ("report", "done", "cancelled"):
                     self.member_metrics[m] = msg[1]
