@@ -136,18 +136,21 @@ def test_suspend_and_resume_with_two_processes_gives_exact_output(tmp_path: Any)
 
 @pytest.mark.timeout(GUARD_S)
 def test_restores_at_two_then_one_then_two_processes_give_exact_output(tmp_path: Any) -> None:
-    """Stopped (cancelled) after some snapshots, restored with ``restore_from=`` at one
-    process, stopped again and resumed at two: the keyed state and the sinks' staged
-    batches are routed by key to the processors of each new process count."""
+    """Stopped (cancelled) after some snapshots, restored from its store directory
+    (``restore_from=``) at one process, stopped again and restored at two from the
+    exported snapshot into another store (the snapshot then travels to the members with
+    the job, where a snapshot of the job's own store is read by the members): the keyed
+    state and the sinks' staged batches are routed by key to the processors of each new
+    process count."""
     n = 8000
     store = tmp_path / "store"
     items: list[int] = []
     sums: list[tuple[int, int]] = []
     resumed = []
+    restore: Any = None
     for step, processes in enumerate((2, 1, 2)):
         engine = ss.local(processes=processes)
-        cfg = config("rescaled", store, resume=step == 2)
-        restore = str(store) if step == 1 else None
+        cfg = config("rescaled", tmp_path / "other" if step == 2 else store)
         job = engine.new_job(build(n, 8000.0, processes), cfg, restore_from=restore)
         resumed.append(job.resumed_from_snapshot)
         if step < 2:
@@ -155,6 +158,7 @@ def test_restores_at_two_then_one_then_two_processes_give_exact_output(tmp_path:
             job.cancel()
             with pytest.raises(JobCancelledError):
                 job.join(timeout=GUARD_S)
+            restore = str(store) if step == 0 else job.export_snapshot()
         else:
             job.join(timeout=GUARD_S)
         items += engine.get_list("items")

@@ -321,6 +321,7 @@ class ProcessSnapshots:
         if (
             self._final is None
             and self._requested is None
+            and not self.terminal_committed  # suspended: the members end
             and len(self._completed) == self.members
             and not self._aborted.is_set()
             and not self._stop.is_set()
