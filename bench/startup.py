@@ -78,7 +78,11 @@ PROCESSES_JOB = PIPELINE_JOB.replace("ss.local()", "ss.local(processes=2)")
 #: in a fresh interpreter: the forkserver's start alone (what the first job with
 #: processes > 1 pays once per process), then jobs with the forkserver up; prints seconds
 IN_PROCESS = """
-import sys, time
+import os, sys, time
+def proc_cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 t0 = time.perf_counter()
 from slipstream.engine.processes import member_context
 ctx = member_context()
@@ -88,7 +92,9 @@ t_server = time.perf_counter() - t0
 import slipstream as ss
 from slipstream import sinks, sources
 jobs = []
+cpu = []
 for i in range(int(sys.argv[1])):
+    c0 = time.process_time()
     p = ss.Pipeline()
     p.read_from(sources.items(range(10))).map(lambda x: x * 2).write_to(sinks.list_sink("out"))
     engine = ss.local(processes=2)
@@ -98,7 +104,10 @@ for i in range(int(sys.argv[1])):
     job.join()
     jobs.append((t_new, time.perf_counter() - t))
     assert sorted(engine.get_list("out")) == list(range(0, 20, 2))
-print(t_server, *[f"{a},{b}" for a, b in jobs])
+    if i == 0:
+        cpu = [time.process_time() - c0, job.metrics["__job__"]["member_cpu_ms_total"] / 1000,
+               proc_cpu(forkserver._forkserver._forkserver_pid)]
+print(t_server, ",".join(f"{c:.4f}" for c in cpu), *[f"{a},{b}" for a, b in jobs])
 """
 
 BYTEWAX_JOB = """
@@ -162,22 +171,27 @@ def in_process(env: dict[str, str], rounds: int) -> None:
     after the forkserver is up and of later jobs."""
     env = dict(env, PYTHONPATH=installed_src())
     server: list[float] = []
+    cpus: list[list[float]] = []
     first: list[tuple[float, float]] = []
     later: list[tuple[float, float]] = []
     for _ in range(max(1, rounds)):
         r = subprocess.run([sys.executable, "-c", IN_PROCESS, "5"], capture_output=True,
                            text=True, env=env, check=True)
-        t_server, *jobs = r.stdout.split()
+        t_server, cpu, *jobs = r.stdout.split()
         server.append(float(t_server))
+        cpus.append([float(x) for x in cpu.split(",")])
         pairs = [tuple(float(x) for x in j.split(",")) for j in jobs]
         first.append(pairs[0])  # type: ignore[arg-type]
         later += pairs[1:]  # type: ignore[arg-type]
     print(f"\nprocesses=2 inside one process, {rounds} fresh interpreters, seconds best / median "
           f"(load average {os.getloadavg()[0]:.1f} at the end)")
-    print(f"  forkserver start (preloading slipstream)   {min(server):.3f} / {statistics.median(server):.3f}")
+    print(f"  forkserver started (its preload goes on)   {min(server):.3f} / {statistics.median(server):.3f}")
     for label, rows in (("first job", first), ("later jobs", later)):
         print(f"  {label:<11} new_job {min(r[0] for r in rows):.3f} / {statistics.median(r[0] for r in rows):.3f}"
               f"   new_job..join {min(r[1] for r in rows):.3f} / {statistics.median(r[1] for r in rows):.3f}")
+    med = [statistics.median(c[i] for c in cpus) for i in range(3)]
+    print(f"  CPU of the first job, median s: this process {med[0]:.3f}, both members {med[1]:.3f}, "
+          f"the forkserver (its start and preload) {med[2]:.3f}")
 
 
 def main() -> None:
