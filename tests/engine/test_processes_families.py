@@ -482,3 +482,25 @@ def wait_until(cond: Callable[[], bool], what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(GUARD_S)
+def test_parquet_written_and_read_by_member_processes(engines: dict[int, Any], tmp_path: Path) -> None:
+    """Slow: each member process imports pyarrow (not preloaded by the forkserver)."""
+    rows = [{"id": i, "name": f"n{i}"} for i in range(500)]
+    for n in (2, 1):
+        p = ss.Pipeline()
+        p.read_from(sources.items(rows)).write_to(sinks.write_parquet(tmp_path / f"pq{n}"))
+        engines[n].new_job(p).join(timeout=GUARD_S)
+    assert sorted(os.listdir(tmp_path / "pq2")) == ["part-00000.parquet", "part-00001.parquet"]
+
+    def build(name: str) -> ss.Pipeline:
+        p = ss.Pipeline()
+        p.read_from(sources.read_parquet(tmp_path / "pq2")).map(lambda r: (r["id"], r["name"])).write_to(
+            sinks.list_sink(name)
+        )
+        return p
+
+    two, one = run_both(engines, build)
+    same(two, one, [(r["id"], r["name"]) for r in rows])
