@@ -180,3 +180,37 @@ def test_silence_text_prefers_a_processors_call_to_a_channels() -> None:
         "when it last answered, vertex 'b', processor 3 had been in a call to process() "
         "for 2.0 s (a call that holds the GIL stops the whole process)"
     )
+
+
+class HoldTheGilOnMember1(ss.AbstractProcessor):
+    """On member 1, its first item starts a regular expression that backtracks for
+    ever inside one C call: the interpreter never switches threads, so nothing of the
+    member runs (its control thread included) until it is killed."""
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        if self.context.member_index == 1:
+            re.match(r"(a*)*b", "a" * 64)
+        return self.try_emit(item)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(GUARD_S)
+def test_a_member_stuck_in_a_call_that_holds_the_gil_is_detected() -> None:
+    engine = ss.local(processes=2, heartbeat_timeout_ms=TIMEOUT_MS)
+    dag = DAG()
+    src = dag.new_vertex("source", sources.items(list(range(100)))).local_parallelism(1)
+    hold = dag.new_vertex("hold", HoldTheGilOnMember1).local_parallelism(1)
+    out = dag.new_vertex("sink", sinks.noop())
+    dag.edge(Edge.between(src, hold).distributed())
+    dag.edge(Edge.between(hold, out))
+    job = engine.new_job(dag, JobConfig(name="gil"))
+    with pytest.raises(JobFailedError) as e:
+        job.join(timeout=GUARD_S)
+    pid = job._execution._procs[1].pid
+    assert str(e.value).split("\n")[0] == (
+        f"job 'gil' failed: MemberUnresponsiveError: member 1 (pid {pid}) stopped "
+        "answering: no heartbeat within heartbeat_timeout_ms=3000, so it was killed; none of "
+        "its processors was in a long call when it last answered (a stopped process, e.g. "
+        "SIGSTOP or a debugger, or a call that began since and holds the GIL)"
+    )
+    assert all(p.exitcode is not None for p in job._execution._procs)
