@@ -30,6 +30,10 @@ from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import summing
 from slipstream.core.errors import JobCancelledError
+from slipstream.engine.member_snapshots import restore_routing
+from slipstream.engine.processes import bare_plans
+from slipstream.state.restore import custom_partitioners, restore_plan
+from slipstream.state.store import DirectorySnapshotStore
 from store_support import part_lines
 
 GUARD_S = 120
@@ -194,3 +198,47 @@ def test_a_member_killed_at_a_random_moment_restarts_the_job_exactly_once(
     assert sorted(int(x) for x in part_lines(out)) == [3 * i for i in range(n)]
     assert dict(engine.get_list("sums")) == oracle_sums(n)
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_a_member_restoring_at_the_same_shape_reads_only_the_chains_its_processors_need(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each chain of a snapshot taken by member processes carries its flags (keys of
+    another processor, ``BroadcastKey`` entries): restored at the same shape, a member
+    reads its own processors' chains of the keyed vertex and the chains with broadcast
+    entries, and its processors get exactly what routing the whole snapshot gives them."""
+    store = tmp_path / "store"
+    engine = ss.local(processes=2)
+    dag = build(6000, 8000.0, 2)
+    job = engine.new_job(dag, config("flags", store))
+    wait_for(lambda: snapshots(job) >= 2, "two snapshots")
+    job.suspend(timeout=GUARD_S)
+    key = job.store.key
+    data = DirectorySnapshotStore(str(store)).latest()
+    assert data is not None
+    plans = bare_plans(dag, 2, engine.default_parallelism)
+    everything = restore_plan(data, plans, custom_partitioners(dag))[0]
+    sum_chains = DirectorySnapshotStore(str(store)).read_manifest(data.snapshot_id).vertices["sum"].chains
+    assert {plans["sum"].member_of(i) for i in sum_chains} == {0, 1}  # both hold keys
+    read_chain = DirectorySnapshotStore.read_chain
+    for member in (0, 1):
+        reads: list[tuple[str, int]] = []
+
+        def recording(self: Any, chain: Any, vertex: str, index: int, *a: Any, **kw: Any) -> Any:
+            reads.append((vertex, index))  # noqa: B023
+            return read_chain(self, chain, vertex, index, *a, **kw)
+
+        monkeypatch.setattr(DirectorySnapshotStore, "read_chain", recording)
+        spec = {"restore": ("store", str(store), key, data.snapshot_id)}
+        restored = restore_routing(spec, dag, plans, member)
+        assert restored is not None
+        mine = [(v, g) for v, vp in plans.items() for g in range(4) if vp.member_of(g) == member]
+        for k in mine:
+            assert restored[0][k] == everything[k], k
+        # the keyed running sum: only its own processors' chains (of those with state)
+        own = sorted(i for i in sum_chains if plans["sum"].member_of(i) == member)
+        assert sorted(i for v, i in reads if v == "sum") == own
+        # the generator and the sinks save BroadcastKey entries: all of their chains
+        assert sorted(i for v, i in reads if v == "gen") == [0, 1]
+    job.cancel()

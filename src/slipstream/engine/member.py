@@ -255,7 +255,7 @@ class _Member:
             from slipstream.engine.member_snapshots import member_snapshots, restore_routing
 
             self.snapshots = member_snapshots(self, setup)
-            restore = restore_routing(setup, dag, self.plans)
+            restore = restore_routing(setup, dag, self.plans, member)
         self.tasklets: list[Any] = []
         for s in specs:
             prepare_context(s.context, s.vertex.vertex, config, self.state_dir, self.late_items.on_metric)

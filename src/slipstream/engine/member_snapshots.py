@@ -51,6 +51,40 @@ log = logging.getLogger("slipstream.member")
 #: the coordinator's control messages about snapshots (``MemberSnapshots.handle``)
 MESSAGES = ("snapshot", "snap_outcome", "snap_release", "snap_final_settled")
 
+#: the manifest's ``extra`` key of the chains' flags (:func:`chain_flags`)
+FLAGS = "member_chains"
+
+
+def chain_flags(
+    data: SnapshotData, routing: dict[str, tuple[list[int], Callable[[Any], int]]]
+) -> dict[str, Any]:
+    """Per vertex with state in ``data`` (this member's part of a snapshot): the shape
+    it was saved at and each chain's ``[spill, broadcast]``
+    (:func:`~slipstream.state.restore.entry_flags`), so that a restore at the same shape
+    reads only the chains its processors need
+    (:func:`~slipstream.state.restore.chains_to_read`). A keyed-state map handed over
+    as a view (a disk-backed map) counts as spilling: its keys are not scanned here."""
+    from slipstream.state.keyed import StateMap
+    from slipstream.state.restore import entry_flags
+
+    out: dict[str, Any] = {}
+    for name, vs in data.vertices.items():
+        if name not in routing or not any(vs.entries.values()):
+            continue
+        shape, owner = routing[name]
+        chains: dict[str, list[bool]] = {}
+        for i, entries in vs.entries.items():
+            if not entries:
+                continue
+            lazy = any(type(k) is StateMap and type(v.upserts) is not dict for k, v in entries)
+            if lazy:
+                chains[str(i)] = [True, True]
+            else:
+                spill, broadcast = entry_flags(entries, i, owner)
+                chains[str(i)] = [spill, broadcast]
+        out[name] = {"shape": list(shape), "chains": chains}
+    return out
+
 
 class OutcomeUnknown(SnapshotError):
     """The member was stopped before the coordinator said whether the snapshot
@@ -145,6 +179,7 @@ class MemberSnapshots(SnapshotCoordinator):
         send: Callable[[tuple[Any, ...]], bool],
         on_state_error: Callable[[ProcessorTasklet, BaseException], None],
         on_fatal: Callable[[BaseException], None],
+        routing: dict[str, tuple[list[int], Callable[[Any], int]]] | None = None,
     ) -> None:
         super().__init__(
             job_name,
@@ -158,6 +193,9 @@ class MemberSnapshots(SnapshotCoordinator):
         )
         self.writer = writer
         self._send = send
+        #: per vertex: [member count, local parallelism] and its restore routing (the
+        #: owner of a key), for the flags of each chain (:func:`chain_flags`)
+        self.routing = routing or {}
         # saved before this member read ("snapshot", N): N -> (entries, reported, pause)
         self._early: dict[int, tuple[dict[tuple[str, int], list[Any]], set[int], float]] = {}
         self._told_completed = False
@@ -267,6 +305,7 @@ class MemberSnapshots(SnapshotCoordinator):
         with self._lock:
             self.writer.entries = data.entry_count()
             self.writer.pause_s = self._pause_s
+        data.extra = {**data.extra, FLAGS: chain_flags(data, self.routing)}
         super().write_snapshot(data)
 
     def _write_failed(self, data: SnapshotData, error: BaseException) -> None:
@@ -330,11 +369,21 @@ def member_snapshots(member: Any, setup: dict[str, Any]) -> MemberSnapshots:
     """The snapshot sink of member process ``member`` (a ``_Member``), from the job's
     setup (``setup["snapshots"]``: the store directory and key, the interval and the
     first snapshot id)."""
+    from slipstream.core.partition import key_routing
     from slipstream.engine.member import JOB
     from slipstream.engine.workers import TaskletFailure
+    from slipstream.state.restore import custom_partitioners
 
     snap = setup["snapshots"]
     writer = ChunkWriter(snap["directory"], snap["key"], member.send)
+    partitioners = custom_partitioners(setup["dag"])
+    routing: dict[str, tuple[list[int], Callable[[Any], int]]] = {
+        name: (
+            [vp.member_count, vp.local_parallelism],
+            key_routing(partitioners.get(name), vp.member_count, vp.local_parallelism).owner,
+        )
+        for name, vp in member.plans.items()
+    }
     return MemberSnapshots(
         member.job_name,
         writer,
@@ -344,26 +393,46 @@ def member_snapshots(member: Any, setup: dict[str, Any]) -> MemberSnapshots:
         member.send,
         on_state_error=lambda t, e: member._on_failure(TaskletFailure(t, e)),
         on_fatal=lambda e: member.fail(None, e, JOB),
+        routing=routing,
     )
 
 
 def restore_routing(
-    setup: dict[str, Any], dag: Any, plans: Any
+    setup: dict[str, Any], dag: Any, plans: Any, member: int
 ) -> tuple[dict[tuple[str, int], list[Any]], set[tuple[str, int]], set[tuple[str, int]]] | None:
-    """What this member's processors restore (``None``: the job starts fresh): the
-    snapshot is read here, from the store directory the coordinator names
+    """What the processors of member ``member`` restore (``None``: the job starts
+    fresh): the snapshot is read here, from the store directory the coordinator names
     (``("store", directory, key, id)``; signatures checked before anything is
     unpickled), or taken from the setup (``("data", SnapshotData)``: a snapshot passed
     as data). Its entries are routed by key to the processors of the new execution
-    (:func:`~slipstream.state.restore.restore_plan`, at any process count)."""
-    from slipstream.state.restore import custom_partitioners, recovering_completed, restore_plan
+    (:func:`~slipstream.state.restore.restore_plan`, at any process count). From the
+    store a member reads only the chains its processors need when the snapshot was
+    taken by member processes at the same shape (:func:`chain_flags`); else all."""
+    from slipstream.state.restore import (
+        chains_to_read,
+        custom_partitioners,
+        recovering_completed,
+        restore_plan,
+    )
 
     spec = setup.get("restore")
     if spec is None:
         return None
     if spec[0] == "store":
         _, directory, key, sid = spec
-        data = DirectorySnapshotStore(directory, key=key).read(sid)
+        store = DirectorySnapshotStore(directory, key=key)
+        manifest = store.read_manifest(sid)
+        flags = manifest.extra.get(FLAGS)
+        wanted = None
+        if isinstance(flags, dict):
+            mine = {
+                (name, g)
+                for name, vp in plans.items()
+                for g in range(vp.total_parallelism)
+                if vp.member_of(g) == member
+            }
+            wanted = chains_to_read(manifest, flags, plans, mine)
+        data = store.read(sid, wanted)
     else:
         data = spec[1]
     routed, completed = restore_plan(data, plans, custom_partitioners(dag))

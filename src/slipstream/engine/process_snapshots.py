@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slipstream.core.errors import SnapshotError, SnapshotStalledError
+from slipstream.engine.member_snapshots import FLAGS
 from slipstream.engine.snapshot import SnapshotStats
 from slipstream.state.store import DirectorySnapshotStore, Manifest, SnapshotData, VertexManifest
 
@@ -219,7 +220,11 @@ class ProcessSnapshots:
     def _commit(self, sid: int, parts: list[tuple[Manifest, int, int, float]]) -> int:
         """The members' parts as one manifest, committed; returns the snapshot's bytes."""
         manifest = Manifest(sid, self.job_name)
+        flags: dict[str, Any] = {}
         for part, _, _, _ in parts:
+            for name, f in part.extra.get(FLAGS, {}).items():
+                merged = flags.setdefault(name, {"shape": f["shape"], "chains": {}})
+                merged["chains"].update(f["chains"])
             for name, vm in part.vertices.items():
                 target = manifest.vertices.get(name)
                 if target is None:
@@ -229,6 +234,7 @@ class ProcessSnapshots:
                 target.chains.update(vm.chains)
             if part.dag_shape is not None:
                 manifest.dag_shape = part.dag_shape
+        manifest.extra = {FLAGS: flags}
         self.store.commit(manifest, chunk_bytes=sum(p[1] for p in parts))
         self.store_bytes = self.store.disk_bytes()
         return self.store.last_write_bytes or 0

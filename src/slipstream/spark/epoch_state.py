@@ -49,12 +49,13 @@ chunk.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slipstream.state import format as fmt
 from slipstream.state.keyed import DELTA, DROP, FULL, StateMap, StateMapSave
-from slipstream.state.keys import KeyedStateBatch, KeyedStateKey, expand_entries, is_broadcast
+from slipstream.state.keys import expand_entries, is_broadcast
+from slipstream.state.restore import entry_flags
 from slipstream.state.store import (
     ChunkRef,
     chunk_file_name,
@@ -288,31 +289,6 @@ def _apply_delta(base: list[Any] | None, entries: list[tuple[Any, Any]]) -> list
     for (tag, detail), m in maps.items():
         other.append((StateMap(tag, detail), StateMapSave(FULL, m, (), 0)))
     return other
-
-
-def _keys(entries: Iterable[tuple[Any, Any]]) -> Iterable[Any]:
-    """The routing key of every keyed entry (``BroadcastKey`` entries are skipped)."""
-    for k, v in entries:
-        t = type(k)
-        if t is StateMap:
-            yield from v.upserts
-        elif t is KeyedStateBatch:
-            yield from v
-        elif t is KeyedStateKey:
-            yield k.key
-        elif not is_broadcast(k):
-            yield k
-
-
-def entry_flags(
-    entries: list[tuple[Any, Any]], index: int, owner: Callable[[Any], int]
-) -> tuple[bool, bool]:
-    """``(spill, broadcast)`` of a processor's saved entries: whether one keyed entry
-    belongs to another processor than ``index`` (``owner``: the vertex's restore
-    routing), and whether one is a ``BroadcastKey`` entry."""
-    broadcast = any(is_broadcast(k) for k, _v in entries)
-    spill = any(owner(key) != index for key in _keys(entries))
-    return spill, broadcast
 
 
 def write_epoch_chunk(

@@ -11,19 +11,28 @@ goes to every processor of the vertex. Both engines restore through :func:`resto
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from slipstream.core.dag import DAG, RoutingPolicy
 from slipstream.core.errors import SnapshotError
 from slipstream.core.partition import key_routing
-from slipstream.state.keys import expand_entries, is_broadcast, routing_key
-from slipstream.state.store import SnapshotData
+from slipstream.state.keyed import StateMap
+from slipstream.state.keys import (
+    KeyedStateBatch,
+    KeyedStateKey,
+    expand_entries,
+    is_broadcast,
+    routing_key,
+)
+from slipstream.state.store import Manifest, SnapshotData
 
 __all__ = [
     "PlanShape",
     "check_no_lost_state",
+    "chains_to_read",
     "custom_partitioners",
+    "entry_flags",
     "recovering_completed",
     "restore_plan",
 ]
@@ -165,4 +174,66 @@ def custom_partitioners(dag: DAG) -> dict[str, Any]:
             if e.routing is RoutingPolicy.PARTITIONED and e.partitioner is not None:
                 out[v.name] = e.partitioner
                 break
+    return out
+
+
+def _keys(entries: Iterable[tuple[Any, Any]]) -> Iterable[Any]:
+    """The routing key of every keyed entry (``BroadcastKey`` entries are skipped)."""
+    for k, v in entries:
+        t = type(k)
+        if t is StateMap:
+            yield from v.upserts
+        elif t is KeyedStateBatch:
+            yield from v
+        elif t is KeyedStateKey:
+            yield k.key
+        elif not is_broadcast(k):
+            yield k
+
+
+def entry_flags(
+    entries: list[tuple[Any, Any]], index: int, owner: Callable[[Any], int]
+) -> tuple[bool, bool]:
+    """``(spill, broadcast)`` of a processor's saved entries: whether one keyed entry
+    belongs to another processor than ``index`` (``owner``: the vertex's restore
+    routing), and whether one is a ``BroadcastKey`` entry. A restore at the same shape
+    reads a chain without either only for its own processor (:func:`chains_to_read`;
+    the Spark engine's executors and the embedded engine's member processes record
+    them with each chain)."""
+    broadcast = any(is_broadcast(k) for k, _v in entries)
+    spill = any(owner(key) != index for key in _keys(entries))
+    return spill, broadcast
+
+
+def chains_to_read(
+    manifest: Manifest,
+    flags: Mapping[str, Any],
+    plans: Mapping[str, PlanShape],
+    mine: set[tuple[str, int]],
+) -> set[tuple[str, int]]:
+    """The chains of ``manifest`` that processors ``mine`` (``(vertex, global
+    index)``, a member process's share of the new execution, ``plans``) need for their
+    restore: per vertex restored at the shape it was saved at (``flags[vertex]``:
+    ``{"shape": [member count, local parallelism], "chains": {index: [spill,
+    broadcast]}}``, the same total parallelism) whose chains hold no keyed entry of
+    another processor, their own chains and those holding ``BroadcastKey`` entries
+    (which every processor of the vertex gets); every chain of any other vertex (its
+    keys move, or nothing tells where they go). :func:`restore_plan` over what these
+    chains hold gives ``mine`` exactly what it gives them over the whole snapshot."""
+    out: set[tuple[str, int]] = set()
+    for name, vm in manifest.vertices.items():
+        plan = plans.get(name)
+        f = flags.get(name)
+        chains = (f or {}).get("chains", {})
+        same = (
+            plan is not None
+            and f is not None
+            and list(f.get("shape", ())) == [plan.member_count, plan.local_parallelism]
+            and vm.total_parallelism == plan.total_parallelism
+            and all(str(i) in chains for i in vm.chains)
+            and not any(chains[str(i)][0] for i in vm.chains)
+        )
+        for i in vm.chains:
+            if not same or (name, i) in mine or chains[str(i)][1]:
+                out.add((name, i))
     return out
