@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,9 +22,20 @@ import pytest
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream.core.errors import JobFailedError
+from slipstream.core.pickling import cloudpickle
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 
 GUARD_S = 120
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _by_value() -> Iterator[None]:
+    """This module's functions travel to the members by value, so a member does not
+    import it (and pytest with it) at every job."""
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    yield
+    cloudpickle.unregister_pickle_by_value(module)
 TIMEOUT_MS = 3000
 
 

@@ -6,14 +6,27 @@ levels the coordinator's loggers had when the job started."""
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import slipstream as ss
 from slipstream import sinks, sources
+from slipstream.core.pickling import cloudpickle
 
 GUARD_S = 120
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _by_value() -> Iterator[None]:
+    """This module's functions travel to the members by value, so a member does not
+    import it (and pytest with it) at every job."""
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    yield
+    cloudpickle.unregister_pickle_by_value(module)
 
 
 def parse(line: str) -> tuple[str, int]:

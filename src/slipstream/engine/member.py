@@ -245,6 +245,7 @@ class _Member:
             self.services,
             name,
             self.item_errors,
+            check_pickle=False,  # checked by the coordinator before it shipped the job
         )
         channels = MemberChannels(member, dag, self.plans, sockets, pids=setup["pids"])
         specs = wire(dag, self.plans, config.processing_guarantee, channels, member=member)
