@@ -3,6 +3,7 @@ split over all processors of all members, as in Jet, so each member process read
 share of the topic's partitions (or of the query's rows); each member's sink processors
 write their share. Differential: processes=2, processes=1 and a plain-Python oracle give
 the same output, against the private servers the session fixtures start on 127.0.0.1.
+Exactly-once into PostgreSQL survives a member process SIGKILLed mid-run (slow).
 Streaming jobs are read until the expected output arrived (an event), then cancelled.
 """
 
@@ -25,6 +26,7 @@ from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import summing
 from slipstream.core.errors import JobCancelledError
+from slipstream.sinks.sql import transaction_prefix
 from slipstream.sources.kafka import partition_owner
 from slipstream.watermark import with_fixed_lag
 from slipstream.window import tumbling_window_def
@@ -322,3 +324,42 @@ def test_a_pipeline_from_kafka_into_postgresql_on_two_members(kafka: Any, postgr
             job.join(timeout=GUARD_S)
         written.append(rows(postgres.dsn, f"SELECT k, v FROM {t} ORDER BY k"))
     assert written[0] == written[1] == oracle
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(GUARD_S * 2)
+@pytest.mark.parametrize("victim", [0, 1])
+def test_an_exactly_once_sql_sink_on_two_members_survives_a_member_killed(
+    postgres: Any, victim: int
+) -> None:
+    """Exactly-once into PostgreSQL with processes=2: each member's sink processors
+    prepare a transaction per snapshot and commit it when the coordinator says the
+    snapshot committed; a member SIGKILLed mid-run (after snapshots committed) restarts
+    the job from its last snapshot with fresh members, and the table holds every row
+    once (prepared transactions of the dead member committed or rolled back by the
+    restore, none left behind)."""
+    n = 6000
+    t = table(postgres.dsn)
+    d = DAG()
+    src = d.new_vertex("gen", sources.generator(lambda s: (s, f"x{s}"), 6000, max_items=n))
+    src.local_parallelism(1)
+    out = d.new_vertex(
+        "db", sinks.sql(connect(postgres.dsn), f"INSERT INTO {t} (k, v) VALUES (%s, %s)")
+    ).local_parallelism(2)
+    d.edge(Edge.between(src, out).distributed().partitioned(lambda kv: kv[0]))
+    cfg = JobConfig(
+        name=unique("sqleo"),
+        processing_guarantee=ss.ProcessingGuarantee.EXACTLY_ONCE,
+        snapshot_interval_ms=30,
+        restart_delay_ms=10,
+    )
+    job = ss.local(processes=2).new_job(d, cfg)
+    wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 3, "three snapshots")
+    os.kill(job._execution._procs[victim].pid, 9)
+    job.join(timeout=GUARD_S)
+    assert job.restarts == 1
+    assert rows(postgres.dsn, f"SELECT k, v FROM {t} ORDER BY k") == [(i, f"x{i}") for i in range(n)]
+    prefix = transaction_prefix(cfg.name or "", "db")
+    with psycopg.connect(postgres.dsn) as c:
+        left = c.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (prefix + "%",))
+        assert left.fetchall() == []
