@@ -222,6 +222,9 @@ def test_a_member_restoring_at_the_same_shape_reads_only_the_chains_its_processo
     plans = bare_plans(dag, 2, engine.default_parallelism)
     everything = restore_plan(data, plans, custom_partitioners(dag))[0]
     sum_chains = DirectorySnapshotStore(str(store)).read_manifest(data.snapshot_id).vertices["sum"].chains
+    # what the coordinator reads for a restart or resume: the manifest, chunks checked
+    lazy = DirectorySnapshotStore(str(store)).latest(entries=False)
+    assert lazy is not None and lazy.entry_count() == 0 and lazy.source == data.source
     assert {plans["sum"].member_of(i) for i in sum_chains} == {0, 1}  # both hold keys
     read_chain = DirectorySnapshotStore.read_chain
     for member in (0, 1):

@@ -435,7 +435,7 @@ class Job(JobHandle):
         with self._lock:
             if self._status is not JobStatus.SUSPENDED:
                 raise RuntimeError(f"job {self.name!r} is {self._status.value}, not suspended")
-            self._start_execution(self._latest_snapshot())
+            self._start_execution(self._latest_snapshot(entries=self.engine.process_count == 1))
 
     def restart(self, timeout: float | None = 30.0) -> None:
         """Restart from a fresh terminal snapshot (or from scratch without a guarantee).
@@ -728,14 +728,15 @@ class Job(JobHandle):
         self._committed_here = True
         self._restart_streak = 0
 
-    def _latest_snapshot(self) -> SnapshotData | None:
+    def _latest_snapshot(self, entries: bool = True) -> SnapshotData | None:
         """What a restart restores: the newest snapshot this submission committed, else
-        the one it started from."""
+        the one it started from. ``entries=False`` (member processes read the chunks
+        themselves): the committed one's manifest only, its chunks verified."""
         if self.store is None:
             return None
         if not self._committed_here:
             return self._restore_from
-        data = self.store.latest()
+        data = self.store.latest(entries=entries)
         if data is not None:  # the store may have been rolled back under the running job
             from slipstream.state.lineage import check_not_rolled_back
 
@@ -763,7 +764,10 @@ class Job(JobHandle):
                 return
             assert ex.failure is not None
             try:
-                self._start_execution(self._latest_snapshot(), culprit=ex.failure.tasklet)
+                self._start_execution(
+                    self._latest_snapshot(entries=self.engine.process_count == 1),
+                    culprit=ex.failure.tasklet,
+                )
             except BaseException as e:  # noqa: BLE001
                 log.exception("job %s could not restart", self.name)
                 if not self._status.is_terminal:  # reading the snapshot failed

@@ -395,13 +395,16 @@ def member_setup(job: Any, restore: SnapshotData | None) -> dict[str, Any]:
     from slipstream.state.restore import check_no_lost_state
 
     check_same_dag(restore, dag_shape(job.dag), job.config.allow_job_change)
+    source = getattr(restore, "source", None)
+    with_state = {n for n, vs in restore.vertices.items() if any(vs.entries.values())}
+    if source is not None:  # a snapshot read without its entries names its chains
+        with_state |= {name for (name, _i), chain in source[1].items() if chain}
     check_no_lost_state(
         restore.snapshot_id,
         restore.job_name,
-        [n for n, vs in restore.vertices.items() if any(vs.entries.values())],
+        sorted(with_state),
         {v.name: v for v in job.dag.vertices},
     )
-    source = getattr(restore, "source", None)
     if (
         source is not None
         and source[0] == os.path.realpath(store.directory)
@@ -409,6 +412,7 @@ def member_setup(job: Any, restore: SnapshotData | None) -> dict[str, Any]:
     ):
         out["restore"] = ("store", store.directory, store.key, restore.snapshot_id)
     else:
+        # never one read without its entries: those come from the job's own store
         out["restore"] = ("data", restore)
     return out
 

@@ -875,14 +875,19 @@ class DirectorySnapshotStore:
             raise SnapshotError(f"{self._path(snapshot_id)} does not hold a slipstream snapshot")
         return upgrade(data)
 
-    def latest(self) -> SnapshotData | None:
+    def latest(self, entries: bool = True) -> SnapshotData | None:
         """The newest committed snapshot, or ``None`` for an empty store. Raises
         :class:`SnapshotStoreDamagedError` if it cannot be read: falling back to an older
-        one would republish what it published."""
+        one would republish what it published. ``entries=False``: its manifest only (no
+        entries; ``source`` names every chain), the chunks verified but not unpickled
+        (for a restore whose member processes read the chunks themselves)."""
         ids = self.committed_ids()
         if not ids:
             return None
         try:
+            if not entries:
+                self.check(ids[-1])
+                return self.read(ids[-1], processors=())
             return self.read(ids[-1])
         except SnapshotError as e:
             intact = []
