@@ -39,9 +39,15 @@ def rolling(items: Iterable[Any], parallelism: int = -1) -> ss.Pipeline:
     return p
 
 
-def config(store: Any, name: str = "counts") -> JobConfig:
+def config(store: Any, name: str = "counts", interval_ms: int = 10_000) -> JobConfig:
+    """Exactly-once into ``store``; a job that must commit while it runs takes a short
+    ``interval_ms`` (its list sink publishes at each commit, the first one after the
+    interval: the default 10 s made each such test wait 10 s a snapshot)."""
     return JobConfig(
-        name=name, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE, snapshot_store=store
+        name=name,
+        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+        snapshot_store=store,
+        snapshot_interval_ms=interval_ms,
     )
 
 
@@ -142,7 +148,7 @@ def test_read_bootstrap_restore_round_trip(tmp_path: Path) -> None:
     same outputs as restoring the job's own store, and as the oracle."""
     first = tmp_path / "first"
     engine = ss.local()
-    job = engine.new_job(generator_pipeline(None, rate=20000.0), config(first, "first"))
+    job = engine.new_job(generator_pipeline(None, rate=20000.0), config(first, "first", 100))
     deadline = time.monotonic() + 120
     while job.metrics["__job__"]["snapshots"] < 2:
         assert not job.status.is_terminal and time.monotonic() < deadline
@@ -471,7 +477,7 @@ def test_kafka_offsets_resume_where_history_ends(kafka: Any, tmp_path: Path) -> 
     assert offsets == [(p, 100, partition_owner(topic, p, 2)) for p in (0, 1)]
     engine = ss.local()
     out = engine.get_list("out")
-    job = engine.new_job(build(), config(tmp_path / "live"), restore_from=seed)
+    job = engine.new_job(build(), config(tmp_path / "live", interval_ms=100), restore_from=seed)
     deadline = time.monotonic() + 120
     while len(out) < 100:
         assert not job.status.is_terminal and time.monotonic() < deadline, len(out)
