@@ -144,6 +144,21 @@ def test_a_chunk_is_columnar_only_when_every_record_fits() -> None:
     assert fmt.decode_records(fmt.decode_payload(payload))[0][1].upserts == {"a": 1, "b": 2}
 
 
+def test_the_jobs_own_saves_use_columns_only_where_they_cost_less_than_the_pickle() -> None:
+    """columnar=None (the store thread of a job): maps of str or bytes keys as columns,
+    maps of numbers pickled (the C pickler's number opcodes cost less); the other
+    writers (columnar=True) write both as columns."""
+
+    def encoded(m: dict[Any, Any], columnar_: bool | None) -> bytes:
+        return b"".join(fmt.encode_payload_parts(fmt.encode_records(full_map(m)), columnar_))
+
+    assert encoded({"a": 1, "b": 2}, None).startswith(COLUMNS_MAGIC)
+    assert encoded({b"a": 1.5}, None).startswith(COLUMNS_MAGIC)
+    assert encoded({1: 1, 2: 2}, None).startswith(b"\x80")
+    assert encoded({1.5: "x"}, None).startswith(b"\x80")
+    assert encoded({1: 1, 2: 2}, True).startswith(COLUMNS_MAGIC)
+
+
 def test_a_chain_of_a_columnar_base_and_deltas_merges() -> None:
     base = ("full", 4, fmt.decode_payload(payload_of(full_map({"a": 1, "b": 2})), columns=True))
     delta_entries = [(StateMap(PLAIN), StateMapSave(DELTA, {"c": 3, "a": 5}, ("b",), 4))]

@@ -78,6 +78,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slipstream.snapshot")
 
+#: the store thread encodes a chunk as columns only where that costs less than the
+#: pickle (maps of str or bytes keys, state/columnar.py: it shares the GIL with the
+#: processing threads); compaction, in a child process, rewrites the other chains'
+#: bases as columns where the encoding applies
+_COLUMNAR = None
+
 
 class SnapshotCoordinator:
     def __init__(
@@ -575,17 +581,17 @@ class SnapshotCoordinator:
                         if cached is not None and cached[0] == len(entries):
                             chain = cached[1]
                         else:
-                            payload = encode_chunk_parts(entries, sid, name, i)
+                            payload = encode_chunk_parts(entries, sid, name, i, _COLUMNAR)
                             chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
                             written += chain[0].size
                         completed_chains[key] = (len(entries), chain)
                     elif fmt.chunk_mode(entries) == fmt.CHUNK_DELTA:
                         chain = self._continued_chain(key, entries, sid)
-                        payload = encode_chunk_parts(entries, sid, name, i)
+                        payload = encode_chunk_parts(entries, sid, name, i, _COLUMNAR)
                         chain.append(store.write_chunk(sid, name, i, fmt.CHUNK_DELTA, payload))
                         written += chain[-1].size
                     else:
-                        payload = encode_chunk_parts(entries, sid, name, i)
+                        payload = encode_chunk_parts(entries, sid, name, i, _COLUMNAR)
                         chain = [store.write_chunk(sid, name, i, fmt.CHUNK_FULL, payload)]
                         written += chain[0].size
                     vm.chains[i] = chain

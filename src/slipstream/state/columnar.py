@@ -96,6 +96,26 @@ class _Unfit(Exception):
     """Values that no column kind holds (the chunk is pickled instead)."""
 
 
+#: key types whose maps encode faster as columns than pickled (measured, 1M entries, on
+#: a 2-core machine at load 5-7: str -> int 270 ms against pickle.dumps 325 ms; int ->
+#: int 110 ms against 31 ms, int -> float 139 against 27: the C pickler's number
+#: opcodes cost less than the type scan and the array a column takes)
+CHEAPER_KEYS = (str, bytes)
+
+
+def cheaper_than_pickle(records: list[tuple[Any, ...]]) -> bool:
+    """Whether encoding ``records`` as columns should cost less than pickling them: every
+    map's first key is a str or bytes (the job's own saves encode as columns only then,
+    :data:`CHEAPER_KEYS`; the other writers whenever the encoding applies)."""
+    for r in records:
+        if r[0] == "m":
+            upserts = r[4]
+            if type(upserts) is dict and upserts:
+                if type(next(iter(upserts))) not in CHEAPER_KEYS:
+                    return False
+    return True
+
+
 def is_columnar(payload: bytes | memoryview) -> bool:
     """Whether a chunk payload is in this encoding (its first bytes)."""
     return bytes(payload[: len(COLUMNS_MAGIC)]) == COLUMNS_MAGIC
@@ -323,14 +343,15 @@ class Column:
             values = list(map(bool, self.data))
         else:
             offs = self._offset_list()
-            slices = map(slice, offs, islice(offs, 1, None))
+            ends = zip(offs, islice(offs, 1, None), strict=False)
             raw = bytes(self.data)
             if kind == BINARY:
-                values = list(map(raw.__getitem__, slices))
+                values = [raw[a:b] for a, b in ends]
             elif raw.isascii():  # one decode, then a slice of the text per value
-                values = list(map(raw.decode("ascii").__getitem__, slices))
+                text = raw.decode("ascii")
+                values = [text[a:b] for a, b in ends]
             else:
-                values = [raw[s].decode("utf-8") for s in slices]
+                values = [raw[a:b].decode("utf-8") for a, b in ends]
         if self.valid is not None:
             values = [v if ok else None for v, ok in zip(values, self.valid, strict=True)]
         return values

@@ -103,7 +103,12 @@ import pickle
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from slipstream.state.columnar import EncodedBatches, MapColumns, is_columnar
+from slipstream.state.columnar import (
+    EncodedBatches,
+    MapColumns,
+    cheaper_than_pickle,
+    is_columnar,
+)
 from slipstream.state.columnar import decode as decode_columnar
 from slipstream.state.columnar import encode as encode_columnar
 from slipstream.state.keyed import DELTA, DROP, FULL, StateMap, StateMapSave
@@ -212,14 +217,18 @@ def encode_payload(records: list[tuple[Any, ...]], columnar: bool = True) -> byt
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def encode_payload_parts(records: list[tuple[Any, ...]], columnar: bool = True) -> list[bytes]:
+def encode_payload_parts(
+    records: list[tuple[Any, ...]], columnar: bool | None = True
+) -> list[bytes]:
     """:func:`encode_payload` as the pieces the payload is made of, in order (no joined
     copy of an encoded map's fragments: the store writes and signs the pieces). The
     columnar encoding (:mod:`~slipstream.state.columnar`) where it applies, unless
-    ``columnar`` is false; the pickle otherwise."""
+    ``columnar`` is false (``None``: only where it also costs less than the pickle,
+    :func:`~slipstream.state.columnar.cheaper_than_pickle`: a job's own saves); the
+    pickle otherwise."""
     from slipstream.state.live import EncodedMap
 
-    if columnar:
+    if columnar or (columnar is None and cheaper_than_pickle(records)):
         parts = encode_columnar(records)
         if parts is not None:
             return parts

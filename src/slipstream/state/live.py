@@ -50,7 +50,7 @@ from itertools import islice, repeat
 from operator import is_, itemgetter
 from typing import Any
 
-from slipstream.state.columnar import EncodedBatches
+from slipstream.state.columnar import CHEAPER_KEYS, EncodedBatches
 
 __all__ = [
     "LIVE_SAVE_MIN_KEYS",
@@ -71,6 +71,16 @@ LIVE_SAVE_STEP = 32_768
 ABSENT: Any = object()  # a key that was not in the map at the barrier
 _ABSENT = ABSENT
 _MISSING: Any = object()
+
+
+def _columns_cheaper(state: Any, keys: Any) -> bool:
+    """Whether this save's slices should be column batches: its first key (of the map,
+    or of a delta's changed keys) is a str or bytes, whose maps encode as columns for
+    less than the pickle fragments cost (:data:`~slipstream.state.columnar.CHEAPER_KEYS`;
+    for numbers the pickle costs less, and compaction makes their base columnar later,
+    off the processing threads)."""
+    first = next(iter(dict.keys(state) if keys is None else keys), None)
+    return type(first) in CHEAPER_KEYS
 
 
 class EncodedMap:
@@ -151,7 +161,9 @@ class LiveSave:
         #: the encoded content: column batches while every slice fits the columnar
         #: encoding (:mod:`~slipstream.state.columnar`), pickle fragments after one
         #: did not
-        self.columns: EncodedBatches | None = EncodedBatches()
+        self.columns: EncodedBatches | None = (
+            EncodedBatches() if _columns_cheaper(state, keys) else None
+        )
         self.parts: list[bytes] = []
         self.out: dict[Any, Any] | None = None  # the content, if it could not be encoded
         self.count = 0  # entries produced

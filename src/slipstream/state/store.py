@@ -1072,12 +1072,17 @@ def encode_snapshot(store: SnapshotStore, data: SnapshotData) -> Manifest:
 
 
 def encode_chunk_parts(
-    entries: list[tuple[Any, Any]], snapshot_id: int, vertex: str, index: int
+    entries: list[tuple[Any, Any]],
+    snapshot_id: int,
+    vertex: str,
+    index: int,
+    columnar: bool | None = True,
 ) -> list[bytes]:
     """:func:`encode_chunk` as the pieces of the payload (written and signed as they are:
-    a copy-on-write save's encoded fragments are not joined into one more copy)."""
+    a copy-on-write save's encoded fragments are not joined into one more copy).
+    ``columnar``: as :func:`~slipstream.state.format.encode_payload_parts`."""
     try:
-        return fmt.encode_payload_parts(fmt.encode_records(entries))
+        return fmt.encode_payload_parts(fmt.encode_records(entries), columnar)
     except Exception as e:  # noqa: BLE001
         raise _unpicklable(snapshot_id, vertex, index, e) from e
 
