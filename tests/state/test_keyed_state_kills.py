@@ -167,7 +167,8 @@ def seeds(request: pytest.FixtureRequest) -> Iterator[SeedRuns]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("writer", ["thread", "fork"])
-@pytest.mark.parametrize("seed", range(20))
+# 12 seeds a writer: six kill once and six twice (odd seeds), at random shares of the items
+@pytest.mark.parametrize("seed", range(12))
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
     seeds: SeedRuns, seed: int, writer: str
 ) -> None:
