@@ -453,7 +453,10 @@ class ProcessExecution:
                         self.member_state[m] = kind
                 elif kind == "failed":
                     ended = True
-                    self.member_state[m] = "failed"
+                    # a member whose channel broke because another stopped first
+                    # after a cancel was cancelled too (the job is CANCELLED then)
+                    peer_after_cancel = self.cancelled and msg[1] == "peer"  # member.PEER
+                    self.member_state[m] = "cancelled" if peer_after_cancel else "failed"
                     self._failed(m, p.pid, msg)
                 elif self.coordinator is not None:
                     self.coordinator.on_message(m, msg)
