@@ -54,7 +54,10 @@ from slipstream.state.columnar import CHEAPER_KEYS, EncodedBatches
 
 __all__ = [
     "LIVE_SAVE_MIN_KEYS",
+    "LIVE_SAVE_FULL_SLICE",
+    "LIVE_SAVE_SLICE",
     "LIVE_SAVE_STEP",
+    "LIVE_SAVE_STEP_S",
     "EncodedMap",
     "LiveSave",
     "pushed",
@@ -64,9 +67,19 @@ __all__ = [
 #: a map with fewer keys (a full save) or fewer changed keys (a delta) is copied at the
 #: barrier as before: that costs less than the bookkeeping
 LIVE_SAVE_MIN_KEYS = 20_000
-#: entries encoded per step (a few ms of the processor's thread at most, also on a
-#: loaded machine)
+#: entries encoded per step at most (the tasklet's budget)
 LIVE_SAVE_STEP = 32_768
+#: a step works in slices of at most this many entries and stops after the slice that
+#: took it past :data:`LIVE_SAVE_STEP_S`: reading a delta's changed keys (or merging an
+#: overlay) looks each key up in the map, a few cache misses a key, and at 10M keys that
+#: was 1.5-3.5 us a key on this 2-core machine (a 32,768-key step of 55-240 ms, which a
+#: tasklet on the same thread counted in its pause)
+LIVE_SAVE_SLICE = 4096
+#: a full save's walk of the map reads it in order (a fraction of that per key): larger
+#: slices, fewer column batches
+LIVE_SAVE_FULL_SLICE = 16_384
+#: the time after which a step stops at the end of its current slice
+LIVE_SAVE_STEP_S = 0.003
 
 ABSENT: Any = object()  # a key that was not in the map at the barrier
 _ABSENT = ABSENT
@@ -198,22 +211,32 @@ class LiveSave:
 
     # -- production (the processor's thread) ---------------------------------------------
     def step(self, budget: int) -> bool:
-        """Produce up to ``budget`` more entries; ``True`` once the save is complete (the
-        map has its class back)."""
+        """Produce up to ``budget`` more entries, in slices (:data:`LIVE_SAVE_SLICE`),
+        stopping early once the step took :data:`LIVE_SAVE_STEP_S`; ``True`` once the
+        save is complete (the map has its class back)."""
         if self._done.is_set() and self.state is None:
             return True
         t0 = time.perf_counter()
+        left = budget
         try:
-            if self._done.is_set():
-                finished = self._merge_step(budget)
-            else:
-                if self.mode == "full":
-                    produced = self._full_step(budget)
+            while True:
+                merging = self._done.is_set()
+                full = self.mode == "full" and not merging
+                size = LIVE_SAVE_FULL_SLICE if full else LIVE_SAVE_SLICE
+                n = left if left < size else size
+                if merging:
+                    finished = self._merge_step(n)
                 else:
-                    produced = self._delta_step(budget)
-                if produced:
-                    self._complete()
-                finished = self.state is None
+                    if self.mode == "full":
+                        produced = self._full_step(n)
+                    else:
+                        produced = self._delta_step(n)
+                    if produced:
+                        self._complete()
+                    finished = self.state is None
+                left -= n
+                if finished or left <= 0 or time.perf_counter() - t0 >= LIVE_SAVE_STEP_S:
+                    break
         except BaseException as e:  # noqa: BLE001 - handed to the store thread
             if self._done.is_set():  # merging the overlay: the content is taken already
                 raise
