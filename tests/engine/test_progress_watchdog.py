@@ -44,7 +44,9 @@ def _job(tmp_path: Any, **cfg: Any) -> Any:
     src = dag.new_vertex("src", sources.generator(lambda i: i, 1000.0)).local_parallelism(1)
     sink = dag.new_vertex("stuck", StuckCommitSink).local_parallelism(1)
     dag.edge(Edge.between(src, sink))
-    return ss.local().new_job(
+    # a failed job waits stop_grace_ms for its sink stuck in the commit before it gives
+    # the sink's thread up (the default 5 s was most of the timeout test's time)
+    return ss.local(stop_grace_ms=200).new_job(
         dag,
         JobConfig(
             name="stalled",
