@@ -260,7 +260,7 @@ SCRIPT = textwrap.dedent(
     def line(r):
         return f"{r.start} {r.key} {r.value}"
 
-    def build(n: int = 6000, rate: float = 1000.0):
+    def build(n: int = 4000, rate: float = 2000.0):
         p = ss.Pipeline()
         p.read_from(sources.generator(event, rate, max_items=n)).with_timestamps(
             operator.itemgetter(1), 0
@@ -304,7 +304,7 @@ def test_a_store_written_by_a_script_resumes_with_the_cli(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     assert "resuming from snapshot" in r.stderr
     sums: dict[tuple[int, int], int] = {}
-    for seq in range(6000):
+    for seq in range(4000):
         k, t, v = seq % 5, seq * 3, seq % 7
         sums[(t - t % 300, k)] = sums.get((t - t % 300, k), 0) + v
     got = sorted(
