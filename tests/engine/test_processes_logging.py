@@ -101,3 +101,37 @@ def test_late_items_of_all_members_are_one_jobs_warnings(caplog: Any) -> None:
     late = [r.getMessage() for r in caplog.records if "late item" in r.getMessage()]
     assert late[-1] == late_items_message("late", {vertex: dropped}, True, False)
     assert len(late) == 2 and "so far" in late[0]
+
+
+def shout(x: int) -> None:
+    print(f"peeked {x}")
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_what_members_print_reaches_the_coordinators_sys_stdout_and_stderr() -> None:
+    """A ``peek()``, a ``stdout()`` sink and a print to stderr in member processes land
+    in the streams the user's process has now, here replaced with
+    ``contextlib.redirect_stdout``/``redirect_stderr`` (on main they went past them, to
+    descriptor 1 and 2)."""
+    import contextlib
+    import io
+
+    def to_stderr(x: int) -> int:
+        import sys
+
+        print(f"err {x}", file=sys.stderr)
+        return x
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        p = ss.Pipeline()
+        (
+            p.read_from(sources.items(list(range(30))))
+            .peek(shout)
+            .map(to_stderr)
+            .write_to(sinks.stdout(lambda x: f"sunk {x}"))
+        )
+        ss.local(processes=2).new_job(p).join(timeout=GUARD_S)
+    expected = [f"peeked {i}" for i in range(30)] + [f"sunk {i}" for i in range(30)]
+    assert sorted(out.getvalue().splitlines()) == sorted(expected)
+    assert sorted(err.getvalue().splitlines()) == sorted(f"err {i}" for i in range(30))

@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slipstream.core.services import InMemoryServices
-from slipstream.engine import gc_tuning, member_logging
+from slipstream.engine import gc_tuning, member_logging, member_output
 from slipstream.engine.member_control import Calls, MemberControl
 from slipstream.engine.member_reports import ForwardedItemErrors, ForwardedLateItems
 from slipstream.engine.member_stats import WATCH, watermarks_and_fill
@@ -305,6 +305,7 @@ class _Member:
     def report(self, kind: str = "report") -> bool:
         """Send the metrics and the sinks' new output; a sink item that cannot be
         pickled fails the member, naming the list or map."""
+        member_output.flush()  # what was printed since, before the report
         lists, maps, marks = self.services.take_output()
         message = (kind, self.metrics(), lists, maps, usage(), marks)
         try:
@@ -442,6 +443,7 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
         setup = pickle.loads(data)
         setup["pids"] = pids
         member_logging.install(control.send, setup.get("log_levels", {}))
+        member_output.install(control.send)
     except ModuleNotFoundError as e:
         _report_setup_error(
             control,
@@ -505,5 +507,6 @@ def failure_message(
 
 
 def _report_setup_error(control: MemberControl, error: BaseException) -> None:
+    member_output.flush()
     control.send(failure_message(JOB, None, None, error))
 

@@ -52,10 +52,11 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.dag import effective_parallelism
 from slipstream.core.errors import DagError
-from slipstream.engine import member_reports
+from slipstream.engine import member_output, member_reports
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 from slipstream.engine.member_control import PONG, Calls
 from slipstream.engine.member_logging import LOG, levels_here, replay
+from slipstream.engine.member_output import OUTPUT
 from slipstream.engine.member_reports import ITEM_ERROR, LATE
 from slipstream.engine.member_stats import WATCH, CpuShare
 from slipstream.engine.workers import TaskletFailure
@@ -432,6 +433,9 @@ class ProcessExecution:
                     continue
                 if kind == LOG:
                     replay(msg[1], m, p.pid)
+                    continue
+                if kind == OUTPUT:
+                    member_output.write(msg[1], msg[2])
                     continue
                 if kind == WATCH:
                     self.member_watch[m] = msg[1]
