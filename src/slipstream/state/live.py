@@ -73,8 +73,8 @@ LIVE_SAVE_STEP = 32_768
 #: took it past :data:`LIVE_SAVE_STEP_S`: reading a delta's changed keys (or merging an
 #: overlay) looks each key up in the map, a few cache misses a key, and at 10M keys that
 #: was 1.5-3.5 us a key on this 2-core machine (a 32,768-key step of 55-240 ms, which a
-#: tasklet on the same thread counted in its pause)
-LIVE_SAVE_SLICE = 4096
+#: tasklet on the same thread counted in its pause); 1,024 lookups stay a few ms
+LIVE_SAVE_SLICE = 1024
 #: a full save's walk of the map reads it in order (a fraction of that per key): larger
 #: slices, fewer column batches
 LIVE_SAVE_FULL_SLICE = 16_384
