@@ -314,7 +314,7 @@ def _items_to_kafka(bootstrap: str, topic: str, name: str, n: int, **cfg: Any) -
     return ss.local().new_job(dag, JobConfig(name=name, processing_guarantee=EO, **cfg))
 
 
-@pytest.mark.parametrize("outage_s", [5.0])
+@pytest.mark.parametrize("outage_s", [2.0])
 def test_kafka_sink_broker_cut_off_recovers_in_place(
     proxied_kafka: tuple[Any, TcpProxy], outage_s: float, warnings_of: Callable[..., _Warnings]
 ) -> None:
@@ -346,7 +346,7 @@ def test_kafka_sink_broker_cut_off_past_the_budget_fails_naming_sink_broker_caus
     topic = topic_name("cut-long")
     broker.create_topic(topic, 1)
     name = f"kafka-cut-long-{next(_names)}"
-    job = _items_to_kafka(broker.bootstrap, topic, name, 1_000_000, sink_outage_timeout=5)
+    job = _items_to_kafka(broker.bootstrap, topic, name, 1_000_000, sink_outage_timeout=3)
     try:
         wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 2, "two snapshots")
         proxy.cut()
