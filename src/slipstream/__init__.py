@@ -136,8 +136,8 @@ def local(cooperative_threads: int | None = None, members: int = 1, **kwargs: An
     ``allow_gil_threads=True`` (or ``SLIPSTREAM_ALLOW_GIL_THREADS=1``) runs the threads
     anyway, for processors that release the GIL. ``members=N`` simulates an N-member
     cluster. ``processes=N`` (or ``"auto"``) runs a job's members in N OS processes, so a
-    job uses N cores (jobs without a processing guarantee, for now; docs/guide.md). The
-    other keyword arguments are :class:`~slipstream.engine.local.LocalEngine`'s.
+    job uses N cores (docs/guide.md, "Member processes"). The other keyword arguments
+    are :class:`~slipstream.engine.local.LocalEngine`'s.
     """
     from slipstream.engine.local import LocalEngine
 

@@ -75,7 +75,8 @@ class LocalEngine:
     restarts the job from the last one (:mod:`slipstream.engine.process_snapshots`).
     ``heartbeat_timeout_ms``: a member process that does not answer the coordinator's
     heartbeat for this long (stopped, or stuck in a call that holds the GIL) is killed
-    and fails the job naming it (:mod:`slipstream.engine.heartbeat`).
+    and fails the job naming it, or restarts it from its last snapshot with a processing
+    guarantee (:mod:`slipstream.engine.heartbeat`).
     docs/guide.md, "Member processes".
     """
 
