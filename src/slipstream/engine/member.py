@@ -223,6 +223,7 @@ class _Member:
         self.member = member
         self.failure: tuple[Any, ...] | None = None
         self.failed_tasklet: Any = None
+        self._report_lock = threading.Lock()
         self.cancelled = False
         self.finished = threading.Event()
         config = setup["config"]
@@ -305,23 +306,27 @@ class _Member:
     def report(self, kind: str = "report") -> bool:
         """Send the metrics and the sinks' new output; a sink item that cannot be
         pickled fails the member, naming the list or map."""
-        member_output.flush()  # what was printed since, before the report
-        lists, maps, marks = self.services.take_output()
-        message = (kind, self.metrics(), lists, maps, usage(), marks)
-        try:
-            data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        except Exception as e:  # noqa: BLE001 - the user's items
-            names = ", ".join(repr(n) for n in [*lists, *maps])
-            self.fail(
-                None,
-                TypeError(
-                    f"member {self.member}: the output of the list/map sink(s) {names} cannot "
-                    f"be pickled to reach the coordinator process ({type(e).__name__}: {e})"
-                ),
-                JOB,
-            )
-            return False
-        return self.control.send_bytes(data)
+        # one report at a time, taken and sent in order: a map's newer value never
+        # arrives before an older one (the store thread reports too, see member_snapshots)
+        with self._report_lock:
+            member_output.flush()  # what was printed since, before the report
+            lists, maps, marks = self.services.take_output()
+            message = (kind, self.metrics(), lists, maps, usage(), marks)
+            try:
+                data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+            except Exception as e:  # noqa: BLE001 - the user's items
+                names = ", ".join(repr(n) for n in [*lists, *maps])
+                self.fail(
+                    None,
+                    TypeError(
+                        f"member {self.member}: the output of the list/map sink(s) {names} "
+                        f"cannot be pickled to reach the coordinator process "
+                        f"({type(e).__name__}: {e})"
+                    ),
+                    JOB,
+                )
+                return False
+            return self.control.send_bytes(data)
 
     def fail(self, tasklet: Any, error: BaseException, kind: str) -> None:
         """Record this member's first failure and stop its tasklets."""

@@ -16,6 +16,9 @@ The coordinator process decides when snapshot N is taken and whether it committe
    exactly as :class:`~slipstream.engine.snapshot.SnapshotCoordinator` writes chunks
    with one process; only the commit differs: :class:`ChunkWriter` sends this
    member's part of the manifest (chunk refs, no state) to the coordinator and waits.
+   Before it, the member reports what its list and map sinks published (the batches of
+   earlier snapshots, which this one no longer holds), on the same pipe: the
+   coordinator has them before it can commit the snapshot.
 3. The coordinator commits the manifest once every member sent its part and answers
    ``("snap_outcome", N, ok, why)``; then the member publishes it on its commit board
    and the processors commit on their own tasklets (two-phase sinks), as with one
@@ -96,10 +99,17 @@ class ChunkWriter:
     job's store directory, the manifest goes to the coordinator process, which commits
     it (module docstring)."""
 
-    def __init__(self, directory: str, key: bytes, send: Callable[[tuple[Any, ...]], bool]) -> None:
+    def __init__(
+        self,
+        directory: str,
+        key: bytes,
+        send: Callable[[tuple[Any, ...]], bool],
+        flush: Callable[[], bool] | None = None,
+    ) -> None:
         self._store = DirectorySnapshotStore(directory, key=key)
         self.directory = directory
         self._send = send
+        self._flush = flush
         self._cond = threading.Condition()
         self._outcomes: dict[int, tuple[bool, str]] = {}
         self._stopped = False
@@ -137,6 +147,11 @@ class ChunkWriter:
         :class:`OutcomeUnknown` if this member is stopped first."""
         sid = manifest.snapshot_id
         size = self._store._pending_bytes if chunk_bytes is None else chunk_bytes
+        # what list and map sinks published here (the batches of the snapshots before
+        # this one) reaches the coordinator before this part does: once this snapshot
+        # commits it no longer holds them, so a member killed later loses nothing
+        if self._flush is not None and not self._flush():
+            raise SnapshotError(f"snapshot {sid}: the sinks' output could not be reported")
         self.sent.add(sid)
         if not self._send(("snap_saved", sid, manifest, size, self.entries, self.pause_s)):
             raise OutcomeUnknown(f"snapshot {sid}: the coordinator process is gone")
@@ -375,7 +390,7 @@ def member_snapshots(member: Any, setup: dict[str, Any]) -> MemberSnapshots:
     from slipstream.state.restore import custom_partitioners
 
     snap = setup["snapshots"]
-    writer = ChunkWriter(snap["directory"], snap["key"], member.send)
+    writer = ChunkWriter(snap["directory"], snap["key"], member.send, member.report)
     partitioners = custom_partitioners(setup["dag"])
     routing: dict[str, tuple[list[int], Callable[[Any], int]]] = {
         name: (
