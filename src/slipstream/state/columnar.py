@@ -454,13 +454,29 @@ class MapColumns:
     def get(self, key: Any, default: Any = None) -> Any:
         return self._map().get(key, default)
 
+    def _column_list(self, which: int) -> list[Any]:
+        out: list[Any] = []
+        for batch in self.batches:
+            out.extend(batch[which].to_list())
+        return out
+
     def keys(self) -> Any:
+        """The keys in the map's order (a list straight from the columns while no dict
+        was needed: no hashing)."""
+        if self._dict is None and self.unique:
+            return self._column_list(0)
         return self._map().keys()
 
     def values(self) -> Any:
+        if self._dict is None and self.unique:
+            return self._column_list(1)
         return self._map().values()
 
     def items(self) -> Any:
+        """The pairs in the map's order; while no dict was needed, an iterator over the
+        columns' values (one pass, as the row readers take it: no dict is made)."""
+        if self._dict is None and self.unique:
+            return zip(self._column_list(0), self._column_list(1), strict=True)
         return self._map().items()
 
 
