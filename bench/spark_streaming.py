@@ -264,25 +264,13 @@ def run_native(session: Any, row: str, directory: str, work: str) -> dict[str, A
 
 
 def _old_ways(on: bool) -> None:
-    """``--ab``: the two fixed-cost cuts of issue 23 item 5 undone (an RDD repartition of
-    a one-partition micro-batch, every chain read every epoch) or back on."""
-    from slipstream.spark import compile as spark_compile
-    from slipstream.spark.streaming import SparkStreamingJob
-
-    if not hasattr(spark_compile, "_stream_partitions"):
-        return  # a version without them
-    saved = getattr(_old_ways, "saved", None)
-    if saved is None:
-        saved = _old_ways.saved = spark_compile._stream_partitions  # type: ignore[attr-defined]
+    """``--ab``: the micro-batch's rows reach the source tasks the old way, pickled one by
+    one (``SLIPSTREAM_SPARK_ARROW=0``, read when an epoch is compiled), or as Arrow
+    batches again."""
     if on:
-        spark_compile._stream_partitions = lambda stream, n: spark_compile._with_partitions(
-            getattr(stream, "rdd", stream) if not hasattr(stream, "mapPartitionsWithIndex")
-            else stream,
-            n,
-        )
+        os.environ["SLIPSTREAM_SPARK_ARROW"] = "0"
     else:
-        spark_compile._stream_partitions = saved
-    SparkStreamingJob.executor_state_cache = not on
+        os.environ.pop("SLIPSTREAM_SPARK_ARROW", None)
 
 
 def run_slipstream(
@@ -341,6 +329,8 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
     for k in keys:
         print(f"    driver {k:<24} {_mean([e['driver'].get(k, 0.0) for e in data]):8.3f}")
     print(f"    driver {'total':<24} {_mean([e['total'] for e in data]):8.3f}")
+    arrow = sorted({v for e in data for v in e.get("arrow_sources", [])})
+    print(f"    sources fed Arrow batches          {', '.join(arrow) or 'none'}")
     for k in ("spark_jobs", "spark_stages", "tasks", "closure_bytes", "state_bc_bytes"):
         if k in data[0]:
             print(f"    {k:<31} {_mean([float(e[k]) for e in data]):8.0f}")
@@ -427,7 +417,7 @@ def main() -> None:
         default=0,
         metavar="ROUNDS",
         help="instead of the table: ROUNDS interleaved rounds per row of native, slipstream, "
-        "and slipstream with the RDD repartition and no kept state (the old ways)",
+        "and slipstream with the rows pickled one by one instead of Arrow batches (the old ways)",
     )
     args = ap.parse_args()
     if args.breakdown:

@@ -7,7 +7,8 @@ its input:
 
 * a source vertex (no inbound edge): ``sc.parallelize(range(n), n)``, one dummy element
   per partition; a DataFrame/RDD source (:mod:`slipstream.spark.io`): the Spark data
-  itself, coalesced or repartitioned to ``n`` partitions;
+  itself, coalesced or repartitioned to ``n`` partitions (a stream source's micro-batch
+  as serialized Arrow batches where it can, :mod:`slipstream.spark.arrow`);
 * a vertex whose only inbound edge is *narrow* (member-local unicast or isolated between
   equal parallelism): the producer's RDD, partition ``i`` feeding processor ``i``. No
   shuffle; PySpark pipelines both tasks into one Python worker. (Unicast lets any
@@ -52,6 +53,7 @@ from slipstream.execution.plan import (
     effective_parallelism,
     item_error_route,
 )
+from slipstream.spark.arrow import arrow_partitions
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG
 from slipstream.spark.io import SparkDataFrameSink, SparkRowSource, SparkStreamSource
 from slipstream.spark.shuffle import ordered_shuffle
@@ -114,6 +116,8 @@ class CompiledDag:
     meta_suppliers: list[tuple[str, ProcessorMetaSupplier]] = field(default_factory=list)
     #: each vertex's task function (what Spark pickles into its stage's closure)
     tasks: list[VertexTask] = field(default_factory=list)
+    #: the stream source vertices whose rows come as Arrow batches (slipstream.spark.arrow)
+    arrow_sources: list[str] = field(default_factory=list)
 
 
 def is_narrow(edge: Edge, src: VertexPlan, dst: VertexPlan, in_degree: int) -> bool:
@@ -291,6 +295,8 @@ class _Compiler:
         self.plans = plan_vertices(dag, member_count, default_parallelism, config.validate_keys)
         self.stubs = {name: p.vertex for name, p in self.plans.items()}
         self.rdds: dict[str, Any] = {}
+        #: stream source vertices fed Arrow batches (slipstream.spark.arrow): their columns
+        self.arrow: dict[str, tuple[str, ...]] = {}
 
     def in_specs(self, v: Vertex, inbound: list[Edge]) -> list[InboundSpec]:
         """For each inbound edge, which producers feed each of ``v``'s processors."""
@@ -364,6 +370,7 @@ class _Compiler:
             mode=self.mode,
             row_source=row_source,
             row_map_fn=meta.map_fn if isinstance(meta, SparkRowSource) else None,
+            row_arrow=self.arrow.get(v.name),
             dataframe_sink=meta.name if isinstance(meta, SparkDataFrameSink) else None,
             services=self.services,
             epoch_state=epoch.state if epoch is not None else None,
@@ -389,7 +396,10 @@ class _Compiler:
             if isinstance(meta, SparkStreamSource):
                 assert self.epoch is not None
                 assert self.epoch.streams is not None
-                return _stream_partitions(self.epoch.streams[v.name], n)
+                rdd, fields = _stream_partitions(self.epoch.streams[v.name], n)
+                if fields is not None:
+                    self.arrow[v.name] = fields
+                return rdd
             if isinstance(meta, SparkRowSource):
                 return _with_partitions(meta.spark_rdd(), n)
             return self.sc.parallelize(range(n), n)
@@ -455,10 +465,11 @@ def compile_dag(
     for v in order:
         inbound = dag.inbound_edges(v)
         _check_vertex(v, bool(inbound), c.mode)
+        input_rdd = c.input_rdd(v, inbound)
         task = c.task(v, inbound)
         compiled.tasks.append(task)
         compiled.meta_suppliers.append((v.name, v.meta_supplier))
-        rdd = c.input_rdd(v, inbound).mapPartitionsWithIndex(task)
+        rdd = input_rdd.mapPartitionsWithIndex(task)
         rdd.setName(f"slipstream vertex {v.name!r}")
         df_sink = task.dataframe_sink
         if len(consumers[v.name]) > 1 or df_sink is not None:
@@ -473,6 +484,7 @@ def compile_dag(
             if meta.writes:
                 compiled.writers[df_sink] = meta
 
+    compiled.arrow_sources = sorted(c.arrow)
     terminal = [c.rdds[v.name] for v in order if not consumers[v.name]]
     results = terminal[0] if len(terminal) == 1 else sc.union(terminal)
     compiled.result_rdd = results.filter(_is_result)
@@ -491,19 +503,24 @@ def _input_from(
     return rdd.filter(_EdgeFilter(mine, keep_results))
 
 
-def _stream_partitions(stream: Any, n: int) -> Any:
-    """A micro-batch's rows in ``n`` partitions: an RDD as :func:`_with_partitions`; a
-    DataFrame with fewer partitions than ``n`` (a small file is one) is repartitioned
-    on the JVM (``DataFrame.repartition``, round robin over its internal rows) before it
-    becomes an RDD of Python rows: an RDD's ``repartition`` would convert every row to a
-    Python ``Row``, pickle it again in batches of ten and shuffle those, which took
-    half of an epoch's time at 500k rows (docs/performance.md)."""
+def _stream_partitions(stream: Any, n: int) -> tuple[Any, tuple[str, ...] | None]:
+    """A micro-batch's rows in ``n`` partitions, and the column names when they come as
+    Arrow batches (:func:`slipstream.spark.arrow.arrow_partitions`: a DataFrame of plain
+    column types, pyarrow installed), else ``None``: the rows of an RDD as
+    :func:`_with_partitions`, of a DataFrame with fewer partitions than ``n`` (a small
+    file is one) repartitioned on the JVM (``DataFrame.repartition``) before they become
+    Python rows: an RDD's ``repartition`` would convert every row to a Python ``Row``,
+    pickle it again in batches of ten and shuffle those, which took half of an epoch's
+    time at 500k rows (docs/performance.md)."""
     if hasattr(stream, "mapPartitionsWithIndex"):
-        return _with_partitions(stream, n)
+        return _with_partitions(stream, n), None
+    arrow = arrow_partitions(stream, n)
+    if arrow is not None:
+        return arrow
     rdd = stream.rdd
     if hasattr(stream, "repartition") and rdd.getNumPartitions() < n:
-        return stream.repartition(n).rdd
-    return _with_partitions(rdd, n)
+        return stream.repartition(n).rdd, None
+    return _with_partitions(rdd, n), None
 
 
 def _with_partitions(rdd: Any, n: int) -> Any:

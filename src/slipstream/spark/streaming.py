@@ -700,6 +700,7 @@ class _EpochJob(SparkJobBase):
             state_bc_bytes(state) if closure_bytes is not None else None,
             closure_bytes,
             results,
+            compiled.arrow_sources,
         )
         return results
 
@@ -719,6 +720,7 @@ class _EpochJob(SparkJobBase):
         state_bytes: int | None,
         closure_bytes: int | None,
         results: list[dict[str, Any]],
+        arrow_sources: list[str] | None = None,
     ) -> None:
         """Append where this epoch's time went to :attr:`epoch_breakdown` (docs/
         performance.md, "Where a Spark streaming epoch's time goes")."""
@@ -739,6 +741,7 @@ class _EpochJob(SparkJobBase):
             "spark_jobs": len(jobs),
             "spark_stages": stages,
             "tasks": len(results),
+            "arrow_sources": list(arrow_sources or []),
             "task": [
                 {"vertex": r["vertex"], "index": r["index"], **r["timing"]}
                 for r in results

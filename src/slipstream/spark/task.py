@@ -60,6 +60,7 @@ from slipstream.execution.plan import (
 )
 from slipstream.execution.queues import UNBOUNDED, SpscQueue
 from slipstream.execution.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
+from slipstream.spark.arrow import arrow_rows
 from slipstream.spark.epoch_state import remember_state, restore_entries, write_epoch_chunk
 from slipstream.spark.failures import ProcessorFailure, encode_failure
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG, InputFeed
@@ -245,6 +246,8 @@ class VertexTask:
     #: each converted by ``row_map_fn`` if given (``suppliers`` is then ``None``)
     row_source: bool = False
     row_map_fn: Callable[[Any], Any] | None = None
+    #: a row source fed Arrow batches: the columns (:mod:`slipstream.spark.arrow`)
+    row_arrow: tuple[str, ...] | None = None
     dataframe_sink: str | None = None
     services: Any = None
     #: the state to restore (``mode.restores``): a broadcast of ``{"restore": ...,
@@ -372,6 +375,8 @@ class VertexTask:
         micro-batch epoch if it is a source; ``run.epoch_source`` is what ends an
         epoch (see :class:`EpochSnapshotSink`)."""
         if self.row_source:
+            if self.row_arrow is not None:
+                records = arrow_rows(records, self.row_arrow)
             if self.mode.epoch:
                 rows = StreamRowSourceP(records, self.row_map_fn)
                 run.epoch_source = rows

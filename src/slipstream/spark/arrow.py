@@ -1,0 +1,229 @@
+"""A micro-batch's rows to its source tasks as Arrow record batches.
+
+``DataFrame.rdd`` hands Python one row at a time: the JVM pickles every row, the Python
+worker unpickles it and builds a ``Row`` through a Python function call, and each
+``row.field`` is a ``Row.__getattr__`` call (a search of the field names). At 500,000
+rows per epoch that was most of a streaming epoch's source stage (docs/performance.md,
+"Arrow batches into the source stage").
+
+:func:`arrow_partitions` instead turns the DataFrame's rows into Arrow record batches on
+the JVM (``DataFrame.mapInArrow``, Spark's columnar transfer, ``spark.sql.execution.
+arrow.maxRecordsPerBatch`` rows per batch), each batch serialized as one Arrow IPC
+stream in a one-column DataFrame of its own; only those few rows cross to the source
+task's Python worker the usual way, and a micro-batch with fewer partitions than the
+source vertex has processors is spread over them by redistributing the batches (a
+shuffle of tens of blobs on the JVM, not of every row). The source task then reads each
+batch column by column (:func:`arrow_rows`) and makes each row a ``Row`` of a subclass
+whose fields are properties: equal to, printed, pickled and converted (``asDict``) as
+the ``Row`` ``DataFrame.rdd`` gives, with the same values.
+
+The values are the same only for types whose Arrow-to-Python conversion is Spark's own:
+strings, booleans, integers, floats and doubles (:func:`arrow_fields`). A DataFrame with
+any other column (timestamps, dates, decimals, binary, nested types), a driver or
+executors without ``pyarrow`` (:func:`executors_have_pyarrow`), keep the pickled-row
+path; ``SLIPSTREAM_SPARK_ARROW=0`` turns this path off (to compare the two).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+__all__ = [
+    "ARROW_COLUMN",
+    "arrow_enabled",
+    "arrow_fields",
+    "arrow_partitions",
+    "arrow_rows",
+    "executors_have_pyarrow",
+]
+
+log = logging.getLogger("slipstream.spark")
+
+#: The one column of the DataFrame of serialized batches.
+ARROW_COLUMN = "_slipstream_arrow"
+
+#: Spark SQL types whose values ``pyarrow``'s ``to_pylist`` gives exactly as a pickled
+#: ``Row`` does (a ``FloatType`` is a Python float of the 32-bit value either way).
+_PLAIN_TYPES = frozenset(
+    {
+        "StringType",
+        "BooleanType",
+        "ByteType",
+        "ShortType",
+        "IntegerType",
+        "LongType",
+        "FloatType",
+        "DoubleType",
+    }
+)
+
+
+def arrow_enabled() -> bool:
+    """Whether the Arrow path may be used: ``pyarrow`` imports and
+    ``SLIPSTREAM_SPARK_ARROW`` is not ``0``."""
+    if os.environ.get("SLIPSTREAM_SPARK_ARROW", "1") in ("0", "false", "no"):
+        return False
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def arrow_fields(df: Any) -> tuple[str, ...] | None:
+    """The column names of ``df`` if every column has a plain type (module doc) and the
+    names are unique, else ``None``."""
+    try:
+        fields = df.schema.fields
+    except Exception:  # noqa: BLE001 - not a DataFrame (a test double, an RDD)
+        return None
+    if not fields:
+        return None
+    if any(type(f.dataType).__name__ not in _PLAIN_TYPES for f in fields):
+        return None
+    names = tuple(f.name for f in fields)
+    return names if len(set(names)) == len(names) else None  # Arrow wants unique names
+
+
+def _serialize(batches: Iterable[Any]) -> Iterator[Any]:
+    """The ``mapInArrow`` function: each record batch as one Arrow IPC stream, in a
+    one-row batch of its own (runs in a Python worker of the executor)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        data = sink.getvalue()
+        offsets = pa.array([0, data.size], pa.int32()).buffers()[1]
+        blob = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])  # no copy
+        yield pa.RecordBatch.from_arrays([blob], [ARROW_COLUMN])
+
+
+_probe_lock = threading.Lock()
+_probed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _import_pyarrow(_rows: Iterable[Any]) -> Iterator[bool]:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        yield False
+    else:
+        yield True
+
+
+def executors_have_pyarrow(spark_context: Any) -> bool:
+    """Whether an executor's Python imports ``pyarrow`` (asked once per SparkContext,
+    by a one-task Spark job): the driver's having it says nothing of a cluster's
+    executors, and without it every source task of the Arrow path would fail."""
+    with _probe_lock:
+        known = _probed.get(spark_context)
+    if known is not None:
+        return known
+    try:
+        have = all(spark_context.parallelize([0], 1).mapPartitions(_import_pyarrow).collect())
+    except Exception:  # noqa: BLE001 - the pickled rows work wherever Spark does
+        log.debug("probing the executors for pyarrow failed", exc_info=True)
+        have = False
+    if not have:
+        log.info("the executors cannot import pyarrow: stream rows reach them pickled")
+    with _probe_lock:
+        _probed[spark_context] = have
+    return have
+
+
+def _map_in_arrow(df: Any, fn: Any, schema: str) -> Any:
+    """``df.mapInArrow(fn, schema)``, or ``None`` if this Spark cannot run it here.
+
+    PySpark's ``mapInArrow`` (up to 4.3 at least) refuses to run without pandas, which
+    it never uses for it: neither on the driver nor in the worker, which hands the
+    function ``pyarrow`` record batches. Without pandas the same plan is built the way
+    ``mapInArrow`` builds it (the UDF, then the JVM's ``mapInArrow``); any failure to do
+    so (another PySpark version's internals) falls back to the pickled rows."""
+    try:
+        return df.mapInArrow(fn, schema)
+    except ImportError:  # PySpark's pandas check (PySparkImportError)
+        pass
+    except Exception:  # noqa: BLE001 - e.g. a pyarrow older than this Spark needs
+        return None
+    try:
+        from pyspark.sql import DataFrame
+        from pyspark.sql.udf import _create_udf
+        from pyspark.util import PythonEvalType
+
+        udf = _create_udf(fn, returnType=schema, evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+        column = udf(*[df[c] for c in df.columns])
+        return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
+    except Exception:  # noqa: BLE001 - not this PySpark's internals
+        return None
+
+
+def arrow_partitions(df: Any, n: int) -> tuple[Any, tuple[str, ...]] | None:
+    """``df``'s rows as an RDD of ``n`` partitions of serialized Arrow batches (module
+    doc) and the column names, or ``None`` where the pickled-row path must be used."""
+    if not arrow_enabled():
+        return None
+    fields = arrow_fields(df)
+    if fields is None or not hasattr(df, "mapInArrow"):
+        return None
+    if not executors_have_pyarrow(df.sparkSession.sparkContext):
+        return None
+    batches = _map_in_arrow(df, _serialize, f"{ARROW_COLUMN} binary")
+    if batches is None:
+        return None
+    have = batches.rdd.getNumPartitions()
+    if have < n:
+        batches = batches.repartition(n)  # the batches, not the rows, move
+    rdd = batches.rdd
+    if have > n:
+        rdd = rdd.coalesce(n)
+    return rdd, fields
+
+
+def _field_getter(i: int) -> Any:
+    """``row -> row[i]`` past ``Row.__getitem__`` (a Python method that also takes names;
+    ``operator.itemgetter`` would call it)."""
+
+    def get(row: Any, _get: Any = tuple.__getitem__) -> Any:
+        return _get(row, i)
+
+    return get
+
+
+@functools.lru_cache(maxsize=64)
+def row_class(fields: tuple[str, ...]) -> type:
+    """A ``Row`` subclass for rows of ``fields``: the names are a class attribute (a
+    ``Row`` keeps them per instance) and each field that a ``Row`` would reach through
+    ``__getattr__`` is a property (a ``Row`` searches the names on every access)."""
+    from pyspark.sql import Row
+
+    namespace: dict[str, Any] = {"__fields__": list(fields)}
+    for i, name in enumerate(fields):
+        if name.isidentifier() and not name.startswith("__") and not hasattr(Row, name):
+            # where a Row's own attribute wins (count, index, asDict), it still does
+            namespace[name] = property(_field_getter(i))
+    cls = type("Row", (Row,), namespace)
+    cls.__module__ = Row.__module__
+    return cls
+
+
+def arrow_rows(chunks: Iterable[Any], fields: tuple[str, ...]) -> Iterator[Any]:
+    """The rows of the serialized batches in ``chunks`` (the ``Row`` s of
+    :func:`arrow_partitions`' RDD), in order, as ``Row`` s (:func:`row_class`)."""
+    import pyarrow as pa
+
+    make = functools.partial(tuple.__new__, row_class(fields))
+    for chunk in chunks:
+        with pa.ipc.open_stream(pa.py_buffer(chunk[0])) as reader:
+            for batch in reader:
+                columns = [column.to_pylist() for column in batch.columns]
+                yield from map(make, zip(*columns, strict=True))
