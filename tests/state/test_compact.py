@@ -5,6 +5,7 @@ chunk files no retained manifest names are removed (disk use stays bounded)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -168,3 +169,60 @@ def test_the_child_runs_niced_below_the_job() -> None:
     finally:
         proc.communicate(b"")  # no request: the child fails and ends
     assert proc.returncode != 0
+
+
+class HeldChild:
+    """Stands in for a compaction child still running when the job ends (a niced child
+    on a busy machine): it runs until the job's stop terminates it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.terminated = threading.Event()
+
+    def __call__(self, store: Any, vertex: str, index: int, chain: Any, started: Any = None) -> Any:
+        if started is not None:
+            started(self)
+        self.started.set()
+        self.terminated.wait(60)
+        raise RuntimeError("exit status -15")
+
+    def poll(self) -> int | None:
+        return -15 if self.terminated.is_set() else None
+
+    def terminate(self) -> None:
+        self.terminated.set()
+
+    def kill(self) -> None:
+        self.terminated.set()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -15
+
+
+def test_a_compaction_running_when_the_job_ends_leaves_no_file(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunks a running compaction reads are protected from the store's GC; once the
+    job's stop ends it, the ones no retained manifest names any more are removed (main:
+    the last commit's GC skipped them and nothing removed them later, so a completed
+    job's store kept them for good: tests/engine/test_kill_compaction.py seed 12 once
+    found 4 such chunks, the niced child still running after the job's last commit)."""
+    child = HeldChild()
+    monkeypatch.setattr(compact, "compact_in_child", child)
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    store.bind("j", "e1")
+    c = SnapshotCoordinator("j", store, 1000, 1, {"v": 1}, max_deltas=1)
+    base = {k: 0 for k in range(100, 300)}
+    c.write_snapshot(snapshot(1, StateMapSave(FULL, {1: 1, **base})))
+    c.write_snapshot(snapshot(2, StateMapSave(DELTA, {2: 2}, (), 1)))
+    c.write_snapshot(snapshot(3, StateMapSave(DELTA, {3: 3}, (), 2)))
+    assert child.started.wait(60), "no compaction started"
+    for sid in range(4, 7):  # full saves: no retained manifest names chunks 1-3 any more
+        c.write_snapshot(snapshot(sid, StateMapSave(FULL, {sid: sid, **base})))
+    assert {n[:16] for n in os.listdir(store.directory) if n.startswith("chunk-")} >= {
+        "chunk-0000000001"
+    }  # (the compaction's inputs, protected while it runs)
+    c.stop()
+    named = set().union(*(store.read_manifest(i).files() for i in store.committed_ids()))
+    assert sorted(n for n in os.listdir(store.directory) if n.startswith("chunk-")) == sorted(named)
+    assert store.protected == set()

@@ -191,12 +191,17 @@ class Compactor:
 
     def drop_unnamed(self) -> None:
         """The execution ends (stopped, no manifest being written): remove the outputs
-        no committed manifest names (finished too late to be used), so that a completed
-        job leaves no file behind."""
+        no committed manifest names (finished too late to be used), and the chunks a
+        compaction read that the last commit's GC left because they were protected then
+        (no retained manifest names them any more), so that a completed job leaves no
+        file behind."""
         for _covers, ref in self.take_done().values():
             self._unnamed.add(ref.file)
         for f in list(self._unnamed):
             self.drop(f)
+        collect = getattr(self.store, "collect_garbage", None)
+        if collect is not None:
+            collect()
 
     def drop(self, name: str) -> None:
         """Remove compaction output ``name``, which no committed manifest names."""

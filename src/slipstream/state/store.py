@@ -642,6 +642,16 @@ class DirectorySnapshotStore:
                 return None
         return files
 
+    def collect_garbage(self) -> list[str]:
+        """Remove the chunk files no retained committed manifest names, of snapshots up
+        to the newest committed one, except :attr:`protected` ones: what a commit does,
+        again, for files that were protected then (a compaction's inputs while it ran,
+        e.g. when the job ends during one). Returns the names."""
+        retained = self.committed_ids()
+        if not retained:
+            return []
+        return self._collect_garbage(retained, upto=retained[-1])
+
     def _collect_garbage(self, retained: Sequence[int], upto: int | None) -> list[str]:
         """Remove the chunk files no manifest of ``retained`` names, of snapshots up to
         ``upto`` (``None``: any; a newer one's chunks may belong to a snapshot being
