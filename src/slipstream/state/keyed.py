@@ -444,8 +444,8 @@ class _OverlayKeyedState(_SavingKeyedState):
                     live.new[key] = value  # inserted since the barrier: the overlay
                     return
                 old[key] = v  # the first write of a pre-barrier key
-        elif key in live.new:  # the overlay is being merged: it still holds the key
-            live.new[key] = value
+        elif key in live.new and not dict.__contains__(self, key):
+            live.new[key] = value  # the overlay is being merged, this key not yet
             return
         dict.__setitem__(self, key, value)
 
@@ -462,13 +462,14 @@ class _OverlayKeyedState(_SavingKeyedState):
         return dict.__contains__(self, key) or key in self._live.new
 
     def __len__(self) -> int:
-        return dict.__len__(self) + len(self._live.new)
+        live = self._live
+        return dict.__len__(self) + len(live.new) - live.merged
 
     def __iter__(self) -> Iterator[Any]:
-        return chain(dict.__iter__(self), list(self._live.new))
+        return chain(dict.__iter__(self), list(self._live.unmerged()))
 
     def __reversed__(self) -> Iterator[Any]:
-        return chain(reversed(list(self._live.new)), dict.__reversed__(self))
+        return chain(reversed(list(self._live.unmerged())), dict.__reversed__(self))
 
     def keys(self) -> KeysView[Any]:  # type: ignore[override]
         return KeysView(self)
@@ -481,7 +482,8 @@ class _OverlayKeyedState(_SavingKeyedState):
 
     def copy(self) -> dict[Any, Any]:
         out = dict.copy(self)
-        out.update(self._live.new)
+        new = self._live.new
+        out.update({k: new[k] for k in self._live.unmerged()})
         return out
 
     def __eq__(self, other: object) -> bool:

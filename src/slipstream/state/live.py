@@ -70,13 +70,13 @@ LIVE_SAVE_MIN_KEYS = 20_000
 #: entries encoded per step at most (the tasklet's budget)
 LIVE_SAVE_STEP = 32_768
 #: a step works in slices of at most this many entries and stops after the slice that
-#: took it past :data:`LIVE_SAVE_STEP_S`: reading a delta's changed keys (or merging an
-#: overlay) looks each key up in the map, a few cache misses a key, and at 10M keys that
+#: took it past :data:`LIVE_SAVE_STEP_S`: reading a delta's changed keys looks each key
+#: up in the map, a few cache misses a key, and at 10M keys that
 #: was 1.5-3.5 us a key on this 2-core machine (a 32,768-key step of 55-240 ms, which a
 #: tasklet on the same thread counted in its pause); 1,024 lookups stay a few ms
 LIVE_SAVE_SLICE = 1024
-#: a full save's walk of the map reads it in order (a fraction of that per key): larger
-#: slices, fewer column batches
+#: a full save's walk of the map reads it in order, and its overlay's merge copies keys
+#: to the map's end (a fraction of that per key): larger slices, fewer column batches
 LIVE_SAVE_FULL_SLICE = 16_384
 #: the time after which a step stops at the end of its current slice
 LIVE_SAVE_STEP_S = 0.003
@@ -171,6 +171,12 @@ class LiveSave:
         #: end the dict iterator the slices are read with); merged into the map in steps
         #: afterwards. ``None`` for a delta (it walks its own set of keys)
         self.new: dict[Any, Any] | None = {} if mode == "full" else None
+        #: how many of the overlay's keys (the first ones, in its order) are in the map
+        #: already: the merge copies them in order and leaves the overlay as it is (its
+        #: size never changes once the content is produced: keys inserted then go into
+        #: the map), so one iterator walks it, at C speed
+        self.merged = 0
+        self._mit: Any = None  # the merge's iterator over ``new.items()``
         #: the encoded content: column batches while every slice fits the columnar
         #: encoding (:mod:`~slipstream.state.columnar`), pickle fragments after one
         #: did not
@@ -221,8 +227,9 @@ class LiveSave:
         try:
             while True:
                 merging = self._done.is_set()
-                full = self.mode == "full" and not merging
-                size = LIVE_SAVE_FULL_SLICE if full else LIVE_SAVE_SLICE
+                # a full save's walk and its overlay's merge copy keys in order; a
+                # delta looks each of its keys up
+                size = LIVE_SAVE_FULL_SLICE if self.mode == "full" else LIVE_SAVE_SLICE
                 n = left if left < size else size
                 if merging:
                     finished = self._merge_step(n)
@@ -355,16 +362,25 @@ class LiveSave:
         self._done.set()
 
     def _merge_step(self, budget: int) -> bool:
-        """Move up to ``budget`` keys of the overlay into the map (oldest first); ``True``
-        once it is empty (the map has its class back)."""
+        """Copy up to ``budget`` more keys of the overlay into the map (oldest first; a
+        key's value as the overlay holds it now: a write of a key not merged yet goes
+        there); ``True`` once all are (the map has its class back)."""
         new = self.new
-        if new:
-            keys = list(islice(new, budget))
-            dict.update(self.state, zip(keys, map(new.pop, keys), strict=True))  # type: ignore[call-overload]
-        if not new:
+        assert new is not None
+        it = self._mit
+        if it is None:
+            it = self._mit = iter(new.items())
+        pairs = list(islice(it, budget))
+        dict.update(self.state, pairs)  # type: ignore[call-overload]
+        self.merged += len(pairs)
+        if self.merged >= len(new):
             self._release()
             return True
         return False
+
+    def unmerged(self) -> Any:
+        """The overlay's keys not in the map yet, in its order."""
+        return islice(self.new or (), self.merged, None)
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
@@ -377,11 +393,13 @@ class LiveSave:
             from slipstream.state.keyed import KeyedState
 
             if self.new:  # the keys inserted since the barrier join the map now
-                dict.update(state, self.new)
+                new = self.new
+                dict.update(state, {k: new[k] for k in self.unmerged()})
             state._live = None
             state.__class__ = KeyedState
         self.state = None
         self.new = None
+        self._mit = None
         self.old = None
         self._it = None
         self._rest = None
