@@ -16,9 +16,10 @@ import functools
 import os
 import re
 import signal
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -29,11 +30,27 @@ from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import counting, summing
 from slipstream.core.errors import JobCancelledError, JobFailedError
+from slipstream.core.pickling import cloudpickle
 from slipstream.window import KeyedWindowResult, tumbling_window_def
 
 GUARD_S = 120
 
 WORDS = ["apple", "pear", "fig", "kiwi", "plum", "lime", "date", "yuzu"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def by_value() -> Iterator[None]:
+    """This module's functions, and those of test_engine_random_dags (the random DAG
+    test's shapes), travel by value: pickled by reference, each member process imported
+    the test module (and pytest or hypothesis with it) at every job."""
+    import test_engine_random_dags
+
+    modules = [sys.modules[__name__], test_engine_random_dags]
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    yield
+    for module in modules:
+        cloudpickle.unregister_pickle_by_value(module)
 
 
 def lines(n: int) -> list[str]:
