@@ -328,13 +328,10 @@ def test_a_pipeline_from_kafka_into_postgresql_on_two_members(kafka: Any, postgr
 
 @pytest.mark.slow
 @pytest.mark.timeout(GUARD_S * 2)
-@pytest.mark.parametrize("victim", [0, 1])
-def test_an_exactly_once_sql_sink_on_two_members_survives_a_member_killed(
-    postgres: Any, victim: int
-) -> None:
+def test_an_exactly_once_sql_sink_on_two_members_survives_a_member_killed(postgres: Any) -> None:
     """Exactly-once into PostgreSQL with processes=2: each member's sink processors
     prepare a transaction per snapshot and commit it when the coordinator says the
-    snapshot committed; a member SIGKILLed mid-run (after snapshots committed) restarts
+    snapshot committed; member 1 SIGKILLed mid-run (after snapshots committed) restarts
     the job from its last snapshot with fresh members, and the table holds every row
     once (prepared transactions of the dead member committed or rolled back by the
     restore, none left behind)."""
@@ -355,7 +352,7 @@ def test_an_exactly_once_sql_sink_on_two_members_survives_a_member_killed(
     )
     job = ss.local(processes=2).new_job(d, cfg)
     wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 3, "three snapshots")
-    os.kill(job._execution._procs[victim].pid, 9)
+    os.kill(job._execution._procs[1].pid, 9)
     job.join(timeout=GUARD_S)
     assert job.restarts == 1
     assert rows(postgres.dsn, f"SELECT k, v FROM {t} ORDER BY k") == [(i, f"x{i}") for i in range(n)]
