@@ -74,8 +74,13 @@ class WriteFilesP(_SinkP):
     the commit and the renames); the unfinished file is truncated to the length the
     snapshot recorded and written on (what came after the snapshot is written again by
     the replay); other temporary files of this processor are deleted. A job may restore
-    with another parallelism: processor 0 publishes the unfinished files of indices that
-    no longer exist, cut to their snapshot length. Exactly-once under an exactly-once
+    with another parallelism: every processor gets every index's entry (broadcast), so
+    what any earlier processor prepared is committed; processor 0 publishes the
+    unfinished files of indices that no longer exist, cut to their snapshot length, and
+    from then on keeps those indices' next sequence numbers in its snapshots (a processor
+    only names files with its own index). So when a later restore brings such an index
+    back, its processor continues after the part files its earlier incarnation
+    published instead of writing them again. Exactly-once under an exactly-once
     job; under at-least-once, items that passed the barrier before the snapshot are
     written again. Formats whose files cannot be continued after a restart
     (``resumable = False``: Parquet needs its footer) roll at every snapshot.
@@ -106,8 +111,12 @@ class WriteFilesP(_SinkP):
         self._sequence = 0
         self._two_phase = False
         self._done = False
-        # (index, prepared [(temp, final)], unfinished (temp, final, length, state) | None)
-        self._restored: list[tuple[int, list[Any], Any]] = []
+        # (index, sequence, prepared [(temp, final)], unfinished (temp, final, length,
+        # state) | None)
+        self._restored: list[tuple[int, int, list[Any], Any]] = []
+        # processor 0 only: {index >= total parallelism: its next part sequence}, saved
+        # with every snapshot so an index that comes back never reuses a published name
+        self._retired: dict[int, int] = {}
         # prepared files not renamed yet: every snapshot names all of them (a snapshot
         # whose write failed leaves its files to the next one's commit, and a restore
         # from that one must publish them too)
@@ -227,6 +236,7 @@ class WriteFilesP(_SinkP):
                     BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
                     (self._sequence, self._prepared_names(), None),
                 )
+            self._offer_retired()
         elif pair is not None:
             os.replace(*pair)
         else:
@@ -263,10 +273,17 @@ class WriteFilesP(_SinkP):
                     self._size,
                     self._file_state(),
                 )
+        self._offer_retired()
         return self.outbox.offer_to_snapshot(
             BroadcastKey((self.snapshot_tag, self.context.global_processor_index)),
             (self._sequence, self._prepared_names(), unfinished),
         )
+
+    def _offer_retired(self) -> None:
+        """Processor 0's entries for the indices that no longer exist: their next
+        sequence, nothing prepared or unfinished (all published at the restore)."""
+        for index, sequence in sorted(self._retired.items()):
+            self.outbox.offer_to_snapshot(BroadcastKey((self.snapshot_tag, index)), (sequence, [], None))
 
     def uncommitted_files(self) -> list[str]:
         """This processor's hidden temporary part files that exist and are not published:
@@ -291,7 +308,7 @@ class WriteFilesP(_SinkP):
         )
         # (sequence, prepared) from stores written before files rolled
         sequence, prepared, *rest = value
-        self._restored.append((name[1], prepared, rest[0] if rest else None))
+        self._restored.append((name[1], sequence, prepared, rest[0] if rest else None))
         if name[1] == self.context.global_processor_index:
             self._sequence = sequence
 
@@ -304,17 +321,22 @@ class WriteFilesP(_SinkP):
         me = ctx.global_processor_index
         mine = {me}
         if me == 0:
-            mine |= {i for i, _, _ in self._restored if i >= ctx.total_parallelism}
+            mine |= {i for i, *_ in self._restored if i >= ctx.total_parallelism}
         d = self._directory
         rolled_back = ctx.allow_rollback is not None and self._rolled_back()
         keep: set[str] = set()
-        for index, prepared, unfinished in self._restored:
+        for index, sequence, prepared, unfinished in self._restored:
             if index not in mine:
                 continue
+            if index != me:
+                self._retired[index] = sequence
             _commit_files([(os.path.join(d, t), os.path.join(d, f)) for t, f in prepared])
             if unfinished is None:
                 continue
             temp, final, length, state = unfinished
+            if index != me:
+                # published below under its final name: the index continues after it
+                self._retired[index] = sequence + 1
             path = os.path.join(d, temp)
             if rolled_back and index == me and not os.path.exists(path):
                 continue  # published under its final name by a newer snapshot's commit
@@ -350,8 +372,7 @@ class WriteFilesP(_SinkP):
         replaced)."""
         ctx = self.context
         me = ctx.global_processor_index
-        if not any(i == me for i, _, _ in self._restored):
-            return False  # a new index (another parallelism): no sequence to compare
+        known = any(i == me for i, *_ in self._restored)
         prefix, published = f"part-{me:05d}-", -1
         for n in os.listdir(self._directory):
             if n.startswith(prefix) and n.endswith(self.suffix):
@@ -360,11 +381,19 @@ class WriteFilesP(_SinkP):
                     published = max(published, int(seq))
         if published < self._sequence:
             return False
+        # a new index (another parallelism) starts at part 0: processor 0 keeps the next
+        # sequence of every index that existed before, so its part files are unknown to
+        # the snapshot
+        resumes = (
+            f"which continues at part {self._sequence:06d}"
+            if known
+            else f"which has no part files of processor {me}"
+        )
         text = (
             f"{self.factory} (vertex {ctx.vertex_name!r}): the snapshot store was rolled back: "
             f"{self._directory} holds the published part file "
             f"{prefix}{published:06d}{self.suffix} of processor {me}, newer than the snapshot "
-            f"the job resumes from (which continues at part {self._sequence:06d})"
+            f"the job resumes from ({resumes})"
         )
         if not ctx.allow_rollback:
             raise SnapshotStoreRolledBackError(
