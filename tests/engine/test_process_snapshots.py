@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import slipstream as ss
+from kill_support import kill_seeds
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import summing
@@ -173,9 +174,18 @@ def test_restores_at_two_then_one_then_two_processes_give_exact_output(tmp_path:
     assert dict(sums) == oracle_sums(n) and len(sums) == 10
 
 
+# the default seeds: one with the file sink, the two list seeds that failed most often
+# without the report before a snapshot's part; SLIPSTREAM_KILL_SEEDS=N runs N of each
+KILL_CASES = (
+    [(seed, sink) for sink in ("files", "list") for seed in kill_seeds([])]
+    if kill_seeds([])
+    else [(1, "files"), (6, "list"), (14, "list")]
+)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(GUARD_S * 3)
-@pytest.mark.parametrize(("seed", "sink"), [(1, "files"), (6, "list"), (14, "list")])
+@pytest.mark.parametrize(("seed", "sink"), KILL_CASES)
 def test_a_member_killed_at_a_random_moment_restarts_the_job_exactly_once(
     tmp_path: Any, seed: int, sink: str
 ) -> None:
