@@ -226,3 +226,42 @@ def test_a_compaction_running_when_the_job_ends_leaves_no_file(
     named = set().union(*(store.read_manifest(i).files() for i in store.committed_ids()))
     assert sorted(n for n in os.listdir(store.directory) if n.startswith("chunk-")) == sorted(named)
     assert store.protected == set()
+
+
+def test_a_stop_while_the_first_compaction_starts_its_thread_joins_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job ends (stop() on a worker thread) while the store thread submits the first
+    compaction: main made the thread, published it and then started it, so a stop in
+    between raised "cannot join thread before it is started" on the worker thread, and
+    the job never ended (join() waited for ever: docs/state.md:236, 1 of 8 runs side by
+    side). Here the stop comes exactly then; the thread is started under the lock
+    stop() takes, so it waits for the start and joins the thread."""
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    store.bind("j", "e1")
+    c = compact.Compactor(store, in_child=False, name="t")
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            c.stop()
+        except BaseException as e:  # noqa: BLE001 - what the worker thread would die of
+            errors.append(e)
+
+    stopper = threading.Thread(target=stop)
+
+    class StopFirst(threading.Thread):
+        def start(self) -> None:
+            if self.name.endswith("-compaction"):
+                stopper.start()
+                stopper.join(0.2)  # main: stop() ran (and failed) meanwhile
+            super().start()
+
+    monkeypatch.setattr(compact.threading, "Thread", StopFirst)
+    ref = compact.ChunkRef("chunk-1", "", 1, DELTA, 0)
+    c.submit(("v", 0), [ref])
+    stopper.join(60)
+    assert not stopper.is_alive() and errors == []
+    assert c._thread is not None
+    c._thread.join(60)
+    assert not c._thread.is_alive()  # it took the stop's None and ended

@@ -141,11 +141,16 @@ class Compactor:
                 return
             self._busy.add(key)
         self.store.protected.add(chunk_file_name(chain[-1].snapshot_id, key[0], key[1], True))
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name=f"slipstream-{self._name}-compaction", daemon=True
-            )
-            self._thread.start()
+        with self._lock:
+            # started under the lock: stop() (on a worker thread, as the job ends) never
+            # sees a thread it cannot join yet ("cannot join thread before it is
+            # started", which left the job unfinished and join() waiting for ever)
+            if self._thread is None:
+                thread = threading.Thread(
+                    target=self._run, name=f"slipstream-{self._name}-compaction", daemon=True
+                )
+                thread.start()
+                self._thread = thread
         self._queue.put((key, tuple(chain)))
 
     def take_done(self) -> dict[Key, tuple[tuple[ChunkRef, ...], ChunkRef]]:
@@ -219,6 +224,8 @@ class Compactor:
         start's clean-up."""
         self._stopping = True
         self._queue.put(None)
+        with self._lock:
+            thread = self._thread
         child = self._child
         if child is not None and child.poll() is None:
             child.terminate()  # it removes its temporary file (see main)
@@ -226,7 +233,6 @@ class Compactor:
                 child.wait(5)
             except subprocess.TimeoutExpired:
                 child.kill()
-        thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
