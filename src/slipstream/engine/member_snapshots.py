@@ -24,9 +24,17 @@ The coordinator process decides when snapshot N is taken and whether it committe
    and the processors commit on their own tasklets (two-phase sinks), as with one
    process. Nothing but the outcome crosses back.
 
-Members save full chunks (no delta chains, no compaction: a compaction would write
-chunks the coordinator's store does not know, ``JobConfig.snapshot_writer`` is taken as
-``"thread"``): docs/fault-tolerance.md.
+Incremental snapshots as with one process: keyed state records what changed
+(:mod:`slipstream.state.keyed`), saves copy-on-write where its values are replaced
+(:mod:`slipstream.state.live`), and a processor's chunk is a delta continuing its chain.
+A member keeps of each committed chain only its last chunk (what the next delta must
+continue); its part of the manifest names that chunk and the new one. The coordinator
+holds the whole chains: it puts each delta at the end of the chain it committed last
+(:meth:`~slipstream.engine.process_snapshots.ProcessSnapshots.merged_chain`), and
+compacts long chains over the store it commits to, so that the store's garbage
+collection and the compactor's protected files are one object's. ``JobConfig.
+snapshot_writer`` is taken as ``"thread"`` (no forked writer in a member):
+docs/fault-tolerance.md.
 
 An outcome this member did not learn (the coordinator stopped it while it waited) is
 never taken as a failure: the processors do not roll back what a committed snapshot may
@@ -322,6 +330,9 @@ class MemberSnapshots(SnapshotCoordinator):
             self.writer.pause_s = self._pause_s
         data.extra = {**data.extra, FLAGS: chain_flags(data, self.routing)}
         super().write_snapshot(data)
+        # committed: a delta continues a chain's last chunk, and the coordinator, which
+        # holds the chains (compacted there), names the rest (module docstring)
+        self._chains = {k: c[-1:] for k, c in self._chains.items()}
 
     def _write_failed(self, data: SnapshotData, error: BaseException) -> None:
         if isinstance(error, OutcomeUnknown):
@@ -346,8 +357,12 @@ class MemberSnapshots(SnapshotCoordinator):
         restored as completed."""
         ctx = spec.context
         ctx.snapshot_interval_ms = int(self.interval_s * 1000)
-        ctx.incremental_snapshots = False  # full chunks (module docstring)
+        # keyed state saves only what changed (delta chunks continuing this member's
+        # chains), copy-on-write where its values are replaced (state/live.py), as one
+        # process does; no forked writer (module docstring)
+        ctx.incremental_snapshots = True
         ctx.snapshot_writer = "thread"
+        ctx.live_saves = []
         if restore is None:
             return None, False
         routed, completed, recovering = restore

@@ -23,6 +23,16 @@ at-least-once (``snap_release`` commits the output without it); then
 ``suspend()``: a terminal snapshot (after the one in flight, if any); the members'
 processors end once its outcome is known.
 
+Incremental snapshots: a member names, for a processor whose chunk is a delta, only the
+chunk it continues and the delta; the coordinator holds the committed chains and puts
+the delta at the end of the one the last manifest named (:meth:`ProcessSnapshots.
+merged_chain`), so a manifest names base + deltas per chain as with one process. Long
+chains are compacted here, over the store this process commits to
+(:class:`~slipstream.state.compact.Compactor`, its merge in a child process): the files
+a running compaction protects and the store's garbage collection are then one object's,
+and the next manifest names the compacted chunk in place of the prefix it merged,
+whatever the member names. A chain's flags (``FLAGS``) are OR-ed over its chunks.
+
 The figures the job reads of an execution's coordinator (``job.metrics``,
 ``job.watch()``, ``snapshot_error``) have the names of
 :class:`~slipstream.engine.snapshot.SnapshotCoordinator`'s.
@@ -40,7 +50,16 @@ from typing import Any
 from slipstream.core.errors import SnapshotError, SnapshotStalledError
 from slipstream.engine.member_snapshots import FLAGS
 from slipstream.engine.snapshot import SnapshotStats
-from slipstream.state.store import DirectorySnapshotStore, Manifest, SnapshotData, VertexManifest
+from slipstream.state import compact
+from slipstream.state import format as fmt
+from slipstream.state.compact import Compactor
+from slipstream.state.store import (
+    ChunkRef,
+    DirectorySnapshotStore,
+    Manifest,
+    SnapshotData,
+    VertexManifest,
+)
 
 log = logging.getLogger("slipstream.snapshot")
 
@@ -93,7 +112,14 @@ class ProcessSnapshots:
         self.stall: str | None = None
         self.stalled_s = 0.0
         self.store_bytes = 0
-        self.compactions = 0
+        # the chains of the last committed manifest and each chain's flags (OR over its
+        # chunks: a delta's keys are a few of the chain's), per (vertex, index)
+        self._chains: dict[tuple[str, int], list[ChunkRef]] = {}
+        self._flags: dict[tuple[str, int], list[bool]] = {}
+        self.max_deltas = compact.DEFAULT_MAX_DELTAS
+        self._compactor = Compactor(store, True, job_name)
+        # held while the store commits a manifest or the compactor's outputs are settled
+        self._store_lock = threading.Lock()
         # held while a message goes out too: a member reads snapshot N's outcome before
         # snapshot N + 1
         self._lock = threading.RLock()
@@ -114,6 +140,11 @@ class ProcessSnapshots:
     def snapshots_committed(self) -> int:
         return self.stats.count
 
+    @property
+    def compactions(self) -> int:
+        """Chains compacted in this execution."""
+        return self._compactor.compacted
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start_timer(self) -> None:
         threading.Thread(
@@ -121,7 +152,12 @@ class ProcessSnapshots:
         ).start()
 
     def stop(self) -> None:
+        """The execution ended: no more snapshots; the compaction stops and its outputs
+        that no committed manifest names are removed."""
         self._stop.set()
+        self._compactor.stop()
+        with self._store_lock:
+            self._compactor.drop_unnamed()
 
     def abort(self) -> None:
         """The execution is being stopped: no new snapshot, no retry of the last one."""
@@ -218,26 +254,77 @@ class ProcessSnapshots:
         self._settle_committed(req, size, parts)
 
     def _commit(self, sid: int, parts: list[tuple[Manifest, int, int, float]]) -> int:
-        """The members' parts as one manifest, committed; returns the snapshot's bytes."""
-        manifest = Manifest(sid, self.job_name)
-        flags: dict[str, Any] = {}
-        for part, _, _, _ in parts:
-            for name, f in part.extra.get(FLAGS, {}).items():
-                merged = flags.setdefault(name, {"shape": f["shape"], "chains": {}})
-                merged["chains"].update(f["chains"])
-            for name, vm in part.vertices.items():
-                target = manifest.vertices.get(name)
-                if target is None:
-                    target = manifest.vertices[name] = VertexManifest(vm.total_parallelism)
-                target.completed |= vm.completed
-                target.final |= vm.final
-                target.chains.update(vm.chains)
-            if part.dag_shape is not None:
-                manifest.dag_shape = part.dag_shape
-        manifest.extra = {FLAGS: flags}
-        self.store.commit(manifest, chunk_bytes=sum(p[1] for p in parts))
-        self.store_bytes = self.store.disk_bytes()
-        return self.store.last_write_bytes or 0
+        """The members' parts as one manifest, committed; returns the snapshot's bytes.
+        Compactions done meanwhile replace the prefix of the chains they merged first;
+        after the commit, long chains go to the compaction."""
+        with self._store_lock:
+            self._compactor.take_into(self._chains)
+            manifest = Manifest(sid, self.job_name)
+            flags: dict[str, Any] = {}
+            chains: dict[tuple[str, int], list[ChunkRef]] = {}
+            chain_flags: dict[tuple[str, int], list[bool]] = {}
+            for part, _, _, _ in parts:
+                part_flags = part.extra.get(FLAGS, {})
+                for name, f in part_flags.items():
+                    flags.setdefault(name, {"shape": f["shape"], "chains": {}})
+                for name, vm in part.vertices.items():
+                    target = manifest.vertices.get(name)
+                    if target is None:
+                        target = manifest.vertices[name] = VertexManifest(vm.total_parallelism)
+                    target.completed |= vm.completed
+                    target.final |= vm.final
+                    vflags = part_flags.get(name, {}).get("chains", {})
+                    for i, chain in vm.chains.items():
+                        key = (name, i)
+                        chain = self.merged_chain(sid, key, chain)
+                        target.chains[i] = chains[key] = chain
+                        f = vflags.get(str(i))
+                        if f is not None:
+                            if len(chain) > 1:  # a delta: the chain's flags and its own
+                                prev = self._flags.get(key, [True, True])
+                                f = [a or b for a, b in zip(prev, f, strict=True)]
+                            chain_flags[key] = flags[name]["chains"][str(i)] = list(f)
+                if part.dag_shape is not None:
+                    manifest.dag_shape = part.dag_shape
+            manifest.extra = {FLAGS: flags}
+            self.store.commit(manifest, chunk_bytes=sum(p[1] for p in parts))
+            self._chains, self._flags = chains, chain_flags
+            self._compactor.settle(manifest.files(), chains.values())
+            self._compact_long_chains()
+            self.store_bytes = self.store.disk_bytes()
+            return self.store.last_write_bytes or 0
+
+    def merged_chain(self, sid: int, key: tuple[str, int], chain: list[ChunkRef]) -> list[ChunkRef]:
+        """The chain of processor ``key`` in manifest ``sid``, from a member's part: a
+        full chunk as it is; a delta (a member names only the chunk it continues, the
+        last of its chain, and the delta) at the end of the chain the last committed
+        manifest named, which must end at the snapshot the delta continues (else
+        :class:`SnapshotError`: the snapshot fails, the processor's next save is full)."""
+        if len(chain) < 2 or chain[-1].mode != fmt.CHUNK_DELTA:
+            return list(chain)
+        committed = self._chains.get(key)
+        last = committed[-1].snapshot_id if committed else None
+        if committed is None or last != chain[-2].snapshot_id:
+            raise SnapshotError(
+                f"snapshot {sid}: {key[0]}#{key[1]} wrote {chain[-1].file} as a delta "
+                f"continuing snapshot {chain[-2].snapshot_id}, but the last committed "
+                f"chain of this execution ends "
+                + (f"at snapshot {last}" if last is not None else "nowhere (it has none)")
+                + " (a bug in the change tracking; the next snapshot saves its state in full)"
+            )
+        return [*committed, chain[-1]]
+
+    def _compact_long_chains(self) -> None:
+        """Store lock held, after a commit: chains with more than ``max_deltas`` deltas,
+        or whose deltas outweigh their full chunk, go to the background compaction (as
+        with one process, :class:`~slipstream.engine.snapshot.SnapshotCoordinator`)."""
+        for key, chain in self._chains.items():
+            if len(chain) < 2:
+                continue
+            if (
+                len(chain) - 1 > self.max_deltas or sum(r.size for r in chain[1:]) > chain[0].size
+            ) and not self._compactor.busy(key):
+                self._compactor.submit(key, chain)
 
     def _settle_committed(
         self,
