@@ -9,6 +9,7 @@ over the store, and a restore reads them, at the same process count or another.
   is exact (hypothesis, few examples).
 - Bytes written follow the change: once the state stopped growing, each snapshot writes
   delta chunks a small fraction of the full chunk's size.
+- A resume at the same shape continues the members' chains (first saves are deltas).
 
 Tests wait for events (commits, output), never for time.
 """
@@ -225,3 +226,57 @@ def test_each_member_writes_deltas_the_size_of_the_change(
     assert len(deltas) >= len(after)
     for size, i in deltas:
         assert size * 20 < full[i], (size, full[i])
+
+
+def test_a_resume_at_the_same_shape_continues_the_members_chains(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled once a chain of 'sum' holds a delta, resumed from its store at two
+    processes again: the members' first saves are deltas continuing the chains they
+    restored from (a manifest after the resume names chunks of the restored snapshot
+    followed by a delta), and the output is exact."""
+    keys = 2000
+    store_dir = str(tmp_path / "store")
+    manifests: list[Any] = []
+    commit = DirectorySnapshotStore.commit
+
+    def recording(self: Any, manifest: Any, *a: Any, **kw: Any) -> Any:
+        out = commit(self, manifest, *a, **kw)
+        manifests.append(manifest)
+        return out
+
+    monkeypatch.setattr(DirectorySnapshotStore, "commit", recording)
+
+    def last_has_delta() -> bool:
+        vm = manifests[-1].vertices.get("sum") if manifests else None
+        return vm is not None and any(c[-1].mode == DELTA for c in vm.chains.values())
+
+    engine = ss.local(processes=2)
+    job = engine.new_job(keyed_dag(10**7, keys, 2000.0, 2), config(store_dir))
+    wait_for(last_has_delta, "a delta")
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(GUARD_S)
+    first = list(engine.get_list("out"))
+    data = DirectorySnapshotStore(store_dir).latest()
+    assert data is not None
+    restored = data.snapshot_id
+    offsets = {k.name[1]: v for es in data.vertices["src"].entries.values() for k, v in es}
+    n = max(g + 2 * off for g, off in offsets.items()) + 3000
+    manifests.clear()
+    engine2 = ss.local(processes=2)
+    job2 = engine2.new_job(keyed_dag(n, keys, 2000.0, 2), config(store_dir, resume=True))
+    job2.join(GUARD_S)
+    assert job2.resumed_from_snapshot == restored
+    assert Counter(first) + Counter(engine2.get_list("out")) == stp.expected_keyed_sums(n, keys)
+    continued = [
+        c
+        for m in manifests
+        for c in m.vertices["sum"].chains.values()
+        if c[0].snapshot_id <= restored < c[-1].snapshot_id and c[-1].mode == DELTA
+    ]
+    assert continued, [
+        [(r.snapshot_id, r.mode) for r in c]
+        for m in manifests
+        for c in m.vertices["sum"].chains.values()
+    ][:8]

@@ -33,8 +33,10 @@ holds the whole chains: it puts each delta at the end of the chain it committed 
 (:meth:`~slipstream.engine.process_snapshots.ProcessSnapshots.merged_chain`), and
 compacts long chains over the store it commits to, so that the store's garbage
 collection and the compactor's protected files are one object's. ``JobConfig.
-snapshot_writer`` is taken as ``"thread"`` (no forked writer in a member):
-docs/fault-tolerance.md.
+snapshot_writer`` is taken as ``"thread"`` (no forked writer in a member). Restored at the same shape from the job's
+own store, a processor that got back exactly its own chain continues it
+(:func:`restore_routing`, :meth:`MemberSnapshots.prepare`; the coordinator seeds its
+chains from the restored manifest): docs/fault-tolerance.md.
 
 An outcome this member did not learn (the coordinator stopped it while it waited) is
 never taken as a failure: the processors do not roll back what a committed snapshot may
@@ -365,8 +367,18 @@ class MemberSnapshots(SnapshotCoordinator):
         ctx.live_saves = []
         if restore is None:
             return None, False
-        routed, completed, recovering = restore
+        routed, completed, recovering = restore[:3]
         key = (spec.vertex.vertex.name, spec.global_index)
+        continued = restore[3] if len(restore) > 3 else {}
+        chain = continued.get(key)
+        if chain:
+            # restored from exactly its own chain: its keyed state may continue it (its
+            # first save a delta, see state.keyed.continue_restored_chain), as with one
+            # process; the coordinator holds the chain (module docstring)
+            ctx.restored_snapshot_id = chain[-1].snapshot_id
+            ctx._restored_maps = restore[4].get(key, {})
+            ctx._restored_states = []
+            self.continue_chains({key: chain[-1:]})
         entries = None
         if key not in completed or key in recovering:
             entries = routed.get(key, [])
@@ -429,7 +441,7 @@ def member_snapshots(member: Any, setup: dict[str, Any]) -> MemberSnapshots:
 
 def restore_routing(
     setup: dict[str, Any], dag: Any, plans: Any, member: int
-) -> tuple[dict[tuple[str, int], list[Any]], set[tuple[str, int]], set[tuple[str, int]]] | None:
+) -> tuple[Any, ...] | None:
     """What the processors of member ``member`` restore (``None``: the job starts
     fresh): the snapshot is read here, from the store directory the coordinator names
     (``("store", directory, key, id)``; signatures checked before anything is
@@ -437,7 +449,14 @@ def restore_routing(
     as data). Its entries are routed by key to the processors of the new execution
     (:func:`~slipstream.state.restore.restore_plan`, at any process count). From the
     store a member reads only the chains its processors need when the snapshot was
-    taken by member processes at the same shape (:func:`chain_flags`); else all."""
+    taken by member processes at the same shape (:func:`chain_flags`); else all.
+
+    Returns the entries per processor, the processors restored as completed, those of
+    them recovering, and, of this member's processors restored from exactly their own
+    chain of the job's own store, the chains they continue and their maps
+    (``(tag, detail) -> size``, checked by
+    :func:`~slipstream.state.keyed.continue_restored_chain`)."""
+    from slipstream.engine.job import _chain_maps, _continued_chains
     from slipstream.state.restore import (
         chains_to_read,
         custom_partitioners,
@@ -448,6 +467,13 @@ def restore_routing(
     spec = setup.get("restore")
     if spec is None:
         return None
+    store: DirectorySnapshotStore | None = None
+    mine: set[tuple[str, int]] = {
+        (name, g)
+        for name, vp in plans.items()
+        for g in range(vp.total_parallelism)
+        if vp.member_of(g) == member
+    }
     if spec[0] == "store":
         _, directory, key, sid = spec
         store = DirectorySnapshotStore(directory, key=key)
@@ -455,15 +481,13 @@ def restore_routing(
         flags = manifest.extra.get(FLAGS)
         wanted = None
         if isinstance(flags, dict):
-            mine = {
-                (name, g)
-                for name, vp in plans.items()
-                for g in range(vp.total_parallelism)
-                if vp.member_of(g) == member
-            }
             wanted = chains_to_read(manifest, flags, plans, mine)
         data = store.read(sid, wanted)
     else:
         data = spec[1]
-    routed, completed = restore_plan(data, plans, custom_partitioners(dag))
-    return routed, completed, recovering_completed(data, plans, completed)
+    own: set[tuple[str, int]] = set()
+    routed, completed = restore_plan(data, plans, custom_partitioners(dag), own)
+    # chains this member's processors continue: of the job's own store only
+    continued = _continued_chains(data, store, own & mine)
+    maps = {key: _chain_maps(data, key) for key in continued}
+    return routed, completed, recovering_completed(data, plans, completed), continued, maps

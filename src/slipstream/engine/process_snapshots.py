@@ -140,6 +140,21 @@ class ProcessSnapshots:
     def snapshots_committed(self) -> int:
         return self.stats.count
 
+    def continue_chains(self, manifest: Manifest) -> None:
+        """Before the first snapshot: the chains (and flags) of ``manifest``, the
+        snapshot of this store the execution restores from, which processors restored
+        from exactly their own chain continue with a delta
+        (:meth:`~slipstream.engine.member_snapshots.MemberSnapshots.prepare`)."""
+        flags = manifest.extra.get(FLAGS)
+        with self._store_lock:
+            for name, vm in manifest.vertices.items():
+                chain_flags = flags.get(name, {}).get("chains", {}) if isinstance(flags, dict) else {}
+                for i, chain in vm.chains.items():
+                    self._chains[(name, i)] = list(chain)
+                    f = chain_flags.get(str(i))
+                    if f is not None:
+                        self._flags[(name, i)] = list(f)
+
     @property
     def compactions(self) -> int:
         """Chains compacted in this execution."""
@@ -531,7 +546,7 @@ def new_coordinator(ex: Any) -> ProcessSnapshots:
         log.error("job %s: %s", job.name, error)
         ex.snapshot_failed(TaskletFailure(None, error))
 
-    return ProcessSnapshots(
+    coordinator = ProcessSnapshots(
         job.name,
         store,
         config.snapshot_interval_ms,
@@ -550,3 +565,7 @@ def new_coordinator(ex: Any) -> ProcessSnapshots:
         stall_warning_s=config.stall_warning_s,
         stall_timeout_s=config.stall_timeout_s,
     )
+    spec = getattr(ex, "restore_spec", None)
+    if spec is not None and spec[0] == "store":  # the members read it from this store
+        coordinator.continue_chains(store.read_manifest(spec[3]))
+    return coordinator

@@ -267,6 +267,9 @@ class ProcessExecution:
             from slipstream.engine.process_snapshots import member_setup
 
             setup.update(member_setup(job, restore))
+        #: how the members restore (``("store", ...)``: from the job's store, whose
+        #: chains the coordinator continues, see process_snapshots.new_coordinator)
+        self.restore_spec = setup.get("restore")
         try:
             self._payload = cloudpickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
