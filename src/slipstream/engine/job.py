@@ -231,11 +231,9 @@ class _Execution:
             error,
         )
         if n >= limit:
-            e = SnapshotError(
-                f"{n} consecutive snapshots could not be written to the snapshot store "
-                f"{self.job.store.directory}: {type(error).__name__}: {error}"
-            )
-            e.__cause__ = error
+            from slipstream.engine.snapshot import store_failures_error
+
+            e = store_failures_error(n, self.job.store.directory, error)
             self._on_failure(TaskletFailure(None, e, restartable=False))
 
     def _on_fatal(self, error: BaseException) -> None:

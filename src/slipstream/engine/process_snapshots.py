@@ -49,7 +49,12 @@ from typing import Any
 
 from slipstream.core.errors import SnapshotError, SnapshotStalledError
 from slipstream.engine.member_snapshots import FLAGS
-from slipstream.engine.snapshot import SnapshotStats
+from slipstream.engine.snapshot import (
+    SnapshotStats,
+    final_snapshot_error,
+    store_failures_error,
+    terminal_snapshot_error,
+)
 from slipstream.state import compact
 from slipstream.state import format as fmt
 from slipstream.state.compact import Compactor
@@ -402,25 +407,17 @@ class ProcessSnapshots:
                 self._final_retry_at = time.monotonic() + self.interval_s
             self._send_all(messages)
         if final and limit is not None and n >= limit:
-            err = SnapshotError(
-                f"the final snapshot (recording every processor as completed) could not "
-                f"be written to the snapshot store {self.store.directory} ({n} consecutive "
-                f"snapshots could not be written): {type(error).__name__}: {error}. Nothing "
-                f"the sinks staged after snapshot {self.committed_id} was committed; fix "
-                f"the store and run the job again with resume=True"
+            err = final_snapshot_error(
+                self.store.directory,
+                f"{n} consecutive snapshots could not be written",
+                self.committed_id,
+                error,
             )
-            err.__cause__ = error
             with self._lock:
                 self._final = _DONE
             self._on_fatal(err)
         elif terminal:
-            err = SnapshotError(
-                f"the terminal snapshot {sid} of job {self.job_name!r} (taken to suspend or "
-                f"restart it) could not be written to the snapshot store "
-                f"{self.store.directory}: {type(error).__name__}: {error}"
-            )
-            err.__cause__ = error
-            self._on_fatal(err)
+            self._on_fatal(terminal_snapshot_error(sid, self.job_name, self.store.directory, error))
         elif not final:
             self._on_error(error)
 
@@ -535,11 +532,7 @@ def new_coordinator(ex: Any) -> ProcessSnapshots:
         c = ex.coordinator
         n, limit = c.consecutive_failures, config.max_snapshot_failures
         if n >= limit:
-            e = SnapshotError(
-                f"{n} consecutive snapshots could not be written to the snapshot store "
-                f"{store.directory}: {type(error).__name__}: {error}"
-            )
-            e.__cause__ = error
+            e = store_failures_error(n, store.directory, error)
             ex.snapshot_failed(TaskletFailure(None, e, restartable=False))
 
     def on_stall(error: BaseException) -> None:

@@ -712,13 +712,11 @@ class SnapshotCoordinator:
         if terminal and self._on_fatal is not None:
             # the tasklets end after the terminal barrier once its outcome is published:
             # the execution fails first, so that it does not end as if completed
-            err = SnapshotError(
-                f"the terminal snapshot {data.snapshot_id} of job {self.job_name!r} (taken to "
-                f"suspend or restart it) could not be written to the snapshot store "
-                f"{self.store.directory}: {type(error).__name__}: {error}"
+            self._on_fatal(
+                terminal_snapshot_error(
+                    data.snapshot_id, self.job_name, self.store.directory, error
+                )
             )
-            err.__cause__ = error
-            self._on_fatal(err)
         with self._lock:
             self._requested = None
             self._to_write = None
@@ -879,14 +877,7 @@ class SnapshotCoordinator:
                     if n >= limit
                     else "the job was stopped"
                 )
-                err = SnapshotError(
-                    f"the final snapshot (recording every processor as completed) could "
-                    f"not be written to the snapshot store {self.store.directory} "
-                    f"({what}): {type(error).__name__}: {error}. Nothing the sinks staged "
-                    f"after snapshot {self.committed_id} was committed; fix the store and "
-                    f"run the job again with resume=True"
-                )
-                err.__cause__ = error
+                err = final_snapshot_error(self.store.directory, what, self.committed_id, error)
                 with self._lock:
                     self._final, self._final_error = _FINAL_DONE, err
                     self._commit_event.notify_all()
@@ -983,6 +974,46 @@ _FINAL_DONE = "done"
 
 _SCALARS = frozenset((int, float, complex, str, bytes, bool, type(None)))
 _second = operator.itemgetter(1)
+
+
+def store_failures_error(failures: int, directory: str, error: BaseException) -> SnapshotError:
+    """The error that fails a job whose last ``failures`` snapshots could not be written
+    (``JobConfig(max_snapshot_failures=)``), for one-process and member-process jobs alike."""
+    e = SnapshotError(
+        f"{failures} consecutive snapshots could not be written to the snapshot store "
+        f"{directory}: {type(error).__name__}: {error}"
+    )
+    e.__cause__ = error
+    return e
+
+
+def terminal_snapshot_error(
+    snapshot_id: int, job_name: str, directory: str, error: BaseException
+) -> SnapshotError:
+    """The error that fails a job whose terminal snapshot (suspend, restart) could not be
+    written."""
+    e = SnapshotError(
+        f"the terminal snapshot {snapshot_id} of job {job_name!r} (taken to suspend or "
+        f"restart it) could not be written to the snapshot store {directory}: "
+        f"{type(error).__name__}: {error}"
+    )
+    e.__cause__ = error
+    return e
+
+
+def final_snapshot_error(
+    directory: str, why: str, committed_id: int | None, error: BaseException
+) -> SnapshotError:
+    """The error that fails a job whose final snapshot (every processor completed) could
+    not be written: what the sinks staged after the last commit stays uncommitted."""
+    e = SnapshotError(
+        f"the final snapshot (recording every processor as completed) could not be written "
+        f"to the snapshot store {directory} ({why}): {type(error).__name__}: {error}. "
+        f"Nothing the sinks staged after snapshot {committed_id} was committed; fix the "
+        f"store and run the job again with resume=True"
+    )
+    e.__cause__ = error
+    return e
 
 
 def _frozen(values: Collection[Any], depth: int = 0) -> bool:
