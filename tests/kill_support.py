@@ -10,6 +10,10 @@ Run one sink at a time, e.g.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
+
+from slipstream import JobStatus
 
 ENV = "SLIPSTREAM_KILL_SEEDS"
 
@@ -26,3 +30,19 @@ def kill_seeds(default: list[int]) -> list[int]:
         return list(range(int(given)))
     except ValueError:
         raise ValueError(f"{ENV}={given!r}: expected a count (20) or seeds (3,7,12)") from None
+
+
+def kill_point(job: Any, committed: int, source: str, n: int) -> Callable[[], bool]:
+    """Whether a kill test's job reached its kill point: ``committed`` snapshots taken,
+    or (a loaded machine takes fewer snapshots in the job's run) its source ``source``
+    emitted two thirds of its ``n`` items, so the job still runs when the test kills."""
+
+    def reached() -> bool:
+        m = job.metrics
+        return bool(
+            m["__job__"]["snapshots"] >= committed
+            or m.get(source, {}).get("items_out", 0) >= 2 * n // 3
+            or job.status is not JobStatus.RUNNING
+        )
+
+    return reached

@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 import slipstream as ss
-from kill_support import kill_seeds
+from kill_support import kill_point, kill_seeds
 from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import summing
@@ -333,14 +333,15 @@ def test_a_pipeline_from_kafka_into_postgresql_on_two_members(kafka: Any, postgr
     assert written[0] == written[1] == oracle
 
 
-def kill_a_member(job: Any, seed: int, guard: str | None = None) -> None:
-    """SIGKILL a random member after a random number (1-4) of committed snapshots and a
-    random moment within the next few (the job must still run). With ``guard`` (a file
+def kill_a_member(job: Any, seed: int, n: int, guard: str | None = None) -> None:
+    """SIGKILL a random member after a random number (1-4) of committed snapshots (or
+    two thirds of the ``n`` items emitted) and a random moment within the next few (the
+    job must still run). With ``guard`` (a file
     the sink processors lock while they write a transaction) the kill waits until no
     transaction is being written."""
     rnd = random.Random(seed)
     committed = rnd.randint(1, 4)
-    wait_for(lambda: job.metrics["__job__"]["snapshots"] >= committed, f"{committed} snapshots")
+    wait_for(kill_point(job, committed, "gen", n), f"{committed} snapshots")
     time.sleep(rnd.random() * 0.2)
     assert job.status is ss.JobStatus.RUNNING, "the job ended before the kill"
     victim = job._execution._procs[rnd.randrange(2)].pid
@@ -397,7 +398,7 @@ def test_an_exactly_once_sql_sink_on_two_members_survives_a_member_killed(
     sink = sinks.sql(connect(postgres.dsn), f"INSERT INTO {t} (k, v) VALUES (%s, %s)")
     cfg = eo_config(unique("sqleo"))
     job = ss.local(processes=2).new_job(generated(n, sink), cfg)
-    kill_a_member(job, seed)
+    kill_a_member(job, seed, n)
     job.join(timeout=GUARD_S)
     assert job.restarts == 1
     assert rows(postgres.dsn, f"SELECT k, v FROM {t} ORDER BY k") == [(i, f"x{i}") for i in range(n)]
@@ -450,7 +451,7 @@ def test_an_exactly_once_kafka_sink_on_two_members_survives_a_member_killed(
     conf = {"bootstrap.servers": kafka.bootstrap}
     sink = functools.partial(GuardedKafkaSinkP, guard, topic, conf, None, as_text)
     job = ss.local(processes=2).new_job(generated(n, sink), eo_config(unique("kafkaeo")))
-    kill_a_member(job, seed, guard)
+    kill_a_member(job, seed, n, guard)
     job.join(timeout=GUARD_S)
     assert job.restarts == 1
     values = sorted(int(v) for v in read_topic(kafka.bootstrap, topic, n))
