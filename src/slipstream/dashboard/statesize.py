@@ -82,7 +82,7 @@ class StateSizes:
         with self._lock:
             sizes = self._jobs.setdefault(job_key, _Sizes())
         try:
-            ids = store.committed_ids()
+            ids = store.committed_ids_read_only()
         except Exception:  # noqa: BLE001 - a watcher never fails the page
             log.debug("dashboard: reading the committed ids of %s failed", store.directory, exc_info=True)
             ids = []

@@ -248,7 +248,7 @@ def snapshot(
     from slipstream.state.reader import _snapshot, open_store
 
     s = open_store(store)
-    ids = s.committed_ids()
+    ids = s.committed_ids_read_only()
     if snapshot_id is None and ids:
         snapshot_id = ids[-1]
     sid, _data = _snapshot(s, vertex, snapshot_id)

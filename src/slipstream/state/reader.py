@@ -146,6 +146,21 @@ def open_store(store: Any) -> Any:
     return DirectorySnapshotStore(directory)
 
 
+def _no_snapshot_yet(directory: str) -> str:
+    """Why a reader finds nothing to read in store ``directory``: readers only read what
+    its ``MANIFEST.json`` names, so the snapshot files a job writes before its first
+    commit (and those of a store whose manifest was lost) are never read."""
+    from slipstream.state.store import MANIFEST
+
+    if not os.path.exists(os.path.join(directory, MANIFEST)):
+        return (
+            f"snapshot store {directory} holds no committed snapshot yet: it has no "
+            f"{MANIFEST} (its job has not committed its first snapshot, or the file was "
+            f"lost; a job resuming from the store rebuilds it from the snapshot files)"
+        )
+    return f"snapshot store {directory} holds no committed snapshot"
+
+
 def _snapshot(
     store: Any, vertex: str | None, snapshot_id: int | None, columns: bool = False
 ) -> tuple[int, Any]:
@@ -154,9 +169,9 @@ def _snapshot(
     columns, :class:`~slipstream.state.columnar.MapColumns`, for the readers here)."""
     last: SnapshotError | None = None
     for _ in range(_RETRIES):
-        ids = store.committed_ids()
+        ids = store.committed_ids_read_only()
         if not ids:
-            raise SnapshotError(f"snapshot store {store.directory} holds no committed snapshot")
+            raise SnapshotError(_no_snapshot_yet(store.directory))
         sid = ids[-1] if snapshot_id is None else snapshot_id
         if sid not in ids:
             raise SnapshotError(
@@ -185,7 +200,7 @@ def _snapshot(
             return sid, data
         except SnapshotError as e:
             last = e
-            if store.committed_ids() != ids:
+            if store.committed_ids_read_only() != ids:
                 continue  # a running job committed and pruned meanwhile: read the new one
             if snapshot_id is None:
                 store.latest()  # raises the store's SnapshotStoreDamagedError
@@ -364,7 +379,7 @@ def point_query(job: Any, vertex: str, key: Any = _ALL) -> tuple[int, list[State
             f"job {job.name!r} takes no snapshots (processing_guarantee NONE): it has no "
             f"state to read"
         )
-    if not store.committed_ids():
+    if not store.committed_ids_read_only():
         raise SnapshotError(
             f"job {job.name!r} has committed no snapshot yet (its store is "
             f"{store.directory}): there is no state to read"

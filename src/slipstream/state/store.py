@@ -354,15 +354,15 @@ class DirectorySnapshotStore:
         body = {k: v for k, v in manifest.items() if k != "mac"}
         return json.dumps(body, sort_keys=True).encode("utf-8")
 
-    def _read_manifest(self) -> dict[str, Any] | None:
-        """The verified manifest; ``None`` if absent. A damaged one is logged and
-        treated as absent (the files are the truth)."""
+    def _load_manifest(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The verified manifest (``None`` if absent or damaged) and, for a damaged one,
+        why it cannot be used. Only reads."""
         path = os.path.join(self.directory, MANIFEST)
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
         except FileNotFoundError:
-            return None
+            return None, None
         try:
             manifest = json.loads(raw)
             ok = isinstance(manifest, dict) and verify(
@@ -370,16 +370,22 @@ class DirectorySnapshotStore:
             )
             if ok:
                 manifest["committed"] = sorted(int(i) for i in manifest["committed"])
-                return manifest
-            reason = "its signature does not match"
+                return manifest, None
+            return None, "its signature does not match"
         except (ValueError, KeyError, TypeError) as e:
-            reason = f"it cannot be parsed ({e})"
-        log.warning(
-            "snapshot manifest %s is damaged: %s; rebuilding it from the snapshot files",
-            path,
-            reason,
-        )
-        return None
+            return None, f"it cannot be parsed ({e})"
+
+    def _read_manifest(self) -> dict[str, Any] | None:
+        """The verified manifest; ``None`` if absent. A damaged one is logged and
+        treated as absent (the files are the truth)."""
+        manifest, reason = self._load_manifest()
+        if reason is not None:
+            log.warning(
+                "snapshot manifest %s is damaged: %s; rebuilding it from the snapshot files",
+                os.path.join(self.directory, MANIFEST),
+                reason,
+            )
+        return manifest
 
     def _write_manifest(self, ids: Sequence[int], completed: bool = False) -> None:
         manifest: dict[str, Any] = {
@@ -398,7 +404,10 @@ class DirectorySnapshotStore:
     def committed_ids(self) -> list[int]:
         """The committed snapshot ids, oldest first. Without a usable manifest they are
         rebuilt from the snapshot files (each file is only ever renamed into place
-        complete, and carries its own id)."""
+        complete, and carries its own id): the recovery path of the job that owns the
+        store (its restore, its next commit). Readers use
+        :meth:`committed_ids_read_only`: to them a snapshot file the manifest does not
+        name yet is not committed."""
         manifest = self._read_manifest()
         if manifest is not None:
             return list(manifest["committed"])
@@ -413,6 +422,24 @@ class DirectorySnapshotStore:
                 ids,
             )
         return ids[-self.keep :]
+
+    def committed_ids_read_only(self) -> list[int]:
+        """The committed snapshot ids as ``MANIFEST.json`` lists them, for a reader (the
+        state readers, the dashboard): nothing is rebuilt, written, locked or cleaned
+        up, and no snapshot file is trusted that the manifest does not name. Without a
+        manifest (the job has not committed its first snapshot: its files may be in
+        place, the manifest not yet) the list is empty; a damaged manifest is a
+        :class:`SnapshotStoreDamagedError` (only the job that owns the store rebuilds
+        it, when it resumes: :meth:`committed_ids`)."""
+        manifest, reason = self._load_manifest()
+        if reason is not None:
+            raise SnapshotStoreDamagedError(
+                f"snapshot store {self.directory} is damaged: its {MANIFEST} "
+                f"{os.path.join(self.directory, MANIFEST)} cannot be used: {reason}; a "
+                f"reader does not rebuild it (a job resuming from the store rebuilds it "
+                f"from the snapshot files)"
+            )
+        return [] if manifest is None else list(manifest["committed"])
 
     def owner(self) -> StoreOwner | None:
         """Who wrote the committed snapshots (``None`` for an empty store)."""
