@@ -74,12 +74,12 @@ def test_point_queries_while_the_job_runs(tmp_path: Path) -> None:
         while True:
             assert not job.status.is_terminal, job.status
             assert time.monotonic() < deadline, "timed out waiting for a snapshot of all clicks"
-            ids = DirectorySnapshotStore(directory).committed_ids()
+            ids = DirectorySnapshotStore(directory).committed_ids_read_only()
             if not ids:
                 time.sleep(0.005)
                 continue
             rows = job.state("rolling_aggregate", "a")
-            answers.append((ids[-1], rows, DirectorySnapshotStore(directory).committed_ids()[-1]))
+            answers.append((ids[-1], rows, DirectorySnapshotStore(directory).committed_ids_read_only()[-1]))
             if count_of_a(directory, answers[-1][2]) == N // 3 and rows and rows[0].value == N // 3:
                 final = {
                     v: job.state(v, "a")
