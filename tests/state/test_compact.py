@@ -265,3 +265,62 @@ def test_a_stop_while_the_first_compaction_starts_its_thread_joins_it(
     assert c._thread is not None
     c._thread.join(60)
     assert not c._thread.is_alive()  # it took the stop's None and ended
+
+
+FAILED = "compacting the chain of v#0"
+
+
+def chain_store(tmp_path: Any) -> tuple[DirectorySnapshotStore, SnapshotCoordinator]:
+    """A store whose snapshot 3 names the chain full 1, delta 2, delta 3 (no compactor)."""
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    store.bind("j", "e1")
+    c = SnapshotCoordinator("j", store, 1000, 1, {"v": 1}, max_deltas=None)
+    base = {k: 0 for k in range(100, 300)}
+    c.write_snapshot(snapshot(1, StateMapSave(FULL, {1: 1, **base})))
+    c.write_snapshot(snapshot(2, StateMapSave(DELTA, {2: 2}, (), 1)))
+    c.write_snapshot(snapshot(3, StateMapSave(DELTA, {3: 3}, (), 2)))
+    return store, c
+
+
+@pytest.mark.parametrize("in_child", [False, True])
+def test_a_compaction_whose_chain_was_superseded_and_collected_fails_quietly(
+    tmp_path: Any, caplog: Any, in_child: bool
+) -> None:
+    """The chain restarted with a full save and GC removed the compaction's inputs before
+    it ran (few keys, a high snapshot rate): normal operation, no warning (and no second
+    attempt on the thread after the child's)."""
+    store, c = chain_store(tmp_path)
+    chain = store.read_manifest(3).vertices["v"].chains[0]
+    base = {k: 0 for k in range(100, 300)}
+    c.write_snapshot(snapshot(4, StateMapSave(FULL, {4: 4, **base})))
+    for sid in (5, 6):
+        c.write_snapshot(snapshot(sid, StateMapSave(DELTA, {sid: sid}, (), sid - 1)))
+    assert not os.path.exists(os.path.join(store.directory, chain[0].file))  # collected
+    compactor = compact.Compactor(store, in_child=in_child, name="j")
+    with caplog.at_level("DEBUG", logger="slipstream.snapshot"):
+        compactor.submit(("v", 0), chain)
+        wait_for(lambda: compactor.superseded == 1 and compactor.idle(), "the compaction")
+    compactor.stop()
+    c.stop()
+    assert compactor.failed == 0
+    assert [r for r in caplog.records if FAILED in r.getMessage() and r.levelname == "WARNING"] == []
+    assert [r.levelname for r in caplog.records if "superseded" in r.getMessage()] == ["DEBUG"]
+    assert [r for r in caplog.records if "compacting on the job's compaction thread" in r.getMessage()] == []
+    assert compactor.take_done() == {} and store.protected == set()
+
+
+def test_a_chunk_missing_from_a_current_chain_is_still_a_warning(tmp_path: Any, caplog: Any) -> None:
+    store, c = chain_store(tmp_path)
+    chain = store.read_manifest(3).vertices["v"].chains[0]
+    os.unlink(os.path.join(store.directory, chain[1].file))  # named by snapshot 3: damage
+    compactor = compact.Compactor(store, in_child=False, name="j")
+    with caplog.at_level("DEBUG", logger="slipstream.snapshot"):
+        compactor.submit(("v", 0), chain)
+        wait_for(lambda: compactor.failed == 1 and compactor.idle(), "the compaction")
+    compactor.stop()
+    c.stop()
+    assert compactor.superseded == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and FAILED in warnings[0], warnings
+    assert f"{chain[1].file} (vertex 'v', processor 0) is missing" in warnings[0]
+    assert "the chain stays as it is" in warnings[0]

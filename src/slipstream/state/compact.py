@@ -122,6 +122,9 @@ class Compactor:
         self.compacted = 0
         #: compactions that failed (logged; the chain stays as it is)
         self.failed = 0
+        #: compactions dropped because their chain was superseded and its chunks
+        #: collected before they ran (debug log only: normal operation)
+        self.superseded = 0
         # outputs taken into chains that no committed manifest names yet
         self._unnamed: set[str] = set()
 
@@ -250,18 +253,30 @@ class Compactor:
                 ref = self._compact(key, chain)
             except Exception as e:  # noqa: BLE001 - a failed compaction only keeps the chain
                 self.store.protected.difference_update(inputs)
-                self.failed += 1
-                log.log(
-                    logging.DEBUG if self._stopping else logging.WARNING,
-                    "snapshot store %s: compacting the chain of %s#%d (snapshots %s) failed: "
-                    "%s: %s; the chain stays as it is",
-                    self.store.directory,
-                    key[0],
-                    key[1],
-                    [r.snapshot_id for r in chain],
-                    type(e).__name__,
-                    e,
-                )
+                if not self._stopping and self._superseded(chain):
+                    self.superseded += 1
+                    log.debug(
+                        "snapshot store %s: the chain of %s#%d (snapshots %s) was superseded "
+                        "and its chunks collected before its compaction ran (%s); dropped",
+                        self.store.directory,
+                        key[0],
+                        key[1],
+                        [r.snapshot_id for r in chain],
+                        e,
+                    )
+                else:
+                    self.failed += 1
+                    log.log(
+                        logging.DEBUG if self._stopping else logging.WARNING,
+                        "snapshot store %s: compacting the chain of %s#%d (snapshots %s) failed: "
+                        "%s: %s; the chain stays as it is",
+                        self.store.directory,
+                        key[0],
+                        key[1],
+                        [r.snapshot_id for r in chain],
+                        type(e).__name__,
+                        e,
+                    )
                 # its output, if written before the failure, is never used
                 output = chunk_file_name(chain[-1].snapshot_id, key[0], key[1], True)
                 self.store.protected.discard(output)
@@ -283,8 +298,8 @@ class Compactor:
             try:
                 return compact_in_child(self.store, key[0], key[1], chain, self._started)
             except Exception as e:  # noqa: BLE001
-                if self._stopping:
-                    raise
+                if self._stopping or self._superseded(chain):
+                    raise  # the thread would fail the same way
                 log.info(
                     "snapshot store %s: compaction of %s#%d in a child process failed (%s); "
                     "compacting on the job's compaction thread",
@@ -294,6 +309,30 @@ class Compactor:
                     e,
                 )
         return compact_chain(self.store, key[0], key[1], chain)
+
+    def _superseded(self, chain: Sequence[ChunkRef]) -> bool:
+        """Whether a failed compaction's ``chain`` was superseded rather than damaged: an
+        input is gone from the store and no retained committed manifest names it any
+        more (the chain restarted with a full save and a commit's GC removed it before
+        the compaction protected it; with few keys and a high snapshot rate that is
+        normal). A chunk missing from a chain a retained manifest still names, a damaged
+        chunk (it is there) or an unreadable manifest is a real failure: ``False``. A
+        commit writes ``MANIFEST.json`` before its GC removes a file, so a file found
+        gone here is one the manifest read below no longer names."""
+        gone = {r.file for r in chain if not os.path.exists(os.path.join(self.store.directory, r.file))}
+        if not gone:
+            return False
+        for attempt in range(2):  # a commit may remove a stale manifest while it is read
+            try:
+                ids = self.store.committed_ids_read_only()
+                # read, not cached: the store thread owns the store's manifest cache
+                named = [gone & self.store.read_manifest(i).files() for i in ids]
+            except Exception:  # noqa: BLE001 - a manifest cannot be read: a real failure
+                if attempt:
+                    return False
+                continue
+            return bool(ids) and not any(named)
+        return False
 
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
         self._child = proc
