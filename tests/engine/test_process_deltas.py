@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import slipstream as ss
+from process_support import functions_by_value
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
-from slipstream.core.pickling import cloudpickle
 from slipstream.state import compact
 from slipstream.state.keyed import DELTA, FULL
 from slipstream.state.store import DirectorySnapshotStore
@@ -44,10 +44,8 @@ EO = ProcessingGuarantee.EXACTLY_ONCE
 def by_value() -> Iterator[None]:
     """This module's classes travel to the members by value (by reference, each member
     would import the test module, and hypothesis with it)."""
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    yield
-    cloudpickle.unregister_pickle_by_value(module)
+    with functions_by_value(sys.modules[__name__]):
+        yield
 
 
 def wait_for(cond: Callable[[], bool], what: str) -> None:

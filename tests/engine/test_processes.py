@@ -26,11 +26,11 @@ import pytest
 from engine_test_procs import ListSource
 
 import slipstream as ss
+from process_support import functions_by_value
 from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import counting, summing
 from slipstream.core.errors import JobCancelledError, JobFailedError
-from slipstream.core.pickling import cloudpickle
 from slipstream.window import KeyedWindowResult, tumbling_window_def
 
 GUARD_S = 120
@@ -45,12 +45,8 @@ def by_value() -> Iterator[None]:
     the test module (and pytest or hypothesis with it) at every job."""
     import test_engine_random_dags
 
-    modules = [sys.modules[__name__], test_engine_random_dags]
-    for module in modules:
-        cloudpickle.register_pickle_by_value(module)
-    yield
-    for module in modules:
-        cloudpickle.unregister_pickle_by_value(module)
+    with functions_by_value(sys.modules[__name__], test_engine_random_dags):
+        yield
 
 
 def lines(n: int) -> list[str]:

@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 
 import slipstream as ss
+from process_support import functions_by_value
 from slipstream import DAG, Edge, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import all_of, counting, max_by, min_by, summing, to_list
-from slipstream.core.pickling import cloudpickle
 from slipstream.window import (
     KeyedWindowResult,
     session_window_def,
@@ -50,13 +50,11 @@ _names = iter(range(10**6))
 def engines() -> Iterator[dict[int, Any]]:
     # this module's functions travel by value: a member process then need not import
     # it (and pytest with it) for every job, which cost ~0.4 s a job
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    two, one = ss.local(processes=2), ss.local()
-    yield {2: two, 1: one}
-    two.shutdown()
-    one.shutdown()
-    cloudpickle.unregister_pickle_by_value(module)
+    with functions_by_value(sys.modules[__name__]):
+        two, one = ss.local(processes=2), ss.local()
+        yield {2: two, 1: one}
+        two.shutdown()
+        one.shutdown()
 
 
 def run_both(engines: dict[int, Any], build: Callable[[str], Any]) -> tuple[list[Any], list[Any]]:

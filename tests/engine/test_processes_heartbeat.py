@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 import slipstream as ss
+from process_support import functions_by_value
 from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream.core.errors import JobFailedError
-from slipstream.core.pickling import cloudpickle
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 
 GUARD_S = 120
@@ -32,10 +32,8 @@ GUARD_S = 120
 def _by_value() -> Iterator[None]:
     """This module's functions travel to the members by value, so a member does not
     import it (and pytest with it) at every job."""
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    yield
-    cloudpickle.unregister_pickle_by_value(module)
+    with functions_by_value(sys.modules[__name__]):
+        yield
 TIMEOUT_MS = 3000
 
 

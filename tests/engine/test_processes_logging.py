@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import slipstream as ss
+from process_support import functions_by_value
 from slipstream import sinks, sources
-from slipstream.core.pickling import cloudpickle
 
 GUARD_S = 120
 
@@ -23,10 +23,8 @@ GUARD_S = 120
 def _by_value() -> Iterator[None]:
     """This module's functions travel to the members by value, so a member does not
     import it (and pytest with it) at every job."""
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    yield
-    cloudpickle.unregister_pickle_by_value(module)
+    with functions_by_value(sys.modules[__name__]):
+        yield
 
 
 def parse(line: str) -> tuple[str, int]:

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 import slipstream as ss
+from process_support import functions_by_value
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks
 from slipstream.core.errors import SnapshotStoreRolledBackError
 from slipstream.core.inbox import Inbox
 from slipstream.core.outbox import Outbox
-from slipstream.core.pickling import cloudpickle
 from slipstream.core.processor import Context
 from slipstream.state.keys import BroadcastKey
 
@@ -108,10 +108,8 @@ def published_lines(out: Path) -> list[int]:
 def by_value() -> Iterator[None]:
     """This module's classes travel to member processes by value (they need not import
     it, and pytest with it)."""
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    yield
-    cloudpickle.unregister_pickle_by_value(module)
+    with functions_by_value(sys.modules[__name__]):
+        yield
 
 
 @pytest.mark.parametrize(
