@@ -182,8 +182,13 @@ def test_rows_of_one_vertex_and_one_key(store: str) -> None:
     assert {r.vertex for r in rows} == {"rolling_aggregate"}
     assert sorted(r.key for r in rows) == [0, 1, 2]
     assert all(type(r) is StateRow and r.detail is None and r.kind == "keyed" for r in rows)
-    one = ss.state.read(store, vertex="window-combine", key=1)
-    assert one and {r.key for r in one} == {1}
+    # a key the window holds frames of (a snapshot taken just after a window was emitted
+    # holds only the keys the next window has seen yet, perhaps not key 1)
+    held = {r.key for r in ss.state.read(store, vertex="window-combine") if r.kind == "window"}
+    assert held
+    k = min(held)
+    one = ss.state.read(store, vertex="window-combine", key=k)
+    assert one and {r.key for r in one} == {k}
     assert ss.state.read(store, vertex="sink", key=1) == []
     # key= looks the key up in each map: the same rows as filtering every row
     every = ss.state.read(store)

@@ -309,7 +309,8 @@ class _Member:
         # one report at a time, taken and sent in order: a map's newer value never
         # arrives before an older one (the store thread reports too, see member_snapshots)
         with self._report_lock:
-            member_output.flush()  # what was printed since, before the report
+            # what was printed since, before the report; all of it at the member's end
+            member_output.flush(final=kind != "report")
             lists, maps, marks = self.services.take_output()
             message = (kind, self.metrics(), lists, maps, usage(), marks)
             try:
@@ -420,6 +421,7 @@ class _Member:
             return
         if self.failure is not None:  # also: the last report's sink output did not pickle
             self.report()
+            member_output.flush(final=True)  # an unfinished line of the crash's text
             self.send(self.failure)
 
     def _close_all(self) -> None:
@@ -512,6 +514,6 @@ def failure_message(
 
 
 def _report_setup_error(control: MemberControl, error: BaseException) -> None:
-    member_output.flush()
+    member_output.flush(final=True)
     control.send(failure_message(JOB, None, None, error))
 

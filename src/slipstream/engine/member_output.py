@@ -10,8 +10,12 @@ capture, a Jupyter notebook's cell output). So a member's ``sys.stdout`` and
 control pipe; the coordinator's listener writes it to its own streams of the moment
 (:func:`write`). Standard output is sent on ``flush()`` (``print(..., flush=True)``, the
 stdout sink after each batch), every report (0.1 s), when 8 KiB are waiting and at the
-member's end; standard error at every write, so nothing of a crash's text waits in a
-buffer.
+member's end; standard error at every write that ends a line, so nothing of a crash's
+text waits in a buffer.
+
+Only whole lines are sent before the member's end: ``print`` writes its text and its
+newline in two calls, and two members printing at once would otherwise interleave
+(``"err 1err 0"`` then an empty line). A line longer than 8 KiB is sent as it is.
 """
 
 from __future__ import annotations
@@ -57,16 +61,23 @@ class ForwardedStream(io.TextIOBase):
         with self._lock:
             self._parts.append(text)
             self._size += len(text)
-            due = not self._buffered or self._size >= FLUSH_CHARS
+            due = self._size >= FLUSH_CHARS or (not self._buffered and "\n" in text)
         if due:
             self.flush()
         return len(text)
 
-    def flush(self) -> None:
+    def flush(self, partial: bool = False) -> None:
+        """Send the whole lines waiting; with ``partial`` (the member's end, or more
+        than 8 KiB waiting) the unfinished last line too."""
         with self._lock:
             text = "".join(self._parts)
             self._parts.clear()
-            self._size = 0
+            if not partial and len(text) < FLUSH_CHARS:
+                cut = text.rfind("\n") + 1
+                if cut < len(text):
+                    self._parts.append(text[cut:])
+                text = text[:cut]
+            self._size = sum(len(p) for p in self._parts)
         if text:
             self._send((OUTPUT, self.name, text))
 
@@ -77,11 +88,12 @@ def install(send: Callable[[tuple[Any, ...]], bool]) -> None:
     sys.stderr = ForwardedStream("stderr", send, buffered=False)
 
 
-def flush() -> None:
-    """Send what a member's standard output holds (each report, and at its end)."""
+def flush(final: bool = False) -> None:
+    """Send the whole lines a member's streams hold (each report), and at its end
+    (``final``) what is left of an unfinished line too."""
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, ForwardedStream):
-            stream.flush()
+            stream.flush(partial=final)
 
 
 def write(name: str, text: str) -> None:
