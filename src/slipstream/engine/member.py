@@ -96,11 +96,31 @@ class TrackedDict(dict[Any, Any]):
         self.dirty.add(key)
 
     def update(self, other: Any = (), /, **kw: Any) -> None:  # type: ignore[override]
+        # a map sink's batch of pairs at C speed: ``dict(pairs)`` reads them as
+        # dict.update does (any 2-item iterable; a later pair of a key wins) and its keys
+        # are the dirty ones. A Python loop over the pairs cost a member ~10x the update
+        # itself (docs/performance.md, "Member processes: where the time goes")
         if hasattr(other, "keys"):
-            keys = list(other.keys())
+            keys: Any = list(other.keys())
         else:
-            other = list(other)
-            keys = [kv[0] for kv in other if isinstance(kv, tuple | list) and len(kv) == 2]
+            if iter(other) is other:
+                other = list(other)  # an iterator is read once (a collection: twice)
+            try:
+                keys = dict(other)
+            except (TypeError, ValueError):
+                # not all pairs: dict.update applies those before the bad one and then
+                # raises its own error; apply and mark them, then let it raise
+                for kv in other:
+                    try:
+                        k, v = kv
+                        super().__setitem__(k, v)
+                    except (TypeError, ValueError):
+                        break
+                    self.dirty.add(k)
+                super().update(other, **kw)
+                self.dirty.update(kw)
+                return
+            other = keys
         super().update(other, **kw)
         self.dirty.update(keys)
         self.dirty.update(kw)
