@@ -10,6 +10,8 @@ over the store, and a restore reads them, at the same process count or another.
 - Bytes written follow the change: once the state stopped growing, each snapshot writes
   delta chunks a small fraction of the full chunk's size.
 - A resume at the same shape continues the members' chains (first saves are deltas).
+- Copy-on-write saves (20,000 keys or more) flag their chains as holding only their own
+  processor's keys, so a restore at the same shape reads one chain per processor.
 
 Tests wait for events (commits, output), never for time.
 """
@@ -278,3 +280,117 @@ def test_a_resume_at_the_same_shape_continues_the_members_chains(
         for m in manifests
         for c in m.vertices["sum"].chains.values()
     ][:8]
+
+
+class TwoRounds(ss.AbstractProcessor):
+    """Emits its share of ``range(first)``, then, once the file ``gate`` exists, of
+    ``range(second)`` (the same keys again); never completes (the test cancels)."""
+
+    def __init__(self, first: int, second: int, gate: str) -> None:
+        self.first, self.second, self.gate = first, second, gate
+
+    def init_processor(self, context: ss.Context) -> None:
+        g, total = context.global_processor_index, context.total_parallelism
+        self.items = list(range(g, self.first, total))
+        self.later = list(range(g, self.second, total))
+        self.pos = 0
+
+    def complete(self) -> bool:
+        if self.pos == len(self.items) and self.later and os.path.exists(self.gate):
+            self.items += self.later
+            self.later = []
+        while self.pos < len(self.items):
+            if not self.try_emit(self.items[self.pos]):
+                return False
+            self.pos += 1
+        return False
+
+
+class ReplacedSums(ss.AbstractProcessor):
+    """The sum of the items per key (the item), in a keyed state whose values are
+    replaced, never changed in place: a save of 20,000 keys or more (full or delta) is
+    copy-on-write (state/live.py). Emits nothing."""
+
+    def init_processor(self, context: ss.Context) -> None:
+        from slipstream.state.keyed import keyed_state
+
+        self.sums = keyed_state(context)
+        self.sums.values_replaced = True
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        self.sums[item] = self.sums.get(item, 0) + item
+        if self.sums.dirty is not None:
+            self.sums.dirty.add(item)
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        return self.outbox.offer_to_snapshot(*self.sums.snapshot_entry())
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.sums[key] = value
+
+
+def _identity(x: int) -> int:
+    return x
+
+
+def test_copy_on_write_saves_record_that_each_chain_holds_only_its_own_keys(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """48,000 keys over two members (~24,000 a processor: full saves copy-on-write),
+    then 42,000 of them again (deltas of ~21,000 changed keys, copy-on-write when one
+    snapshot takes them all). Every chain of 'sum' is flagged as holding only its own
+    processor's keys, so a restore at the same shape reads one chain per processor:
+    each member's restore reads only its own chain and gets exactly its keys' sums.
+    On main the copy-on-write saves flagged every chain as spilling: each member read
+    both chains."""
+    from slipstream.engine.member_snapshots import FLAGS, restore_routing
+    from slipstream.engine.processes import bare_plans
+
+    first, second = 48_000, 42_000
+    store_dir = str(tmp_path / "store")
+    gate = str(tmp_path / "gate")
+    dag = DAG()
+    src = dag.new_vertex("src", functools.partial(TwoRounds, first, second, gate))
+    rs = dag.new_vertex("sum", ReplacedSums)
+    dag.edge(Edge.between(src, rs).partitioned(_identity).distributed())
+    for v in (src, rs):
+        v.local_parallelism(1)
+    engine = ss.local(processes=2)
+    job = engine.new_job(dag, config(store_dir, name="cowflags"))
+
+    def settled(items: int) -> None:
+        wait_for(lambda: job.metrics.get("sum", {}).get("items_in", 0) >= items, f"{items} in")
+        taken = job.metrics["__job__"]["snapshots"]
+        wait_for(lambda: job.metrics["__job__"]["snapshots"] >= taken + 2, "two snapshots")
+
+    settled(first)
+    with open(gate, "w"):
+        pass
+    settled(first + second)
+    job.cancel()
+    with pytest.raises(ss.JobCancelledError):
+        job.join(GUARD_S)
+    store = DirectorySnapshotStore(store_dir)
+    sid = store.committed_ids()[-1]
+    manifest = store.read_manifest(sid)
+    assert manifest.extra[FLAGS]["sum"]["chains"] == {"0": [False, False], "1": [False, False]}
+    read: list[Any] = []
+    store_read = DirectorySnapshotStore.read
+
+    def recording(self: Any, snapshot_id: int, wanted: Any = None) -> Any:
+        read.append(wanted)
+        return store_read(self, snapshot_id, wanted)
+
+    monkeypatch.setattr(DirectorySnapshotStore, "read", recording)
+    plans = bare_plans(dag, 2, 1)
+    setup = {"restore": ("store", store_dir, store.key, sid)}
+    state: dict[int, int] = {}
+    for member in (0, 1):
+        routed = restore_routing(setup, dag, plans, member)
+        assert routed is not None
+        assert read[-1] is not None and {k for k in read[-1] if k[0] == "sum"} == {("sum", member)}
+        mine = dict(routed[0][("sum", member)])  # (key, sum) entries
+        assert not set(state) & set(mine)
+        state.update(mine)
+    assert state == {k: k * (2 if k < second else 1) for k in range(first)}

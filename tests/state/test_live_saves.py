@@ -87,7 +87,7 @@ def _apply(s: KeyedState, op: tuple[Any, ...], save: LiveSave, model: dict[Any, 
     assert dict(s) == model  # the processor sees its own writes at once
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.dictionaries(_keys, st.integers(0, 9), max_size=30),
     _ops,
@@ -116,7 +116,7 @@ def test_a_full_save_holds_the_pre_barrier_map_whatever_changes_meanwhile(
     assert dict(s) == model
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.dictionaries(_keys, st.integers(0, 9), max_size=30),
     st.lists(st.tuples(_keys, st.integers(-1, 9)), max_size=30),
@@ -394,3 +394,56 @@ def test_a_step_stops_after_its_time_at_the_end_of_a_slice(monkeypatch: pytest.M
     monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 60.0)
     assert save.upserts.step(100)  # the rest, slice after slice, within its time
     assert _content(save.upserts) == ({i: -i for i in range(6)}, ())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.dictionaries(_keys, st.integers(0, 9), min_size=1, max_size=30),
+    st.sets(_keys),
+    st.lists(st.tuples(_keys, st.integers(0, 9)), max_size=10),
+    st.booleans(),
+)
+def test_a_save_checks_whether_a_key_it_saves_is_another_processors(
+    content: dict[int, int],
+    foreign: set[int],
+    later: list[tuple[int, int]],
+    delta: bool,
+) -> None:
+    """With ``context.spilled_keys`` (member processes), a copy-on-write save, full or
+    delta, records whether one key it saves goes to another processor (``foreign``), as
+    its slices are produced: keys written after the barrier do not count."""
+    ctx = _ctx()
+    checked: list[int] = []
+
+    def spilled(keys: list[Any]) -> bool:
+        checked.extend(keys)
+        return bool(foreign & set(keys))
+
+    ctx.spilled_keys = spilled
+    s = _state(ctx, content)
+    saved = set(content)
+    if delta:
+        _save(s, ctx, 1, 0).upserts.finish()  # the full save the delta continues
+        changed = list(content)[: max(1, len(content) // 2)]
+        for k in changed:
+            s[k] = s[k] + 1
+        s.dirty = set(changed)
+        saved = set(changed)
+        checked.clear()
+    save = _save(s, ctx, 2 if delta else 1, 1 if delta else 0)
+    assert save.mode == (DELTA if delta and len(changed) < len(content) else FULL)
+    for k, v in later:
+        s[k] = v
+    save.upserts.finish()
+    if save.mode == FULL:
+        saved = set(content)
+    assert save.upserts.spill is bool(foreign & saved)
+    assert set(checked) <= saved and (save.upserts.spill or set(checked) == saved)
+
+
+def test_a_save_without_spilled_keys_leaves_its_keys_unchecked() -> None:
+    ctx = _ctx()
+    s = _state(ctx, {1: 1, 2: 2})
+    save = _save(s, ctx, 1, 0)
+    save.upserts.finish()
+    assert save.upserts.spill is None

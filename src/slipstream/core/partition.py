@@ -16,6 +16,8 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import and_
 from typing import Any
 
 DEFAULT_PARTITION_COUNT = 271
@@ -109,6 +111,31 @@ class KeyRouting:
     def owner(self, key: Any) -> int:
         """The global index of the processor that receives ``key``."""
         return self.table[self.partitioner(key, self.partition_count)]
+
+    def spills(self, keys: list[Any], index: int) -> bool:
+        """Whether one of ``keys`` goes to another processor than ``index`` (a copy-on-write
+        save checks every key it saves, state/live.py). With the default partitioner,
+        keys that are all non-negative ``int`` or all ``str`` (without lone surrogates)
+        are hashed without a Python call per key (:func:`stable_hash`'s values; several
+        times faster than :meth:`owner` per key), and only their distinct partitions
+        are looked up."""
+        table, count = self.table, self.partition_count
+        if self.partitioner is default_partitioner and keys:
+            kinds = set(map(type, keys))
+            parts: set[int] | None = None
+            if kinds == {int} and min(keys) >= 0:
+                if max(keys) <= 0x7FFFFFFF:  # its own stable hash
+                    parts = set(map(count.__rmod__, keys))
+                else:
+                    parts = set(map(count.__rmod__, map(and_, keys, repeat(0x7FFFFFFF))))
+            elif kinds == {str}:
+                try:
+                    parts = set(map(count.__rmod__, map(zlib.crc32, map(str.encode, keys))))
+                except UnicodeEncodeError:  # a lone surrogate: stable_hash's own way
+                    parts = None
+            if parts is not None:
+                return any(table[p] != index for p in parts)
+        return any(map(index.__ne__, map(self.owner, keys)))
 
 
 def key_routing(

@@ -60,6 +60,7 @@ class Context:
         "incremental_snapshots",
         "snapshot_writer",
         "live_saves",
+        "spilled_keys",
         "restored_snapshot_id",
         "_restored_maps",
         "_restored_states",
@@ -168,6 +169,12 @@ class Context:
         #: produced in steps between two calls of the processor: a list the engine's
         #: tasklet works through (``None``: nothing drives them, saves copy at the barrier)
         self.live_saves: list[Any] | None = None
+        #: whether one of a list of keys would go to another processor than this one
+        #: at a restore at the same shape (the vertex's key routing), set where the
+        #: engine records that a processor's saved keys are all its own (member
+        #: processes: such a restore then reads only its chain); copy-on-write saves
+        #: check the keys they save with it (``None``: not checked)
+        self.spilled_keys: Callable[[list[Any]], bool] | None = None
         #: the snapshot whose chain (state/format.py) this processor was restored from
         #: exactly: the same processor of the same vertex parallelism got back just the
         #: entries it saved (no other processor's, no broadcast entry). Keyed state then

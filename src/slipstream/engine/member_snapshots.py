@@ -45,6 +45,7 @@ hold; a restore from it commits it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -57,6 +58,7 @@ from slipstream.engine.snapshot import SnapshotCoordinator, _detached_or_error
 from slipstream.state.store import ChunkRef, DirectorySnapshotStore, Manifest, SnapshotData
 
 if TYPE_CHECKING:
+    from slipstream.core.partition import KeyRouting
     from slipstream.execution.tasklet import ProcessorTasklet
 
 log = logging.getLogger("slipstream.member")
@@ -69,17 +71,23 @@ FLAGS = "member_chains"
 
 
 def chain_flags(
-    data: SnapshotData, routing: dict[str, tuple[list[int], Callable[[Any], int]]]
+    data: SnapshotData,
+    routing: dict[str, tuple[list[int], Callable[[Any], int]]],
+    checked: dict[tuple[str, int], bool] | None = None,
 ) -> dict[str, Any]:
     """Per vertex with state in ``data`` (this member's part of a snapshot): the shape
     it was saved at and each chain's ``[spill, broadcast]``
     (:func:`~slipstream.state.restore.entry_flags`), so that a restore at the same shape
     reads only the chains its processors need
-    (:func:`~slipstream.state.restore.chains_to_read`). A keyed-state map handed over
-    as a view (a disk-backed map) counts as spilling: its keys are not scanned here."""
+    (:func:`~slipstream.state.restore.chains_to_read`). A keyed-state map whose content
+    is encoded already (a copy-on-write save) counts with the spill flag its production
+    found, ``checked[(vertex, index)]`` (:attr:`~slipstream.state.live.LiveSave.spill`,
+    OR-ed over the processor's saves); one handed over as a view (a disk-backed map), or
+    encoded with its keys unchecked, counts as spilling: its keys are not scanned here."""
     from slipstream.state.keyed import StateMap
     from slipstream.state.restore import entry_flags
 
+    checked = checked or {}
     out: dict[str, Any] = {}
     for name, vs in data.vertices.items():
         if name not in routing or not any(vs.entries.values()):
@@ -89,14 +97,37 @@ def chain_flags(
         for i, entries in vs.entries.items():
             if not entries:
                 continue
-            lazy = any(type(k) is StateMap and type(v.upserts) is not dict for k, v in entries)
-            if lazy:
+            plain = [e for e in entries if type(e[0]) is not StateMap or type(e[1].upserts) is dict]
+            if len(plain) < len(entries) and checked.get((name, i)) is not False:
                 chains[str(i)] = [True, True]
             else:
-                spill, broadcast = entry_flags(entries, i, owner)
+                spill, broadcast = entry_flags(plain, i, owner)
                 chains[str(i)] = [spill, broadcast]
         out[name] = {"shape": list(shape), "chains": chains}
     return out
+
+
+def resolve_live_saves(
+    data: SnapshotData, resolved: Callable[[list[Any]], list[Any]]
+) -> dict[tuple[str, int], bool]:
+    """The store thread, before the flags: each processor's copy-on-write saves in
+    ``data`` replaced by their encoded content (``resolved``, which waits for them),
+    and per processor that had such saves whether one found a key of another
+    processor (``True`` too where one did not check its keys), for
+    :func:`chain_flags`."""
+    from slipstream.state.keyed import StateMap
+    from slipstream.state.live import LiveSave
+
+    spills: dict[tuple[str, int], bool] = {}
+    for name, vs in data.vertices.items():
+        for i, entries in vs.entries.items():
+            lives = [
+                v.upserts for k, v in entries if type(k) is StateMap and type(v.upserts) is LiveSave
+            ]
+            if lives:
+                vs.entries[i] = resolved(entries)
+                spills[(name, i)] = any(live.spill is not False for live in lives)
+    return spills
 
 
 class OutcomeUnknown(SnapshotError):
@@ -205,6 +236,7 @@ class MemberSnapshots(SnapshotCoordinator):
         on_state_error: Callable[[ProcessorTasklet, BaseException], None],
         on_fatal: Callable[[BaseException], None],
         routing: dict[str, tuple[list[int], Callable[[Any], int]]] | None = None,
+        key_routing: dict[str, KeyRouting] | None = None,
     ) -> None:
         super().__init__(
             job_name,
@@ -221,6 +253,8 @@ class MemberSnapshots(SnapshotCoordinator):
         #: per vertex: [member count, local parallelism] and its restore routing (the
         #: owner of a key), for the flags of each chain (:func:`chain_flags`)
         self.routing = routing or {}
+        #: per vertex: its key routing (copy-on-write saves check their keys with it)
+        self.key_routing = key_routing or {}
         # saved before this member read ("snapshot", N): N -> (entries, reported, pause)
         self._early: dict[int, tuple[dict[tuple[str, int], list[Any]], set[int], float]] = {}
         self._told_completed = False
@@ -330,7 +364,9 @@ class MemberSnapshots(SnapshotCoordinator):
         with self._lock:
             self.writer.entries = data.entry_count()
             self.writer.pause_s = self._pause_s
-        data.extra = {**data.extra, FLAGS: chain_flags(data, self.routing)}
+        # the copy-on-write saves first: their production checked their keys' owners
+        spills = resolve_live_saves(data, self._resolved)
+        data.extra = {**data.extra, FLAGS: chain_flags(data, self.routing, spills)}
         super().write_snapshot(data)
         # committed: a delta continues a chain's last chunk, and the coordinator, which
         # holds the chains (compacted there), names the rest (module docstring)
@@ -365,6 +401,9 @@ class MemberSnapshots(SnapshotCoordinator):
         ctx.incremental_snapshots = True
         ctx.snapshot_writer = "thread"
         ctx.live_saves = []
+        routing = self.key_routing.get(spec.vertex.vertex.name)
+        if routing is not None:  # copy-on-write saves check their keys (chain_flags)
+            ctx.spilled_keys = functools.partial(routing.spills, index=spec.global_index)
         if restore is None:
             return None, False
         routed, completed, recovering = restore[:3]
@@ -419,11 +458,12 @@ def member_snapshots(member: Any, setup: dict[str, Any]) -> MemberSnapshots:
     snap = setup["snapshots"]
     writer = ChunkWriter(snap["directory"], snap["key"], member.send, member.report)
     partitioners = custom_partitioners(setup["dag"])
+    routings = {
+        name: key_routing(partitioners.get(name), vp.member_count, vp.local_parallelism)
+        for name, vp in member.plans.items()
+    }
     routing: dict[str, tuple[list[int], Callable[[Any], int]]] = {
-        name: (
-            [vp.member_count, vp.local_parallelism],
-            key_routing(partitioners.get(name), vp.member_count, vp.local_parallelism).owner,
-        )
+        name: ([vp.member_count, vp.local_parallelism], routings[name].owner)
         for name, vp in member.plans.items()
     }
     return MemberSnapshots(
@@ -436,6 +476,7 @@ def member_snapshots(member: Any, setup: dict[str, Any]) -> MemberSnapshots:
         on_state_error=lambda t, e: member._on_failure(TaskletFailure(t, e)),
         on_fatal=lambda e: member.fail(None, e, JOB),
         routing=routing,
+        key_routing=routings,
     )
 
 

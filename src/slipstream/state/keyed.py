@@ -221,7 +221,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
             return None
         if (len(self) if keys is None else len(keys)) < live_mod.LIVE_SAVE_MIN_KEYS:
             return None
-        save = live_mod.LiveSave(self, sid, mode, keys)
+        save = live_mod.LiveSave(self, sid, mode, keys, getattr(self._context, "spilled_keys", None))
         self._live = save
         self.__class__ = _OverlayKeyedState if mode == FULL else _SavingKeyedState
         saves.append(save)

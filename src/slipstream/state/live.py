@@ -46,6 +46,7 @@ import io
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from itertools import islice, repeat
 from operator import is_, itemgetter
 from typing import Any
@@ -158,7 +159,14 @@ class LiveSave:
 
     detached = True
 
-    def __init__(self, state: Any, snapshot_id: int, mode: str, keys: Any = None) -> None:
+    def __init__(
+        self,
+        state: Any,
+        snapshot_id: int,
+        mode: str,
+        keys: Any = None,
+        spilled: Callable[[list[Any]], bool] | None = None,
+    ) -> None:
         self.state = state
         self.snapshot_id = snapshot_id
         self.mode = mode
@@ -199,6 +207,13 @@ class LiveSave:
         self.steps = 0
         #: the longest step, seconds (the processor's thread was busy with it)
         self.step_max_s = 0.0
+        #: with ``spilled`` (whether one of a list of keys goes to another processor at a
+        #: restore, ``Context.spilled_keys``): whether one saved key does, checked as the
+        #: slices are produced (the keys are at hand there; the store thread gets them
+        #: encoded). The member processes record it as the chain's spill flag
+        #: (engine/member_snapshots.py). ``None``: not checked
+        self.spill: bool | None = None if spilled is None else False
+        self._spilled = spilled
 
     def __len__(self) -> int:
         return self.size
@@ -326,6 +341,11 @@ class LiveSave:
 
     def _add(self, keys: list[Any], values: list[Any]) -> None:
         self.count += len(keys)
+        if self.spill is False:  # checked until one key is another processor's
+            try:
+                self.spill = self._spilled(keys)  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - a partitioner's error: taken as spilling
+                self.spill = True
         columns = self.columns
         if columns is not None:
             if columns.add(keys, values):
