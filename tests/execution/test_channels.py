@@ -12,11 +12,13 @@ message from the child, a counter of the channel), never for a time."""
 
 from __future__ import annotations
 
+import collections
+import copyreg
 import multiprocessing
 import pickle
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from channel_peer import (
@@ -53,10 +55,12 @@ from slipstream.execution.remote import (
     ChannelPeerError,
     ChannelReceiver,
     ChannelSender,
+    _plain_namedtuple,
     channel_pairs,
     channel_sockets,
 )
 from slipstream.execution.tasklet import DONE, ProcessorTasklet
+from slipstream.window import KeyedWindowResult
 
 CTX = multiprocessing.get_context("forkserver")
 #: only a guard against a hung test: every wait ends on an event long before
@@ -526,3 +530,73 @@ def test_a_terminal_barrier_ends_its_lane_and_the_pair(pair: Any) -> None:
         take_all(r, got)
     take_all(r, got)
     assert got == [1, 2, SnapshotBarrier(3, True)]
+
+
+# -- chunks of NamedTuples travel as rows -----------------------------------------------
+
+Pair = collections.namedtuple("Pair", "key value")
+
+
+class Tagged(Pair):
+    """A namedtuple subclass with an instance ``__dict__``: its state must cross too."""
+
+
+class Slotted(Pair):
+    __slots__ = ()
+
+    def total(self) -> int:
+        return self.key + self.value
+
+
+class Doubled(NamedTuple):
+    a: int
+
+    def __reduce__(self) -> Any:  # its own pickle: rebuilt doubled
+        return (Doubled, (self.a * 2,))
+
+
+class Registered(NamedTuple):
+    a: int
+
+
+copyreg.pickle(Registered, lambda r: (Registered, (r.a + 1,)))
+
+
+def test_which_tuple_classes_travel_as_rows() -> None:
+    assert _plain_namedtuple(KeyedWindowResult) and _plain_namedtuple(Pair)
+    assert _plain_namedtuple(Slotted)
+    for cls in (tuple, Tagged, Doubled, Registered, int, str):
+        assert not _plain_namedtuple(cls), cls
+
+
+def test_chunks_of_namedtuples_arrive_with_their_classes_and_state(pair: Any) -> None:
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 64)
+    r = receiver.lane(0, 1, 64)
+    tagged = Tagged(1, 2)
+    tagged.note = "kept"  # type: ignore[attr-defined]
+    entries: list[Any] = [
+        [KeyedWindowResult(0, 10, f"k{i}", i) for i in range(5)],
+        [Slotted(1, 2), Slotted(3, 4)],
+        [Pair(1, 2), (1, 2), Slotted(5, 6)],  # mixed: pickled item by item
+        [tagged, Pair(7, 8)],
+        [Doubled(3), Registered(4)],
+        Watermark(3),
+        [Pair(9, 10)],
+        DONE_ITEM,
+    ]
+    for e in entries:
+        assert q.offer(e, size_of(e))
+    got: list[Any] = []
+    while not (sender.done and receiver.done):
+        sender.call()
+        receiver.call()
+        take_all(r, got)
+    want = flat(entries)
+    want[want.index(Doubled(3))] = Doubled(6)
+    want[want.index(Registered(4))] = Registered(5)
+    assert got == want
+    assert [type(x) for x in got] == [type(x) for x in want]
+    assert got[10].note == "kept" and got[5].total() == 3

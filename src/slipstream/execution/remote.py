@@ -36,7 +36,12 @@ channel does.)
 that is a flat list ``[lane, kind, payload, ...]``: kinds are a data chunk (the items),
 a watermark (its timestamp), an idle mark, a barrier (``(id, terminal)``), end of stream
 and, once at the start, the lane table (``[(producer, consumer), ...]``). Special items
-are rebuilt from their kind, so no class path crosses. The body is pickled (protocol 5),
+are rebuilt from their kind, so no class path crosses. A chunk whose items are all of one
+``NamedTuple`` class (window results, partial aggregations) travels as
+``(class, plain tuples)``, rebuilt with ``tuple.__new__``: a NamedTuple's own pickle
+calls two Python functions per item (measured 3x the channel's cost per item; only
+classes whose unpickling is exactly that qualify, :func:`_plain_namedtuple`). The body
+is pickled (protocol 5),
 chosen by measurement (docs/performance.md, "Channels"): ``marshal`` is faster on plain
 builtins but carries a ``bytearray`` (any buffer-like object) as ``bytes``, and the type
 scan that would make it safe costs more than it saves. Receiver to sender: ``!I``
@@ -59,11 +64,13 @@ detected here (that needs a heartbeat between the member processes).
 
 from __future__ import annotations
 
+import copyreg
 import marshal
 import pickle
 import socket
 import struct
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.items import (
@@ -117,6 +124,7 @@ _IDLE = 2
 _BARRIER = 3
 _DONE = 4
 _LANES = 5
+_ROWS = 6  # a chunk of one NamedTuple class's items as ``(class, plain tuples)``
 
 #: socket errors that mean the other end is gone
 _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
@@ -328,10 +336,12 @@ class ChannelSender:
         return self._encode(records)
 
     def _encode(self, records: list[Any]) -> bytes:
+        chunks = [records[j + 2] for j in range(0, len(records), 3) if records[j + 1] == _CHUNK]
+        if chunks:
+            _rows_of_chunks(records)
         try:
             body = pickle.dumps(records, pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
-            chunks = [records[j + 2] for j in range(0, len(records), 3) if records[j + 1] == _CHUNK]
             raise pickle.PicklingError(
                 f"{self.vertex_name}: {_unpicklable(chunks)} cannot be pickled "
                 f"({type(exc).__name__}: {exc}); items that cross processes "
@@ -525,6 +535,9 @@ class ChannelReceiver:
             i = records[j]
             kind = records[j + 1]
             payload = records[j + 2]
+            if kind == _ROWS:
+                kind = _CHUNK
+                payload = list(map(partial(tuple.__new__, payload[0]), payload[1]))
             if kind == _CHUNK:
                 q = queues[i]
                 q.entries.append(payload)
@@ -610,6 +623,59 @@ class ChannelReceiver:
             raise self._peer() from exc
         self._out = None if n == len(out) else out[n:]
         return self._out is None
+
+
+#: per item class: whether its chunks travel as plain tuples (:func:`_plain_namedtuple`)
+_ROW_CLASSES: dict[type, bool] = {}
+
+#: what a class of the rows must not define (a pickle of its own, an instance state)
+_PICKLE_HOOKS = ("__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs_ex__")
+
+
+def _plain_namedtuple(cls: type) -> bool:
+    """Whether ``tuple.__new__(cls, tuple(item))`` rebuilds any ``item`` of exact type
+    ``cls`` as its unpickling would: a ``NamedTuple`` (``collections.namedtuple``) class,
+    or subclasses of one, none with an instance ``__dict__`` or slots (every class up to
+    ``tuple`` declares ``__slots__ = ()``), a pickle hook, or a ``__new__`` /
+    ``__getnewargs__`` other than the generated ones, and not in ``copyreg``'s dispatch
+    table."""
+    if not issubclass(cls, tuple) or cls is tuple or cls in copyreg.dispatch_table:
+        return False
+    fields = False
+    for k in cls.__mro__:
+        if k is tuple:
+            return fields
+        own = vars(k)
+        if own.get("__slots__") != () or any(h in own for h in _PICKLE_HOOKS):
+            return False
+        generated = "_fields" in own and "_make" in own
+        if ("__new__" in own or "__getnewargs__" in own) and not generated:
+            return False
+        fields = fields or generated
+    return False  # pragma: no cover - every tuple subclass has tuple in its MRO
+
+
+def _rows_of_chunks(records: list[Any]) -> None:
+    """Turn each chunk record of ``records`` whose items are all of one
+    :func:`_plain_namedtuple` class into a ``_ROWS`` record ``(class, plain tuples)``
+    (the chunk itself is not changed: a broadcast shares it). Measured: pickling a
+    NamedTuple calls its ``__getnewargs__`` and unpickling its ``__new__``, two Python
+    calls per item; as rows both sides run at C speed (docs/performance.md, "Member
+    processes: where the time goes")."""
+    known = _ROW_CLASSES
+    for j in range(1, len(records), 3):
+        if records[j] != _CHUNK:
+            continue
+        chunk = records[j + 1]
+        if not chunk:
+            continue
+        t = type(chunk[0])
+        ok = known.get(t)
+        if ok is None:
+            ok = known[t] = _plain_namedtuple(t)
+        if ok and list(map(type, chunk)).count(t) == len(chunk):
+            records[j] = _ROWS
+            records[j + 1] = (t, list(map(tuple, chunk)))
 
 
 def _unpicklable(chunks: list[list[Any]]) -> str:
