@@ -70,6 +70,8 @@ def run_both(engines: dict[int, Any], build: Callable[[str], Any]) -> tuple[list
 
 def same(two: list[Any], one: list[Any], oracle: Any) -> None:
     assert Counter(two) == Counter(one) == Counter(oracle)
+    # and of the same classes (window results reach the coordinator packed as rows)
+    assert Counter(map(type, two)) == Counter(map(type, one)) == Counter(map(type, oracle))
 
 
 def ts_of(item: tuple[int, int]) -> int:

@@ -62,7 +62,7 @@ from slipstream.engine.workers import (
     remove_state_dir,
 )
 from slipstream.execution.plan import build_vertex_plans, close_suppliers, wire
-from slipstream.execution.remote import ChannelPeerError, MemberChannels
+from slipstream.execution.remote import ChannelPeerError, MemberChannels, pack_rows
 from slipstream.execution.tasklet import ProcessorTasklet
 
 # imported here, not where they are used: the forkserver preloads this module, so its
@@ -332,7 +332,9 @@ class _Member:
             # what was printed since, before the report; all of it at the member's end
             member_output.flush(final=kind != "report")
             lists, maps, marks = self.services.take_output()
-            message = (kind, self.metrics(), lists, maps, usage(), marks)
+            # window results and other NamedTuples as rows (the coordinator unpacks them)
+            packed = {name: pack_rows(items) for name, items in lists.items()}
+            message = (kind, self.metrics(), packed, maps, usage(), marks)
             try:
                 data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 - the user's items

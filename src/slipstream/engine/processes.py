@@ -484,10 +484,12 @@ class ProcessExecution:
             if last:
                 self._ended()
 
-    def _apply(self, lists: dict[str, list[Any]], maps: dict[str, Any]) -> None:
+    def _apply(self, lists: dict[str, Any], maps: dict[str, Any]) -> None:
+        from slipstream.execution.remote import unpack_rows
+
         services = self.job.engine.services
         for name, items in lists.items():
-            services.get_list(name).extend(items)
+            services.get_list(name).extend(unpack_rows(items))  # member.report packed them
         for name, (updates, deleted) in maps.items():
             target = services.get_map(name)
             target.update(updates)

@@ -98,6 +98,8 @@ __all__ = [
     "DEFAULT_WINDOW",
     "DEFAULT_BATCH_ITEMS",
     "LANE_CREDIT",
+    "pack_rows",
+    "unpack_rows",
 ]
 
 #: frames in flight per sender/receiver pair
@@ -537,7 +539,7 @@ class ChannelReceiver:
             payload = records[j + 2]
             if kind == _ROWS:
                 kind = _CHUNK
-                payload = list(map(partial(tuple.__new__, payload[0]), payload[1]))
+                payload = unpack_rows(payload)
             if kind == _CHUNK:
                 q = queues[i]
                 q.entries.append(payload)
@@ -655,27 +657,42 @@ def _plain_namedtuple(cls: type) -> bool:
     return False  # pragma: no cover - every tuple subclass has tuple in its MRO
 
 
+def pack_rows(items: list[Any]) -> list[Any] | tuple[type, list[tuple[Any, ...]]]:
+    """``items`` as ``(class, plain tuples)`` when they are all of one
+    :func:`_plain_namedtuple` class, else ``items`` itself (not changed: a broadcast
+    shares a chunk). Measured: pickling a NamedTuple calls its ``__getnewargs__`` and
+    unpickling its ``__new__``, two Python calls per item; as rows both sides run at C
+    speed (docs/performance.md, "Member processes: where the time goes").
+    :func:`unpack_rows` undoes it."""
+    if not items:
+        return items
+    t = type(items[0])
+    ok = _ROW_CLASSES.get(t)
+    if ok is None:
+        ok = _ROW_CLASSES[t] = _plain_namedtuple(t)
+    if ok and list(map(type, items)).count(t) == len(items):
+        return t, list(map(tuple, items))
+    return items
+
+
+def unpack_rows(packed: list[Any] | tuple[type, list[tuple[Any, ...]]]) -> list[Any]:
+    """The items :func:`pack_rows` packed."""
+    if type(packed) is tuple:
+        cls, rows = packed
+        return list(map(partial(tuple.__new__, cls), rows))
+    return packed  # type: ignore[return-value]
+
+
 def _rows_of_chunks(records: list[Any]) -> None:
-    """Turn each chunk record of ``records`` whose items are all of one
-    :func:`_plain_namedtuple` class into a ``_ROWS`` record ``(class, plain tuples)``
-    (the chunk itself is not changed: a broadcast shares it). Measured: pickling a
-    NamedTuple calls its ``__getnewargs__`` and unpickling its ``__new__``, two Python
-    calls per item; as rows both sides run at C speed (docs/performance.md, "Member
-    processes: where the time goes")."""
-    known = _ROW_CLASSES
+    """Turn each chunk record of ``records`` that :func:`pack_rows` packs into a
+    ``_ROWS`` record."""
     for j in range(1, len(records), 3):
         if records[j] != _CHUNK:
             continue
-        chunk = records[j + 1]
-        if not chunk:
-            continue
-        t = type(chunk[0])
-        ok = known.get(t)
-        if ok is None:
-            ok = known[t] = _plain_namedtuple(t)
-        if ok and list(map(type, chunk)).count(t) == len(chunk):
+        packed = pack_rows(records[j + 1])
+        if type(packed) is tuple:
             records[j] = _ROWS
-            records[j + 1] = (t, list(map(tuple, chunk)))
+            records[j + 1] = packed
 
 
 def _unpicklable(chunks: list[list[Any]]) -> str:
