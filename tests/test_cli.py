@@ -121,15 +121,16 @@ def test_local_file_named_like_a_standard_module_does_not_shadow_it(tmp_path: Pa
 
 
 def test_plain_progress_lines_without_a_terminal(tmp_path: Path) -> None:
-    r = run(tmp_path, "run", "mydag:slow", "--interval", "0.2", "--", "--rate", "300", "--n", "600")
+    # 1 s of items (was 2 s: the suite's time) and a block every 0.2 s
+    r = run(tmp_path, "run", "mydag:slow", "--interval", "0.2", "--", "--rate", "300", "--n", "300")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     heads = [i for i, ln in enumerate(lines) if ln.startswith("[")]
     assert len(heads) >= 2 and lines[heads[0]].startswith("[running") and "slow" in lines[heads[0]]
     # the last block: one aligned line per vertex, final totals
     gen, out = lines[heads[-1] + 1], lines[heads[-1] + 2]
-    assert gen.split() == ["gen", "out", "600", "0/s"] or gen.split()[:3] == ["gen", "out", "600"]
-    assert out.split()[:3] == ["out", "in", "600"]
+    assert gen.split() == ["gen", "out", "300", "0/s"] or gen.split()[:3] == ["gen", "out", "300"]
+    assert out.split()[:3] == ["out", "in", "300"]
     assert "\x1b[" not in r.stderr  # no terminal control codes in logs
 
 
@@ -181,6 +182,49 @@ def test_the_terminal_table_says_it_too() -> None:
     row = [ln for ln in buf.getvalue().splitlines() if ln.startswith("numbers")]
     assert row[0].split() == ["numbers", "1", "0", "0", "60.0k", "(sum", "of", "2", "edges)",
                               "-", "-", "0"]
+
+
+def test_members_in_processes_get_a_row_each_and_a_total() -> None:
+    """A job whose members run in processes: the plain block and the terminal table show
+    per member its pid, state, items, CPU and resident set, and the total (as the
+    dashboard's Members table)."""
+    import io
+
+    from rich.console import Console
+
+    from slipstream.dashboard.console import Progress
+    from slipstream.dashboard.stats import members_total
+
+    rows = [
+        {"member": 0, "pid": 4242, "state": "running", "items_in": 6400, "items_out": 6400,
+         "cpu_ms": 1234, "cpu_share": 0.95, "rss_kb": 46080, "peak_rss_kb": 51300},
+        {"member": 1, "pid": 4243, "state": "died", "items_in": 6390, "items_out": 390,
+         "cpu_ms": 1180, "cpu_share": None, "rss_kb": 45000, "peak_rss_kb": 52000},
+    ]
+    vertex = {"name": "numbers", "parallelism": 2, "in_rate": 0.0, "out_rate": 0.0,
+              "items_in": 0, "items_out": 12_790, "out_edges": 1, "watermark_lag_ms": None,
+              "queue_fill": None, "late_items_dropped": 0}
+    doc = {"name": "build", "status": "running", "elapsed_s": 3.0, "vertices": [vertex],
+           "members": rows, "members_total": members_total(rows)}
+    progress = Progress(None, stream=io.StringIO())
+    assert progress.line(doc).splitlines()[2:] == [
+        "  member 0  pid 4242  running      in  6.4k  out 6.4k  cpu 1.2s 95%  rss 45.0MB peak  50.1MB",
+        "  member 1  pid 4243  died         in  6.4k  out  390  cpu 1.2s   -  rss 43.9MB peak  50.8MB",
+        "  total               2 processes  in 12.8k  out 6.8k  cpu 2.4s 95%  rss 88.9MB peak 100.9MB",
+    ]
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(progress.table(doc))
+    table = [ln.split() for ln in buf.getvalue().splitlines()]
+    at = table.index(["members"])
+    assert table[at + 1 :] == [
+        ["member", "pid", "state", "items", "in", "items", "out", "CPU", "CPU", "now", "RSS",
+         "peak", "RSS"],
+        ["member", "0", "4242", "running", "6.4k", "6.4k", "1.2s", "95%", "45.0MB", "50.1MB"],
+        ["member", "1", "4243", "died", "6.4k", "390", "1.2s", "-", "43.9MB", "50.8MB"],
+        ["total", "2", "processes", "12.8k", "6.8k", "2.4s", "95%", "88.9MB", "100.9MB"],
+    ]
+    one = {k: v for k, v in doc.items() if k not in ("members", "members_total")}
+    assert "member" not in progress.line(one)  # a job in one process: no such rows
 
 
 def test_progress_bar_with_eta_for_files(tmp_path: Path) -> None:
@@ -457,6 +501,14 @@ def test_run_with_member_processes(tmp_path: Path) -> None:
     r = run(tmp_path, "run", "mydag:build", "--processes", "2", "--guarantee", "exactly-once")
     assert r.returncode == 0, r.stderr
     assert output(tmp_path) == [x * x for x in range(1000)]
+    # the last block has a line per member and their total (on main: none): 1,000 items
+    # into 'square' and 'out', 1,000 out of 'numbers' and 'square'
+    lines = r.stderr.splitlines()
+    last = max(i for i, ln in enumerate(lines) if ln.startswith("[completed"))
+    rows = [ln.split() for ln in lines[last + 4 : last + 7]]
+    assert [r[:2] + r[4:5] for r in rows[:2]] == [["member", "0", "done"], ["member", "1", "done"]]
+    assert [r[2] for r in rows[:2]] == ["pid", "pid"]
+    assert rows[2][:8] == ["total", "2", "processes", "in", "2.0k", "out", "2.0k", "cpu"]
     r = run(tmp_path, "run", "mydag:build", "--processes", "none")
     assert r.returncode != 0
     assert """--processes takes a number >= 1 or "auto", got 'none'""" in r.stderr

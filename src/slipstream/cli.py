@@ -445,8 +445,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--processes",
         default="1",
-        help='member processes (local): a number or "auto" (the usable cores); jobs '
-        "without snapshots only, for now",
+        help='member processes (local): a number or "auto" (the usable cores); the '
+        "progress shows each member and their total",
     )
     run.add_argument("--name", help="job name (default: the function's name)")
     run.add_argument(

@@ -40,6 +40,62 @@ def fmt_eta(seconds: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def fmt_bytes(kb: int) -> str:
+    """A resident set given in KiB: ``812KB``, ``45.0MB``, ``1.2GB``."""
+    b = kb * 1024.0
+    if b >= 1024**3:
+        return f"{b / 1024**3:.1f}GB"
+    if b >= 1024**2:
+        return f"{b / 1024**2:.1f}MB"
+    return f"{b / 1024:.0f}KB"
+
+
+def fmt_share(share: float | None) -> str:
+    """CPU seconds per second as a share of one core (``190%``: nearly two cores)."""
+    return "-" if share is None else f"{share * 100:.0f}%"
+
+
+def member_cells(doc: dict[str, Any]) -> list[list[str]]:
+    """A job whose members run in processes (``doc["members"]``, what the dashboard's
+    Members table shows): per member and for all of them, ``[member, pid, state, items
+    in, items out, CPU time, CPU now, RSS, peak RSS]``; ``[]`` for any other job."""
+    rows = doc.get("members") or []
+    total = doc.get("members_total")
+    out = []
+    for r in rows:
+        out.append(
+            [
+                f"member {r['member']}",
+                "-" if r.get("pid") is None else str(r["pid"]),
+                r.get("state") or "",
+                fmt_count(r["items_in"]),
+                fmt_count(r["items_out"]),
+                f"{r['cpu_ms'] / 1000:.1f}s",
+                fmt_share(r.get("cpu_share")),
+                fmt_bytes(r["rss_kb"]),
+                fmt_bytes(r["peak_rss_kb"]),
+            ]
+        )
+    if rows and total:
+        out.append(
+            [
+                "total",
+                "",
+                f"{total['members']} processes",
+                fmt_count(total["items_in"]),
+                fmt_count(total["items_out"]),
+                f"{total['cpu_ms'] / 1000:.1f}s",
+                fmt_share(total.get("cpu_share")),
+                fmt_bytes(total["rss_kb"]),
+                fmt_bytes(total["peak_rss_kb"]),
+            ]
+        )
+    return out
+
+
+_MEMBER_COLUMNS = ["member", "pid", "state", "items in", "items out", "CPU", "CPU now", "RSS", "peak RSS"]
+
+
 def _edges_note(vertex: dict[str, Any]) -> str:
     """``" (sum of 2 edges)"`` for a vertex with several outbound edges: ``items_out``
     counts an item once per edge it is sent on, so a source feeding two branches shows
@@ -110,7 +166,11 @@ class Progress:
               parse       in 12.8k  3.0k/s  out 12.7k  3.0k/s  skipped 17
 
         A vertex with several outbound edges says so after its ``out`` figures, which
-        count each item once per edge (``out 25.6k 6.0k/s (sum of 2 edges)``).
+        count each item once per edge (``out 25.6k 6.0k/s (sum of 2 edges)``). A job
+        whose members run in processes adds a line per member and their total::
+
+              member 0  pid 4242  running  in 6.4k  out 6.4k  cpu 1.2s 95%  rss 45.0MB peak 50.1MB
+              total     2 processes        in 12.8k out 12.8k cpu 2.4s 190% rss 90.0MB peak 100.2MB
         """
         head = f"[{doc['status']} {doc['elapsed_s'] or 0:.0f}s] {doc['name']}"
         if doc.get("snapshot"):
@@ -147,6 +207,17 @@ class Progress:
                 pct = 100.0 * done / total if total else 100.0
                 p += f"  {pct:.0f}% ETA {fmt_eta(eta)}"
             lines.append(p.rstrip())
+        cells = member_cells(doc)
+        if cells:
+            widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+            for c in cells:
+                who = f"{c[1]:>{widths[1]}}" if c[1] else " " * widths[1]
+                lines.append(
+                    f"  {c[0]:<{widths[0]}}  {'pid' if c[1] else '   '} {who}  "
+                    f"{c[2]:<{widths[2]}}  in {c[3]:>{widths[3]}}  out {c[4]:>{widths[4]}}  "
+                    f"cpu {c[5]:>{widths[5]}} {c[6]:>{widths[6]}}  "
+                    f"rss {c[7]:>{widths[7]}} peak {c[8]:>{widths[8]}}"
+                )
         return "\n".join(lines)
 
     def table(self, doc: dict[str, Any]) -> Any:
@@ -195,4 +266,12 @@ class Progress:
                     f"ETA {fmt_eta(eta)}",
                 )
                 bars.append(bar)
+        cells = member_cells(doc)
+        if cells:  # members in processes: a row per member and the total
+            mt = Table(title="members", title_justify="left", box=None, pad_edge=False)
+            for col in _MEMBER_COLUMNS:
+                mt.add_column(col, justify="left" if col in ("member", "state") else "right")
+            for c in cells:
+                mt.add_row(*c)
+            return Group(t, *bars, mt)
         return Group(t, *bars)
