@@ -5,6 +5,7 @@ must mark it."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import pytest
 
@@ -33,3 +34,36 @@ def test_update_with_a_bad_pair_applies_and_marks_those_before_it() -> None:
     assert str(t.value) == "cannot convert dictionary update sequence element #1 to a sequence"
     assert d == {"a": 1, "x": 1}
     assert d.take_dirty() == {"x"}
+
+
+def test_a_named_list_or_map_is_fetched_once_and_a_sinks_writes_stay_its_own() -> None:
+    """A member's named structures (MemberServices): a sink's list or map starts empty
+    (nothing fetched); a processor reading the same name later gets the coordinator's
+    content before the sink's unreported items (which alone are reported) and, in a map,
+    under the sink's newer puts; a share is fetched as such; each name once."""
+    from slipstream.engine.member import MemberServices
+
+    asked: list[tuple[str, str, int, int]] = []
+    held: dict[str, Any] = {"list": ["c1", "c2"], "map": {"k": "old", "j": 1}}
+
+    def fetch(kind: str, name: str, index: int, count: int) -> Any:
+        asked.append((kind, name, index, count))
+        content = held[kind]
+        if count:
+            pairs = content if kind == "list" else list(content.items())
+            return pairs[index::count]
+        return list(content) if kind == "list" else dict(content)
+
+    s = MemberServices(fetch)
+    s.sink_list("a").extend([1, 2])
+    s.sink_map("m").update([("k", "new")])
+    assert asked == []
+    assert s.get_list("a") == ["c1", "c2", 1, 2]
+    assert s.get_map("m") == {"k": "new", "j": 1}
+    s.get_list("a").append(3)
+    assert s.get_list("a") is s.sink_list("a")
+    assert s.list_share("a", 1, 2) == ["c2"] and s.map_share("m", 0, 2) == [("k", "old")]
+    assert asked == [("list", "a", 0, 0), ("map", "m", 0, 0), ("list", "a", 1, 2), ("map", "m", 0, 2)]
+    lists, maps = s.take_changes()
+    assert lists == {"a": [1, 2, 3]} and maps == {"m": ({"k": "new"}, [])}
+    assert s.get_list("a") == ["c1", "c2"]

@@ -254,22 +254,61 @@ def test_a_streaming_jobs_output_reaches_the_coordinator_while_it_runs_and_cance
     assert job.status is ss.JobStatus.CANCELLED
 
 
+def square_pair(x: int) -> tuple[int, int]:
+    return (x, x * x)
+
+
+class Rated(ss.AbstractProcessor):
+    """``(x, x * rate)`` with ``rate`` read from the engine's named map ``rates`` when the
+    processor starts (a user processor that reads a named structure)."""
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.rate = context.get_map("rates")["x"]
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        return self.try_emit((item, item * self.rate))
+
+
 @pytest.mark.timeout(GUARD_S)
 def test_a_list_source_and_a_map_sink_use_the_coordinators_structures() -> None:
+    """A list_source reads the coordinator's list, a map sink and a list sink add to the
+    coordinator's map and list (what they held stays), a processor reads a named map.
+    Nothing of the engine's named lists and maps travels with the job: a member gets its
+    list_source processors' shares, the map its processor reads, nothing of the lists
+    and maps its sinks write or of the 200,000-item list no processor reads (on main
+    every member got all of them with the job: its setup held the big list)."""
+    import pickle
+
     engine = ss.local(processes=2)
     engine.get_list("input").extend(range(1000))
-    p = ss.Pipeline()
-    (
-        p.read_from(sources.list_source("input"))
-        .group_by(group)
-        .aggregate(summing(identity))
-        .write_to(sinks.map_sink("sums"))
-    )
-    engine.new_job(p).join(timeout=GUARD_S)
-    expected: dict[int, int] = {}
-    for x in range(1000):
-        expected[group(x)] = expected.get(group(x), 0) + x
-    assert dict(engine.get_map("sums")) == expected
+    big = list(range(200_000))
+    engine.get_list("big").extend(big)
+    engine.get_map("sums").update({"kept": -1})
+    engine.get_list("rated").extend(["kept"] * 5000)
+    engine.get_map("rates")["x"] = 3
+    dag = DAG()
+    src = dag.new_vertex("input", sources.list_source("input"))
+    rate = dag.new_vertex("rate", Rated)
+    rated = dag.new_vertex("rated", sinks.list_sink("rated"))
+    sq = dag.new_vertex("square", P.map(square_pair))
+    sums = dag.new_vertex("sums", sinks.map_sink("sums"))
+    dag.edge(Edge.between(src, rate)).edge(Edge.between(rate, rated))
+    dag.edge(Edge.from_(src, 1).to(sq).distributed()).edge(Edge.between(sq, sums))
+    job = engine.new_job(dag)
+    job.join(timeout=GUARD_S)
+    assert dict(engine.get_map("sums")) == {"kept": -1, **{x: x * x for x in range(1000)}}
+    rated = engine.get_list("rated")
+    assert rated[:5000] == ["kept"] * 5000
+    assert sorted(rated[5000:]) == [(x, 3 * x) for x in range(1000)]
+    assert engine.get_list("big") == big
+    ex = job._execution
+    shipped = len(ex._payload)
+    assert shipped * 20 < len(pickle.dumps(big)), shipped  # the job, not the list
+    # each member got the shares of its two list_source processors and the one map
+    whole = len(pickle.dumps(list(range(1000))))
+    assert sorted(ex.named_bytes) == [0, 1]
+    for m, sent in ex.named_bytes.items():
+        assert whole * 0.4 < sent < whole * 0.75, (m, sent, whole)
 
 
 class FailOnMember(ss.AbstractProcessor):

@@ -3,10 +3,11 @@
 The coordinator (:mod:`slipstream.engine.processes`, in the user's process) starts one
 member process per member with :func:`member_main` as its target. A member:
 
-1. reads its setup from the control pipe: the job (DAG, ``JobConfig``, engine settings and
-   the coordinator's named lists and maps), pickled by the coordinator with cloudpickle, as
-   the Spark engine ships suppliers; then the process ids of the other members (channel
-   errors name them);
+1. reads its setup from the control pipe: the job (DAG, ``JobConfig``, engine settings),
+   pickled by the coordinator with cloudpickle, as the Spark engine ships suppliers; then
+   the process ids of the other members (channel errors name them). The engine's named
+   lists and maps stay in the coordinator: a processor that reads one gets it (a
+   ``list_source`` its share) when it asks (:class:`MemberServices`);
 2. builds the plan for all members (``build_vertex_plans``, so every processor gets its
    global index and the partitioning of a distributed edge is the same on every member) and
    wires its own share (``plan.wire(..., member=m)``): local pairs get an ``SpscQueue``, the
@@ -45,12 +46,12 @@ import pickle
 import signal
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import gc_tuning, member_logging, member_output
-from slipstream.engine.member_control import Calls, MemberControl
+from slipstream.engine.member_control import NAMED, NAMED_REPLY, Calls, MemberControl
 from slipstream.engine.member_reports import ForwardedItemErrors, ForwardedLateItems
 from slipstream.engine.member_stats import WATCH, watermarks_and_fill
 from slipstream.engine.workers import (
@@ -147,36 +148,119 @@ class TrackedDict(dict[Any, Any]):
         return dirty
 
 
-class MemberServices(InMemoryServices):
-    """The named lists and maps a member process's processors see: each starts as the
-    coordinator's copy (shipped with the job, so ``list_source`` reads what it reads with
-    one process), and :meth:`take_changes` hands over what the processors added since
-    the last call (appended list items are then dropped here: the coordinator keeps
-    them)."""
+class NamedFetch:
+    """A member's requests for the coordinator's named lists and maps
+    (:class:`MemberServices`), answered on the control pipe; the caller (a processor's
+    ``init`` or call) waits for the answer, the heartbeat goes on meanwhile."""
 
-    def __init__(
-        self, lists: Mapping[str, list[Any]], maps: Mapping[str, dict[Any, Any]]
-    ) -> None:
+    def __init__(self, control: MemberControl) -> None:
+        self._control = control
+        self._cond = threading.Condition()
+        self._answers: dict[int, tuple[bool, Any]] = {}
+        self._next = 0
+        control.handle(NAMED_REPLY, self._answered)
+
+    def _answered(self, msg: tuple[Any, ...]) -> None:
+        with self._cond:
+            self._answers[msg[1]] = (msg[2], msg[3])
+            self._cond.notify_all()
+
+    def __call__(self, kind: str, name: str, index: int, count: int) -> Any:
+        with self._cond:
+            req = self._next
+            self._next += 1
+        what = f"the named {kind} {name!r}"
+        if not self._control.send((NAMED, req, kind, name, index, count)):
+            raise RuntimeError(f"{what} could not be asked for: the coordinator process is gone")
+        with self._cond:
+            while req not in self._answers:
+                if self._control.cancelled:
+                    raise RuntimeError(f"{what}: the coordinator stopped this member first")
+                self._cond.wait(0.1)
+            ok, content = self._answers.pop(req)
+        if not ok:
+            raise RuntimeError(content)
+        return content
+
+
+class MemberServices(InMemoryServices):
+    """The named lists and maps a member process's processors see. The coordinator holds
+    them and ships none with the job: a processor that reads one (``get_list`` /
+    ``get_map``) gets the coordinator's content the first time, a ``list_source`` or
+    ``map_source`` processor only its share (``list_share`` / ``map_share``), and a
+    list or map sink nothing (``sink_list`` / ``sink_map``: it only writes), each asked
+    of the coordinator with ``fetch(kind, name, index, count)`` (:class:`NamedFetch`;
+    ``count`` 0: the whole list or map). :meth:`take_changes` hands over what the
+    processors added since the last call (appended list items are then dropped here:
+    the coordinator keeps them)."""
+
+    def __init__(self, fetch: Callable[[str, str, int, int], Any] | None = None) -> None:
         super().__init__()
-        self._seed_lists = lists
-        self._seed_maps = maps
+        self._fetch = fetch
         self._marks: dict[str, int] = {}
         self._published: dict[tuple[str, str, int], int] = {}  # the marks reported
+        # (kind, name) of the lists and maps that hold the coordinator's content
+        self._seeded: set[tuple[str, str]] = set()
+
+    def _fetched(self, kind: str, name: str, index: int, count: int) -> Any:
+        if self._fetch is None:
+            return [] if kind == "list" or count else {}
+        return self._fetch(kind, name, index, count)
 
     def get_list(self, name: str) -> list[Any]:
         with self._lock:
             lst = self.lists.get(name)
+            if lst is not None and ("list", name) in self._seeded:
+                return lst
+        content = self._fetched("list", name, 0, 0)  # a wait on the pipe: not locked
+        with self._lock:
+            lst = self.lists.get(name)
             if lst is None:
-                lst = self.lists[name] = list(self._seed_lists.get(name, ()))
+                lst = self.lists[name] = list(content)
                 self._marks[name] = len(lst)
+            elif ("list", name) not in self._seeded:
+                # a sink's list: what it appended (not reported yet) stays after it
+                lst[0:0] = content
+                self._marks[name] += len(content)
+            self._seeded.add(("list", name))
             return lst
 
     def get_map(self, name: str) -> dict[Any, Any]:
         with self._lock:
             m = self.maps.get(name)
+            if m is not None and ("map", name) in self._seeded:
+                return m
+        content = self._fetched("map", name, 0, 0)
+        with self._lock:
+            m = self.maps.get(name)
             if m is None:
-                m = self.maps[name] = TrackedDict(self._seed_maps.get(name, {}))
+                m = self.maps[name] = TrackedDict(content)
+            elif ("map", name) not in self._seeded:
+                # a sink's map: only its puts came before (newer than the content)
+                dict.update(m, {k: v for k, v in content.items() if k not in m})
+            self._seeded.add(("map", name))
             return m
+
+    def sink_list(self, name: str) -> list[Any]:
+        with self._lock:
+            lst = self.lists.get(name)
+            if lst is None:
+                lst = self.lists[name] = []
+                self._marks[name] = 0
+            return lst
+
+    def sink_map(self, name: str) -> dict[Any, Any]:
+        with self._lock:
+            m = self.maps.get(name)
+            if m is None:
+                m = self.maps[name] = TrackedDict()
+            return m
+
+    def list_share(self, name: str, index: int, count: int) -> list[Any]:
+        return list(self._fetched("list", name, index, count))
+
+    def map_share(self, name: str, index: int, count: int) -> list[tuple[Any, Any]]:
+        return list(self._fetched("map", name, index, count))
 
     def take_output(
         self,
@@ -205,15 +289,14 @@ class MemberServices(InMemoryServices):
         ``del`` here are each one step under the GIL, and what a sink appends meanwhile
         lands after the reported part."""
         lists: dict[str, list[Any]] = {}
-        with self._lock:
-            named = list(self.lists.items())
+        with self._lock:  # get_list may put the coordinator's content before the mark
             maps = list(self.maps.items())
-        for name, lst in named:
-            mark = self._marks[name]
-            n = len(lst)
-            if n > mark:
-                lists[name] = lst[mark:n]
-                del lst[mark:n]
+            for name, lst in self.lists.items():
+                mark = self._marks[name]
+                n = len(lst)
+                if n > mark:
+                    lists[name] = lst[mark:n]
+                    del lst[mark:n]
         changed: dict[str, tuple[dict[Any, Any], list[Any]]] = {}
         missing = object()
         for name, m in maps:
@@ -248,7 +331,7 @@ class _Member:
         self.finished = threading.Event()
         config = setup["config"]
         self.job_name = name = setup["job_name"]
-        self.services = MemberServices(setup["lists"], setup["maps"])
+        self.services = MemberServices(NamedFetch(control))
         if setup.get("published"):
             from slipstream.sinks.basic import merge_published
 

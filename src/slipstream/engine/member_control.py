@@ -32,6 +32,12 @@ from typing import Any
 PING = "ping"
 PONG = "pong"
 
+#: a member asks the coordinator for a named list or map, or a share of one:
+#: ``(NAMED, request id, kind, name, index, count)``; the answer is ``(NAMED_REPLY,
+#: request id, ok, content or the error's text)`` (engine/member.py, MemberServices)
+NAMED = "named"
+NAMED_REPLY = "named_reply"
+
 #: (vertex, processor index or None for a channel, callback, seconds running)
 Calls = list[tuple[str, int | None, str, float]]
 

@@ -54,7 +54,7 @@ from slipstream.core.dag import effective_parallelism
 from slipstream.core.errors import DagError
 from slipstream.engine import member_output, member_reports
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
-from slipstream.engine.member_control import PONG, Calls
+from slipstream.engine.member_control import NAMED, NAMED_REPLY, PONG, Calls
 from slipstream.engine.member_logging import LOG, levels_here, replay
 from slipstream.engine.member_output import OUTPUT
 from slipstream.engine.member_reports import ITEM_ERROR, LATE
@@ -240,10 +240,12 @@ class ProcessExecution:
             sample_data=True,
         )
         self.plans = bare_plans(dag, self.count, engine.default_parallelism)
-        services = engine.services
-        with services._lock:
-            lists = {k: list(v) for k, v in services.lists.items() if v}
-            maps = {k: dict(v) for k, v in services.maps.items() if v}
+        # the named lists and maps stay here: a member asks for what its processors
+        # read (NamedFetch), once per name, and gets a share for a list_source
+        self._named: dict[tuple[str, str], Any] = {}
+        self._named_lock = threading.Lock()
+        #: per member: bytes of named lists and maps sent to it (their shares)
+        self.named_bytes: dict[int, int] = {}
         setup = {
             "dag": dag,
             "config": job.config,
@@ -257,8 +259,6 @@ class ProcessExecution:
             "tune_gc": engine.tune_gc,
             "work_dir": engine.work_dir,
             "batch_late_items": job.bounded and job.config.batch_watermarks,
-            "lists": lists,
-            "maps": maps,
             "log_levels": levels_here(),
             "published": published_marks(),
         }
@@ -276,7 +276,7 @@ class ProcessExecution:
             raise DagError(
                 f"job {job.name!r} cannot be shipped to its member processes "
                 f"(processes={self.count}): {type(e).__name__}: {e}; everything a DAG holds "
-                "must pickle with cloudpickle, and the engine's named lists and maps too"
+                "must pickle with cloudpickle"
             ) from e
         self._lock = threading.Lock()
         self._failures: list[tuple[int, TaskletFailure]] = []
@@ -446,6 +446,11 @@ class ProcessExecution:
                 if kind in (LATE, ITEM_ERROR):
                     member_reports.apply(self.job, msg)
                     continue
+                if kind == NAMED:  # answered apart: this thread keeps reading the pipe
+                    threading.Thread(
+                        target=self._answer_named, args=(m, msg), daemon=True
+                    ).start()
+                    continue
                 if kind in ("report", "done", "cancelled"):
                     self.member_metrics[m] = msg[1]
                     self.member_usage[m] = msg[4]
@@ -483,6 +488,49 @@ class ProcessExecution:
                 last = self._live == 0
             if last:
                 self._ended()
+
+    def _answer_named(self, m: int, msg: tuple[Any, ...]) -> None:
+        """Member ``m`` asks for a named list or map, or a processor's share of it
+        (``count`` > 0: the items, or a map's ``(key, value)`` pairs, at positions
+        ``index, index + count, ...``). Every member's answer comes from one copy per
+        name and execution, taken at the first request, so the shares of a
+        ``list_source`` are of the same list as with one process."""
+        from slipstream.core.pickling import cloudpickle
+
+        _, req, kind, name, index, count = msg
+        services = self.job.engine.services
+        content: Any
+        with self._named_lock:
+            content = self._named.get((kind, name))
+            if content is None:
+                with services._lock:  # a consistent copy beside the members' reports
+                    if kind == "list":
+                        content = list(services.lists.get(name, ()))
+                    else:
+                        content = dict(services.maps.get(name, {}))
+                self._named[(kind, name)] = content
+        if count:
+            pairs = content if kind == "list" else list(content.items())
+            content = pairs[index::count]
+        try:
+            data = cloudpickle.dumps((NAMED_REPLY, req, True, content), protocol=5)
+        except Exception as e:  # noqa: BLE001 - the asking processor fails with it
+            data = cloudpickle.dumps(
+                (
+                    NAMED_REPLY,
+                    req,
+                    False,
+                    f"the engine's named {kind} {name!r} cannot be sent to member process "
+                    f"{m}: {type(e).__name__}: {e}; what a named list or map that a job "
+                    "with processes > 1 reads holds must pickle with cloudpickle",
+                )
+            )
+        with self._send_locks[m]:
+            try:
+                self._conns[m].send_bytes(data)
+            except (OSError, ValueError):
+                return  # it is gone: its listener reports it
+        self.named_bytes[m] = self.named_bytes.get(m, 0) + len(data)
 
     def _apply(self, lists: dict[str, Any], maps: dict[str, Any]) -> None:
         from slipstream.execution.remote import unpack_rows

@@ -181,7 +181,10 @@ class ListSinkP(_StagingSinkP):
 
     def init_processor(self, context: Context) -> None:
         super().init_processor(context)
-        self._list = context.get_list(self._name)
+        # what the sink writes to, without the list's content (in a member process the
+        # coordinator holds that, core/services.py)
+        target = getattr(context.services, "sink_list", None)
+        self._list = target(self._name) if target is not None else context.get_list(self._name)
 
     def _publish(self, items: list[Any]) -> None:
         # one C-level extend: atomic under the GIL, so parallel sinks may share the list
@@ -202,7 +205,8 @@ class MapSinkP(_StagingSinkP):
 
     def init_processor(self, context: Context) -> None:
         super().init_processor(context)
-        self._map = context.get_map(self._name)
+        target = getattr(context.services, "sink_map", None)  # as ListSinkP's
+        self._map = target(self._name) if target is not None else context.get_map(self._name)
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         # at C speed when every item is a plain tuple: one scan of the types here, and

@@ -172,6 +172,15 @@ class NamedListSourceP(ListSourceP):
     def _load(self, context: Context) -> list[Any]:
         return list(context.get_list(self._name))
 
+    def init_processor(self, context: Context) -> None:
+        # only this processor's share (in a member process it comes from the
+        # coordinator, which holds the list; core/services.py)
+        share = getattr(context.services, "list_share", None)
+        if share is None:
+            super().init_processor(context)
+            return
+        self._data = share(self._name, context.global_processor_index, context.total_parallelism)
+
 
 class NamedMapSourceP(ListSourceP):
     """Emits this processor's share of ``context.get_map(name)`` as ``(key, value)``
@@ -185,6 +194,13 @@ class NamedMapSourceP(ListSourceP):
 
     def _load(self, context: Context) -> list[Any]:
         return list(context.get_map(self._name).items())
+
+    def init_processor(self, context: Context) -> None:
+        share = getattr(context.services, "map_share", None)  # as NamedListSourceP's
+        if share is None:
+            super().init_processor(context)
+            return
+        self._data = share(self._name, context.global_processor_index, context.total_parallelism)
 
 
 # -- factories -----------------------------------------------------------------------
