@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import collections
 import copyreg
+import marshal
 import multiprocessing
 import pickle
 import socket
+import struct
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -483,6 +485,48 @@ def test_frames_bigger_than_the_read_buffer_arrive_whole(pair: Any) -> None:
         take_all(r, got)
     take_all(r, got)
     assert got == flat(entries)
+
+
+def reports_on(sock: socket.socket) -> list[list[int]]:
+    """The credit reports waiting on the sender's socket (read here, not by the sender):
+    each ``[acknowledged frames, lane, taken, ...]``."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except BlockingIOError:
+            break
+        data += chunk
+    out = []
+    while data:
+        (length,) = struct.unpack_from("!I", data)
+        out.append(marshal.loads(data[4 : 4 + length]))
+        data = data[4 + length :]
+    return out
+
+
+def test_a_lone_item_is_acknowledged_with_its_taken_count_in_one_report(pair: Any) -> None:
+    """A receiver reports at its next call what it delivered, after the pass let the
+    consumer take it: no report is sent between the item's arrival and its consumer
+    (the send would delay the item), and one report per lone item carries both the
+    frame's acknowledgement and the consumer's taken count (two before: the
+    acknowledgement at once, the taken count at the next call)."""
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 8)
+    r = receiver.lane(0, 1, 8)
+    got: list[Any] = []
+    for item in range(3):
+        assert q.offer([item], 1)
+        sender.call()  # one frame (the first one carries the lane table too)
+        receiver.call()
+        assert list(r.entries) == [[item]]
+        assert reports_on(a) == []
+        take_all(r, got)
+        receiver.call()
+        assert reports_on(a) == [[1, 0, item + 1]]
+    assert got == [0, 1, 2]
 
 
 def test_a_pair_without_lanes_ends_at_once(pair: Any) -> None:

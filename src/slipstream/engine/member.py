@@ -386,7 +386,13 @@ class _Member:
             self.snapshots.attach(self.tasklets)
             for kind in MESSAGES:
                 control.handle(kind, self.snapshots.handle)
+        # a worker's pass runs the receivers first and the senders last: a frame that
+        # ends an idle worker's wait reaches its consumer in that pass, and what the
+        # producers emitted in it leaves at its end (docs/performance.md, "Member
+        # processes": latency)
         self.channel_tasklets: list[Any] = list(channels.tasklets)
+        self.receiver_tasklets: list[Any] = list(channels.receivers.values())
+        self.sender_tasklets: list[Any] = list(channels.senders.values())
         self.setup = setup
         self.pool: Any = None
 
@@ -489,7 +495,7 @@ class _Member:
         if tune:
             gc_tuning.job_started()
         self.pool = WorkerPool(
-            [*self.tasklets, *self.channel_tasklets],
+            [*self.receiver_tasklets, *self.tasklets, *self.sender_tasklets],
             self.setup["cooperative_threads"],
             self._on_failure,
             self.finished.set,

@@ -460,9 +460,13 @@ class ChannelReceiver:
         progress = False
         if self._out is not None and self._flush():
             progress = True
-        if not self._eof and self._read():
-            progress = True
+        # report before reading: what this call delivers is acknowledged at the next
+        # call, after the pass let its consumer take it, so the acknowledgement and the
+        # consumer's taken count go in one report, and its send does not delay the
+        # delivered item (a report per frame and one per drained lane before)
         if self._report():
+            progress = True
+        if not self._eof and self._read():
             progress = True
         if self._eof and self.started and self.open == 0 and self._out is None:
             self._done = True
