@@ -17,6 +17,14 @@ batch column by column (:func:`arrow_rows`) and makes each row a ``Row`` of a su
 whose fields are properties: equal to, printed, pickled and converted (``asDict``) as
 the ``Row`` ``DataFrame.rdd`` gives, with the same values.
 
+Where the Spark internals allow (``Dataset.toArrowBatchRdd``, the JVM side of
+``toPandas``), the JVM makes the batches itself (:func:`_jvm_batches`): no Python worker
+passes them through ``mapInArrow``, and the batches are spread over the source's
+partitions as an RDD, a stage of the epoch's one Spark job, where a DataFrame's
+``repartition`` ran a job of its own before the epoch's. The source task then reads
+each record batch message with the schema the driver derived (:func:`_arrow_schema`).
+``SLIPSTREAM_SPARK_ARROW=python`` keeps the ``mapInArrow`` batches (to compare).
+
 The values are the same only for types whose Arrow-to-Python conversion is Spark's own:
 strings, booleans, integers, floats and doubles (:func:`arrow_fields`). A DataFrame with
 any other column (timestamps, dates, decimals, binary, nested types), a driver or
@@ -167,9 +175,66 @@ def _map_in_arrow(df: Any, fn: Any, schema: str) -> Any:
         return None
 
 
-def arrow_partitions(df: Any, n: int) -> tuple[Any, tuple[str, ...]] | None:
+def _jvm_batches(df: Any, n: int) -> tuple[Any, bytes] | None:
+    """``df``'s rows as an RDD of ``n`` partitions of Arrow record batch messages made
+    on the JVM (``Dataset.toArrowBatchRdd``, what ``toPandas`` uses: no Python worker
+    serializes them) and spread over the partitions as an RDD on the JVM (a stage of the
+    epoch's own Spark job, where a DataFrame's ``repartition`` runs a job of its own), and
+    the serialized Arrow schema to read them with; ``None`` where this Spark has no such
+    method (its internals differ): then :func:`_map_in_arrow` makes the batches."""
+    try:
+        from pyspark import RDD
+        from pyspark.serializers import NoOpSerializer
+
+        jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()
+        have = jrdd.getNumPartitions()
+        if have < n:
+            jrdd = jrdd.repartition(n)
+        elif have > n:
+            jrdd = jrdd.coalesce(n, False)
+        schema = _arrow_schema(df)
+        return RDD(jrdd, df.sparkSession.sparkContext, NoOpSerializer()), schema
+    except Exception:  # noqa: BLE001 - not this Spark's internals: the mapInArrow path
+        log.debug("Dataset.toArrowBatchRdd is not usable here", exc_info=True)
+        return None
+
+
+_ARROW_TYPES = {
+    "BooleanType": "bool_",
+    "ByteType": "int8",
+    "ShortType": "int16",
+    "IntegerType": "int32",
+    "LongType": "int64",
+    "FloatType": "float32",
+    "DoubleType": "float64",
+}
+
+
+def _arrow_schema(df: Any) -> bytes:
+    """The Arrow schema the JVM writes ``df``'s plain columns with (strings as
+    ``large_string`` when ``spark.sql.execution.arrow.useLargeVarTypes`` is on),
+    serialized."""
+    import pyarrow as pa
+
+    large = str(
+        df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")
+    ).lower() == "true"
+    fields = []
+    for f in df.schema.fields:
+        name = type(f.dataType).__name__
+        if name == "StringType":
+            t = pa.large_string() if large else pa.string()
+        else:
+            t = getattr(pa, _ARROW_TYPES[name])()
+        fields.append(pa.field(f.name, t, f.nullable))
+    return bytes(pa.schema(fields).serialize().to_pybytes())
+
+
+def arrow_partitions(df: Any, n: int) -> tuple[Any, tuple[str, ...], bytes | None] | None:
     """``df``'s rows as an RDD of ``n`` partitions of serialized Arrow batches (module
-    doc) and the column names, or ``None`` where the pickled-row path must be used."""
+    doc), the column names and, for batches made on the JVM (:func:`_jvm_batches`), the
+    serialized schema :func:`arrow_rows` reads them with (``None``: batches made by
+    ``mapInArrow``); ``None`` where the pickled-row path must be used."""
     if not arrow_enabled():
         return None
     fields = arrow_fields(df)
@@ -177,6 +242,10 @@ def arrow_partitions(df: Any, n: int) -> tuple[Any, tuple[str, ...]] | None:
         return None
     if not executors_have_pyarrow(df.sparkSession.sparkContext):
         return None
+    if os.environ.get("SLIPSTREAM_SPARK_ARROW", "1") != "python":
+        jvm = _jvm_batches(df, n)
+        if jvm is not None:
+            return jvm[0], fields, jvm[1]
     batches = _map_in_arrow(df, _serialize, f"{ARROW_COLUMN} binary")
     if batches is None:
         return None
@@ -186,7 +255,7 @@ def arrow_partitions(df: Any, n: int) -> tuple[Any, tuple[str, ...]] | None:
     rdd = batches.rdd
     if have > n:
         rdd = rdd.coalesce(n)
-    return rdd, fields
+    return rdd, fields, None
 
 
 def _field_getter(i: int) -> Any:
@@ -216,12 +285,23 @@ def row_class(fields: tuple[str, ...]) -> type:
     return cls
 
 
-def arrow_rows(chunks: Iterable[Any], fields: tuple[str, ...]) -> Iterator[Any]:
+def arrow_rows(
+    chunks: Iterable[Any], fields: tuple[str, ...], schema: bytes | None = None
+) -> Iterator[Any]:
     """The rows of the serialized batches in ``chunks`` (the ``Row`` s of
-    :func:`arrow_partitions`' RDD), in order, as ``Row`` s (:func:`row_class`)."""
+    :func:`arrow_partitions`' RDD, or with ``schema`` the JVM's record batch messages),
+    in order, as ``Row`` s (:func:`row_class`)."""
     import pyarrow as pa
 
     make = functools.partial(tuple.__new__, row_class(fields))
+    if schema is not None:
+        arrow_schema = pa.ipc.read_schema(pa.py_buffer(schema))
+        read = pa.ipc.read_record_batch
+        for message in chunks:
+            batch = read(pa.py_buffer(message), arrow_schema)
+            columns = [column.to_pylist() for column in batch.columns]
+            yield from map(make, zip(*columns, strict=True))
+        return
     for chunk in chunks:
         with pa.ipc.open_stream(pa.py_buffer(chunk[0])) as reader:
             for batch in reader:

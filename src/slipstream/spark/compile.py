@@ -297,6 +297,8 @@ class _Compiler:
         self.rdds: dict[str, Any] = {}
         #: stream source vertices fed Arrow batches (slipstream.spark.arrow): their columns
         self.arrow: dict[str, tuple[str, ...]] = {}
+        #: ... and the serialized schema of those whose batches the JVM made
+        self.arrow_schema: dict[str, bytes] = {}
 
     def in_specs(self, v: Vertex, inbound: list[Edge]) -> list[InboundSpec]:
         """For each inbound edge, which producers feed each of ``v``'s processors."""
@@ -371,6 +373,7 @@ class _Compiler:
             row_source=row_source,
             row_map_fn=meta.map_fn if isinstance(meta, SparkRowSource) else None,
             row_arrow=self.arrow.get(v.name),
+            row_arrow_schema=self.arrow_schema.get(v.name),
             dataframe_sink=meta.name if isinstance(meta, SparkDataFrameSink) else None,
             services=self.services,
             epoch_state=epoch.state if epoch is not None else None,
@@ -396,9 +399,11 @@ class _Compiler:
             if isinstance(meta, SparkStreamSource):
                 assert self.epoch is not None
                 assert self.epoch.streams is not None
-                rdd, fields = _stream_partitions(self.epoch.streams[v.name], n)
+                rdd, fields, schema = _stream_partitions(self.epoch.streams[v.name], n)
                 if fields is not None:
                     self.arrow[v.name] = fields
+                if schema is not None:
+                    self.arrow_schema[v.name] = schema
                 return rdd
             if isinstance(meta, SparkRowSource):
                 return _with_partitions(meta.spark_rdd(), n)
@@ -503,24 +508,27 @@ def _input_from(
     return rdd.filter(_EdgeFilter(mine, keep_results))
 
 
-def _stream_partitions(stream: Any, n: int) -> tuple[Any, tuple[str, ...] | None]:
+def _stream_partitions(
+    stream: Any, n: int
+) -> tuple[Any, tuple[str, ...] | None, bytes | None]:
     """A micro-batch's rows in ``n`` partitions, and the column names when they come as
     Arrow batches (:func:`slipstream.spark.arrow.arrow_partitions`: a DataFrame of plain
-    column types, pyarrow installed), else ``None``: the rows of an RDD as
+    column types, pyarrow installed; with the serialized schema when the JVM made the
+    batches), else ``None``: the rows of an RDD as
     :func:`_with_partitions`, of a DataFrame with fewer partitions than ``n`` (a small
     file is one) repartitioned on the JVM (``DataFrame.repartition``) before they become
     Python rows: an RDD's ``repartition`` would convert every row to a Python ``Row``,
     pickle it again in batches of ten and shuffle those, which took half of an epoch's
     time at 500k rows (docs/performance.md)."""
     if hasattr(stream, "mapPartitionsWithIndex"):
-        return _with_partitions(stream, n), None
+        return _with_partitions(stream, n), None, None
     arrow = arrow_partitions(stream, n)
     if arrow is not None:
         return arrow
     rdd = stream.rdd
     if hasattr(stream, "repartition") and rdd.getNumPartitions() < n:
-        return stream.repartition(n).rdd, None
-    return _with_partitions(rdd, n), None
+        return stream.repartition(n).rdd, None, None
+    return _with_partitions(rdd, n), None, None
 
 
 def _with_partitions(rdd: Any, n: int) -> Any:

@@ -248,6 +248,8 @@ class VertexTask:
     row_map_fn: Callable[[Any], Any] | None = None
     #: a row source fed Arrow batches: the columns (:mod:`slipstream.spark.arrow`)
     row_arrow: tuple[str, ...] | None = None
+    #: ... whose batches the JVM made: their serialized Arrow schema
+    row_arrow_schema: bytes | None = None
     dataframe_sink: str | None = None
     services: Any = None
     #: the state to restore (``mode.restores``): a broadcast of ``{"restore": ...,
@@ -376,7 +378,7 @@ class VertexTask:
         epoch (see :class:`EpochSnapshotSink`)."""
         if self.row_source:
             if self.row_arrow is not None:
-                records = arrow_rows(records, self.row_arrow)
+                records = arrow_rows(records, self.row_arrow, self.row_arrow_schema)
             if self.mode.epoch:
                 rows = StreamRowSourceP(records, self.row_map_fn)
                 run.epoch_source = rows
