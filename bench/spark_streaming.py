@@ -1,6 +1,7 @@
 """slipstream streaming on Spark against native Structured Streaming, on the same files.
 
-    PYTHONPATH=src python bench/spark_streaming.py [--rows count-10k count-1m count-3m window]
+    PYTHONPATH=src python bench/spark_streaming.py [--rows count-10k latest-10k count-1m
+        latest-1m count-3m window]
         [--lines 500000] [--batches 6] [--events 2000000] [--files 20] [--breakdown]
 
 Issue 23's table, in ONE local[2] SparkSession (``spark.sql.shuffle.partitions=2``),
@@ -13,7 +14,11 @@ bench cache:
   Native: ``groupBy("value").count()`` in update mode into the ``noop`` sink (state in
   the default HDFS-backed state store; ``--rocksdb`` uses RocksDB). slipstream:
   ``spark_stream_source -> rolling_aggregate(counting()) -> sinks.noop()`` (the count on
-  a distributed partitioned edge), its state on the executors;
+  a distributed partitioned edge), its state on the executors: one output per line;
+* ``latest-<K>``: the same input and native job, and slipstream with native's output
+  contract: ``group_by(key).rolling_aggregate(counting(), per_epoch=True)`` (each
+  micro-batch's keys counted before the shuffle, each changed key's count emitted once
+  per epoch, as update mode does);
 * ``window``: 1 s tumbling counts per key (1,000 keys, 600 ms lag) over ``--events``
   JSON events in ``--files`` time-ordered files, 2 files per micro-batch. Native: the
   append-mode ``withWatermark`` + ``groupBy(window, key).count()``; slipstream:
@@ -64,6 +69,8 @@ from slipstream.window import tumbling_window_def  # noqa: E402
 LAG = 600
 WINDOW_KEYS = 1000
 KEYS = {"count-10k": 10_000, "count-1m": 1_000_000, "count-3m": 3_000_000}
+#: the same counts with native's output contract: each changed key's count once per epoch
+LATEST = {"latest-10k": 10_000, "latest-1m": 1_000_000, "latest-3m": 3_000_000}
 
 
 # -- input files ---------------------------------------------------------------------------
@@ -192,6 +199,21 @@ def count_dag(df: Any) -> DAG:
     return dag
 
 
+def latest_pipeline(df: Any) -> ss.Pipeline:
+    """Update mode's contract: ``rolling_aggregate(counting(), per_epoch=True)`` counts
+    each micro-batch's keys before the shuffle and emits each changed key's count once."""
+    from slipstream import sources
+
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.spark_stream(df, _ident))
+        .group_by(_same)
+        .rolling_aggregate(counting(), per_epoch=True)
+        .write_to(sinks.noop())
+    )
+    return p
+
+
 def window_dag(df: Any) -> DAG:
     from slipstream.spark.io import spark_stream_source
 
@@ -279,7 +301,13 @@ def run_slipstream(
     _old_ways(old)
     engine = ss.spark(session)
     df = _input(session, row, directory)
-    dag = window_dag(df) if row == "window" else count_dag(df)
+    dag: Any
+    if row == "window":
+        dag = window_dag(df)
+    elif row in LATEST:
+        dag = latest_pipeline(df)
+    else:
+        dag = count_dag(df)
     written: list[int] = []
     with PeakRss() as rss:
         job = engine.new_job(
@@ -403,7 +431,11 @@ def ab(session: Any, args: Any, dirs: dict[str, str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", nargs="+", default=["count-10k", "count-1m", "count-3m", "window"])
+    ap.add_argument(
+        "--rows",
+        nargs="+",
+        default=["count-10k", "latest-10k", "count-1m", "latest-1m", "count-3m", "window"],
+    )
     ap.add_argument("--lines", type=int, default=500_000)
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--events", type=int, default=2_000_000)
@@ -429,10 +461,11 @@ def main() -> None:
     for row in args.rows:
         if row == "window":
             dirs[row] = window_files(args.events, args.files)
-        elif row in KEYS:
-            dirs[row] = count_files(KEYS[row], args.lines, args.batches)
+        elif row in KEYS or row in LATEST:
+            keys = KEYS.get(row) or LATEST[row]
+            dirs[row] = count_files(keys, args.lines, args.batches)
         else:
-            ap.error(f"unknown row {row!r}: one of {[*KEYS, 'window']}")
+            ap.error(f"unknown row {row!r}: one of {[*KEYS, *LATEST, 'window']}")
     conf = {"spark.sql.shuffle.partitions": "2"}
     if args.rocksdb:
         conf["spark.sql.streaming.stateStore.providerClass"] = (

@@ -194,6 +194,8 @@ class _Compiler:
             return consumer.params["op"].combine is not None
         if kind == "window":
             return self.two_stage(consumer)
+        if kind == "rolling_aggregate":
+            return bool(consumer.params.get("per_epoch"))  # runs inside its partials
         if kind == "hash_join":
             return (
                 consumer.upstream[0] is chain[-1]
@@ -392,9 +394,24 @@ class _Compiler:
     def _build_rolling_aggregate(self, s: Stage) -> None:
         from slipstream.pipeline import keyed
 
-        key_fn = s.params["key_fn"]
-        supplier = keyed.rolling_aggregate(key_fn, s.params["op"])
-        self.out[id(s)] = self.keyed_inputs(s, self.names[id(s)], supplier, key_fn)
+        key_fn, op = s.params["key_fn"], s.params["op"]
+        name = self.names[id(s)]
+        if s.params.get("per_epoch"):
+            # per key and epoch: partials on the producers' side (no shuffle to them),
+            # one per key through the distributed edge
+            (u,) = s.upstream
+            s1 = self.local_inputs(
+                s,
+                self._inputs(u, s),
+                self._chain_name(u, s) + f"{name}-partials",
+                keyed.rolling_partials(key_fn, op),
+            )
+            s2 = self.vertex(name, keyed.rolling_latest(op), s.local_parallelism)
+            self.connect(s1, s2, lambda e: e.distributed().partitioned(_entry_key))
+            self.out[id(s)] = s2
+            return
+        supplier = keyed.rolling_aggregate(key_fn, op)
+        self.out[id(s)] = self.keyed_inputs(s, name, supplier, key_fn)
 
     def _build_map_stateful(self, s: Stage) -> None:
         from slipstream.pipeline import keyed

@@ -1,5 +1,6 @@
 """Processors that only the Pipeline API needs: keyed stateful mapping (``map_stateful``,
-``rolling_aggregate``) and the joining side of ``hash_join``.
+``rolling_aggregate``, and its once-per-epoch form: ``rolling_partials`` then
+``rolling_latest``) and the joining side of ``hash_join``.
 
 Keyed state lives in a :class:`~slipstream.state.keyed.KeyedState` (one ``PLAIN`` map:
 it restores as entries under the grouping key itself), so a restore (also with another
@@ -11,6 +12,7 @@ only the keys that changed since the previous snapshot.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from itertools import islice
 from operator import itemgetter
@@ -24,7 +26,17 @@ from slipstream.core.traits import KEYED
 from slipstream.state.keyed import KeyedState, fast_keyed_state, saved_entry
 from slipstream.state.keys import BroadcastKey
 
-__all__ = ["HashJoinP", "MapStatefulP", "hash_join", "map_stateful", "rolling_aggregate"]
+__all__ = [
+    "HashJoinP",
+    "MapStatefulP",
+    "RollingLatestP",
+    "RollingPartialsP",
+    "hash_join",
+    "map_stateful",
+    "rolling_aggregate",
+    "rolling_latest",
+    "rolling_partials",
+]
 
 _NOTHING: Any = object()
 _first = itemgetter(0)
@@ -234,6 +246,167 @@ class MapStatefulP(AbstractProcessor):
         self.states[key] = value
 
 
+class RollingPartialsP(AbstractProcessor):
+    """The map side of ``rolling_aggregate(op, per_epoch=True)``: accumulates its items
+    per key and emits ``(key, accumulator)`` for every key it saw, then forgets them, at
+    each snapshot (before the barrier, so the partials belong to the epoch the snapshot
+    ends: one micro-batch of a Spark streaming job) and at the end of its input. It
+    saves nothing: its state is empty at every barrier.
+
+    Why: a rolling aggregate that emits once per key and epoch need not send every item
+    through the shuffle; this stage sends one partial per key it saw (Spark's map-side
+    combine, what native Structured Streaming does before its shuffle). A count
+    (``additive`` a constant) counts the keys of a whole inbox at C speed
+    (``Counter.update``)."""
+
+    handles_item_errors = True  # the key function and accumulate
+
+    def __init__(self, key_fn: Callable[[Any], Any], op: AggregateOperation[Any, Any, Any]) -> None:
+        self._key_fn = key_fn
+        self._op = op
+        add = op.additive
+        self._counting = add is not None and not callable(add)
+        self.partials: dict[Any, Any] = Counter() if self._counting else {}
+        self._out: Any = None  # the partials being emitted
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        errors = self.context.item_errors
+        while inbox:
+            n = len(inbox)
+            keys = iter(inbox)
+            try:
+                self._accumulate(keys)
+            except Exception as e:
+                i = failed_position(n, keys)
+                item = inbox[i]
+                drop_head(inbox, i + 1)  # those before it are in; it is set aside
+                if not errors.handle(item, e):
+                    raise
+                continue
+            inbox.clear()
+
+    def _accumulate(self, items: Any) -> None:
+        """Add ``items`` (an iterator the caller locates a failure in) to the partials."""
+        partials = self.partials
+        key_fn = self._key_fn
+        if self._counting:
+            partials.update(map(key_fn, items))  # type: ignore[call-arg]
+            return
+        op = self._op
+        get = partials.get
+        add = op.additive
+        if add is not None:
+            for item in items:
+                k = key_fn(item)
+                partials[k] = get(k, 0) + add(item)
+            return
+        accumulate, create, missing = op.accumulate, op.create, _NOTHING
+        for item in items:
+            k = key_fn(item)
+            acc = get(k, missing)
+            partials[k] = accumulate(create() if acc is missing else acc, item)
+
+    def _flush(self) -> bool:
+        """Emit every partial (resumable when the outbox fills up); ``True`` when done."""
+        if self._out is None:
+            partials = self.partials
+            if not partials:
+                return True
+            if self._counting:
+                scale = self._op.additive
+                pairs = partials.items() if scale == 1 else ((k, n * scale) for k, n in partials.items())
+                self._out = iter(list(pairs))
+            else:
+                self._out = iter(list(partials.items()))
+            self.partials = Counter() if self._counting else {}
+        if not self.emit_from(self._out):
+            return False
+        self._out = None
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        return self._flush()
+
+    def complete(self) -> bool:
+        return self._flush()
+
+
+class RollingLatestP(MapStatefulP):
+    """The keyed side of ``rolling_aggregate(op, per_epoch=True)``: combines the
+    ``(key, accumulator)`` partials of :class:`RollingPartialsP` into each key's
+    accumulator (``op.combine``) and, at each snapshot (before saving, so the output
+    belongs to the epoch the snapshot ends) and at the end of its input, emits
+    ``(key, op.finish(acc))`` once for every key that changed since the last time:
+    Structured Streaming's update mode, one row per changed key per micro-batch.
+    The accumulators are saved and restored as :class:`MapStatefulP`'s (same entries)."""
+
+    def __init__(self, op: AggregateOperation[Any, Any, Any]) -> None:
+        super().__init__(_first, None, None, op)
+        self._changed: dict[Any, None] = {}
+        self._out: Any = None
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        op = self._op
+        assert op is not None and op.combine is not None
+        combine = op.combine
+        states = self.states
+        dirty = getattr(states, "dirty", None)
+        if dirty is not None and getattr(states, "all_dirty", False):
+            dirty = None  # the next save is full anyway
+        prefetch = getattr(states, "prefetch", None)
+        if prefetch is not None:  # disk-backed state: one query for the chunk's misses
+            prefetch(map(_first, inbox))
+        changed = self._changed
+        get = states.get
+        missing = _NOTHING
+        errors = self.context.item_errors
+        for pair in inbox:
+            k, partial = pair
+            if dirty is not None:  # before combine, which may change the old one in place
+                dirty.add(k)
+            try:
+                acc = get(k, missing)
+                states[k] = partial if acc is missing else combine(acc, partial)
+            except Exception as e:
+                if not errors.handle(pair, e):
+                    raise
+                continue
+            changed[k] = None
+        inbox.clear()
+        if dirty is not None:
+            n = len(dirty)
+            if n > _MARKS_WORTH_KEEPING and isinstance(states, KeyedState) and n * 4 > len(states):
+                states.mark_all()
+
+    def _emit_changed(self) -> bool:
+        """Emit ``(key, finish(acc))`` of every changed key (resumable); ``True`` when
+        done."""
+        if self._out is None:
+            if not self._changed:
+                return True
+            op = self._op
+            assert op is not None
+            finish, states = op.finish, self.states
+            if finish is identity:
+                latest = [(k, states[k]) for k in self._changed]
+            else:
+                latest = [(k, finish(states[k])) for k in self._changed]
+            self._out = iter(latest)
+            self._changed = {}
+        if not self.emit_from(self._out):
+            return False
+        self._out = None
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        if not self._emit_changed():
+            return False
+        return super().save_to_snapshot()
+
+    def complete(self) -> bool:
+        return self._emit_changed()
+
+
 class HashJoinP(AbstractProcessor):
     """Ordinal 0 is the stream to enrich; ordinals 1.. are the build sides, drained first
     (their edges have a higher priority), each into a table ``key -> [items]``.
@@ -352,6 +525,26 @@ def rolling_aggregate(
     key_fn: Callable[[Any], Any], op: AggregateOperation[Any, Any, Any]
 ) -> Callable[[], MapStatefulP]:
     return functools.partial(MapStatefulP, key_fn, None, None, op)
+
+
+def rolling_partials(
+    key_fn: Callable[[Any], Any], op: AggregateOperation[Any, Any, Any]
+) -> Callable[[], RollingPartialsP]:
+    """The map side of a once-per-epoch rolling aggregate (:class:`RollingPartialsP`):
+    put it before the distributed edge partitioned by ``operator.itemgetter(0)`` that
+    leads to :func:`rolling_latest`."""
+    return functools.partial(RollingPartialsP, key_fn, op)
+
+
+def rolling_latest(op: AggregateOperation[Any, Any, Any]) -> Callable[[], RollingLatestP]:
+    """The keyed side of a once-per-epoch rolling aggregate (:class:`RollingLatestP`);
+    ``op`` must combine accumulators (``op.combine``)."""
+    if op.combine is None:
+        raise ValueError(
+            "rolling_latest(op): op cannot combine accumulators (op.combine is None); a "
+            "once-per-epoch rolling aggregate combines the partials of each epoch"
+        )
+    return functools.partial(RollingLatestP, op)
 
 
 def hash_join(

@@ -402,10 +402,26 @@ class GroupedStage:
             self._stage.pipeline, "aggregate", [self._stage], {"key_fn": self._key_fn, "op": op}
         )
 
-    def rolling_aggregate(self, op: AggregateOperation[Any, Any, Any]) -> Stage:
-        """For each item, ``(key, op.finish(acc))`` of its key's items so far."""
+    def rolling_aggregate(
+        self, op: AggregateOperation[Any, Any, Any], *, per_epoch: bool = False
+    ) -> Stage:
+        """For each item, ``(key, op.finish(acc))`` of its key's items so far.
+
+        ``per_epoch=True`` changes what is emitted (Structured Streaming's update mode):
+        once per epoch, ``(key, op.finish(acc))`` for every key whose items changed it in
+        the epoch, its latest value. An epoch is a micro-batch of a Spark streaming job,
+        the interval between two snapshots on the embedded engine; the last one ends with
+        the input. The items are pre-aggregated per key before the shuffle (``op`` must
+        combine: ``op.combine``), so a key's many items in an epoch cross it as one."""
         _check_op(op, "rolling_aggregate")
-        return self._keyed("rolling_aggregate", {"key_fn": self._key_fn, "op": op})
+        if per_epoch and op.combine is None:
+            raise PipelineError(
+                "rolling_aggregate(per_epoch=True): the operation cannot combine "
+                "accumulators (op.combine is None), and the once-per-epoch form combines "
+                "each epoch's per-key partials; give the AggregateOperation a combine"
+            )
+        params = {"key_fn": self._key_fn, "op": op, "per_epoch": bool(per_epoch)}
+        return self._keyed("rolling_aggregate", params)
 
     def map_stateful(
         self, create: Callable[[], Any], fn: Callable[[Any, Any, Any], Any]
