@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.core.dag import effective_parallelism
 from slipstream.core.errors import DagError
-from slipstream.engine import member_output, member_reports
+from slipstream.engine import gc_tuning, member_output, member_reports
 from slipstream.engine.heartbeat import HeartbeatMonitor, silence_text
 from slipstream.engine.member_control import NAMED, NAMED_REPLY, PONG, Calls
 from slipstream.engine.member_logging import LOG, levels_here, replay
@@ -294,15 +294,26 @@ class ProcessExecution:
             self.coordinator = new_coordinator(self)
 
     # -- lifecycle -----------------------------------------------------------------------
+    _gc_tuned = False
+
     def start(self) -> None:
         """Start the members; if that fails (no process could be started) the execution
         ends failed at once, the members already started killed."""
+        if self.job.engine.tune_gc:
+            # this process gathers the members' list sink output as it comes (window
+            # results and the like): the job's collector settings, as with one process
+            # (engine/gc_tuning.py; measured, tumbling windows with processes=2: the
+            # coordinator's CPU 0.20-0.21 -> 0.15-0.16 s). Before the members start: the
+            # last listener may end the execution before _start returns
+            gc_tuning.job_started()
+            self._gc_tuned = True
         try:
             self._start()
         except BaseException as e:  # noqa: BLE001 - the job fails with it
             for p in self._procs:
                 if p.pid is not None and p.exitcode is None:  # started, still running
                     p.kill()
+            self._gc_untune()
             self.failure = TaskletFailure(None, e, restartable=False)
             self.finished.set()
             self.job._execution_ended(self)  # type: ignore[arg-type]
@@ -622,7 +633,14 @@ class ProcessExecution:
             pass
         self._stop_members()
 
+    def _gc_untune(self) -> None:
+        with self._lock:
+            tuned, self._gc_tuned = self._gc_tuned, False
+        if tuned:
+            gc_tuning.job_ended()
+
     def _ended(self) -> None:
+        self._gc_untune()
         if self.heartbeat is not None:
             self.heartbeat.stop()
         if self.coordinator is not None:
