@@ -69,6 +69,17 @@ def test_rows_from_arrow_batches_are_the_rows_dataframe_rdd_gives() -> None:
         first.missing  # noqa: B018
 
 
+def test_rows_from_the_jvms_record_batch_messages_are_the_same_rows() -> None:
+    """Batches the JVM made (``toArrowBatchRdd``: record batch messages without their
+    schema) read with the schema the driver ships give the same rows."""
+    batch = _batch()
+    messages = [bytes(b.serialize()) for b in (batch, batch.slice(0, 0), batch.slice(1))]
+    schema = bytes(batch.schema.serialize())
+    got = list(arrow.arrow_rows(messages, FIELDS, schema))
+    assert got == list(arrow.arrow_rows(_chunks([batch, batch.slice(1)]), FIELDS))
+    assert len(got) == 5 and got[0].key == "a" and got[0]["count"] == 1
+
+
 def test_only_plain_column_types_take_the_arrow_path() -> None:
     class Frame:
         def __init__(self, *fields: StructField) -> None:

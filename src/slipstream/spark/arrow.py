@@ -35,6 +35,7 @@ path; ``SLIPSTREAM_SPARK_ARROW=0`` turns this path off (to compare the two).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -311,11 +312,22 @@ def arrow_rows(
     if schema is not None:
         arrow_schema = pa.ipc.read_schema(pa.py_buffer(schema))
         read = pa.ipc.read_record_batch
-        for message in chunks:
+
+        def rows(message: Any) -> Iterator[Any]:
             batch = read(pa.py_buffer(message), arrow_schema)
             columns = [column.to_pylist() for column in batch.columns]
-            yield from map(make, zip(*columns, strict=True))
-        return
+            return map(make, zip(*columns, strict=True))
+
+        # rows are handed out by C iterators only (a generator's yield per row cost
+        # more than making the row)
+        return itertools.chain.from_iterable(map(rows, chunks))
+    return _stream_rows(chunks, make)
+
+
+def _stream_rows(chunks: Iterable[Any], make: Any) -> Iterator[Any]:
+    """:func:`arrow_rows` of ``mapInArrow``'s batches (each an IPC stream in a ``Row``)."""
+    import pyarrow as pa
+
     for chunk in chunks:
         with pa.ipc.open_stream(pa.py_buffer(chunk[0])) as reader:
             for batch in reader:
