@@ -414,7 +414,7 @@ def test_random_dags_with_two_processes_match_the_oracle() -> None:
     from hypothesis import strategies as st
     from test_engine_random_dags import build, dags, oracle
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=22, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(spec=dags(), capacity=st.sampled_from([1, 2048]))
     def check(spec: dict[str, Any], capacity: int) -> None:
         spec["members"] = 2
@@ -504,3 +504,54 @@ def test_a_members_state_dir_is_one_path_part_under_the_work_dir(tmp_path: Any) 
     for path, prefix in ((local, "a_b_.._c-"), (member, "a_b_.._c-member1-")):
         assert os.path.dirname(path) == os.path.join(str(tmp_path), "state")
         assert os.path.basename(path).startswith(prefix)
+
+
+def environ_value(x: int) -> tuple[int, str | None]:
+    return x, os.environ.get("SLIPSTREAM_TEST_LATER")
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_members_see_the_environment_of_their_jobs_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable set after the forkserver started (with this process's first
+    ``ss.local(processes=N)``, or its first job) reaches the members of a later job:
+    they take the coordinator's environment with their setup."""
+    engine = ss.local(processes=2)
+    p = ss.Pipeline()
+    p.read_from(sources.items(range(4))).map(environ_value).write_to(sinks.list_sink("env"))
+    engine.new_job(p).join(timeout=GUARD_S)  # the forkserver runs now, whatever ran before
+    assert sorted(engine.get_list("env")) == [(i, None) for i in range(4)]
+    engine.get_list("env").clear()
+    monkeypatch.setenv("SLIPSTREAM_TEST_LATER", "set later")
+    engine.new_job(p).join(timeout=GUARD_S)
+    assert sorted(engine.get_list("env")) == [(i, "set later") for i in range(4)]
+
+
+FORKSERVER_PID = """
+import threading
+from multiprocessing import forkserver
+import slipstream as ss
+engine = ss.local({args})
+for t in threading.enumerate():
+    if t.name == "slipstream-forkserver-start":
+        t.join()
+print(forkserver._forkserver._forkserver_pid is not None)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "started"), [("processes=2", True), ("", False)])
+def test_the_forkserver_starts_with_the_engine_not_the_first_job(args: str, started: bool) -> None:
+    """``ss.local(processes=2)`` starts the members' forkserver on a thread of its own, so
+    its preload runs beside the script's work up to the first job (docs/performance.md);
+    ``ss.local()`` starts none. A fresh interpreter: this one's server may be running."""
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, "-c", FORKSERVER_PID.format(args=args)],
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(started)

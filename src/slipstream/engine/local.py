@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -28,6 +29,37 @@ def default_cooperative_threads() -> int:
     """1 where the GIL is on (measured: a second thread halves throughput of pure-Python
     DAGs, since only one thread runs Python at a time), else one per CPU."""
     return 1 if gil_enabled() else (os.cpu_count() or 1)
+
+
+_forkserver_starting = False
+_forkserver_lock = threading.Lock()
+
+
+def start_forkserver_early() -> None:
+    """Start the member processes' forkserver on a daemon thread, once per process
+    (``ss.local(processes=N)`` with N > 1 calls it): its preload of slipstream then runs
+    beside the script's own work before its first job, which otherwise waited for all of
+    it (docs/performance.md, "Start-up of a 10-item job with processes=2"). A failure
+    here is left to the first job, which starts the server itself and reports it."""
+    global _forkserver_starting
+    with _forkserver_lock:
+        if _forkserver_starting:
+            return
+        _forkserver_starting = True
+    threading.Thread(
+        target=_start_forkserver, name="slipstream-forkserver-start", daemon=True
+    ).start()
+
+
+def _start_forkserver() -> None:
+    try:
+        from slipstream.engine.processes import start_forkserver
+
+        start_forkserver()
+    except Exception:  # noqa: BLE001 - the first job starts it again and reports why
+        logging.getLogger("slipstream.processes").debug(
+            "starting the forkserver early failed; the first job starts it", exc_info=True
+        )
 
 
 class GilThreadsWarning(RuntimeWarning):
@@ -128,6 +160,7 @@ class LocalEngine:
                     f"member is a process, so members is processes (leave it out)"
                 )
             members = processes
+            start_forkserver_early()
         #: member processes of a job (1: the members, if several, share this process)
         self.process_count = processes
         if outbox_capacity < 1:

@@ -551,9 +551,14 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         data = conn.recv_bytes()
-        pids = conn.recv()
+        pids, environ = conn.recv()
     except (EOFError, OSError):
         return  # the coordinator is gone
+    # the coordinator's environment as its job starts, not the forkserver's (the one of
+    # the first ss.local(processes=N)), before the job's code is unpickled and imported
+    if environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
     # from here on the member answers heartbeats, however long its set-up takes
     control = MemberControl(conn)
     control.start()

@@ -19,8 +19,11 @@ server, snapshot writers): a lock one of them holds at that moment (the logging 
 an allocator's) stays held forever in the child. ``forkserver`` forks from a
 single-threaded server process that imported slipstream once; a member then starts in
 about 14 ms, where ``spawn`` pays an interpreter and the imports every time (75-85 ms,
-docs/performance.md, "Channels"). The server inherits the environment and ``sys.path``
-of the coordinator when it first starts.
+docs/performance.md, "Channels"). The server starts once per process, when the first
+``ss.local(processes=N)`` (N > 1) is created, on a thread of its own
+(:func:`start_forkserver`), so its preload runs beside the script's own work up to the
+first job. A member still gets the coordinator's ``sys.path`` (multiprocessing sends it)
+and environment variables (sent with its setup) as they are when its job starts.
 
 **Failures.** A member reports the first error of its processors (vertex, processor,
 member) and stops; the coordinator then stops the others and, once all ended, fails the
@@ -126,6 +129,18 @@ def member_context() -> Any:
             ctx.set_forkserver_preload(PRELOAD)
             _context = ctx
         return _context
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now, if it is not running: its start returns once the server
+    process exists (a few ms); the server then imports ``PRELOAD`` (~110 ms of CPU) on
+    its own while this process goes on, and the first member waits only for what is left
+    of that. ``ss.local(processes=N)`` calls it on a thread of its own
+    (:func:`slipstream.engine.local.start_forkserver_early`)."""
+    from multiprocessing import forkserver
+
+    member_context()
+    forkserver.ensure_running()
 
 
 _start_lock = threading.Lock()
@@ -352,7 +367,9 @@ class ProcessExecution:
         for _, conn in children:
             try:
                 conn.send_bytes(self._payload)
-                conn.send(pids)
+                # the environment of now: the forkserver's is that of its start, at the
+                # first ss.local(processes=N) of this process
+                conn.send((pids, dict(os.environ)))
             except OSError:
                 pass  # it died already: its listener reports it
         self.heartbeat = HeartbeatMonitor(
