@@ -34,7 +34,11 @@ copied; every engine row uses documented API only):
   items per second for ``--latency-seconds``, each stamped with the wall-clock time the
   generator made it (when it was due), through a distributed partitioned edge (half of the items cross to the other
   member with processes=2) into a user's sink processor that notes how long after its
-  due time each arrived; p50 / p99 / max of all items after the first second.
+  due time each arrived; p50 / p99 / max of all items after the first second, of the
+  round with the median p99 of ``--repeat`` interleaved rounds. Its last row is the
+  floor of a cross-process hop on this machine without the engine
+  (``socketpair_floor``: a stamp every ``2 / --latency-rate`` s, the rate at which the
+  job's items cross, to a child process waiting in ``select``).
 
 Each non-Kafka row runs in a fresh interpreter (benchlib.run_variant) after a warm-up
 job of 10 lines with the same engine settings (the forkserver is running and the imports
@@ -58,6 +62,8 @@ import argparse
 import hashlib
 import json
 import os
+import select
+import socket
 import sys
 import tempfile
 import time
@@ -163,6 +169,50 @@ def latency_dag(rate: float, seconds: float) -> DAG:
     return dag
 
 
+def socketpair_floor(rate: float, seconds: float) -> list[float]:
+    """The floor of a hop between two processes on this machine, without the engine: a
+    child waits in ``select`` on one end of a socketpair (as an idle member's worker
+    does) and notes how long after it was sent each stamp arrived; this process sends one
+    stamp every ``1 / rate`` s (the rate at which the latency job's items cross). Returns
+    the ms of the stamps sent after the first second."""
+    a, b = socket.socketpair()
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+    out.close()
+    pid = os.fork()  # this fresh interpreter runs no thread yet
+    if pid == 0:
+        a.close()
+        arrived: list[tuple[float, float]] = []
+        rest = b""
+        while True:
+            select.select([b], [], [], 0.01)
+            try:
+                data = b.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            if not data:
+                break
+            now = time.time()
+            *stamps, rest = (rest + data).split(b";")
+            arrived += [(float(s), now) for s in stamps]
+        with open(out.name, "w", encoding="utf-8") as fh:
+            json.dump(arrived, fh)
+        os._exit(0)
+    b.close()
+    start = time.perf_counter()
+    first = time.time()
+    for i in range(int(rate * seconds)):
+        wait = start + i / rate - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        a.send(f"{time.time()!r};".encode())
+    a.close()
+    os.waitpid(pid, 0)
+    with open(out.name, encoding="utf-8") as fh:
+        arrived = json.load(fh)
+    os.unlink(out.name)
+    return sorted((now - sent) * 1000 for sent, now in arrived if sent >= first + 1.0)
+
+
 def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
@@ -174,7 +224,7 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
     """``job:impl[:processes]``: time it, print one JSON line."""
     job, impl, *rest = variant.split(":")
     processes = int(rest[0]) if rest else 1
-    if impl != "plain":
+    if impl not in ("plain", "floor"):
         warm_up(processes)
     extra: dict[str, Any] = {}
     t0, c0 = time.perf_counter(), time.process_time()
@@ -203,6 +253,10 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
             p = windowing.window_pipeline(source, wd, ss.sinks.list_sink("windows"))
             engine, cpu = run_engine(p, processes)
             rows = [tuple(r) for r in engine.get_list("windows")]
+    elif job == "latency" and impl == "floor":
+        ms = socketpair_floor(a.latency_rate / 2, a.latency_seconds)
+        extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
+        rows = []
     elif job == "latency":
         engine, cpu = run_engine(latency_dag(a.latency_rate, a.latency_seconds), processes)
         warm = a.latency_rate  # the first second's items
@@ -413,12 +467,23 @@ def main() -> None:
             f"\nlatency: {a.latency_rate:,.0f} items/s for {a.latency_seconds:g} s, one at a "
             "time, through a distributed edge; ms from the item made to the sink, after the first second"
         )
-        print(f"{'':<16}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'busiest cpu s':>15}{'peak MB':>9}")
-        for n in counts:
-            r = run_variant(__file__, f"latency:dag:{n}", args)
+        print(
+            f"(of {a.repeat} interleaved rounds, the round with the median p99; the floor: two "
+            "processes and a socketpair, no engine, half the rate: the items that cross)"
+        )
+        print(f"{'':<18}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'busiest cpu s':>15}{'peak MB':>9}")
+        runs: dict[str, list[dict[str, Any]]] = {}
+        variants = [f"latency:dag:{n}" for n in counts] + ["latency:floor:2"]
+        for _ in range(a.repeat):
+            for v in variants:
+                runs.setdefault(v, []).append(run_variant(__file__, v, args))
+        for v in variants:
+            ordered = sorted(runs[v], key=lambda r: r["p99"])
+            r = ordered[(len(ordered) - 1) // 2]
+            name = "floor (socketpair)" if ":floor" in v else f"processes={v.rsplit(':', 1)[1]}"
+            cpu = f"{r['cpu']:>15.2f}" if ":floor" not in v else f"{'':>15}"
             print(
-                f"{'processes=' + str(n):<16}{r['p50']:>8.2f}{r['p99']:>8.2f}{r['max']:>8.2f}"
-                f"{r['cpu']:>15.2f}{r['rss']:>9.0f}"
+                f"{name:<18}{r['p50']:>8.2f}{r['p99']:>8.2f}{r['max']:>8.2f}{cpu}{r['rss']:>9.0f}"
             )
     load = os.getloadavg()
     print(f"\nload {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
