@@ -19,6 +19,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from slipstream import processors as P
 from slipstream.aggregate import AggregateOperation, counting, summing, to_list
 from slipstream.core.config import ProcessingGuarantee
@@ -27,9 +29,12 @@ from slipstream.core.item_errors import ItemErrors
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import Context, Processor
+from slipstream.pipeline import keyed as pipeline_keyed
 from slipstream.pipeline.keyed import map_stateful, rolling_aggregate
 from slipstream.processors.sessions import CURRENT_WATERMARK_KEY
 from slipstream.processors.windows import NEXT_WIN_TO_EMIT_KEY
+from slipstream.state import keyed as keyed_mod
+from slipstream.state import live
 from slipstream.state.keyed import DELTA, DROP, FULL, KEYED, StateMap, StateMapSave
 from slipstream.state.keys import expand_entries
 from slipstream.window import KeyedWindowResult, sliding_window_def, tumbling_window_def
@@ -95,6 +100,7 @@ class Driver:
             self.outbox.snapshot_bucket.clear()
             self._drain()
             if done:
+                out = [_produced(e) for e in out]
                 # the engine hands the snapshot a copy the processor can no longer change
                 return pickle.loads(pickle.dumps(out))  # noqa: S301 - our own bytes
 
@@ -107,6 +113,21 @@ class Driver:
         while not d.p.finish_snapshot_restore():
             pass
         return d
+
+
+def _produced(entry: tuple[Any, Any]) -> tuple[Any, Any]:
+    """``entry`` with a copy-on-write save (``context.live_saves`` set) produced now, as
+    the store thread takes it: a map as of the save."""
+    k, v = entry
+    if type(k) is not StateMap or type(v.upserts) is not live.LiveSave:
+        return entry
+    v.upserts.finish()
+    content, removed = v.upserts.result()
+    if isinstance(content, live.EncodedMap):
+        content = content.to_dict()
+    elif not isinstance(content, dict):  # column batches
+        content = dict(zip(*content.pairs(), strict=True))
+    return k, StateMapSave(v.mode, content, removed, v.base_id)
 
 
 def maps(entries: Entries) -> dict[StateMap, StateMapSave]:
@@ -629,3 +650,156 @@ def test_marks_go_once_more_than_a_quarter_of_a_large_map_changed() -> None:
     d.feed([(k, 1) for k in range(0, n, 3)])  # a third
     assert st.all_dirty
     assert d.save(3, 2)[0][1].mode == FULL
+
+
+# -- the write layer: the changed keys' values are written, not marked ----------------
+
+
+def test_a_rolling_count_writes_few_changes_into_a_layer_that_is_the_next_delta() -> None:
+    """The skewed pattern: once a save changed few keys, the next interval writes each
+    new value into ``states.layer`` (no mark, the map untouched) and the save hands that
+    dict over as the delta; the map then holds the values and a new layer starts."""
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.feed([(k, 1) for k in range(100)])
+    assert d.save(1, 0)[0][1].mode == FULL
+    st = d.p.states
+    assert st.layered and st.layer == {}
+    d.feed([(3, 1), (7, 1), (3, 1), (200, 1)])  # 200: a new key
+    assert st.layer == {3: 3, 7: 2, 200: 1} and not st.dirty
+    assert dict.get(st, 3) == 1 and 200 not in st  # the map is not written until the save
+    assert d.output[-4:] == [(3, 2), (7, 2), (3, 3), (200, 1)]
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {3: 3, 7: 2, 200: 1}, (), 1)
+    assert st.layer == {} and st[3] == 3 and st[200] == 1 and len(st) == 101
+    d.feed([(3, 1)])
+    assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {3: 4}, (), 2)
+    # a save after an uncommitted one is full, and holds the layer's values
+    d.feed([(7, 1)])
+    full = d.save(4, 2)[0][1]
+    assert full.mode == FULL and full.upserts[7] == 3 and full.upserts[3] == 4
+
+
+def test_a_large_layer_goes_into_the_map_in_steps_and_reads_see_it_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layer of LIVE_SAVE_MIN_KEYS keys or more is written into the map in slices by the
+    tasklet's steps (``context.live_saves``); until then the loop reads it as
+    ``states.frozen`` (after the new layer, before the map), and a save writes the rest
+    first."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2)
+    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
+    d = Driver(rolling_aggregate(operator.itemgetter(0), summing(operator.itemgetter(1))))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(50)])
+    d.save(1, 0)  # full, copy-on-write: produced by the Driver
+    d.ctx.live_saves.clear()
+    st = d.p.states
+    assert st.layer == {}
+    d.feed([(k, 10) for k in range(10)])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {k: 11 for k in range(10)}, (), 1)
+    [merge] = d.ctx.live_saves
+    assert st.frozen == {k: 11 for k in range(10)} and dict.get(st, 0) == 1
+    assert not merge.step(1 << 30)  # one slice: keys 0 and 1
+    assert dict.get(st, 1) == 11 and dict.get(st, 2) == 1
+    d.feed([(5, 100), (0, 100), (60, 7)])  # 5 is in frozen only, 0 in both
+    assert st.layer == {5: 111, 0: 111, 60: 7}
+    while not merge.step(1 << 30):
+        pass
+    assert st.frozen == {} and dict.get(st, 9) == 11 and dict.get(st, 5) == 11
+    d.feed([(9, 1)])
+    # another large layer whose merge the next save finishes first
+    assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {5: 111, 0: 111, 60: 7, 9: 12}, (), 2)
+    d.feed([(5, 1)])
+    assert d.save(4, 3)[0][1] == StateMapSave(DELTA, {5: 112}, (), 3)
+    assert dict.get(st, 60) == 7 and dict.get(st, 0) == 111 and st.frozen == {}
+
+
+def test_a_layer_past_its_limit_goes_into_the_map_and_the_interval_marks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The uniform pattern: once the layer holds more than the map's layer_limit() keys,
+    it is written into the map and its keys marked; the interval marks from then on (and
+    lets the marks go past a quarter of the keys), and the next one writes a layer only
+    if this one changed few keys."""
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 10)
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 10)
+    n = 1600  # limit: 100 keys
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.feed([(k, 1) for k in range(n)])
+    d.save(1, 0)
+    st = d.p.states
+    assert st.layer is None  # every key changed: the next interval marks
+    d.feed([(5, 1)])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {5: 2}, (), 1)
+    assert st.layer == {} and st.layer_limit() == 100
+    d.feed([(k, 1) for k in range(0, 240)])  # 240 keys: past the limit
+    assert st.layer is None and len(st.dirty) == 240 and not st.all_dirty
+    assert st[0] == 2 and st[5] == 3 and st[239] == 2 and st[240] == 1
+    save = d.save(3, 2)[0][1]
+    assert save.mode == DELTA and save.upserts == {k: 3 if k == 5 else 2 for k in range(240)}
+    assert st.layer is None  # 240 changed: the next interval marks
+    d.feed([(k, 1) for k in range(0, n, 4)] + [(1, 1)])  # a quarter and one more
+    assert st.all_dirty and st.layer is None
+    assert d.save(4, 3)[0][1].mode == FULL
+    assert st.layer is None
+    d.feed([(7, 1)])
+    assert d.save(5, 4)[0][1] == StateMapSave(DELTA, {7: 3}, (), 4)
+    assert st.layer == {}  # one key changed: the next interval writes a layer
+
+
+def test_rolling_sums_through_the_layer_restore_what_full_saves_restore(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Random bursts over few or many keys, saves that commit or not, the layer's merge
+    stepped or not, copy-on-write full saves or copies: every output is the running
+    sum, and the chain merged as the store merges it restores exactly the oracle's
+    sums at every committed save."""
+    op = summing(operator.itemgetter(1))
+    seen: set[str] = set()
+    for seed in range(8):
+        rng = random.Random(seed)
+        small = seed % 4 < 2
+        monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3 if small else 20_000)
+        monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2 if small else 1024)
+        monkeypatch.setattr(keyed_mod, "LAYER_MIN", 20 if seed % 2 else 4096)
+        monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 10)
+        d = Driver(rolling_aggregate(operator.itemgetter(0), op))
+        d.ctx.live_saves = [] if seed % 4 != 3 else None
+        st = d.p.states
+        oracle: dict[int, int] = {}
+        chain: list[tuple[int, Entries]] = []
+        committed = 0
+        for sid in range(1, 25):
+            keys = rng.choice([5, 50, 400])
+            items = [(rng.randrange(keys), rng.randrange(-3, 9)) for _ in range(rng.randrange(300))]
+            for _ in range(rng.randrange(3)):
+                d.feed(items[: len(items) // 2])
+                saves = d.ctx.live_saves
+                if saves and saves[0].step(rng.choice([1, 3, 1 << 30])):
+                    saves.pop(0)
+                d.feed(items[len(items) // 2 :])
+                for k, v in items:
+                    oracle[k] = oracle.get(k, 0) + v
+                assert d.output[len(d.output) - len(items) :] == _running(oracle, items)
+            seen.add("layer" if st.layer is not None else "marks")
+            seen.add("frozen" if st.frozen else "")
+            entries = d.save(sid, committed)
+            seen.add(entries[0][1].mode)
+            if rng.random() < 0.8:  # it commits before the next save
+                if entries[0][1].mode == FULL:
+                    chain = []
+                chain.append((sid, entries))
+                committed = sid
+                assert dict(full_state(merged(chain))) == oracle, (seed, sid)
+            # else it never commits: the next save is full (merged() checks the bases)
+    assert seen >= {"layer", "marks", "frozen", FULL, DELTA}
+
+
+def _running(oracle: dict[int, int], items: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The outputs of ``items``, given the sums ``oracle`` after them."""
+    after = dict(oracle)
+    out = []
+    for k, v in reversed(items):
+        out.append((k, after[k]))
+        after[k] -= v
+    return out[::-1]

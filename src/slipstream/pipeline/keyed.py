@@ -107,6 +107,10 @@ class MapStatefulP(AbstractProcessor):
             # sums and counts: numbers, replaced on every item, never changed in place, so
             # a save may be taken copy-on-write (state/live.py): no copy at the barrier
             self.states.values_replaced = True
+            if self._op.finish is identity:
+                # and while few keys change between two snapshots, the loop writes the
+                # changes into a small layer that is the next delta (state/keyed.py)
+                self.states.layered = True
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         outbox = self.outbox
@@ -126,6 +130,8 @@ class MapStatefulP(AbstractProcessor):
             self._pending = _NOTHING
             inbox.popleft()
         states = self.states
+        if getattr(states, "layer", None) is not None or getattr(states, "frozen", None):
+            states.settle()  # type: ignore[attr-defined]  # the map alone, marked from here
         dirty = getattr(states, "dirty", None)
         key_fn = self._key_fn
         prefetch = getattr(states, "prefetch", None)
@@ -181,7 +187,13 @@ class MapStatefulP(AbstractProcessor):
         n = min(self.outbox.capacity - len(bucket), len(inbox))
         if n <= 0:
             return
+        finish = op.finish
         states = self.states
+        if finish is identity and getattr(states, "layer", None) is not None:
+            self._rolling_layered(inbox, n, bucket)
+            return
+        if getattr(states, "layer", None) is not None or getattr(states, "frozen", None):
+            states.settle()  # type: ignore[attr-defined]  # the map alone, marked from here
         dirty = getattr(states, "dirty", None)
         if dirty is not None and getattr(states, "all_dirty", False):
             dirty = None  # the next save is full anyway: nothing to mark until then
@@ -190,7 +202,6 @@ class MapStatefulP(AbstractProcessor):
         get = states.get
         key_fn = self._key_fn
         add = op.additive
-        finish = op.finish
         pop = inbox.popleft
         append = bucket.append
         if finish is identity:
@@ -238,6 +249,61 @@ class MapStatefulP(AbstractProcessor):
         finally:
             if dirty is not None and (len(dirty) < size or len(states) > size):
                 _mark_from(states, dirty, bucket, start)
+
+    def _rolling_layered(self, inbox: Inbox, n: int, bucket: list[Any]) -> None:
+        """:meth:`_rolling_additive` for sums and counts while the state writes a layer
+        (:attr:`~slipstream.state.keyed.KeyedState.layer`): each new value goes into the
+        layer, a small exact dict of the keys changed since the last save, which is read
+        first (then the previous layer while it is written into the map, then the map).
+        Nothing is marked: the layer is the next snapshot's delta. Once it holds more
+        keys than the state's ``layer_limit()`` the state settles (the layer goes into
+        the map, its keys into ``dirty``) and the next chunks mark, as for many changes."""
+        op = self._op
+        assert op is not None
+        states: Any = self.states
+        layer = states.layer
+        lget = layer.get
+        fget = states.frozen.get
+        get = states.get
+        key_fn = self._key_fn
+        add = op.additive
+        append = bucket.append
+        missing = _NOTHING
+        chunk = inbox if n == len(inbox) else list(islice(inbox, n))
+        keys = iter(chunk)  # zip takes the key first: it is at the failing item
+        try:
+            if callable(add):
+                for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
+                    acc = lget(k, missing)
+                    if acc is missing:
+                        acc = fget(k, missing)
+                        if acc is missing:
+                            acc = get(k, 0)
+                    acc = layer[k] = acc + v
+                    append((k, acc))
+            else:  # counting: the addend is a constant
+                for k in map(key_fn, keys):
+                    acc = lget(k, missing)
+                    if acc is missing:
+                        acc = fget(k, missing)
+                        if acc is missing:
+                            acc = get(k, 0)
+                    acc = layer[k] = acc + add
+                    append((k, acc))
+        except Exception as e:
+            i = failed_position(n, keys)
+            if not self.context.item_errors.handle(chunk[i], e):
+                raise
+            n = i + 1  # the items before it are done: drop them and it
+        drop_head(inbox, n)
+        if len(layer) > states.layer_limit():
+            # many keys change (the uniform pattern): mark from here until the next save
+            states.settle()
+            dirty = states.dirty
+            if dirty is not None:
+                size = len(dirty)
+                if size > _MARKS_WORTH_KEEPING and size * 4 > len(states):
+                    states.mark_all()
 
     def save_to_snapshot(self) -> bool:
         return self.save_state(lambda: [saved_entry(self.states)])
