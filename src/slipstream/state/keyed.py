@@ -338,8 +338,15 @@ class KeyedState(dict):  # type: ignore[type-arg]
         self.settle()  # a layer's keys are marked in dirty now
         self.dirty = set()
         self.all_dirty = False
-        # the next interval writes a layer if this one changed few enough keys
-        if self.layered and not all_dirty and len(dirty) <= self.layer_limit():
+        # the next interval writes a layer if this one changed few enough keys (not for a
+        # forked writer: its deltas cost the barrier nothing however many keys changed,
+        # and nothing would write a large layer into the map in steps)
+        if (
+            self.layered
+            and not all_dirty
+            and len(dirty) <= self.layer_limit()
+            and getattr(ctx, "snapshot_writer", "thread") != "fork"
+        ):
             self.layer = {}
         if all_dirty or base == 0 or committed < base or len(dirty) >= len(self):
             del dirty  # before the copy: the set may be as large as the map
