@@ -16,9 +16,10 @@ bench cache:
   ``spark_stream_source -> rolling_aggregate(counting()) -> sinks.noop()`` (the count on
   a distributed partitioned edge), its state on the executors: one output per line;
 * ``latest-<K>``: the same input and native job, and slipstream with native's output
-  contract: ``group_by(key).rolling_aggregate(counting(), per_epoch=True)`` (each
-  micro-batch's keys counted before the shuffle, each changed key's count emitted once
-  per epoch, as update mode does);
+  contract: ``spark_stream(df, column="value")`` (the column's values as items, no
+  ``Row`` per line) ``.group_by(key).rolling_aggregate(counting(), per_epoch=True)``
+  (each micro-batch's keys counted before the shuffle, each changed key's count emitted
+  once per epoch, as update mode does);
 * ``window``: 1 s tumbling counts per key (1,000 keys, 600 ms lag) over ``--events``
   JSON events in ``--files`` time-ordered files, 2 files per micro-batch. Native: the
   append-mode ``withWatermark`` + ``groupBy(window, key).count()``; slipstream:
@@ -201,12 +202,14 @@ def count_dag(df: Any) -> DAG:
 
 def latest_pipeline(df: Any) -> ss.Pipeline:
     """Update mode's contract: ``rolling_aggregate(counting(), per_epoch=True)`` counts
-    each micro-batch's keys before the shuffle and emits each changed key's count once."""
+    each micro-batch's keys before the shuffle and emits each changed key's count once;
+    the items are the ``value`` column's values (``column=``, as native's
+    ``groupBy("value")``), not Rows."""
     from slipstream import sources
 
     p = ss.Pipeline()
     (
-        p.read_from(sources.spark_stream(df, _ident))
+        p.read_from(sources.spark_stream(df, column="value"))
         .group_by(_same)
         .rolling_aggregate(counting(), per_epoch=True)
         .write_to(sinks.noop())

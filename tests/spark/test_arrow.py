@@ -80,6 +80,35 @@ def test_rows_from_the_jvms_record_batch_messages_are_the_same_rows() -> None:
     assert len(got) == 5 and got[0].key == "a" and got[0]["count"] == 1
 
 
+def test_one_columns_values_from_both_kinds_of_batches() -> None:
+    """``spark_stream_source(column=)``: the column's values, no Row per row, from the
+    JVM's record batch messages and from mapInArrow's streams alike."""
+    batch = _batch()
+    messages = [bytes(b.serialize()) for b in (batch, batch.slice(0, 0), batch.slice(1))]
+    schema = bytes(batch.schema.serialize())
+    expected = ["a", None, "c", None, "c"]
+    assert list(arrow.arrow_column(messages, FIELDS, "key", schema)) == expected
+    chunks = _chunks([batch, batch.slice(1)])
+    assert list(arrow.arrow_column(chunks, FIELDS, "key")) == expected
+    assert list(arrow.arrow_column(chunks, FIELDS, "small")) == [7, -8, 9, -8, 9]
+
+
+def test_a_column_the_stream_does_not_have_is_named() -> None:
+    from slipstream.spark.io import spark_stream_source
+
+    class _Stream:
+        isStreaming = True
+        columns = ["key", "ts"]
+
+    with pytest.raises(ValueError) as info:
+        spark_stream_source(_Stream(), column="value")
+    assert str(info.value) == (
+        "spark_stream_source(column='value'): the stream has no such column (its columns: "
+        "key, ts)"
+    )
+    assert spark_stream_source(_Stream(), column="ts").column == "ts"
+
+
 def test_only_plain_column_types_take_the_arrow_path() -> None:
     class Frame:
         def __init__(self, *fields: StructField) -> None:

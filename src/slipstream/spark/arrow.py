@@ -47,6 +47,7 @@ __all__ = [
     "ARROW_COLUMN",
     "arrow_enabled",
     "arrow_fields",
+    "arrow_column",
     "arrow_partitions",
     "arrow_rows",
     "executors_have_pyarrow",
@@ -322,6 +323,35 @@ def arrow_rows(
         # more than making the row)
         return itertools.chain.from_iterable(map(rows, chunks))
     return _stream_rows(chunks, make)
+
+
+def arrow_column(
+    chunks: Iterable[Any], fields: tuple[str, ...], column: str, schema: bytes | None = None
+) -> Iterator[Any]:
+    """The values of ``column`` in the serialized batches in ``chunks`` (as
+    :func:`arrow_rows` reads them), in order: no ``Row`` per row."""
+    import pyarrow as pa
+
+    i = fields.index(column)
+    if schema is not None:
+        arrow_schema = pa.ipc.read_schema(pa.py_buffer(schema))
+        read = pa.ipc.read_record_batch
+
+        def values(message: Any) -> list[Any]:
+            return read(pa.py_buffer(message), arrow_schema).column(i).to_pylist()  # type: ignore[no-any-return]
+
+        return itertools.chain.from_iterable(map(values, chunks))
+    return _stream_values(chunks, i)
+
+
+def _stream_values(chunks: Iterable[Any], i: int) -> Iterator[Any]:
+    """:func:`arrow_column` of ``mapInArrow``'s batches."""
+    import pyarrow as pa
+
+    for chunk in chunks:
+        with pa.ipc.open_stream(pa.py_buffer(chunk[0])) as reader:
+            for batch in reader:
+                yield from batch.column(i).to_pylist()
 
 
 def _stream_rows(chunks: Iterable[Any], make: Any) -> Iterator[Any]:

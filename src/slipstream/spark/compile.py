@@ -372,6 +372,7 @@ class _Compiler:
             mode=self.mode,
             row_source=row_source,
             row_map_fn=meta.map_fn if isinstance(meta, SparkRowSource) else None,
+            row_column=meta.column if isinstance(meta, SparkStreamSource) else None,
             row_arrow=self.arrow.get(v.name),
             row_arrow_schema=self.arrow_schema.get(v.name),
             dataframe_sink=meta.name if isinstance(meta, SparkDataFrameSink) else None,

@@ -146,8 +146,12 @@ class SparkStreamSource(SparkRowSource):
 
     slipstream_traits: frozenset[str] = frozenset()  # a stream never ends
 
-    def __init__(self, df: Any, map_fn: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self, df: Any, map_fn: Callable[[Any], Any] | None, column: str | None = None
+    ) -> None:
         super().__init__(df, map_fn, "stream")
+        #: the items are this column's values, not Rows (``spark_stream_source(column=)``)
+        self.column = column
 
     @property
     def streaming_df(self) -> Any:
@@ -170,17 +174,32 @@ class SparkStreamSource(SparkRowSource):
         )
 
 
-def spark_stream_source(df: Any, map_fn: Callable[[Any], Any] | None = None) -> SparkStreamSource:
+def spark_stream_source(
+    df: Any, map_fn: Callable[[Any], Any] | None = None, *, column: str | None = None
+) -> SparkStreamSource:
     """A source vertex fed by a streaming DataFrame (``spark.readStream...``): the DAG then
     runs as a Structured Streaming query, one epoch per micro-batch, with processor state
     carried from epoch to epoch (see :mod:`slipstream.spark.streaming`). ``map_fn``
-    converts each ``Row`` first."""
+    converts each ``Row`` first.
+
+    ``column="name"``: the items are that column's values instead of ``Row`` s (``map_fn``,
+    if given, then converts each value). Where the micro-batch comes as Arrow batches
+    (docs/spark.md) the values are read straight from the column, with no ``Row`` made
+    per row: a quarter of the Python time of ``lambda row: row.name`` in a measurement
+    of 250,000 rows (docs/performance.md)."""
     if not getattr(df, "isStreaming", False):
         raise TypeError(
             "spark_stream_source needs a streaming DataFrame (spark.readStream...); for a "
             "static one use spark_dataframe_source"
         )
-    return SparkStreamSource(df, map_fn)
+    if column is not None:
+        columns = list(getattr(df, "columns", None) or [])
+        if column not in columns:
+            raise ValueError(
+                f"spark_stream_source(column={column!r}): the stream has no such column "
+                f"(its columns: {', '.join(columns) or 'none'})"
+            )
+    return SparkStreamSource(df, map_fn, column)
 
 
 def spark_dataframe_source(df: Any, map_fn: Callable[[Any], Any] | None = None) -> SparkRowSource:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import operator
 import os
 import pickle
 import secrets
@@ -60,7 +61,7 @@ from slipstream.execution.plan import (
 )
 from slipstream.execution.queues import UNBOUNDED, SpscQueue
 from slipstream.execution.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
-from slipstream.spark.arrow import arrow_rows
+from slipstream.spark.arrow import arrow_column, arrow_rows
 from slipstream.spark.epoch_state import remember_state, restore_entries, write_epoch_chunk
 from slipstream.spark.failures import ProcessorFailure, encode_failure
 from slipstream.spark.feed import RESULT_TAG, ROWS_TAG, InputFeed
@@ -246,6 +247,8 @@ class VertexTask:
     #: each converted by ``row_map_fn`` if given (``suppliers`` is then ``None``)
     row_source: bool = False
     row_map_fn: Callable[[Any], Any] | None = None
+    #: a stream row source whose items are this column's values (not Rows)
+    row_column: str | None = None
     #: a row source fed Arrow batches: the columns (:mod:`slipstream.spark.arrow`)
     row_arrow: tuple[str, ...] | None = None
     #: ... whose batches the JVM made: their serialized Arrow schema
@@ -377,8 +380,14 @@ class VertexTask:
         micro-batch epoch if it is a source; ``run.epoch_source`` is what ends an
         epoch (see :class:`EpochSnapshotSink`)."""
         if self.row_source:
-            if self.row_arrow is not None:
+            if self.row_arrow is not None and self.row_column is not None:
+                records = arrow_column(
+                    records, self.row_arrow, self.row_column, self.row_arrow_schema
+                )
+            elif self.row_arrow is not None:
                 records = arrow_rows(records, self.row_arrow, self.row_arrow_schema)
+            elif self.row_column is not None:
+                records = map(operator.itemgetter(self.row_column), records)  # by name
             if self.mode.epoch:
                 rows = StreamRowSourceP(records, self.row_map_fn)
                 run.epoch_source = rows
