@@ -529,6 +529,25 @@ def test_a_lone_item_is_acknowledged_with_its_taken_count_in_one_report(pair: An
     assert got == [0, 1, 2]
 
 
+def test_a_big_frame_is_acknowledged_at_once(pair: Any) -> None:
+    """A frame of many items is acknowledged in the call that delivers it (its sender
+    may be waiting on its window); what the consumer took goes with the next report."""
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 1000)
+    r = receiver.lane(0, 1, 1000)
+    assert q.offer(list(range(100)), 100)
+    sender.call()
+    receiver.call()
+    assert reports_on(a) == [[1]]
+    got: list[Any] = []
+    take_all(r, got)
+    receiver.call()
+    assert reports_on(a) == [[0, 0, 100]]
+    assert got == list(range(100))
+
+
 def test_a_pair_without_lanes_ends_at_once(pair: Any) -> None:
     a, b = pair
     sender = ChannelSender(a, LABEL, 1)
