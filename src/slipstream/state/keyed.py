@@ -550,8 +550,12 @@ class _SavingKeyedState(KeyedState):
     __slots__ = ()
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        old = self._live.old
-        if old is not None and key not in old:  # the first write after the barrier
+        live = self._live
+        old = live.old
+        # the first write after the barrier of one of the delta's changed keys (no
+        # other key's value is read: in the uniform pattern the keys written meanwhile
+        # are other keys than the delta's, and each cost ~100 bytes in ``old``)
+        if old is not None and key not in old and key in live._keys:
             old[key] = dict.get(self, key, _LIVE_ABSENT)
         dict.__setitem__(self, key, value)
 

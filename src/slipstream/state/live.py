@@ -33,7 +33,10 @@ size; then the map gets its class back. A removal while a full save is in progre
 makes the rest of the save at once (the processors that save copy-on-write do not
 remove keys; a custom one that does pays that then). A *delta* walks the changed keys
 (a set nobody changes any more) and reads each one's value from the live map or its
-recorded pre-barrier value; keys inserted meanwhile go into the map itself.
+recorded pre-barrier value, which is recorded only for a changed key (one of the set):
+in the uniform pattern the keys written while a delta is produced are other keys than
+the delta's, and recording them all cost ~100 bytes and a dict insertion each; keys
+inserted meanwhile go into the map itself.
 
 A slice whose keys or values the fast pickler cannot encode (``cloudpickle`` needed, a
 recursive key) turns the save into a plain ``dict`` of the content, encoded by the store
@@ -170,9 +173,9 @@ class LiveSave:
         self.state = state
         self.snapshot_id = snapshot_id
         self.mode = mode
-        #: pre-barrier value of every key written or removed since the barrier
-        #: (``_ABSENT``: the key was not in the map); ``None`` once the content is
-        #: produced (nothing to record any more)
+        #: pre-barrier value of every key written or removed since the barrier (a
+        #: delta: of its changed keys only) (``_ABSENT``: the key was not in the map);
+        #: ``None`` once the content is produced (nothing to record any more)
         self.old: dict[Any, Any] | None = {}
         #: a full save's overlay: the keys inserted since the barrier, with their values,
         #: kept out of the map until its pre-barrier keys are encoded (an insertion would
@@ -201,6 +204,8 @@ class LiveSave:
         self._rest_at = 0  # how many were encoded when they were listed
         self._it_len = -1  # full: the map's size when ``_it`` was made
         self._kit: Any = None  # delta: the iterator over the changed keys
+        #: a delta: its changed keys (the set of marks taken at the barrier; nobody
+        #: changes it any more)
         self._keys = keys
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -227,7 +232,8 @@ class LiveSave:
         """``key`` (in the map) is about to be removed (a delta: a full save calls
         :meth:`finish` first, see ``_OverlayKeyedState``)."""
         old = self.old
-        if old is not None and key not in old:
+        keys = self._keys
+        if old is not None and key not in old and (keys is None or key in keys):
             old[key] = dict.__getitem__(state, key)
 
     # -- production (the processor's thread) ---------------------------------------------
