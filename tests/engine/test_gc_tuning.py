@@ -5,9 +5,6 @@ from __future__ import annotations
 import gc
 import time
 
-import pytest
-
-from slipstream.core.errors import JobCancelledError
 from slipstream.engine import gc_tuning
 from slipstream.state.keyed import KeyedState
 
@@ -46,22 +43,3 @@ def test_a_job_started_while_another_runs_has_its_state_frozen_too() -> None:
         gc_tuning.job_ended()
     assert _tracked(state)  # unfrozen with the last job
 
-
-def test_a_job_with_member_processes_tunes_the_coordinators_collector() -> None:
-    """The coordinator gathers the members' list sink output while the job runs: it uses
-    the job's collector settings then, as a one-process job does, and restores them."""
-    import slipstream as ss
-    from slipstream import sinks, sources
-
-    _no_job_running()
-    before = gc.get_threshold()
-    engine = ss.local(processes=2)
-    p = ss.Pipeline()
-    p.read_from(sources.generator(abs, 1000.0)).write_to(sinks.list_sink("out"))
-    job = engine.new_job(p)  # its source never ends: it runs until cancelled
-    assert gc.get_threshold() == gc_tuning.JOB_THRESHOLD
-    job.cancel()
-    with pytest.raises(JobCancelledError):
-        job.join(timeout=60)
-    _no_job_running()
-    assert gc.get_threshold() == before

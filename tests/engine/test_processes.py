@@ -13,6 +13,7 @@ Tests wait for events (the sink's list filling, the job ending), never for time;
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import re
 import signal
@@ -31,6 +32,7 @@ from slipstream import DAG, Edge, JobConfig, sinks, sources
 from slipstream import processors as P
 from slipstream.aggregate import counting, summing
 from slipstream.core.errors import JobCancelledError, JobFailedError
+from slipstream.engine import gc_tuning
 from slipstream.window import KeyedWindowResult, tumbling_window_def
 
 GUARD_S = 120
@@ -246,12 +248,17 @@ def test_a_streaming_jobs_output_reaches_the_coordinator_while_it_runs_and_cance
         "sink": 2,
     }, watched["parallelism"]
     assert "error" not in watched
+    # the coordinator gathers the members' output with the job's collector settings, as
+    # a one-process job runs (engine/gc_tuning.py), and gives them back at the end
+    assert gc.get_threshold() == gc_tuning.JOB_THRESHOLD
     ex = job._execution
+    assert ex._gc_tuned
     job.cancel()
     with pytest.raises(JobCancelledError):
         job.join(timeout=GUARD_S)
     assert all(p.exitcode is not None for p in ex._procs)
     assert job.status is ss.JobStatus.CANCELLED
+    assert not ex._gc_tuned
 
 
 def square_pair(x: int) -> tuple[int, int]:
