@@ -67,3 +67,48 @@ def test_a_named_list_or_map_is_fetched_once_and_a_sinks_writes_stay_its_own() -
     lists, maps = s.take_changes()
     assert lists == {"a": [1, 2, 3]} and maps == {"m": ({"k": "new"}, [])}
     assert s.get_list("a") == ["c1", "c2"]
+
+
+class SwitchingKey:
+    """A key whose ``__hash__`` runs Python code: at its second hash (the mark, after the
+    value was stored) it lets the member's report thread take the marks, as a thread
+    switch at that point would."""
+
+    def __init__(self, on_mark: Any) -> None:
+        self.hashes = 0
+        self.on_mark = on_mark
+
+    def __hash__(self) -> int:
+        self.hashes += 1
+        if self.hashes == 2:
+            self.on_mark()
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+
+def test_a_key_marked_while_the_report_takes_the_marks_is_reported() -> None:
+    """Before, the report thread could take (and read) the set of marks between a
+    value's store and its mark: the key went into the set already reported and its new
+    value never reached the coordinator."""
+    import threading
+
+    m = TrackedDict()
+    reported: list[list[Any]] = []
+    threads: list[threading.Thread] = []
+
+    def report() -> None:
+        reported.append(list(m.take_dirty()))
+
+    def on_mark() -> None:
+        t = threading.Thread(target=report)
+        threads.append(t)
+        t.start()
+        t.join(0.5)  # with the lock the report waits for the mark: it cannot end here
+
+    key = SwitchingKey(on_mark)
+    m[key] = 1
+    threads[0].join(10)
+    report()
+    assert [k for batch in reported for k in batch] == [key]

@@ -82,19 +82,28 @@ PEER = "peer"
 
 class TrackedDict(dict[Any, Any]):
     """A dict that records which keys changed since :meth:`take_dirty` (a map sink's map
-    in a member process: only the changed keys travel to the coordinator)."""
+    in a member process: only the changed keys travel to the coordinator).
+
+    A change and its mark happen under one lock, and :meth:`take_dirty` swaps the set
+    under it: the member's report thread takes the marks while the worker thread writes,
+    and without the lock a write could mark the set just taken (its key never reported)
+    or grow it while the report iterates (a key whose ``__hash__`` runs Python code lets
+    the threads switch in between)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.dirty: set[Any] = set()
+        self._marks_lock = threading.Lock()
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.dirty.add(key)
+        with self._marks_lock:
+            super().__setitem__(key, value)
+            self.dirty.add(key)
 
     def __delitem__(self, key: Any) -> None:
-        super().__delitem__(key)
-        self.dirty.add(key)
+        with self._marks_lock:
+            super().__delitem__(key)
+            self.dirty.add(key)
 
     def update(self, other: Any = (), /, **kw: Any) -> None:  # type: ignore[override]
         # a map sink's batch of pairs at C speed: ``dict(pairs)`` reads them as
@@ -111,40 +120,46 @@ class TrackedDict(dict[Any, Any]):
             except (TypeError, ValueError):
                 # not all pairs: dict.update applies those before the bad one and then
                 # raises its own error; apply and mark them, then let it raise
-                for kv in other:
-                    try:
-                        k, v = kv
-                        super().__setitem__(k, v)
-                    except (TypeError, ValueError):
-                        break
-                    self.dirty.add(k)
-                super().update(other, **kw)
-                self.dirty.update(kw)
+                with self._marks_lock:
+                    for kv in other:
+                        try:
+                            k, v = kv
+                            super().__setitem__(k, v)
+                        except (TypeError, ValueError):
+                            break
+                        self.dirty.add(k)
+                    super().update(other, **kw)
                 return
             other = keys
-        super().update(other, **kw)
-        self.dirty.update(keys)
-        self.dirty.update(kw)
+        with self._marks_lock:
+            super().update(other, **kw)
+            self.dirty.update(keys)
+            self.dirty.update(kw)
 
     def pop(self, key: Any, *default: Any) -> Any:
-        self.dirty.add(key)
-        return super().pop(key, *default)
+        with self._marks_lock:
+            self.dirty.add(key)
+            return super().pop(key, *default)
 
     def popitem(self) -> tuple[Any, Any]:
-        k, v = super().popitem()
-        self.dirty.add(k)
-        return k, v
+        with self._marks_lock:
+            k, v = super().popitem()
+            self.dirty.add(k)
+            return k, v
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        self.dirty.add(key)
-        return super().setdefault(key, default)
+        with self._marks_lock:
+            self.dirty.add(key)
+            return super().setdefault(key, default)
 
     def clear(self) -> None:
-        self.dirty.update(self.keys())
-        super().clear()
+        with self._marks_lock:
+            self.dirty.update(self.keys())
+            super().clear()
 
     def take_dirty(self) -> set[Any]:
-        dirty, self.dirty = self.dirty, set()
+        with self._marks_lock:
+            dirty, self.dirty = self.dirty, set()
         return dirty
 
 
