@@ -288,14 +288,19 @@ def run_native(session: Any, row: str, directory: str, work: str) -> dict[str, A
     return result
 
 
+#: ``--ab``'s third variant: these environment variables set (``--old-env``)
+OLD_ENV = {"SLIPSTREAM_SPARK_ARROW": "0"}
+
+
 def _old_ways(on: bool) -> None:
     """``--ab``: the micro-batch's rows reach the source tasks the old way, pickled one by
-    one (``SLIPSTREAM_SPARK_ARROW=0``, read when an epoch is compiled), or as Arrow
-    batches again."""
-    if on:
-        os.environ["SLIPSTREAM_SPARK_ARROW"] = "0"
-    else:
-        os.environ.pop("SLIPSTREAM_SPARK_ARROW", None)
+    one (``SLIPSTREAM_SPARK_ARROW=0``, read when an epoch is compiled; or what
+    ``--old-env`` sets), or as Arrow batches again."""
+    for name, value in OLD_ENV.items():
+        if on:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
 
 
 def run_slipstream(
@@ -454,7 +459,16 @@ def main() -> None:
         help="instead of the table: ROUNDS interleaved rounds per row of native, slipstream, "
         "and slipstream with the rows pickled one by one instead of Arrow batches (the old ways)",
     )
+    ap.add_argument(
+        "--old-env",
+        nargs="+",
+        metavar="NAME=VALUE",
+        help="--ab's third variant sets these instead of SLIPSTREAM_SPARK_ARROW=0",
+    )
     args = ap.parse_args()
+    if args.old_env:
+        OLD_ENV.clear()
+        OLD_ENV.update(kv.split("=", 1) for kv in args.old_env)
     if args.breakdown:
         os.environ["SLIPSTREAM_EPOCH_BREAKDOWN"] = "1"  # closure sizes too
 
