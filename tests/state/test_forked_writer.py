@@ -3,19 +3,22 @@ processor's full save is written by a child process forked at the barrier."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
 import time
 import types
+import weakref
 from typing import Any
 
 import pytest
 
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
-from slipstream.state.forked import copied_maps
-from slipstream.state.keyed import DELTA, KeyedState, StateMap, StateMapSave, keyed_state
+from slipstream.state.forked import copied_maps, fork_chunk
+from slipstream.state.keyed import DELTA, FULL, KeyedState, StateMap, StateMapSave, keyed_state
+from slipstream.state.store import DirectorySnapshotStore
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 
@@ -209,3 +212,54 @@ def test_a_live_delta_is_what_the_thread_writer_saves() -> None:
     assert copied_maps(entries["fork"]) == entries["thread"] == [
         (StateMap("e", None), StateMapSave(DELTA, {3: 30}, (4,), 1))
     ]
+
+
+class _Cycle:
+    """Garbage only the cyclic collector frees (it refers to itself)."""
+
+
+class _Allocating:
+    """A state value whose pickling allocates ``n`` lists, all alive at once: enough for
+    an automatic collection wherever the collector is on."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __reduce__(self) -> Any:
+        lists = [[] for _ in range(self.n)]
+        return int, (len(lists),)
+
+
+def test_the_writer_child_runs_no_finalizer_of_the_parents_garbage(tmp_path: Any) -> None:
+    """The child inherits the garbage the parent has not collected yet; a collection in
+    the child would run the parent's finalizers there (a disk-backed state's closes its
+    SQLite connection, whose mutexes another thread may hold at the fork, and removes its
+    directory). The child's save allocates far past the collector's threshold: the
+    finalizer of a cycle left before the fork runs in the parent only."""
+    ran = tmp_path / "finalized"
+
+    def finalized() -> None:
+        with open(ran, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+
+    os.mkdir(tmp_path / "store", 0o700)
+    store = DirectorySnapshotStore(str(tmp_path / "store"))
+    state = KeyedState()
+    state["k"] = _Allocating(50_000)
+    entries = [(StateMap("e", None), StateMapSave(FULL, state))]
+    threshold = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(20_000)  # nothing collects in this process until the fork
+    try:
+        cycle = _Cycle()
+        cycle.me = cycle  # type: ignore[attr-defined]
+        weakref.finalize(cycle, finalized)
+        del cycle
+        child = fork_chunk(store.directory, store.key, 1, "v", 0, entries)
+        assert child.wait().snapshot_id == 1
+    finally:
+        gc.set_threshold(*threshold)
+    assert not ran.exists()  # not in the child, and not yet here
+    gc.collect()
+    assert ran.read_text().split() == [str(os.getpid())]
+    assert gc.isenabled()

@@ -13,16 +13,25 @@ The child runs no code of the job besides pickling the state's values: no loggin
 lock (locks other threads held at the fork stay held in the child forever), no import
 (the chunk codec's modules are imported by the parent), and it closes every inherited
 file descriptor but its pipe at once (the store's lock among them: a child must not keep
-the store locked for a job that died). Its chunk file has a name of its own
+the store locked for a job that died). Nor does it collect garbage: the cyclic
+collector is off across the fork and stays off in the child (as ``subprocess`` does
+around its fork). The child inherits the parent's garbage not yet collected, and a
+collection there would run the parent's finalizers in the child: a disk-backed state's
+``weakref.finalize`` closes its SQLite connection (SQLite's own mutexes, which another
+thread of the job may hold at the fork: never released in the child) and removes its
+directory, a state view's finalizer takes that view's lock. Its allocations are few and
+it ends with ``os._exit``: it needs no collection. Its chunk file has a name of its own
 (``chunk_file_name(attempt=...)``): a child orphaned by a killed job can finish its
 write but never overwrite a chunk a later execution wrote and named.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import secrets
+import threading
 from typing import Any
 
 from slipstream.core.errors import SnapshotError
@@ -163,11 +172,44 @@ def fork_chunk(
     again: the child sees the state as it is at the fork."""
     name = chunk_file_name(snapshot_id, vertex, index, attempt="f" + secrets.token_hex(4))
     r, w = os.pipe()
-    pid = os.fork()
+    _pause_gc()  # the child starts with the collector off (module doc)
+    try:
+        pid = os.fork()
+    except BaseException:
+        _resume_gc()
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:  # the child: never returns
         _child(w, directory, key, name, snapshot_id, vertex, index, entries, mode)
+    _resume_gc()
     os.close(w)
     return ForkedChunk(pid, r, snapshot_id, vertex, index, name)
+
+
+# The collector is off while any thread of the process forks a writer: processors fork
+# on their own threads, and one that resumed it as another forks would let that child
+# start with it on. Taken only around gc.disable/enable (never across the fork).
+_gc_lock = threading.Lock()
+_gc_forks = 0
+_gc_was_enabled = False
+
+
+def _pause_gc() -> None:
+    global _gc_forks, _gc_was_enabled
+    with _gc_lock:
+        if _gc_forks == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_forks += 1
+
+
+def _resume_gc() -> None:
+    global _gc_forks
+    with _gc_lock:
+        _gc_forks -= 1
+        if _gc_forks == 0 and _gc_was_enabled:
+            gc.enable()
 
 
 def _child(
@@ -183,6 +225,8 @@ def _child(
 ) -> None:
     code = 1
     try:
+        gc.disable()  # off since the fork already (_pause_gc); stays off: no finalizer of
+        # the parent's garbage runs here (module doc)
         os.closerange(3, w)
         os.closerange(w + 1, _MAX_FD)
         try:
