@@ -108,3 +108,26 @@ def test_per_epoch_needs_an_operation_that_combines() -> None:
         "partials; give the AggregateOperation a combine"
     )
     stage.rolling_aggregate(no_combine)  # the per-item form needs no combine
+
+
+def _upper(w: str) -> str:
+    return w.upper()
+
+
+def test_an_item_whose_key_function_raises_is_skipped_under_skip() -> None:
+    """The partials apply the stage's bad-record policy (the C-speed count finds the
+    failing item and goes on after it)."""
+    items = [*WORDS[:5], None, *WORDS[5:], None]
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.items(items))
+        .group_by(_upper)
+        .rolling_aggregate(counting(), per_epoch=True)
+        .on_item_error("skip")
+        .write_to(sinks.list_sink("counts"))
+    )
+    engine = ss.local()
+    job = engine.new_job(p)
+    job.join()
+    assert sorted(engine.get_list("counts")) == sorted(Counter(map(_upper, WORDS)).items())
+    assert job.metrics["rolling_aggregate-partials"]["items_skipped"] == 2
