@@ -25,3 +25,53 @@ def test_a_long_lull_sleeps_a_twentieth_of_it_up_to_ten_milliseconds() -> None:
 def test_the_pause_never_shrinks_while_the_worker_stays_idle() -> None:
     pauses = [idle_pause(n, n * 0.002) for n in range(1, 400)]
     assert pauses == sorted(pauses)
+
+
+class Bursts:
+    """A cooperative tasklet that makes progress while ``work`` holds items and counts
+    its idle calls; ``idle`` is set once it has been called idle ``after`` times."""
+
+    cooperative = True
+
+    def __init__(self) -> None:
+        import threading
+
+        self.work = 0
+        self.idle_calls = 0
+        self.after = 0
+        self.idle = threading.Event()
+
+    def call(self) -> int:
+        from slipstream.execution.tasklet import MADE_PROGRESS, NO_PROGRESS
+
+        if self.work:
+            self.work -= 1
+            return MADE_PROGRESS
+        self.idle_calls += 1
+        if self.idle_calls >= self.after:
+            self.idle.set()
+        return NO_PROGRESS
+
+
+def test_a_worker_calls_on_idle_once_per_lull() -> None:
+    """``WorkerPool(on_idle=...)`` runs at the first pass without progress after passes
+    with progress, not at every idle pass (a member process reports its sinks' output
+    then: engine/member.py)."""
+    from slipstream.engine.workers import WorkerPool
+
+    t = Bursts()
+    t.work, t.after = 3, 5
+    calls: list[int] = []
+    pool = WorkerPool([t], 1, print, print, on_idle=lambda: calls.append(t.idle_calls))
+    pool.start()
+    try:
+        assert t.idle.wait(60)
+        assert calls == [1]
+        t.idle.clear()
+        t.work = 2  # before the new count: the worker takes it at its next call
+        t.after = t.idle_calls + 5
+        assert t.idle.wait(60)
+        assert len(calls) == 2
+    finally:
+        pool.stop()
+        pool.join(60)

@@ -112,3 +112,21 @@ def test_a_key_marked_while_the_report_takes_the_marks_is_reported() -> None:
     threads[0].join(10)
     report()
     assert [k for batch in reported for k in batch] == [key]
+
+
+def test_has_output_says_whether_take_changes_would_hand_over_something() -> None:
+    """What a member's worker asks when it goes idle (flush on idle: the report loop
+    then sends the sinks' new output at once, not at its next tick)."""
+    from slipstream.engine.member import MemberServices
+
+    s = MemberServices()
+    lst, m = s.sink_list("a"), s.sink_map("m")
+    assert not s.has_output()
+    lst.append(1)
+    assert s.has_output()
+    assert s.take_changes() == ({"a": [1]}, {})
+    assert not s.has_output()
+    m["k"] = 2
+    assert s.has_output()
+    s.take_changes()
+    assert not s.has_output()

@@ -234,8 +234,12 @@ class WorkerPool:
         name: str = "job",
         slow_call_s: float = SLOW_CALL_S,
         stop_grace_s: float = STOP_GRACE_S,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.stopping = False
+        # called by a worker at its first pass without progress after one with progress
+        # (a member process reports its sinks' new output then: engine/member.py)
+        self._on_idle = on_idle
         self.name = name
         self._on_failure = on_failure
         self._on_finished = on_finished
@@ -291,6 +295,7 @@ class WorkerPool:
         calling = self._calling
         since = self._since
         now = time.monotonic
+        on_idle = self._on_idle
         try:
             idle = 0
             idle_since = 0.0  # when the current run of idle passes began
@@ -325,6 +330,8 @@ class WorkerPool:
                 else:
                     if not idle:
                         idle_since = since[slot]
+                        if on_idle is not None:
+                            on_idle()
                     idle += 1
                     if waiters:
                         wait_idle(waiters, idle_pause(idle, since[slot] - idle_since))
