@@ -114,13 +114,15 @@ def check(kind: str, items: list[inc.Item], executions: list[inc.Execution], roo
 
 
 def test_stopped_and_restored_keyed_jobs_match_the_oracle(tmp_path_factory: Any, writer: str) -> None:
-    """20 random scenarios per writer; 6 for the experimental fork writer, which forks
+    """20 random scenarios per writer; 4 for the experimental fork writer, which forks
     the test process for each processor at each save (snapshots every 10 ms), so that an
     example costs about five times the thread writer's (123 s for 20 in a full run at
-    load 7, against 25 s); its kill seeds and rescale tests cover it as well."""
+    load 7, against 25 s; 6 took 82 s in a full run at load 20); the many-example run
+    below, its kill seeds, rescale tests and test_every_kind_through_every_stop cover it
+    as well."""
 
     @settings(
-        max_examples=6 if writer == "fork" else 20,
+        max_examples=4 if writer == "fork" else 20,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
@@ -142,7 +144,8 @@ def test_stopped_and_restored_keyed_jobs_match_the_oracle(tmp_path_factory: Any,
 #: runs 6 here, the others 20 (30 before): a fork example costs 2-4x a thread one (at
 #: load 13-14, 8 fork examples took 21.8 s and 33.9 s against 1.1-1.5 s per thread
 #: example), so that this test costs about what it did while the fork variant was
-#: skipped (65-70 s at that load); 92 random scenarios a run with the test above.
+#: skipped (65-70 s at that load); 90 random scenarios a run with the test above (4 of
+#: them for the fork writer there).
 MANY_EXAMPLES = {"thread": 20, "live": 20, "fork": 6}
 
 
