@@ -81,18 +81,19 @@ def write_corpus(directory: str, n_words: int, files: int = 8, seed: int = 42) -
     open(marker, "w").close()
 
 
-def count_words(directory: str) -> dict[str, int]:
+def count_words(directory: str, index: int = 0, count: int = 1) -> dict[str, int]:
     """Word count of the ``.txt`` files of ``directory`` as a plain Python loop: the
     baseline the word count benches compare the engines with (and check their counts
-    against)."""
+    against). ``index``, ``count``: only the files ``index, index + count, ...`` of the
+    sorted list (a share, as ``read_files`` splits them over processors)."""
     counts: dict[str, int] = {}
     get = counts.get
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".txt"):
-            with open(os.path.join(directory, name), encoding="utf-8") as fh:
-                for line in fh:
-                    for w in line.split():
-                        counts[w] = get(w, 0) + 1
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".txt"))
+    for name in names[index::count]:
+        with open(os.path.join(directory, name), encoding="utf-8") as fh:
+            for line in fh:
+                for w in line.split():
+                    counts[w] = get(w, 0) + 1
     return counts
 
 

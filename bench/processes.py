@@ -11,7 +11,10 @@ copied; every engine row uses documented API only):
 
 * ``wc``: word count over ``bench/wordcount.py``'s corpus (Zipf-like over 50,000 words,
   8 files): the dict loop (benchlib.count_words) vs examples/wordcount.py's
-  ``build_pipeline`` (with ``str.split``) and its Core API ``build_dag``.
+  ``build_pipeline`` (with ``str.split``) and its Core API ``build_dag``. With a process
+  count N > 1 also ``plain loop, N procs by hand`` (``count_words_split``): the same loop
+  in N forked processes, each over the files ``read_files`` gives a member, merged here;
+  what the machine gives N processes without the engine, so the ceiling of its scaling.
 * ``rsf``: the CSV running sum with a user's ``AbstractProcessor`` (bench/wordcount.py's
   ``rsf_dag``: read_files -> distributed partitioned -> ``CsvRunningSum`` -> map sink)
   over ``--events`` ``key,value`` lines cut into 8 files (so that the processors of both
@@ -62,6 +65,7 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import select
 import socket
 import sys
@@ -124,6 +128,47 @@ def run_engine(job_def: Any, processes: int, name: str = "bench-processes") -> t
         cpu = max(cpu, figures["member_cpu_ms_max"] / 1000)
         MEMBERS_RSS_MB = figures["member_peak_rss_kb_total"] / 1024
     return engine, cpu
+
+
+def _count_share(directory: str, index: int, count: int, conn: Any) -> None:
+    """A child of :func:`count_words_split`: its share of the files counted by the plain
+    loop, then its CPU seconds (the pickling of the counts included)."""
+    c0 = time.process_time()
+    counts = count_words(directory, index, count)
+    conn.send_bytes(pickle.dumps(counts, pickle.HIGHEST_PROTOCOL))
+    conn.send_bytes(pickle.dumps(time.process_time() - c0))
+    conn.close()
+
+
+def count_words_split(directory: str, processes: int) -> tuple[dict[str, int], float]:
+    """The plain loop split by hand over ``processes`` forked processes (each counts the
+    files ``i, i + processes, ...``, as ``read_files`` splits them; this process merges
+    their dicts): what the machine gives two processes with no engine at all, the
+    ceiling of the engine's scaling. Returns the counts and the busiest process's CPU
+    seconds (a child's counting and pickling, or this process's merge)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # a fresh interpreter: no other threads
+    c0 = time.process_time()
+    procs, conns = [], []
+    for i in range(processes):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_count_share, args=(directory, i, processes, child))
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    counts: dict[str, int] = {}
+    get = counts.get
+    busiest = 0.0
+    for conn in conns:
+        share = pickle.loads(conn.recv_bytes())
+        busiest = max(busiest, pickle.loads(conn.recv_bytes()))
+        for w, n in share.items():
+            counts[w] = get(w, 0) + n
+    for p in procs:
+        p.join()
+    return counts, max(busiest, time.process_time() - c0)
 
 
 def warm_up(processes: int) -> None:
@@ -230,8 +275,11 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     cpu = 0.0
     if job == "wc":
-        if impl == "plain":
-            rows: list[Any] = list(count_words(a.dir).items())
+        if impl == "plain" and processes > 1:
+            split, cpu = count_words_split(a.dir, processes)
+            rows: list[Any] = list(split.items())
+        elif impl == "plain":
+            rows = list(count_words(a.dir).items())
         else:
             build = example.build_dag if impl == "dag" else example.build_pipeline
             engine, cpu = run_engine(build(a.dir, "*.txt", str.split), processes)
@@ -269,9 +317,13 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
     else:
         raise SystemExit(f"unknown variant {variant!r}")
     seconds = time.perf_counter() - t0
-    if impl == "plain":
+    if impl == "plain" and processes == 1:
         cpu = time.process_time() - c0
     rss = peak_rss_mb() + (MEMBERS_RSS_MB if processes > 1 else 0.0)
+    if impl == "plain" and processes > 1:  # the children's: the largest, once per child
+        import resource
+
+        rss += processes * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(
         json.dumps({"seconds": seconds, "cpu": cpu, "digest": digest_of(rows), "rss": rss, **extra})
     )
@@ -283,7 +335,7 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
 def label(variant: str) -> str:
     job, impl, *rest = variant.split(":")
     if impl == "plain":
-        return "plain loop"
+        return f"plain loop, {rest[0]} procs by hand" if rest else "plain loop"
     what = {"dag": "Core API DAG", "pipeline": "Pipeline", "slipstream": "DAG"}.get(impl, impl)
     return f"{what}, processes={rest[0]}"
 
@@ -304,6 +356,8 @@ def print_rows(title: str, variants: list[str], r: dict[str, dict[str, Any]], di
             continue
         job, impl, *rest = v.split(":")
         one = r.get(f"{job}:{impl}:1") if rest else None
+        if impl == "plain" and rest:
+            one = r[plain]  # the hand-split loop's scaling: against the loop itself
         s, c = r[v]["seconds"], r[v]["cpu"]
         row = f"{label(v):<30}{s:>8.2f}{base / s:>9.2f}x"
         row += f"{one['seconds'] / s:>7.2f}x" if one else f"{'':>8}"
@@ -435,7 +489,11 @@ def main() -> None:
     groups: dict[str, list[str]] = {}
     if "wc" in only:
         write_corpus(a.dir, a.words)  # reused when present
-        groups["wc"] = ["wc:plain"] + [f"wc:{k}:{n}" for k in ("pipeline", "dag") for n in counts]
+        groups["wc"] = (
+            ["wc:plain"]
+            + [f"wc:plain:{n}" for n in counts if n > 1]
+            + [f"wc:{k}:{n}" for k in ("pipeline", "dag") for n in counts]
+        )
     if "rsf" in only:
         wordcount.write_rsf_file(a.rsf_dir, a.events, RSF_FILES)
         groups["rsf"] = ["rsf:plain"] + [f"rsf:dag:{n}" for n in counts]
