@@ -131,3 +131,34 @@ def test_an_item_whose_key_function_raises_is_skipped_under_skip() -> None:
     job.join()
     assert sorted(engine.get_list("counts")) == sorted(Counter(map(_upper, WORDS)).items())
     assert job.metrics["rolling_aggregate-partials"]["items_skipped"] == 2
+
+
+def test_without_a_processing_guarantee_an_unbounded_job_emits_every_second() -> None:
+    """No snapshots end its epochs: before, ``per_epoch=True`` on an unbounded embedded
+    job with no processing guarantee emitted nothing until the input ended (never)."""
+    import time
+
+    p = ss.Pipeline()
+    (
+        p.read_from(sources.generator(lambda seq: seq % 3, 2000.0))
+        .group_by(_key)
+        .rolling_aggregate(counting(), per_epoch=True)
+        .write_to(sinks.list_sink("latest"))
+    )
+    engine = ss.local()
+    try:
+        job = engine.new_job(p)
+        latest = engine.get_list("latest")
+        deadline = time.monotonic() + 60  # epochs of 1 s; the deadline is only a guard
+        while len({k for k, _ in list(latest)}) < 3 or len(latest) < 6:  # two epochs
+            assert not job.status.is_terminal, job.status
+            assert time.monotonic() < deadline, list(latest)
+            time.sleep(0.02)
+        job.cancel()
+        seen: dict[int, list[int]] = defaultdict(list)
+        for k, n in list(latest):
+            seen[k].append(n)
+        assert set(seen) == {0, 1, 2}
+        assert all(counts == sorted(set(counts)) for counts in seen.values()), seen
+    finally:
+        engine.shutdown()

@@ -12,6 +12,7 @@ only the keys that changed since the previous snapshot.
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from collections.abc import Callable
 from itertools import islice
@@ -312,7 +313,36 @@ class MapStatefulP(AbstractProcessor):
         self.states[key] = value
 
 
-class RollingPartialsP(AbstractProcessor):
+#: with no processing guarantee (no snapshots end an epoch) the per-epoch stages of
+#: ``rolling_aggregate(op, per_epoch=True)`` end one every this many seconds
+EPOCH_WITHOUT_SNAPSHOTS_S = 1.0
+
+
+class _TimedEpochs:
+    """Epochs of a job without snapshots: the per-epoch stages emit at snapshots and at
+    the end of the input, so on an unbounded embedded job with no processing guarantee
+    they would never emit at all; there an epoch ends every
+    :data:`EPOCH_WITHOUT_SNAPSHOTS_S` seconds instead (checked in ``try_process``,
+    which the tasklet calls before each inbox and in lulls). A Spark streaming task
+    always snapshots, so its epochs stay the micro-batches."""
+
+    context: Context
+    _epoch_started: float | None = None
+
+    def _epoch_due(self) -> bool:
+        if self.context.snapshotting_enabled:
+            return False
+        now = time.monotonic()
+        if self._epoch_started is None:
+            self._epoch_started = now
+            return False
+        if now - self._epoch_started < EPOCH_WITHOUT_SNAPSHOTS_S:
+            return False
+        self._epoch_started = now
+        return True
+
+
+class RollingPartialsP(_TimedEpochs, AbstractProcessor):
     """The map side of ``rolling_aggregate(op, per_epoch=True)``: accumulates its items
     per key and emits ``(key, accumulator)`` for every key it saw, then forgets them, at
     each snapshot (before the barrier, so the partials belong to the epoch the snapshot
@@ -390,6 +420,11 @@ class RollingPartialsP(AbstractProcessor):
         self._out = None
         return True
 
+    def try_process(self) -> bool:
+        if self._out is not None or self._epoch_due():
+            return self._flush()
+        return True
+
     def save_to_snapshot(self) -> bool:
         return self._flush()
 
@@ -397,7 +432,7 @@ class RollingPartialsP(AbstractProcessor):
         return self._flush()
 
 
-class RollingLatestP(MapStatefulP):
+class RollingLatestP(_TimedEpochs, MapStatefulP):
     """The keyed side of ``rolling_aggregate(op, per_epoch=True)``: combines the
     ``(key, accumulator)`` partials of :class:`RollingPartialsP` into each key's
     accumulator (``op.combine``) and, at each snapshot (before saving, so the output
@@ -462,6 +497,11 @@ class RollingLatestP(MapStatefulP):
         if not self.emit_from(self._out):
             return False
         self._out = None
+        return True
+
+    def try_process(self) -> bool:
+        if self._out is not None or self._epoch_due():
+            return self._emit_changed()
         return True
 
     def save_to_snapshot(self) -> bool:
