@@ -41,7 +41,11 @@ copied; every engine row uses documented API only):
   round with the median p99 of ``--repeat`` interleaved rounds. Its last row is the
   floor of a cross-process hop on this machine without the engine
   (``socketpair_floor``: a stamp every ``2 / --latency-rate`` s, the rate at which the
-  job's items cross, to a child process waiting in ``select``).
+  job's items cross, to a child process waiting in ``select``). ``--only latency-list``
+  adds rows of the same job with ``sinks.list_sink`` in place of the processor, measured
+  where the user reads it: when each item appears in ``engine.get_list`` of this process
+  (a thread polls it every 0.2 ms; with member processes the items come with the
+  members' reports).
 
 Each non-Kafka row runs in a fresh interpreter (benchlib.run_variant) after a warm-up
 job of 10 lines with the same engine settings (the forkserver is running and the imports
@@ -70,6 +74,7 @@ import select
 import socket
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -258,6 +263,45 @@ def socketpair_floor(rate: float, seconds: float) -> list[float]:
     return sorted((now - sent) * 1000 for sent, now in arrived if sent >= first + 1.0)
 
 
+def list_sink_latency(processes: int, rate: float, seconds: float) -> tuple[list[float], float]:
+    """The latency job with ``sinks.list_sink`` in place of the processor: ms from an
+    item's making to its appearing in ``engine.get_list`` of this process (a thread polls
+    the list every 0.2 ms), of the items after the first second; and the job's busiest
+    process's CPU seconds."""
+    dag = DAG()
+    src = dag.new_vertex("source", sources.generator(stamped, rate, max_items=int(rate * seconds)))
+    out = dag.new_vertex("sink", ss.sinks.list_sink("latency"))
+    dag.edge(Edge.between(src, out).distributed().partitioned(item_seq))
+    engine = ss.local(processes=processes)
+    seen: list[tuple[int, float]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        lst = engine.get_list("latency")
+        k = 0
+        while not stop.is_set():
+            n = len(lst)
+            if n > k:
+                now = time.time()
+                seen.extend((item[0], now - item[1]) for item in lst[k:n])
+                k = n
+            time.sleep(0.0002)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    c0 = time.process_time()
+    job = engine.new_job(dag, ss.JobConfig(name="latency-list"))
+    job.join()
+    cpu = time.process_time() - c0
+    if processes > 1:
+        cpu = max(cpu, job.metrics["__job__"]["member_cpu_ms_max"] / 1000)
+    while len(seen) < int(rate * seconds):
+        time.sleep(0.01)
+    stop.set()
+    poller.join()
+    return sorted(lat * 1000 for seq, lat in seen if seq >= rate), cpu
+
+
 def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
@@ -301,6 +345,10 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
             p = windowing.window_pipeline(source, wd, ss.sinks.list_sink("windows"))
             engine, cpu = run_engine(p, processes)
             rows = [tuple(r) for r in engine.get_list("windows")]
+    elif job == "latency" and impl == "list":
+        ms, cpu = list_sink_latency(processes, a.latency_rate, a.latency_seconds)
+        extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
+        rows = []
     elif job == "latency" and impl == "floor":
         ms = socketpair_floor(a.latency_rate / 2, a.latency_seconds)
         extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
@@ -520,7 +568,7 @@ def main() -> None:
     kafka_jobs = [j for j in ("k1", "k2") if j in only]
     if kafka_jobs:
         kafka_rows(a, counts, kafka_jobs)
-    if "latency" in only:
+    if "latency" in only or "latency-list" in only:
         print(
             f"\nlatency: {a.latency_rate:,.0f} items/s for {a.latency_seconds:g} s, one at a "
             "time, through a distributed edge; ms from the item made to the sink, after the first second"
@@ -532,6 +580,8 @@ def main() -> None:
         print(f"{'':<18}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'busiest cpu s':>15}{'peak MB':>9}")
         runs: dict[str, list[dict[str, Any]]] = {}
         variants = [f"latency:dag:{n}" for n in counts] + ["latency:floor:2"]
+        if "latency-list" in only:
+            variants += [f"latency:list:{n}" for n in counts]
         for _ in range(a.repeat):
             for v in variants:
                 runs.setdefault(v, []).append(run_variant(__file__, v, args))
@@ -539,6 +589,8 @@ def main() -> None:
             ordered = sorted(runs[v], key=lambda r: r["p99"])
             r = ordered[(len(ordered) - 1) // 2]
             name = "floor (socketpair)" if ":floor" in v else f"processes={v.rsplit(':', 1)[1]}"
+            if ":list:" in v:
+                name = f"list sink, p={v.rsplit(':', 1)[1]}"
             cpu = f"{r['cpu']:>15.2f}" if ":floor" not in v else f"{'':>15}"
             print(
                 f"{name:<18}{r['p50']:>8.2f}{r['p99']:>8.2f}{r['max']:>8.2f}{cpu}{r['rss']:>9.0f}"
