@@ -2,14 +2,15 @@
 
     python bench/state_scale.py [--keys 10k,1M,3M,10M] [--patterns uniform,skewed]
                                 [--items N] [--repeat 3] [--threads N] [--interval-ms 1000]
-                                [--writer thread|fork] [--quick]
+                                [--writer thread|fork] [--quick] [--no-restore]
 
 ``--keys`` takes counts with an optional ``k`` / ``M`` suffix (``10k``, ``1M``, ``2500000``).
 ``--writer``: the eo run's ``JobConfig(snapshot_writer=...)``: ``thread`` (default: a full
 save copies the map at the barrier, the store thread encodes it) or ``fork`` (a child
 process forked at the barrier encodes and writes it); with ``fork`` the peak RSS column
 also gives the largest writer child's peak RSS (``snapshot_writer_peak_rss_kb``).
-``--quick`` is a smoke run: 10k and 100k keys (unless ``--keys``), 3M items (skewed: K +
+``--no-restore`` runs only none and eo (the restore columns stay empty): a shorter run
+for throughput, pauses and memory. ``--quick`` is a smoke run: 10k and 100k keys (unless ``--keys``), 3M items (skewed: K +
 3M), one round.
 
 The job, as a new user writes it (Pipeline API, default ``ss.local()``)::
@@ -561,6 +562,12 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="a smoke run: 10k and 100k keys, 3M items, 1 round"
     )
+    ap.add_argument(
+        "--no-restore",
+        action="store_true",
+        help="only the none and eo runs (throughput, pauses, RSS, bytes): no full, restore "
+        "or restore-full",
+    )
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--pattern", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--key-count", type=int, default=None, help=argparse.SUPPRESS)
@@ -625,7 +632,8 @@ def run_cell(
     full_store = store + "-full"
     restore_id = None
     full_id = None
-    for v in ("none", "eo", "full", "restore", "restore-full"):
+    variants = ("none", "eo") if a.no_restore else ("none", "eo", "full", "restore", "restore-full")
+    for v in variants:
         extra = ["--store", store]
         if v in ("full", "restore"):
             if restore_id is None:
