@@ -635,11 +635,16 @@ def test_a_large_map_whose_keys_nearly_all_changed_stops_marking_and_saves_full(
     assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {5: 2}, (), 2)
 
 
-def test_marks_go_once_more_than_a_quarter_of_a_large_map_changed() -> None:
+def test_marks_go_once_more_than_a_quarter_of_a_large_map_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The set of marks is let go at a quarter of the keys (it holds ~40 bytes a key at
     its largest: at half the keys it was the largest part of exactly-once's memory in the
-    uniform pattern); a fifth of the keys stays a delta."""
-    n = 40_000
+    uniform pattern); a fifth of the keys stays a delta. (Smaller limits than the real
+    ones, 4,096 marks and a layer of 4,096 keys at least, keep the map small.)"""
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 100)
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 100)
+    n = 8_000
     d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
     d.feed([(k, 1) for k in range(n)])
     d.save(1, 0)
