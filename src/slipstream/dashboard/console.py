@@ -55,6 +55,18 @@ def fmt_share(share: float | None) -> str:
     return "-" if share is None else f"{share * 100:.0f}%"
 
 
+def usage_cells(r: dict[str, Any]) -> list[str]:
+    """A member's (or all members') items in and out, CPU time and share, RSS and peak."""
+    return [
+        fmt_count(r["items_in"]),
+        fmt_count(r["items_out"]),
+        f"{r['cpu_ms'] / 1000:.1f}s",
+        fmt_share(r.get("cpu_share")),
+        fmt_bytes(r["rss_kb"]),
+        fmt_bytes(r["peak_rss_kb"]),
+    ]
+
+
 def member_cells(doc: dict[str, Any]) -> list[list[str]]:
     """A job whose members run in processes (``doc["members"]``, what the dashboard's
     Members table shows): per member and for all of them, ``[member, pid, state, items
@@ -68,12 +80,7 @@ def member_cells(doc: dict[str, Any]) -> list[list[str]]:
                 f"member {r['member']}",
                 "-" if r.get("pid") is None else str(r["pid"]),
                 r.get("state") or "",
-                fmt_count(r["items_in"]),
-                fmt_count(r["items_out"]),
-                f"{r['cpu_ms'] / 1000:.1f}s",
-                fmt_share(r.get("cpu_share")),
-                fmt_bytes(r["rss_kb"]),
-                fmt_bytes(r["peak_rss_kb"]),
+                *usage_cells(r),
             ]
         )
     if rows and total:
@@ -82,12 +89,7 @@ def member_cells(doc: dict[str, Any]) -> list[list[str]]:
                 "total",
                 "",
                 f"{total['members']} processes",
-                fmt_count(total["items_in"]),
-                fmt_count(total["items_out"]),
-                f"{total['cpu_ms'] / 1000:.1f}s",
-                fmt_share(total.get("cpu_share")),
-                fmt_bytes(total["rss_kb"]),
-                fmt_bytes(total["peak_rss_kb"]),
+                *usage_cells(total),
             ]
         )
     return out

@@ -328,6 +328,16 @@ class _TimedEpochs:
 
     context: Context
     _epoch_started: float | None = None
+    _out: Any  # what the epoch's end is emitting (resumable), ``None`` between
+
+    def _end_epoch(self) -> bool:
+        """Emit what the epoch holds (resumable); ``True`` when done."""
+        raise NotImplementedError
+
+    def try_process(self) -> bool:
+        if self._out is not None or self._epoch_due():
+            return self._end_epoch()
+        return True
 
     def _epoch_due(self) -> bool:
         if self.context.snapshotting_enabled:
@@ -420,10 +430,8 @@ class RollingPartialsP(_TimedEpochs, AbstractProcessor):
         self._out = None
         return True
 
-    def try_process(self) -> bool:
-        if self._out is not None or self._epoch_due():
-            return self._flush()
-        return True
+    def _end_epoch(self) -> bool:
+        return self._flush()
 
     def save_to_snapshot(self) -> bool:
         return self._flush()
@@ -499,10 +507,8 @@ class RollingLatestP(_TimedEpochs, MapStatefulP):
         self._out = None
         return True
 
-    def try_process(self) -> bool:
-        if self._out is not None or self._epoch_due():
-            return self._emit_changed()
-        return True
+    def _end_epoch(self) -> bool:
+        return self._emit_changed()
 
     def save_to_snapshot(self) -> bool:
         if not self._emit_changed():
