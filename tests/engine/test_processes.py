@@ -403,8 +403,8 @@ def test_code_a_member_cannot_import_is_named(tmp_path: Any) -> None:
     assert first.endswith(
         ": ModuleNotFoundError: the job's code cannot be loaded in member process "
         f"{first.split('member ')[1][0]}: No module named 'slipstream_test_job_code'. A module "
-        "the DAG's functions come from must be importable there by name (on sys.path when "
-        "the engine first started member processes), or registered with "
+        "the DAG's functions come from must be importable there by name (on the sys.path "
+        "the coordinator has when the job starts, which each member takes), or registered with "
         "cloudpickle.register_pickle_by_value(module) to travel by value (as __main__'s "
         "functions do)"
     )

@@ -627,7 +627,8 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
             ModuleNotFoundError(
                 f"the job's code cannot be loaded in member process {member}: {e}. A module "
                 "the DAG's functions come from must be importable there by name (on "
-                "sys.path when the engine first started member processes), or registered "
+                "the sys.path the coordinator has when the job starts, which each member "
+                "takes), or registered "
                 "with cloudpickle.register_pickle_by_value(module) to travel by value "
                 "(as __main__'s functions do)"
             ),
