@@ -224,3 +224,11 @@ def test_a_member_stuck_in_a_call_that_holds_the_gil_is_detected() -> None:
         "SIGSTOP or a debugger, or a call that began since and holds the GIL)"
     )
     assert all(p.exitcode is not None for p in job._execution._procs)
+
+
+def test_the_default_timeout_is_jets_sixty_seconds() -> None:
+    """A member starved on a loaded machine (a test under ``nice 19``) must not be
+    killed by default: 60 s, as Jet's failure detector; a job sets it lower to find a
+    hung member sooner."""
+    assert ss.local().heartbeat_timeout_ms == 60_000.0
+    assert ss.local(heartbeat_timeout_ms=500).heartbeat_timeout_ms == 500

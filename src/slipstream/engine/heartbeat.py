@@ -29,6 +29,16 @@ from typing import Any
 
 from slipstream.engine.member_control import PING, Calls
 
+#: the default of ``ss.local(heartbeat_timeout_ms=...)``: 60 s, as Jet's failure
+#: detector (``hazelcast.max.no.heartbeat.seconds``). Only a member that answers nothing
+#: for this long is killed, so the default must outlast what a loaded machine does to a
+#: live member: a process under ``nice 19`` weighs 15 against 1024 for each busy process
+#: at nice 0 in the kernel's scheduler, so beside a dozen of them on two cores a call
+#: that holds the GIL for a tenth of a second of CPU (a large chunk pickled, a full
+#: collection) can keep the member's control thread from answering for many seconds.
+#: A test or a job that wants a hung member found sooner sets it lower.
+HEARTBEAT_TIMEOUT_MS = 60_000.0
+
 
 def ping_interval_s(timeout_s: float) -> float:
     """How often the coordinator pings: a quarter of the timeout, at most once a second

@@ -16,6 +16,7 @@ from slipstream.core.dead_letters import with_dead_letters
 from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import at_exit
+from slipstream.engine.heartbeat import HEARTBEAT_TIMEOUT_MS
 from slipstream.engine.job import Job
 
 
@@ -108,7 +109,8 @@ class LocalEngine:
     ``heartbeat_timeout_ms``: a member process that does not answer the coordinator's
     heartbeat for this long (stopped, or stuck in a call that holds the GIL) is killed
     and fails the job naming it, or restarts it from its last snapshot with a processing
-    guarantee (:mod:`slipstream.engine.heartbeat`).
+    guarantee (:mod:`slipstream.engine.heartbeat`). The default, 60 s as Jet's failure
+    detector, outlasts a member starved on a loaded machine.
     docs/guide.md, "Member processes".
     """
 
@@ -125,7 +127,7 @@ class LocalEngine:
         stop_grace_ms: float = 5000.0,
         allow_gil_threads: bool | None = None,
         processes: int | str = 1,
-        heartbeat_timeout_ms: float = 30_000.0,
+        heartbeat_timeout_ms: float = HEARTBEAT_TIMEOUT_MS,
     ) -> None:
         if cooperative_threads is None:
             cooperative_threads = default_cooperative_threads()
