@@ -166,3 +166,53 @@ def test_the_advice_fits_a_processor_of_ones_own(caplog: Any) -> None:
         f"{SLOW}Make it non-cooperative (is_cooperative() -> False) to give it a thread of "
         "its own"
     )
+
+
+class PoolTasklet:
+    """A stand-in tasklet for a ``WorkerPool``: counts its calls; with ``block`` set it
+    blocks in its next call until ``release`` is set."""
+
+    cooperative = True
+    callback_name = "process"
+    processor = None
+
+    def __init__(self, name: str) -> None:
+        self.vertex_name, self.index = name, 0
+        self.calls = 0
+        self.block = False
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def call(self) -> int:
+        from slipstream.execution.tasklet import NO_PROGRESS
+
+        self.calls += 1
+        if self.block:
+            self.entered.set()
+            self.release.wait()
+        return NO_PROGRESS
+
+
+def test_a_pool_that_gave_up_on_a_stuck_worker_calls_no_other_tasklet_of_it() -> None:
+    """Once the pool gave up on a worker stuck in a call (``stop_grace_s`` after
+    ``stop()``) and reported itself finished, the execution commits what the other
+    tasklets prepared and closes them on its own thread (``run_committed_closures``,
+    ``close_tasklets``: all but ``abandoned``). So when the stuck call returns, its
+    worker must call no other tasklet: it would run a sink's commit beside the
+    execution's (a batch published twice) or a processor already closed."""
+    from slipstream.engine.workers import WorkerPool
+
+    stuck, sink = PoolTasklet("stuck"), PoolTasklet("sink")
+    finished = threading.Event()
+    pool = WorkerPool([stuck, sink], 1, print, finished.set, stop_grace_s=0.05)
+    pool.start()
+    try:
+        stuck.block = True
+        assert stuck.entered.wait(60)
+        pool.stop()
+        assert finished.wait(60)
+        assert pool.abandoned == [stuck]
+        calls = sink.calls
+    finally:
+        stuck.release.set()
+    pool.join(60)
+    assert sink.calls == calls

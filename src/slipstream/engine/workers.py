@@ -24,7 +24,8 @@ stopped; but once the pool is stopped (cancel, failure) and ``stop_grace_s`` pas
 workers still stuck in a call, the pool gives up on them: it reports itself finished,
 with the stuck tasklets in ``abandoned`` (they are not closed: their call still runs), so
 ``cancel()`` ends the job and ``join()`` returns in bounded time. A stuck worker that
-returns later just exits.
+returns later just exits, calling none of its other tasklets: the execution commits and
+closes those on its own thread then (:func:`run_committed_closures`).
 """
 
 from __future__ import annotations
@@ -307,6 +308,15 @@ class WorkerPool:
                 for t in live:
                     since[slot] = now()
                     calling[slot] = t
+                    if self._finished:
+                        # the pool gave up on this worker while it was stuck in a call
+                        # (_abandon): the execution now commits and closes the tasklets
+                        # it did not abandon on its own thread, so this worker calls
+                        # none of them again. Checked after ``calling`` is set, as
+                        # _abandon sets ``_finished`` before it reads ``calling``: either
+                        # this sees it finished or t is in ``abandoned``
+                        calling[slot] = None
+                        return
                     try:
                         r = t.call()
                     except _Cancelled:
