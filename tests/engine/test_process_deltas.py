@@ -282,7 +282,7 @@ def test_a_resume_at_the_same_shape_continues_the_members_chains(
     ][:8]
 
 
-class TwoRounds(ss.AbstractProcessor):
+class TwoRounds(GatedKeys):
     """Emits its share of ``range(first)``, then, once the file ``gate`` exists, of
     ``range(second)`` (the same keys again); never completes (the test cancels)."""
 
@@ -294,16 +294,6 @@ class TwoRounds(ss.AbstractProcessor):
         self.items = list(range(g, self.first, total))
         self.later = list(range(g, self.second, total))
         self.pos = 0
-
-    def complete(self) -> bool:
-        if self.pos == len(self.items) and self.later and os.path.exists(self.gate):
-            self.items += self.later
-            self.later = []
-        while self.pos < len(self.items):
-            if not self.try_emit(self.items[self.pos]):
-                return False
-            self.pos += 1
-        return False
 
 
 class ReplacedSums(ss.AbstractProcessor):
