@@ -301,28 +301,39 @@ def row_class(fields: tuple[str, ...]) -> type:
     return cls
 
 
+def _batches(chunks: Iterable[Any], schema: bytes | None) -> Iterator[Any]:
+    """The record batches of ``chunks``, in order: with ``schema`` each chunk is one
+    record batch message the JVM made (:func:`_jvm_batches`), without it an IPC stream
+    in a ``Row`` (``mapInArrow``'s, :func:`_serialize`). One step per batch, not per
+    row."""
+    import pyarrow as pa
+
+    if schema is not None:
+        arrow_schema = pa.ipc.read_schema(pa.py_buffer(schema))
+        read = pa.ipc.read_record_batch
+        for message in chunks:
+            yield read(pa.py_buffer(message), arrow_schema)
+        return
+    for chunk in chunks:
+        with pa.ipc.open_stream(pa.py_buffer(chunk[0])) as reader:
+            yield from reader
+
+
 def arrow_rows(
     chunks: Iterable[Any], fields: tuple[str, ...], schema: bytes | None = None
 ) -> Iterator[Any]:
     """The rows of the serialized batches in ``chunks`` (the ``Row`` s of
     :func:`arrow_partitions`' RDD, or with ``schema`` the JVM's record batch messages),
     in order, as ``Row`` s (:func:`row_class`)."""
-    import pyarrow as pa
-
     make = functools.partial(tuple.__new__, row_class(fields))
-    if schema is not None:
-        arrow_schema = pa.ipc.read_schema(pa.py_buffer(schema))
-        read = pa.ipc.read_record_batch
 
-        def rows(message: Any) -> Iterator[Any]:
-            batch = read(pa.py_buffer(message), arrow_schema)
-            columns = [column.to_pylist() for column in batch.columns]
-            return map(make, zip(*columns, strict=True))
+    def rows(batch: Any) -> Iterator[Any]:
+        columns = [column.to_pylist() for column in batch.columns]
+        return map(make, zip(*columns, strict=True))
 
-        # rows are handed out by C iterators only (a generator's yield per row cost
-        # more than making the row)
-        return itertools.chain.from_iterable(map(rows, chunks))
-    return _stream_rows(chunks, make)
+    # rows are handed out by C iterators only (a generator's yield per row cost more
+    # than making the row)
+    return itertools.chain.from_iterable(map(rows, _batches(chunks, schema)))
 
 
 def arrow_column(
@@ -330,36 +341,9 @@ def arrow_column(
 ) -> Iterator[Any]:
     """The values of ``column`` in the serialized batches in ``chunks`` (as
     :func:`arrow_rows` reads them), in order: no ``Row`` per row."""
-    import pyarrow as pa
-
     i = fields.index(column)
-    if schema is not None:
-        arrow_schema = pa.ipc.read_schema(pa.py_buffer(schema))
-        read = pa.ipc.read_record_batch
 
-        def values(message: Any) -> list[Any]:
-            return read(pa.py_buffer(message), arrow_schema).column(i).to_pylist()  # type: ignore[no-any-return]
+    def values(batch: Any) -> list[Any]:
+        return batch.column(i).to_pylist()  # type: ignore[no-any-return]
 
-        return itertools.chain.from_iterable(map(values, chunks))
-    return _stream_values(chunks, i)
-
-
-def _stream_values(chunks: Iterable[Any], i: int) -> Iterator[Any]:
-    """:func:`arrow_column` of ``mapInArrow``'s batches."""
-    import pyarrow as pa
-
-    for chunk in chunks:
-        with pa.ipc.open_stream(pa.py_buffer(chunk[0])) as reader:
-            for batch in reader:
-                yield from batch.column(i).to_pylist()
-
-
-def _stream_rows(chunks: Iterable[Any], make: Any) -> Iterator[Any]:
-    """:func:`arrow_rows` of ``mapInArrow``'s batches (each an IPC stream in a ``Row``)."""
-    import pyarrow as pa
-
-    for chunk in chunks:
-        with pa.ipc.open_stream(pa.py_buffer(chunk[0])) as reader:
-            for batch in reader:
-                columns = [column.to_pylist() for column in batch.columns]
-                yield from map(make, zip(*columns, strict=True))
+    return itertools.chain.from_iterable(map(values, _batches(chunks, schema)))
