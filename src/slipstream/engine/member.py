@@ -420,7 +420,6 @@ class _Member:
         # ends an idle worker's wait reaches its consumer in that pass, and what the
         # producers emitted in it leaves at its end (docs/performance.md, "Member
         # processes": latency)
-        self.channel_tasklets: list[Any] = list(channels.tasklets)
         self.receiver_tasklets: list[Any] = list(channels.receivers.values())
         self.sender_tasklets: list[Any] = list(channels.senders.values())
         self.setup = setup

@@ -454,6 +454,13 @@ class RollingLatestP(_TimedEpochs, MapStatefulP):
         self._changed: dict[Any, None] = {}
         self._out: Any = None
 
+    def init_processor(self, context: Context) -> None:
+        super().init_processor(context)
+        if isinstance(self.states, KeyedState):
+            # process() writes the map and marks each changed key itself: the write
+            # layer MapStatefulP asks for with an additive op would stay empty here
+            self.states.layered = False
+
     def process(self, ordinal: int, inbox: Inbox) -> None:
         op = self._op
         assert op is not None and op.combine is not None
