@@ -56,7 +56,7 @@ _ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(capacity=st.integers(1, 3), ops=_ops)
+@given(capacity=st.sampled_from([1, 2, 3, 1 << 30]), ops=_ops)
 def test_try_emit_fast_path_matches_offer(capacity: int, ops: list[Any]) -> None:
     fast, slow = _pair(capacity)
     for op, item, ordinal in ops:
@@ -93,19 +93,32 @@ class _TakeWhileRoom(ss.AbstractProcessor):
         return self.try_emit(item)
 
 
+class _NoHintInbox(Inbox):
+    """An inbox whose iterator gives no length hint (``process`` then finds what is
+    left by reading the rest of the iterator)."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Any:
+        return (x for x in super().__iter__())
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     items=st.lists(st.integers(0, 5), max_size=30),
-    capacity=st.integers(1, 4),
+    capacity=st.sampled_from([1, 2, 3, 4, 1 << 30]),
     stop=st.integers(0, 6),
+    hint=st.booleans(),
 )
 def test_default_process_removes_exactly_the_processed_items(
-    items: list[int], capacity: int, stop: int
+    items: list[int], capacity: int, stop: int, hint: bool
 ) -> None:
-    """Model: the item-by-item loop (peek, try, remove on True, return on False)."""
+    """Model: the item-by-item loop (peek, try, remove on True, return on False), with
+    outbox capacity 1 to 4 and one that never fills (the refusals then come from the
+    processor only)."""
     p = _TakeWhileRoom(stop)
     p.init(Outbox(1, capacity), Context())
-    inbox = Inbox(items)
+    inbox = Inbox(items) if hint else _NoHintInbox(items)
     out: list[int] = []
     rounds = 0
     while inbox and rounds < 100:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from itertools import islice
+from operator import length_hint
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import ProcessingGuarantee
@@ -471,16 +472,19 @@ class AbstractProcessor(Processor):
     def process(self, ordinal: int, inbox: Inbox) -> None:
         # Iterate in place and remove the processed items afterwards (one C-level clear
         # when all were processed): cheaper per item than peek + popleft. The refused item
-        # and those behind it stay in the inbox, in order.
+        # and those behind it stay in the inbox, in order. Nothing is counted per item:
+        # after a refusal the iterator's length hint (the items it has not yielded) says
+        # how many were processed (a counter cost ~15-25 ns an item, docs/performance.md)
         try_item = self.try_process_item
-        n = 0
-        for item in inbox:
+        it = iter(inbox)
+        for item in it:
             if not try_item(ordinal, item):
                 break
-            n += 1
         else:
             inbox.clear()
             return
+        left = length_hint(it, -1)  # the refused item was yielded: not among these
+        n = len(inbox) - (left + 1 if left >= 0 else len([item, *it]))
         if n:
             rest = list(islice(inbox, n, None))
             inbox.clear()
@@ -501,7 +505,8 @@ class AbstractProcessor(Processor):
             # fast path (one outbound ordinal, room in its bucket): what Outbox.offer
             # does, without its call and branches
             t = type(item)
-            if t is not Watermark and t is not IdleMessage:
+            # a plain tuple (the usual output) is told apart with one compare
+            if t is tuple or (t is not Watermark and t is not IdleMessage):
                 b.append(item)
                 self.outbox.unfinished = False
                 return True
