@@ -27,6 +27,9 @@ from slipstream.state.reader import StateRow, _snapshot, open_store, processor_r
 __all__ = ["transform"]
 
 _REWRITTEN = ("keyed", "window")
+#: the manifest's ``extra`` key of the chains' flags member processes record
+#: (:data:`slipstream.engine.member_snapshots.FLAGS`; the state layer imports no engine)
+FLAGS = "member_chains"
 
 
 def _parse(row: Any, original: StateRow, where: str) -> tuple[Any, Any, Any]:
@@ -131,6 +134,7 @@ def transform(
     fn: Callable[[StateRow], Any],
     *,
     to_store: Any = None,
+    dag: Any = None,
 ) -> int:
     """Write a new snapshot: the newest committed one of ``store`` with each entry of
     ``vertex`` passed through ``fn(row) -> row | None`` (a
@@ -138,7 +142,11 @@ def transform(
     ``session``: one row per session; return it changed, e.g.
     ``row._replace(value=...)``, or a ``(key, value)`` tuple, or ``None`` to drop the
     entry). Other entries (other vertices, the vertex's broadcast state and offsets) are
-    kept as they are. Committed into ``store`` under the next id (the store must not be
+    kept as they are. A renamed key moves to the processor a restore routes it to: by
+    the vertex's own partitioner when ``dag`` (the job's DAG or Pipeline) is given,
+    else by the default one (a restore routes every keyed entry by the job's
+    partitioner all the same; once a key moved, the flags member processes record with
+    the chains of ``vertex`` are dropped, so that a restore reads them all). Committed into ``store`` under the next id (the store must not be
     in use by a running job) or into ``to_store`` (empty, or holding snapshots of the
     same DAG: another DAG's store is refused with a :class:`SnapshotError` naming the
     vertices that differ); returns the new id.
@@ -156,7 +164,8 @@ def transform(
         )
     vs = data.vertices[vertex]
     total = vs.total_parallelism
-    owner = key_routing(None, 1, total).owner
+    owner = _owner(data, vertex, total, dag)
+    moved = False
     out: dict[tuple[str, int], list[Any]] = {}
     keys: dict[Any, str] = {}
     plain_maps: dict[int, dict[Any, Any]] = {}
@@ -214,10 +223,14 @@ def transform(
             keys[ident] = where
             nk = new[0].key if type(new[0]) is KeyedStateKey else new[0]
             target = i if _same(nk, original.key) else owner(nk)
+            moved = moved or target != i
             if type(new[0]) is KeyedStateKey:
                 out.setdefault((vertex, target), []).append(new)
             else:
                 plain_maps.setdefault(target, {})[new[0]] = new[1]
+    moved = moved or any(
+        not _same(key, found[0][4]) and owner(key) != found[0][5] for key, found in sessions.items()
+    )
     for i, es in sorted(_session_entries(sessions, owner).items()):
         out.setdefault((vertex, i), []).extend(es)
     for i, m in sorted(plain_maps.items()):
@@ -228,6 +241,8 @@ def transform(
                 out[(name, i)] = list(es)
     totals = {name: v.total_parallelism for name, v in data.vertices.items()}
     extra = {k: v for k, v in data.extra.items() if k != "executor_state"}
+    if moved:
+        extra = _without_chain_flags(extra, vertex)
     dest = src if to_store is None else _as_store(to_store)
     if dest is not src:
         _check_same_dag(dest, data.dag_shape, f"snapshot {sid} of {src.directory}")
@@ -237,6 +252,35 @@ def transform(
         name: (set(v.completed), set(getattr(v, "final", ()))) for name, v in data.vertices.items()
     }
     return _write(dest, data.job_name, data.dag_shape, extra, totals, out, execution, completed)
+
+
+def _owner(data: Any, vertex: str, total: int, dag: Any) -> Callable[[Any], int]:
+    """Which processor of ``vertex`` a restore at the snapshot's shape gives a key: the
+    partition of ``dag``'s partitioner for the vertex (the default one without ``dag``)
+    on the snapshot's member count (recorded with its chains' flags by member processes;
+    one member otherwise)."""
+    partitioner = None
+    if dag is not None:
+        from slipstream.core.dag import as_dag
+        from slipstream.state.restore import custom_partitioners
+
+        partitioner = custom_partitioners(as_dag(dag)).get(vertex)
+    members, local = 1, total
+    flags = data.extra.get(FLAGS)
+    shape = flags.get(vertex, {}).get("shape") if isinstance(flags, dict) else None
+    if isinstance(shape, list) and len(shape) == 2 and shape[0] * shape[1] == total:
+        members, local = shape
+    return key_routing(partitioner, members, local).owner
+
+
+def _without_chain_flags(extra: dict[str, Any], vertex: str) -> dict[str, Any]:
+    """``extra`` without the chains' flags of ``vertex``: a restore by member processes
+    at the snapshot's shape then reads all of its chains (a flag saying a chain holds
+    only its processor's keys may no longer be true once keys were renamed)."""
+    flags = extra.get(FLAGS)
+    if not isinstance(flags, dict) or vertex not in flags:
+        return extra
+    return {**extra, FLAGS: {k: v for k, v in flags.items() if k != vertex}}
 
 
 def _check_same_dag(dest: Any, shape: Any, what: str) -> None:
