@@ -172,3 +172,49 @@ def test_transform_into_a_store_of_another_dag_is_refused(tmp_path: Path) -> Non
     assert [
         (r.key, r.value) for r in ss.state.read(same, "rolling_aggregate", snapshot_id=sid)
     ] == [("a", 1)]
+
+
+def test_chains_read_on_threads_are_each_verified_and_the_first_failure_names_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """State as data reads a large snapshot's chains on threads: a tampered chunk of any
+    chain is still refused naming its file, the first failing chain's in order."""
+    from slipstream.state import store as store_module
+
+    threaded: list[int] = []
+    real = store_module._in_threads
+
+    def spy(fn: Any, items: Any) -> Any:
+        threaded.append(len(items))
+        return real(fn, items)
+
+    monkeypatch.setattr(store_module, "PARALLEL_READ_BYTES", 0)
+    monkeypatch.setattr(store_module, "_in_threads", spy)
+    store = tmp_path / "store"
+    rows = [(k, i) for i, k in enumerate("abcdefgh")]
+    sid = ss.state.bootstrap(rolling([]), "rolling_aggregate", rows, store, parallelism=2)
+    assert sorted((r.key, r.value) for r in ss.state.read(store, "rolling_aggregate")) == rows
+    assert threaded == [2]
+    manifest = DirectorySnapshotStore(store).read_manifest(sid)
+    paths = {i: store / c[0].file for i, c in manifest.vertices["rolling_aggregate"].chains.items()}
+    assert sorted(paths) == [0, 1]
+
+    def tamper(path: Path) -> None:
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0x01
+        path.write_bytes(bytes(raw))
+
+    def named(i: int) -> str:
+        return (
+            f"snapshot {sid}: chunk {paths[i]} (vertex 'rolling_aggregate', processor {i}) "
+            f"fails its signature check"
+        )
+
+    tamper(paths[1])
+    for read in (ss.state.read, ss.state.read_arrow):
+        with pytest.raises(SnapshotError, match=re.escape(named(1))):
+            read(store, "rolling_aggregate")
+    tamper(paths[0])
+    with pytest.raises(SnapshotError, match=re.escape(named(0))):
+        ss.state.read(store, "rolling_aggregate")
+    assert threaded and set(threaded) == {2}

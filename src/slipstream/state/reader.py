@@ -190,7 +190,7 @@ def _snapshot(
                         f"vertices: {names}"
                     )
                 processors = [(vertex, i) for i in vm.chains] if vm is not None else None
-            data = store.read(sid, processors, columns=columns)
+            data = store.read(sid, processors, columns=columns, parallel=True)
             if vertex is not None and vertex not in data.vertices:
                 names = ", ".join(repr(n) for n in sorted(data.vertices))
                 raise ValueError(

@@ -34,6 +34,7 @@ duplicates.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import hmac
 import io
@@ -43,7 +44,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -875,12 +876,17 @@ class DirectorySnapshotStore:
         processors: Iterable[tuple[str, int]] | None = None,
         *,
         columns: bool = False,
+        parallel: bool = False,
     ) -> SnapshotData:
         """Read one snapshot (only ``processors``' chains, if given); SnapshotError if it,
         or a chunk it names, is missing, corrupt or unsigned. Nothing is decoded before
         its signature is verified. ``columns``: a full map read from a columnar chunk
         stays its columns (:class:`~slipstream.state.columnar.MapColumns`, for the
-        readers of state as data) instead of becoming a dict."""
+        readers of state as data) instead of becoming a dict. ``parallel``: the chains
+        are read on a few threads at once when they hold :data:`PARALLEL_READ_BYTES` or
+        more (each chain as alone: its chunks read, verified, then decoded; reading a
+        file and the HMAC over it release the GIL, so two cores verify two chunks at
+        once); an error is the one the first failing chain in order raises."""
         version, _info, payload = self._read_verified(snapshot_id)
         if version == 2:
             return self._load_format2(snapshot_id, payload)
@@ -888,18 +894,39 @@ class DirectorySnapshotStore:
         wanted = set(processors) if processors is not None else None
         data = SnapshotData(snapshot_id, manifest.job_name, dag_shape=manifest.dag_shape)
         data.extra = manifest.extra
+        chains: list[tuple[VertexState, str, int, list[ChunkRef]]] = []
         for name, vm in manifest.vertices.items():
             vs = data.vertices[name] = VertexState(vm.total_parallelism)
             vs.completed = set(vm.completed)
             vs.final = set(vm.final)
-            for i, chain in vm.chains.items():
-                if wanted is None or (name, i) in wanted:
-                    vs.entries[i] = self.read_chain(chain, name, i, snapshot_id, columns=columns)
+            chains.extend(
+                (vs, name, i, chain)
+                for i, chain in vm.chains.items()
+                if wanted is None or (name, i) in wanted
+            )
+        read = functools.partial(self._read_one_chain, snapshot_id, columns)
+        if parallel and len(chains) > 1 and _bytes_of(chains) >= PARALLEL_READ_BYTES:
+            for (vs, _name, i, _chain), entries in zip(
+                chains, _in_threads(read, chains), strict=True
+            ):
+                vs.entries[i] = entries
+        else:
+            for c in chains:
+                c[0].entries[c[2]] = read(c)
         data.source = (
             os.path.realpath(self.directory),
             {(name, i): list(c) for name, vm in manifest.vertices.items() for i, c in vm.chains.items()},
         )
         return data
+
+    def _read_one_chain(
+        self,
+        snapshot_id: int,
+        columns: bool,
+        chain: tuple[VertexState, str, int, list[ChunkRef]],
+    ) -> list[tuple[Any, Any]]:
+        _vs, name, i, refs = chain
+        return self.read_chain(refs, name, i, snapshot_id, columns=columns)
 
     def _load_format2(self, snapshot_id: int, payload: memoryview) -> SnapshotData:
         try:
@@ -949,6 +976,28 @@ class DirectorySnapshotStore:
                 f"{older}; or start from scratch with another snapshot_store (or after "
                 f"removing {self.directory})."
             ) from e
+
+
+#: :meth:`DirectorySnapshotStore.read` with ``parallel``: the chains' size from which
+#: they are read on threads (below it, a thread's start costs more than it saves)
+PARALLEL_READ_BYTES = 4 << 20
+#: at most this many reading threads (fewer on fewer cores)
+PARALLEL_READ_THREADS = 4
+
+
+def _bytes_of(chains: Sequence[tuple[Any, str, int, list[ChunkRef]]]) -> int:
+    return sum(r.size for c in chains for r in c[3])
+
+
+def _in_threads(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """``[fn(x) for x in items]`` on a few threads; the first item's error (in the
+    order of ``items``) if any fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(len(items), os.cpu_count() or 1, PARALLEL_READ_THREADS))
+    with ThreadPoolExecutor(workers, thread_name_prefix="slipstream-state-read") as pool:
+        futures = [pool.submit(fn, x) for x in items]
+        return [f.result() for f in futures]
 
 
 # -- one chunk or one chain without a store object (the Spark engine's executors) ----------
