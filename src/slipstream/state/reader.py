@@ -46,9 +46,10 @@ What the rows of each kind of state look like (``kind`` says which):
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from slipstream.core.errors import SnapshotError
@@ -162,11 +163,17 @@ def _no_snapshot_yet(directory: str) -> str:
 
 
 def _snapshot(
-    store: Any, vertex: str | None, snapshot_id: int | None, columns: bool = False
+    store: Any,
+    vertex: str | None,
+    snapshot_id: int | None,
+    columns: bool = False,
+    owners: Callable[[int, Any], set[int] | None] | None = None,
 ) -> tuple[int, Any]:
     """The id and :class:`~slipstream.state.store.SnapshotData` to read (only
     ``vertex``'s processors if given; ``columns``: the maps of columnar chunks as their
-    columns, :class:`~slipstream.state.columnar.MapColumns`, for the readers here)."""
+    columns, :class:`~slipstream.state.columnar.MapColumns`, for the readers here;
+    ``owners(id, manifest)``: the only processors of ``vertex`` whose chains hold what
+    is asked, ``None`` when that cannot be known: all are read)."""
     last: SnapshotError | None = None
     for _ in range(_RETRIES):
         ids = store.committed_ids_read_only()
@@ -190,6 +197,9 @@ def _snapshot(
                         f"vertices: {names}"
                     )
                 processors = [(vertex, i) for i in vm.chains] if vm is not None else None
+                chosen = owners(sid, manifest) if owners is not None and vm is not None else None
+                if processors is not None and chosen is not None:
+                    processors = [p for p in processors if p[1] in chosen]
             data = store.read(sid, processors, columns=columns, parallel=True)
             if vertex is not None and vertex not in data.vertices:
                 names = ", ".join(repr(n) for n in sorted(data.vertices))
@@ -384,8 +394,61 @@ def point_query(job: Any, vertex: str, key: Any = _ALL) -> tuple[int, list[State
             f"job {job.name!r} has committed no snapshot yet (its store is "
             f"{store.directory}): there is no state to read"
         )
-    sid, data = _snapshot(open_store(store), vertex, None, columns=True)
+    s = open_store(store)
+    owners = None if key is _ALL else functools.partial(_key_owner, job, s, vertex, key)
+    sid, data = _snapshot(s, vertex, None, columns=True, owners=owners)
     return sid, _rows(data, vertex, key)
+
+
+#: the manifest's ``extra`` key of the chains' flags member processes record
+#: (:data:`slipstream.engine.member_snapshots.FLAGS`; nothing here imports an engine)
+_CHAIN_FLAGS = "member_chains"
+
+
+def _key_owner(
+    job: Any, store: Any, vertex: str, key: Any, sid: int, manifest: Any
+) -> set[int] | None:
+    """The processor of ``vertex`` whose chain in snapshot ``sid`` of ``job``'s store
+    holds ``key``'s state, as a set; ``None`` when that cannot be known (then every
+    chain is read). Known when the snapshot was written by this job (its shape is the
+    job's), a partitioned edge feeds the vertex, and no chain may hold another
+    processor's keys (member processes record it with each chain; one member
+    without processes routes every key it holds): the key is then where a live item
+    with that key goes (:func:`~slipstream.core.partition.key_routing` with the
+    vertex's inbound edge partitioner, as a restore routes it)."""
+    from slipstream.core.dag import RoutingPolicy
+    from slipstream.core.partition import key_routing
+    from slipstream.state.restore import custom_partitioners
+
+    dag = getattr(job, "dag", None)
+    plan = getattr(getattr(job, "_execution", None), "plans", {}).get(vertex)
+    vm = manifest.vertices.get(vertex)
+    if dag is None or plan is None or vm is None:
+        return None
+    if vm.total_parallelism != plan.total_parallelism:
+        return None
+    try:
+        v = dag.vertex(vertex)
+        if not any(e.routing is RoutingPolicy.PARTITIONED for e in dag.inbound_edges(v)):
+            return None
+        if store.read_header(sid).get("execution") != getattr(job, "execution_id", None):
+            return None  # written by another job (restored from): its shape is not known
+        flags = manifest.extra.get(_CHAIN_FLAGS)
+        mine = flags.get(vertex) if isinstance(flags, dict) else None
+        if mine is not None:
+            chains = mine.get("chains", {})
+            if list(mine.get("shape", ())) != [plan.member_count, plan.local_parallelism]:
+                return None
+            if not all(str(i) in chains and not chains[str(i)][0] for i in vm.chains):
+                return None
+        elif plan.member_count != 1:
+            return None
+        routing = key_routing(
+            custom_partitioners(dag).get(vertex), plan.member_count, plan.local_parallelism
+        )
+        return {routing.owner(key)}
+    except Exception:  # noqa: BLE001 - an odd key or DAG: read every chain instead
+        return None
 
 
 def size_counts(data: Any) -> dict[str, tuple[int, int]]:
