@@ -25,11 +25,11 @@ import atexit
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slipstream.core.config import JobStatus
 from slipstream.core.errors import JobCancelledError, JobFailedError
-from slipstream.core.processor import Processor
+from slipstream.engine.ended import uncommitted_files as tasklets_uncommitted_files
 
 if TYPE_CHECKING:
     from slipstream.engine.job import Job
@@ -126,20 +126,7 @@ def _cancel(job: Job) -> None:
 def uncommitted_files(job: Job) -> list[str]:
     """The unpublished part files the file sinks of ``job``'s last execution leave."""
     execution = job._execution
-    found: list[str] = []
-    for t in execution.tasklets if execution is not None else []:
-        for p in _processors(t.processor):
-            files = getattr(p, "uncommitted_files", None)
-            if callable(files):
-                found.extend(files())
-    return sorted(found)
-
-
-def _processors(p: Any) -> list[Any]:
-    """``p`` and the processors fused into it (the Pipeline compiler's wrappers)."""
-    out = [p]
-    for attr in ("inner", "first", "second"):
-        inner = getattr(p, attr, None)
-        if isinstance(inner, Processor) and inner is not p:
-            out.extend(_processors(inner))
-    return out
+    ended = getattr(execution, "ended", None)
+    if ended is not None:  # taken when it ended (engine/ended.py)
+        return list(ended.uncommitted_files)
+    return tasklets_uncommitted_files(execution.tasklets if execution is not None else [])

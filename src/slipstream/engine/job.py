@@ -39,6 +39,13 @@ from slipstream.core.job_handle import JobHandle
 from slipstream.core.late_items import LateItemsReport
 from slipstream.core.traits import all_sources_bounded
 from slipstream.engine import gc_tuning
+from slipstream.engine.ended import (
+    EndedFigures,
+    freeze,
+    progress_figures,
+    vertex_figures,
+    warning_figures,
+)
 from slipstream.engine.member_stats import merge_members_watch, watermarks_and_fill
 from slipstream.engine.workers import (
     TaskletFailure,
@@ -316,6 +323,31 @@ class _Execution:
     def _close_all(self) -> None:
         close_tasklets(self.tasklets, self.pool)
 
+    #: the figures taken when the execution ended for good (:meth:`release`)
+    ended: EndedFigures | None = None
+
+    def release(self) -> None:
+        """The execution ended for good (the job ended or was suspended, or a restart
+        replaces it): keep the figures ``metrics``, ``watch()`` and the at-exit report
+        read, and let go of the processors, their state, queues and contexts, so that
+        they are freed now by reference counting, not at a full collection of the cyclic
+        garbage collector (engine/ended.py). Called on the thread that ended it, after
+        the workers stopped calling processors (a processor stuck in a call the pool gave
+        up on is still held by its thread)."""
+        if self.ended is not None:
+            return
+        self.ended = freeze(self.tasklets)
+        self.tasklets = []
+        for vp in self.plans.values():
+            vp.processors = []
+            vp.contexts = []
+        if self.coordinator is not None:
+            self.coordinator.release()
+        if self.pool is not None:
+            self.pool.release()
+        if self.failure is not None:
+            self.failure.release()
+
 
 class Job(JobHandle):
     """Handle of a submitted job: ``join``, ``cancel``, ``suspend``, ``resume``,
@@ -483,21 +515,13 @@ class Job(JobHandle):
         figures are summed over the member processes, and ``__job__`` adds ``processes``,
         ``member_cpu_ms_max`` (the busiest member's CPU time), ``member_cpu_ms_total`` and
         ``member_peak_rss_kb_total`` (the members' peak resident sets, summed)."""
-        out: dict[str, dict[str, int]] = {}
         ex = self._execution
-        retries = 0
-        since: float | None = None
-        for t in ex.tasklets if ex else []:
-            m = out.setdefault(t.vertex_name, {"items_in": 0, "items_out": 0})
-            m["items_in"] += t.items_in
-            m["items_out"] += sum(c.items_out for c in t.collectors)
-            ctx = t.context
-            for k, v in ctx.metrics.items():
-                m[k] = m.get(k, 0) + v
-            retries += ctx.metrics.get("commit_retries", 0)
-            s = ctx.unavailable_since
-            if s is not None and (since is None or s < since):
-                since = s
+        ended = getattr(ex, "ended", None)
+        if ended is not None:  # the figures taken at the execution's end
+            out = {v: dict(m) for v, m in ended.vertices.items()}
+            retries, since = ended.commit_retries, ended.unavailable_since
+        else:
+            out, retries, since = vertex_figures(ex.tasklets if ex else [])
         for member in list(getattr(ex, "member_metrics", {}).values()):  # processes > 1
             for vertex, figures in member.items():
                 m = out.setdefault(vertex, {"items_in": 0, "items_out": 0})
@@ -538,7 +562,11 @@ class Job(JobHandle):
         if ex is None:
             return out
         out["parallelism"] = {n: vp.total_parallelism for n, vp in ex.plans.items()}
-        out["watermarks"], out["queue_fill"] = watermarks_and_fill(ex.tasklets)
+        ended = getattr(ex, "ended", None)
+        if ended is not None:  # the figures taken at the execution's end
+            out["watermarks"], out["queue_fill"] = dict(ended.watermarks), dict(ended.queue_fill)
+        else:
+            out["watermarks"], out["queue_fill"] = watermarks_and_fill(ex.tasklets)
         if hasattr(ex, "member_watch"):  # processes > 1: the members' figures
             out["watermarks"], out["queue_fill"] = merge_members_watch(ex.member_watch)
         failure = self._failure
@@ -550,20 +578,10 @@ class Job(JobHandle):
             out["error"] = f"{where}{type(failure.error).__name__}: {failure.error}"
         elif self.snapshot_error is not None:
             out["error"] = self.snapshot_error
-        warnings = self._warnings(ex)
+        warnings = dict(ended.warnings) if ended is not None else self._warnings(ex)
         if warnings:
             out["warnings"] = warnings
-        progress: dict[str, tuple[int, int]] = {}
-        for t in ex.tasklets:
-            p = getattr(t.processor, "progress", None)
-            if callable(p):
-                try:
-                    done_total = p()
-                except Exception:  # noqa: BLE001 - a watcher never breaks the job
-                    continue
-                if done_total is not None:
-                    d0, t0 = progress.get(t.vertex_name, (0, 0))
-                    progress[t.vertex_name] = (d0 + done_total[0], t0 + done_total[1])
+        progress = dict(ended.progress) if ended is not None else progress_figures(ex.tasklets)
         if progress:
             out["progress"] = progress
         if hasattr(ex, "member_usage"):  # processes > 1: per member, engine/member_stats.py
@@ -571,18 +589,13 @@ class Job(JobHandle):
 
             out["members"] = member_rows(ex)
         return out
-        return out
 
     @staticmethod
     def _warnings(ex: _Execution) -> dict[str, str]:
         """What keeps a processor from making progress right now, per processor
         (``"vertex#index"``): a sink's outage (``context.warning``). A stalled snapshot
         is ``watch()["error"]`` (see ``snapshot_error``)."""
-        return {
-            f"{t.vertex_name}#{t.index}": t.context.warning
-            for t in ex.tasklets
-            if t.context.warning is not None
-        }
+        return warning_figures(ex.tasklets)
 
     def state(self, vertex: str, key: Any = _ANY_KEY) -> list[StateRow]:
         """A point query: the rows of ``key`` (every key if not given) in ``vertex``'s
@@ -773,6 +786,12 @@ class Job(JobHandle):
                     self._end(JobStatus.FAILED)
 
     def _execution_ended(self, ex: _Execution) -> None:
+        # whatever comes next (the job's end, its suspension, a restart with a new
+        # execution), this one is over: its processors and their state go now, before
+        # join() returns (engine/ended.py)
+        release = getattr(ex, "release", None)
+        if release is not None:
+            release()
         with self._lock:
             if ex is not self._execution:
                 return

@@ -656,6 +656,15 @@ class ProcessExecution:
         if tuned:
             gc_tuning.job_ended()
 
+    def release(self) -> None:
+        """The execution ended for good (engine/ended.py): drop the job's setup it sent
+        the members and the copies of named lists and maps it answered them from."""
+        self._payload = b""
+        with self._named_lock:
+            self._named = {}
+        if self.failure is not None:
+            self.failure.release()
+
     def _ended(self) -> None:
         self._gc_untune()
         if self.heartbeat is not None:

@@ -211,6 +211,20 @@ class SnapshotCoordinator:
     def attach(self, tasklets: list[ProcessorTasklet]) -> None:
         self._tasklets = list(tasklets)
 
+    def release(self) -> None:
+        """The execution ended (engine/ended.py): let go of the tasklets, of what the
+        processors saved and of the final snapshot, unless the store thread is still
+        writing one (a stop that timed out): it needs them. An idle store thread about
+        to exit reads none of them."""
+        with self._lock:
+            if self._to_write is not None or self._final is _FINAL_DUE:
+                return
+            self._tasklets = []
+            self._entries = {}
+            self._completion_state = {}
+            self._forked = {}
+            self.final_snapshot = None
+
     def start_timer(self) -> None:
         self._timer = threading.Thread(
             target=self._run_timer, name=f"slipstream-{self.job_name}-snapshots", daemon=True

@@ -43,6 +43,7 @@ from typing import Any
 
 from slipstream.core.errors import trim_driver_frames
 from slipstream.core.processor import blocking_call_advice
+from slipstream.engine.ended import clear_error_frames, ended_tasklet
 from slipstream.execution.tasklet import (
     AWAIT_COMPLETION_COMMIT,
     COMMIT_FINISH,
@@ -222,6 +223,20 @@ class TaskletFailure:
             trim_driver_frames(error)
         self.traceback = "".join(traceback.format_exception(error))
 
+    def release(self) -> None:
+        """The execution ended: keep the processor's name, not the processor, and drop
+        the locals of the error's frames (engine/ended.py)."""
+        self.tasklet = ended_tasklet(self.tasklet)
+        clear_error_frames(self.error)
+
+
+def _ignore_failure(failure: TaskletFailure) -> None:
+    """A released pool's failure callback (its execution ended)."""
+
+
+def _nothing() -> None:
+    """A released pool's end callback."""
+
 
 class WorkerPool:
     """Runs one execution's tasklets until all are done or ``stop()`` is called."""
@@ -285,6 +300,14 @@ class WorkerPool:
             self._stopped_at = time.monotonic()
         self.stopping = True
 
+    def release(self) -> None:
+        """The execution ended (engine/ended.py): the callbacks, methods of the
+        execution, and the tasklets the pool gave up on (their threads hold them)."""
+        self._on_failure = _ignore_failure
+        self._on_finished = _nothing
+        self._on_idle = None
+        self.abandoned = []
+
     def join(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
@@ -293,61 +316,12 @@ class WorkerPool:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _run(self, tasklets: list[ProcessorTasklet], slot: int) -> None:
-        calling = self._calling
-        since = self._since
-        now = time.monotonic
-        on_idle = self._on_idle
         try:
-            idle = 0
-            idle_since = 0.0  # when the current run of idle passes began
-            live = list(tasklets)
-            waiters = [t for t in live if hasattr(t, "waits_on")]
-            sleep = time.sleep
-            while live and not self.stopping:
-                progress = False
-                for t in live:
-                    since[slot] = now()
-                    calling[slot] = t
-                    if self._finished:
-                        # the pool gave up on this worker while it was stuck in a call
-                        # (_abandon): the execution now commits and closes the tasklets
-                        # it did not abandon on its own thread, so this worker calls
-                        # none of them again. Checked after ``calling`` is set, as
-                        # _abandon sets ``_finished`` before it reads ``calling``: either
-                        # this sees it finished or t is in ``abandoned``
-                        calling[slot] = None
-                        return
-                    try:
-                        r = t.call()
-                    except _Cancelled:
-                        return
-                    except BaseException as e:  # noqa: BLE001 - reported to the job
-                        if not self._finished:
-                            self._on_failure(TaskletFailure(t, e))
-                        return
-                    finally:
-                        calling[slot] = None
-                    if r == MADE_PROGRESS:
-                        progress = True
-                    elif r == DONE:
-                        progress = True
-                        live = [x for x in live if x is not t]
-                        if waiters:
-                            waiters = [x for x in waiters if x is not t]
-                        break
-                if progress:
-                    idle = 0
-                else:
-                    if not idle:
-                        idle_since = since[slot]
-                        if on_idle is not None:
-                            on_idle()
-                    idle += 1
-                    if waiters:
-                        wait_idle(waiters, idle_pause(idle, since[slot] - idle_since))
-                    else:
-                        sleep(idle_pause(idle, since[slot] - idle_since))
+            self._work(tasklets, slot)
         finally:
+            # a failure's traceback holds this frame (each frame holds its caller) after
+            # it ended, with the locals it had then: none of them is a tasklet
+            del tasklets
             with self._lock:
                 self._live -= 1
                 last = self._live == 0 and not self._finished
@@ -355,6 +329,62 @@ class WorkerPool:
                     self._finished = True
             if last:
                 self._on_finished()
+
+    def _work(self, tasklets: list[ProcessorTasklet], slot: int) -> None:
+        """A worker's loop over its tasklets, until they are done or the pool stops."""
+        calling = self._calling
+        since = self._since
+        now = time.monotonic
+        on_idle = self._on_idle
+        idle = 0
+        idle_since = 0.0  # when the current run of idle passes began
+        live = list(tasklets)
+        waiters = [t for t in live if hasattr(t, "waits_on")]
+        sleep = time.sleep
+        while live and not self.stopping:
+            progress = False
+            for t in live:
+                since[slot] = now()
+                calling[slot] = t
+                if self._finished:
+                    # the pool gave up on this worker while it was stuck in a call
+                    # (_abandon): the execution now commits and closes the tasklets
+                    # it did not abandon on its own thread, so this worker calls
+                    # none of them again. Checked after ``calling`` is set, as
+                    # _abandon sets ``_finished`` before it reads ``calling``: either
+                    # this sees it finished or t is in ``abandoned``
+                    calling[slot] = None
+                    return
+                try:
+                    r = t.call()
+                except _Cancelled:
+                    return
+                except BaseException as e:  # noqa: BLE001 - reported to the job
+                    if not self._finished:
+                        self._on_failure(TaskletFailure(t, e))
+                    return
+                finally:
+                    calling[slot] = None
+                if r == MADE_PROGRESS:
+                    progress = True
+                elif r == DONE:
+                    progress = True
+                    live = [x for x in live if x is not t]
+                    if waiters:
+                        waiters = [x for x in waiters if x is not t]
+                    break
+            if progress:
+                idle = 0
+            else:
+                if not idle:
+                    idle_since = since[slot]
+                    if on_idle is not None:
+                        on_idle()
+                idle += 1
+                if waiters:
+                    wait_idle(waiters, idle_pause(idle, since[slot] - idle_since))
+                else:
+                    sleep(idle_pause(idle, since[slot] - idle_since))
 
     def calls_running(self, min_s: float) -> list[tuple[str, int | None, str, float]]:
         """The calls running for at least ``min_s`` now: ``(vertex, processor index,
