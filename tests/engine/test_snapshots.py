@@ -52,7 +52,7 @@ def test_no_failure_exactly_once_output_and_snapshots_taken(tmp_path: Any) -> No
     assert DirectorySnapshotStore(str(tmp_path)).latest() is not None
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(fail_after=st.integers(1, 1400), failures=st.integers(1, 3), interval=st.sampled_from([3, 10, 25]))
 def test_exactly_once_with_random_failures_matches_failure_free_run(
     tmp_path_factory: Any, fail_after: int, failures: int, interval: int
