@@ -2,9 +2,15 @@
 SQL over a snapshot take, against DuckDB over the same rows in a Parquet file.
 
     python bench/state_read.py [--keys 1M,10M] [--processors 2] [--repeat 3] [--quick]
+                               [--only sql,parquet] [--src OLD/src]
 
 ``--keys`` takes counts with an optional ``k`` / ``M`` suffix. ``--quick``: 10k and 100k
-keys, one round (a smoke run).
+keys, one round (a smoke run). ``--only``: these variants alone (parquet is always
+run: the answers are checked against it). ``--src DIR``: an A/B run: each variant but
+``parquet`` also runs with ``DIR`` (another checkout's ``src``) first on
+``PYTHONPATH``, interleaved with this checkout's in every round over the same store,
+and a second table gives both (the store is built by this checkout: a ``DIR`` that
+cannot read its format fails).
 
 The store, per key count K: the snapshot of a rolling count per user behind a generator,
 
@@ -187,6 +193,8 @@ def main() -> None:
     ap.add_argument("--processors", type=int, default=2, help="processors (chunks) of the store")
     ap.add_argument("--repeat", type=int, default=None, help="rounds (default 3; --quick 1)")
     ap.add_argument("--quick", action="store_true", help="10k and 100k keys, one round")
+    ap.add_argument("--only", default=None, help="variants to run, e.g. sql,parquet")
+    ap.add_argument("--src", default=None, help="A/B: another checkout's src directory")
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--parquet", default=None, help=argparse.SUPPRESS)
@@ -199,6 +207,14 @@ def main() -> None:
     if a.run_variant:
         print(json.dumps(measure(a.run_variant, a.store, a.parquet)))
         return
+    variants = VARIANTS
+    if a.only:
+        wanted = set(a.only.split(",")) | {"parquet"}
+        unknown = wanted - set(VARIANTS)
+        if unknown:
+            raise SystemExit(f"--only: unknown variants {sorted(unknown)}; known: {VARIANTS}")
+        variants = tuple(v for v in VARIANTS if v in wanted)
+    old_src = os.path.abspath(a.src) if a.src else None
     keys = parse_keys(a.keys or ("10k,100k" if a.quick else "1M,10M"))
     repeat = a.repeat or (1 if a.quick else 3)
     load = os.getloadavg()
@@ -224,18 +240,31 @@ def main() -> None:
             print(f"{k:,} keys: store {store_mb:.1f} MB, parquet {parquet_mb:.1f} MB, built in "
                   f"{time.perf_counter() - t:.1f} s", flush=True)  # fmt: skip
             best: dict[str, dict[str, Any]] = {}
+            files = ["--store", store, "--parquet", parquet]
             for _ in range(repeat):
-                for v in VARIANTS:
-                    r = run_variant(script, v, ["--store", store, "--parquet", parquet])
-                    if v not in best or r["seconds"] < best[v]["seconds"]:
-                        best[v] = r
+                for v in variants:
+                    runs: list[tuple[str, str | None]] = [(v, None)]
+                    if old_src is not None and v != "parquet":
+                        runs.append((f"{v} (before)", old_src))
+                    for name, env in runs:
+                        r = (
+                            run_variant(script, v, files)
+                            if env is None
+                            else _run_variant_env(script, v, files, env)
+                        )
+                        if name not in best or r["seconds"] < best[name]["seconds"]:
+                            best[name] = r
             want = best["parquet"]["answer"]
-            for v in ("read", "sql", "cli"):
+            for v in best:
+                if v.split(" ")[0] not in ("read", "sql", "cli"):
+                    continue
                 if best[v]["answer"] != want:
                     raise SystemExit(
                         f"{v} answered {best[v]['answer']}, DuckDB over Parquet {want}"
                     )
-            for v in ("to_arrow", "read_arrow"):
+            for v in best:
+                if v.split(" ")[0] not in ("to_arrow", "read_arrow"):
+                    continue
                 if best[v]["answer"][0] != k + a.processors:  # the keys and the offsets
                     raise SystemExit(
                         f"{v} made {best[v]['answer'][0]} rows, not {k + a.processors}"
@@ -245,6 +274,10 @@ def main() -> None:
             os.unlink(parquet)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if old_src is not None:
+        _print_ab(results, variants, old_src, repeat)
+    if variants != VARIANTS:
+        return _print_some(results, variants, a.processors, repeat)
     print(f"\nReading state ({a.processors} processors, best of {repeat}; {QUERY!r})\n")
     print("| keys | store / parquet | read | to_arrow(read) | read_arrow | sql | cli --sql "
           "| DuckDB over Parquet | sql / Parquet |")  # fmt: skip
@@ -263,6 +296,63 @@ def main() -> None:
     )
     load = os.getloadavg()
     print(f"\nload after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)")
+
+
+def _run_variant_env(script: str, variant: str, args: list[str], src: str) -> Any:
+    """:func:`benchlib.run_variant` with another checkout's ``src`` first on the path."""
+    env = dict(os.environ, PYTHONPATH=src)
+    r = subprocess.run(
+        [sys.executable, script, "--run-variant", variant, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"variant {variant} (before) failed:\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _print_some(
+    results: list[dict[str, Any]], variants: tuple[str, ...], processors: int, repeat: int
+) -> None:
+    """The table of an ``--only`` run: the variants run, and sql / Parquet if sql ran."""
+    print(f"\nReading state ({processors} processors, best of {repeat}; {QUERY!r})\n")
+    print("| keys | store / parquet | " + " | ".join(variants) + " |")
+    print("|---:|---:|" + "---:|" * len(variants))
+    for r in results:
+        cells = [f"{r['keys']:,}", f"{r['store_mb']:.1f} / {r['parquet_mb']:.1f} MB"]
+        for v in variants:
+            peak = r[v]["peak_mb"]
+            cells.append(fmt_s(r[v]["seconds"]) + (f" ({peak:,.0f} MB)" if peak else ""))
+        print("| " + " | ".join(cells) + " |")
+    if "sql" in variants:
+        for r in results:
+            print(
+                f"- {r['keys']:,} keys: sql / Parquet {r['sql']['seconds'] / r['parquet']['seconds']:.1f}x"
+            )
+    load = os.getloadavg()
+    print(f"\nload after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)")
+
+
+def _print_ab(
+    results: list[dict[str, Any]], variants: tuple[str, ...], src: str, repeat: int
+) -> None:
+    """The A/B table of a ``--src`` run: each variant before (``src``) and now, and each
+    one's ratio to DuckDB over Parquet."""
+    print(f"\nA/B, best of {repeat} interleaved rounds: before = {src}, after = this checkout\n")
+    print("| keys | variant | before | after | before / Parquet | after / Parquet |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        pq = r["parquet"]["seconds"]
+        for v in variants:
+            if v == "parquet":
+                continue
+            b, n = r[f"{v} (before)"]["seconds"], r[v]["seconds"]
+            print(
+                f"| {r['keys']:,} | {v} | {fmt_s(b)} | {fmt_s(n)} | {b / pq:.1f}x | {n / pq:.1f}x |"
+            )
+        print(f"| {r['keys']:,} | DuckDB over Parquet | | {fmt_s(pq)} | | |")
 
 
 if __name__ == "__main__":
