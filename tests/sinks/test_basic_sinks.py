@@ -347,3 +347,40 @@ def test_verify_processor_harness(tmp_path: Path) -> None:
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names and all(n.startswith("part-00000-") for n in names)
     assert "".join((tmp_path / n).read_text() for n in names) == "x\n1\ny\n"
+
+
+def test_list_sink_batches_with_equal_items_are_each_published_once_across_a_failover() -> None:
+    """Two snapshots' batches of equal items, both prepared when a failover comes: the
+    first published at its commit, the second not yet (its member died). The restored
+    processor publishes the second once, the first not again: a restore tells batches
+    apart by the snapshot id they are saved under and the publish marks (per vertex,
+    processor lineage and index), never by their items; and PreparedCommits.remove is
+    only given the very batch it filed, out of the due ones, which are the oldest (a
+    removal by equality would remove an equal due one, which is published too)."""
+    ctx = Context(
+        vertex_name="sink",
+        processing_guarantee=ss.ProcessingGuarantee.EXACTLY_ONCE,
+        job_name="equal-batches",
+    )
+    ctx.commits_snapshots = True
+    proc = sinks.list_sink("equal")()
+    outbox = Outbox(0)
+    proc.init(outbox, ctx)
+    for sid in (1, 2):
+        proc.process(0, Inbox(["a", "b"]))
+        ctx.current_snapshot_id = sid
+        outbox.snapshot_bucket.clear()
+        assert proc.save_to_snapshot()
+    entries = list(outbox.snapshot_bucket)  # snapshot 2's: both batches, equal items
+    assert [v for _k, v in entries] == [("a", "b"), ("a", "b")]
+    ctx.committed_snapshot_id = 1  # snapshot 1 commits; snapshot 2 commits after the crash
+    assert proc.snapshot_commit_finish(True)
+    published = ctx.services.get_list("equal")
+    assert published == ["a", "b"]
+    assert [sid for sid, _batch in proc._prepared.entries()] == [2]  # the other batch left
+    # the member dies before snapshot 2's commit reaches it; a new one restores from it
+    restored = sinks.list_sink("equal")()
+    restored.init(Outbox(0), ctx)
+    restored.restore_from_snapshot(Inbox(entries))
+    assert restored.finish_snapshot_restore()
+    assert published == ["a", "b", "a", "b"]
