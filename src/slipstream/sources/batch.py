@@ -7,13 +7,15 @@ calls stay short) and the next call resumes where it stopped. Every item goes to
 outbound ordinal.
 
 The data is split across *all* processors of *all* members by position: the processor
-with global index ``i`` of ``n`` takes elements ``i, i + n, i + 2n, ...`` (for
-``read_files``: files ``i, i + n, ...`` of the sorted file list).
+with global index ``i`` of ``n`` takes elements ``i, i + n, i + 2n, ...`` (``read_files``
+and ``read_jsonl`` split by byte ranges instead, ``read_csv`` and ``read_parquet`` take
+files ``i, i + n, ...`` of the sorted file list: :mod:`slipstream.sources.files`).
 
 Snapshots: a source saves its position under ``BroadcastKey((<tag>, global_index))``,
 so every processor receives every saved position on restore and picks the entry of its
 own global index. A position only means something for the same split, so **sources
-restore only with the same total parallelism**; a restore with another parallelism
+restore only with the same total parallelism** (but for the byte ranges of ``read_files``
+and ``read_jsonl``, which are cut again); a restore with another parallelism
 raises an error naming the vertex. Sources replay from the saved position: with
 at-least-once, items emitted after the snapshot are emitted again after a restore.
 """

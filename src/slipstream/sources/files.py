@@ -2,11 +2,19 @@
 
 All four share one processor shape (:class:`FileSourceP`): the directory's data files
 matching ``glob`` are listed when the job starts, sorted by path, and split across all
-processors of all members (global processor ``i`` of ``n`` reads files ``i, i + n, ...``).
-Each ``complete()`` call reads at most as many records as the outbox takes, so a call
-stays short and memory stays bounded whatever the file size. The snapshot position is
-``(file index in this processor's share, records emitted from that file)``; a restore
-reopens the file and skips that many records.
+processors of all members. ``read_files`` (in UTF-8 or a one-byte charset) and
+``read_jsonl`` split them by **byte ranges** (:class:`LineFileSourceP`,
+:mod:`slipstream.sources.byte_ranges`): the files laid end to end are cut into ``n``
+stretches of equal bytes, one per processor, each reading the lines that start in it, so
+one large file keeps every processor busy; a snapshot holds the ranges each processor has
+left, and a restore with another parallelism cuts them again. ``read_csv`` (a quoted
+field may hold a line break, so a cut cannot find where a row starts), ``read_parquet``
+(whole-file format) and ``read_files`` in other encodings (UTF-16: a ``\n`` byte may be
+half of another character) split by **file**: global processor ``i`` of ``n`` reads
+files ``i, i + n, ...``, its snapshot position ``(file index in its share, records
+emitted from that file)``, restored only at the same parallelism. Each ``complete()``
+call reads at most as many records as the outbox takes, so a call stays short and memory
+stays bounded whatever the file size.
 
 **Which files are data.** Every regular file matching ``glob`` whose name starts with
 neither ``"."`` nor ``"_"``. The file sinks keep their temporary and in-progress files
@@ -45,10 +53,13 @@ from slipstream.core.files import is_data_file_name, require_pyarrow
 from slipstream.core.processor import Context
 from slipstream.core.validation import check_csv_dialect, check_path
 from slipstream.sources.batch import _emit_chunk, _emit_room, _PositionedSource
+from slipstream.sources.byte_ranges import LineRange, Piece, split_pieces, splittable
 from slipstream.sources.decoding import describe_decode_error, locate_decode_error
+from slipstream.state.keys import tagged_broadcast_name
 
 __all__ = [
     "FileSourceP",
+    "LineFileSourceP",
     "ReadFilesP",
     "ReadCsvP",
     "ReadJsonlP",
@@ -139,6 +150,7 @@ class FileSourceP(_PositionedSource):
         self._directory = directory
         self._glob = glob
         self._files: list[str] = []
+        self._all_files: list[str] = []
         self._file_index = 0
         self._record = 0
         self._fh: Any = None
@@ -169,6 +181,7 @@ class FileSourceP(_PositionedSource):
                     where,
                     self._directory,
                 )
+        self._all_files = files
         self._files = files[context.global_processor_index :: context.total_parallelism]
         self._sizes = [os.path.getsize(f) for f in self._files]
 
@@ -198,7 +211,7 @@ class FileSourceP(_PositionedSource):
             return False
         if self._replaying:
             return True
-        where = f"{self._files[self._file_index]}:{line}"
+        where = f"{self._current_path()}:{line}"
         return errors.handle(item, error, where, names_item=True)
 
     def _read(self, room: int) -> list[Any]:
@@ -264,7 +277,7 @@ class FileSourceP(_PositionedSource):
         """The file, line, column and byte offset where the current file stops being
         text in the reader's encoding (found again by reading it from its start: blocks
         are decoded whole, so ``error`` alone does not know the line)."""
-        path = self._files[self._file_index]
+        path = self._current_path()
         encoding = self._encoding
         try:
             place = locate_decode_error(path, encoding)
@@ -275,13 +288,183 @@ class FileSourceP(_PositionedSource):
         text = describe_decode_error(place.error, encoding, place.column, place.offset)
         return ValueError(f"{self._where(place.line)}: {text}")
 
+    def _current_path(self) -> str:
+        """The file being read (for error messages)."""
+        return self._files[self._file_index]
+
     def _where(self, line: int | None = None) -> str:
-        path = self._files[self._file_index]
+        path = self._current_path()
         at = f"{path}:{line}" if line is not None else path
         return f"{self.factory} (vertex {self.context.vertex_name!r}): {at}"
 
 
-class ReadFilesP(FileSourceP):
+class LineFileSourceP(FileSourceP):
+    """A file source whose records are lines (``read_files``, ``read_jsonl``): split
+    over all processors of all members by byte ranges (:mod:`.byte_ranges`) when the
+    encoding allows, else by file as :class:`FileSourceP`.
+
+    Each processor reads one stretch of the files laid end to end in sorted path order
+    (``total bytes / n`` each, cut anywhere: a range reads the lines that start in it).
+    Its snapshot entry is ``("ranges", [(name, byte offset reached, end), ...])``, what
+    it has left; a restore with the same total parallelism takes its own entry, one with
+    another parallelism (a rescale, another process count) lays every processor's rest
+    end to end and cuts it again, so nothing is read twice or lost. Entries of the split
+    by file (``(file index, records)``, written before byte ranges) are turned into
+    ranges on restore, by reading the file up to that record.
+    """
+
+    def __init__(self, directory: str, glob: str) -> None:
+        super().__init__(directory, glob)
+        self._by_bytes = False
+        self._pieces: list[Piece] = []
+        self._piece_index = 0
+        self._reader: LineRange | None = None
+        self._share_bytes = 0
+        self._saved: dict[int, tuple[int, Any]] = {}
+
+    def _splittable(self) -> bool:
+        return splittable(self._encoding)
+
+    def _records_of(self, lines: list[str], first: int) -> list[Any]:
+        """The records of ``lines`` (lines ``first, ...`` of the reader's block)."""
+        return lines
+
+    def init_processor(self, context: Context) -> None:
+        super().init_processor(context)
+        self._by_bytes = self._splittable()
+        if self._by_bytes:
+            whole = [(self._name(f), 0, os.path.getsize(f)) for f in self._all_files]
+            share = split_pieces(whole, context.total_parallelism)
+            self._set_pieces(share[context.global_processor_index])
+
+    def _name(self, path: str) -> str:
+        return os.path.relpath(path, self._directory)
+
+    def _set_pieces(self, pieces: list[Piece]) -> None:
+        self._close_file()
+        self._pieces = pieces
+        self._piece_index = 0
+        self._share_bytes = sum(max(0, e - s) for _, s, e in pieces)
+
+    def _current_path(self) -> str:
+        if not self._by_bytes:
+            return super()._current_path()
+        return os.path.join(self._directory, self._pieces[self._piece_index][0])
+
+    def complete(self) -> bool:
+        if not self._by_bytes:
+            return super().complete()
+        pieces = self._pieces
+        outbox = self.outbox
+        while self._piece_index < len(pieces):
+            room = _emit_room(outbox)
+            if room <= 0:
+                return False
+            try:
+                reader = self._reader
+                if reader is None:
+                    _, start, end = pieces[self._piece_index]
+                    reader = self._reader = LineRange(
+                        self._current_path(), start, end, self._encoding, READ_BLOCK_BYTES
+                    )
+                lines = reader.take(room)
+            except UnicodeDecodeError as e:
+                raise self._decode_error(e) from e
+            if not lines:
+                self._close_file()
+                self._piece_index += 1
+                continue
+            chunk = self._records_of(lines, reader.pos - len(lines))
+            if chunk:
+                _emit_chunk(outbox, chunk)
+        return True
+
+    def _close_file(self) -> None:
+        reader = self._reader
+        if reader is not None:
+            self._reader = None
+            reader.close()
+        super()._close_file()
+
+    def _position(self) -> Any:
+        if not self._by_bytes:
+            return super()._position()
+        rest = self._pieces[self._piece_index :]
+        reader = self._reader
+        if reader is not None and rest:
+            name, _, end = rest[0]
+            rest = [(name, reader.position(), end), *rest[1:]]
+        return ("ranges", rest)
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        if not self._by_bytes:
+            super().restore_from_snapshot_entry(key, value)
+            return
+        ctx = self.context
+        name = tagged_broadcast_name(
+            key, self.snapshot_tag, 2, ctx.vertex_name, f"a {type(self).__name__} source"
+        )
+        self._saved[name[1]] = value
+
+    def finish_snapshot_restore(self) -> bool:
+        saved, self._saved = self._saved, {}
+        if not self._by_bytes or not saved:
+            return True
+        ctx = self.context
+        n, index = ctx.total_parallelism, ctx.global_processor_index
+        if index in saved and all(tp == n for tp, _ in saved.values()):
+            self._set_pieces(self._rest_of(index, *saved[index]))
+            return True
+        order = {self._name(f): i for i, f in enumerate(self._all_files)}
+        rest = [p for i, (tp, pos) in saved.items() if i < tp for p in self._rest_of(i, tp, pos)]
+        rest.sort(key=lambda p: (order.get(p[0], len(order)), p[0], p[1]))
+        self._set_pieces(split_pieces(rest, n)[index])
+        return True
+
+    def _rest_of(self, index: int, parallelism: int, position: Any) -> list[Piece]:
+        """What processor ``index`` of ``parallelism`` had left at the snapshot."""
+        if type(position) is tuple and position and position[0] == "ranges":
+            return [(str(n), int(s), int(e)) for n, s, e in position[1]]
+        file_index, records = position  # saved by the split by file
+        files = self._all_files[index::parallelism]
+        rest = [(self._name(f), 0, os.path.getsize(f)) for f in files[file_index:]]
+        if rest and records:
+            name, _, size = rest[0]
+            rest[0] = (name, self._offset_after(os.path.join(self._directory, name), records), size)
+        return rest
+
+    def _offset_after(self, path: str, records: int) -> int:
+        """The byte offset after the first ``records`` records of the file at ``path``."""
+        reader = LineRange(path, 0, os.path.getsize(path), self._encoding, READ_BLOCK_BYTES)
+        try:
+            while records > 0:
+                lines = reader.take(records)
+                if not lines:
+                    break
+                records -= self._records_counted(lines)
+            return reader.position()
+        finally:
+            reader.close()
+
+    def _records_counted(self, lines: list[str]) -> int:
+        """How many of ``lines`` the split by file counted as records."""
+        return len(lines)
+
+    def progress(self) -> tuple[int, int]:
+        """(bytes read, bytes of this processor's ranges): for progress bars; the
+        current range's bytes count from the start of the block being read."""
+        if not self._by_bytes:
+            return super().progress()
+        pieces = self._pieces
+        done = sum(e - s for _, s, e in pieces[: self._piece_index])
+        reader = self._reader
+        if reader is not None and self._piece_index < len(pieces):
+            _, s, e = pieces[self._piece_index]
+            done += max(0, min(e, reader.block_at) - s)
+        return done, self._share_bytes
+
+
+class ReadFilesP(LineFileSourceP):
     """Emits the lines of the files, one item per line without its line ending; files
     in sorted path order, lines in file order. ``"\\r\\n"`` and ``"\\r"`` endings read as
     ``"\\n"``.
@@ -358,6 +541,8 @@ class ReadFilesP(FileSourceP):
 # characters per read of ReadFilesP: measured 38 ns per line at 64 Ki vs 89 ns for the
 # line iterator (short lines); larger blocks were no faster
 READ_BLOCK_CHARS = 1 << 16
+# bytes per read of a byte range (LineFileSourceP): one decode and one split per block
+READ_BLOCK_BYTES = 1 << 16
 
 
 class ReadCsvP(FileSourceP):
@@ -443,7 +628,7 @@ class ReadCsvP(FileSourceP):
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
-class ReadJsonlP(FileSourceP):
+class ReadJsonlP(LineFileSourceP):
     """Emits one item per line of JSON-lines files (``json.loads`` of the line).
     Blank lines are skipped; a malformed line fails the job naming the file and line, or
     under ``JobConfig(on_item_error=...)`` is set aside (the line, and its file and line
@@ -453,6 +638,41 @@ class ReadJsonlP(FileSourceP):
 
     snapshot_tag = "jsonl-offset"
     factory = "read_jsonl"
+
+    def _records_of(self, lines: list[str], first: int) -> list[Any]:
+        loads = json.loads
+        try:
+            return [loads(line) for line in lines]
+        except json.JSONDecodeError:
+            pass  # a blank or malformed line among them: line by line
+        out = []
+        reader = self._reader
+        assert reader is not None
+        for i, line in enumerate(lines):
+            try:
+                out.append(loads(line))
+            except json.JSONDecodeError as e:
+                if not line.strip():
+                    continue
+                lineno = reader.line_number(first + i)
+                bad = ValueError(
+                    f"{self._where(lineno)}: malformed JSON line: {e.msg} "
+                    f"(column {e.colno}): {line.rstrip()[:200]!r}"
+                )
+                if self._set_aside(line, bad, lineno):
+                    continue
+                raise bad from None
+        return out
+
+    def _records_counted(self, lines: list[str]) -> int:
+        count = 0
+        for line in lines:
+            try:
+                json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            count += 1
+        return count
 
     def _records(self, path: str) -> Iterator[Any]:
         fh = self._fh = open(path, encoding="utf-8", newline=None)  # closed in _close_file
@@ -508,8 +728,11 @@ def read_files(
     ``directory``; names starting with ``.`` or ``_`` are never read). A glob in
     ``directory`` itself (``read_files("data/*.txt")``) is understood (:func:`split_glob`).
 
-    The sorted file list is split across all processors of all members: global
-    processor ``i`` of ``n`` reads files ``i, i + n, ...``. The directory is checked when
+    The files, sorted by path and laid end to end, are split across all processors of
+    all members by bytes: processor ``i`` of ``n`` reads the lines that start in the
+    ``i``-th ``1/n`` of the bytes, in file and line order (an encoding where a ``\n``
+    byte can be part of another character, such as UTF-16, splits by file instead:
+    processor ``i`` reads files ``i, i + n, ...``). The directory is checked when
     the job starts: a missing one fails the job with an error naming it, and so does a
     glob that matches none of the data files it holds (a directory without any data
     file is empty input, with a warning).
@@ -533,7 +756,9 @@ def read_csv(
     dialect: str | type[csv.Dialect] = "excel",
 ) -> functools.partial[ReadCsvP]:
     """A source emitting the rows of the CSV files in ``directory`` matching ``glob``
-    (UTF-8; files split across processors as :func:`read_files` does).
+    (UTF-8; split across processors by file: processor ``i`` of ``n`` reads files ``i,
+    i + n, ...``, since a quoted field may hold a line break and a cut in the middle of
+    a file cannot tell where a row starts).
 
     ``header``: each file's first row holds the column names (not emitted).
     ``as_dicts``: rows as ``{column: value}`` dicts (needs ``header``), else tuples.
@@ -555,7 +780,8 @@ def read_jsonl(
     directory: str | os.PathLike[str], glob: str = "*.jsonl"
 ) -> functools.partial[ReadJsonlP]:
     """A source emitting one decoded JSON value per line of the JSON-lines files in
-    ``directory`` matching ``glob`` (UTF-8; blank lines skipped)."""
+    ``directory`` matching ``glob`` (UTF-8; blank lines skipped; split across
+    processors by bytes as :func:`read_files` does)."""
     check_path(directory, "read_jsonl")
     _check_glob(glob, "read_jsonl")
     directory, glob = split_glob(os.fspath(directory), glob, "*.jsonl", "read_jsonl")
