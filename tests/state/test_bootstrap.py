@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import slipstream as ss
-from slipstream import JobConfig, ProcessingGuarantee, sinks, sources
+from slipstream import DAG, Edge, JobConfig, ProcessingGuarantee, sinks, sources
 from slipstream.aggregate import counting
 from slipstream.core.errors import JobCancelledError, SnapshotError
 from slipstream.core.partition import key_routing
@@ -402,6 +402,13 @@ def test_snapshot_source_feeds_a_pipeline_that_reaggregates_state(tmp_path: Path
     engine.new_job(p2).join(120)
     rows = list(engine.get_list("rows"))
     assert sorted(rows) == sorted(ss.state.read(first))
+    # a DAG reads it as any source vertex
+    dag = DAG()
+    src = dag.new_vertex("state", sources.snapshot(first, "rolling_aggregate"))
+    out = dag.new_vertex("out", sinks.list_sink("dag-rows")).local_parallelism(1)
+    dag.edge(Edge.between(src, out))
+    engine.new_job(dag).join(120)
+    assert sorted(engine.get_list("dag-rows")) == sorted(ss.state.read(first, "rolling_aggregate"))
     with pytest.raises(ValueError, match=r"has no vertex 'nope'"):
         sources.snapshot(first, "nope")
 

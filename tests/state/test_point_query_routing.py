@@ -88,6 +88,7 @@ def test_a_point_query_reads_only_the_owners_chain(
             sid, rows = point_query(job, "counts", key)
             assert asked == [[("counts", owner(key))]], key
             assert rows == ss.state.read(directory, "counts", sid, key=key)
+            assert rows == ss.state.read(job, "counts", sid, key=key)  # the job's store
             assert [(r.key, r.processor) for r in rows] == [(key, owner(key))]
         asked.clear()
         assert job.state("counts", "nobody") == []
