@@ -218,3 +218,34 @@ def test_chains_read_on_threads_are_each_verified_and_the_first_failure_names_it
     with pytest.raises(SnapshotError, match=re.escape(named(0))):
         ss.state.read(store, "rolling_aggregate")
     assert threaded and set(threaded) == {2}
+
+
+def test_a_write_that_fails_midway_commits_nothing(tmp_path: Path) -> None:
+    """A chunk that cannot be written after another one was (a value that does not
+    pickle, on the second processor): ``bootstrap`` and ``transform`` remove what they
+    wrote and commit nothing."""
+    import threading
+
+    lock = threading.Lock()
+    store = tmp_path / "store"
+    rows = [("a", 1), ("b", lock), ("c", 2)]  # a on processor 0, b and c on 1
+    with pytest.raises(
+        SnapshotError, match=r"rolling_aggregate#1: snapshot state cannot be pickled"
+    ):
+        ss.state.bootstrap(rolling([]), "rolling_aggregate", rows, store, parallelism=2)
+    assert sorted(os.listdir(store)) == [".lock"]
+    assert DirectorySnapshotStore(store).committed_ids() == []
+    ss.state.bootstrap(rolling([]), "rolling_aggregate", rows[::2], store, parallelism=2)
+    files = sorted(os.listdir(store))
+    with pytest.raises(
+        SnapshotError, match=r"rolling_aggregate#1: snapshot state cannot be pickled"
+    ):
+        ss.state.transform(
+            store, "rolling_aggregate", lambda r: r._replace(value=lock) if r.key == "c" else r
+        )
+    assert sorted(os.listdir(store)) == files
+    assert DirectorySnapshotStore(store).committed_ids() == [1]
+    assert sorted((r.key, r.value) for r in ss.state.read(store, "rolling_aggregate")) == [
+        ("a", 1),
+        ("c", 2),
+    ]
