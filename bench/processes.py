@@ -2,7 +2,7 @@
 single-threaded loop on the same data, with the same output digest.
 
     python bench/processes.py [--only wc,rsf,win,k1,k2,latency] [--processes 1,2]
-                              [--repeat 3] [--words 5000000] [--events 2000000]
+                              [--repeat 3] [--words 5000000] [--files 8] [--events 2000000]
                               [--win-events 2000000] [--records 1000000]
                               [--latency-rate 1000] [--latency-seconds 10]
 
@@ -10,7 +10,7 @@ Rows (each job's definition is the one of the bench named, imported from it, not
 copied; every engine row uses documented API only):
 
 * ``wc``: word count over ``bench/wordcount.py``'s corpus (Zipf-like over 50,000 words,
-  8 files): the dict loop (benchlib.count_words) vs examples/wordcount.py's
+  ``--files`` files of equal size, 8 unless told): the dict loop (benchlib.count_words) vs examples/wordcount.py's
   ``build_pipeline`` (with ``str.split``) and its Core API ``build_dag``. With a process
   count N > 1 also ``plain loop, N procs by hand`` (``count_words_split``): the same loop
   in N forked processes, each over the files ``read_files`` gives a member, merged here;
@@ -503,6 +503,13 @@ def main() -> None:
     ap.add_argument("--processes", default="1,2", help="comma-separated process counts")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--words", type=int, default=5_000_000)
+    ap.add_argument(
+        "--files",
+        type=int,
+        default=8,
+        help="files of the word count corpus (the hand-split "
+        "loop splits by file: with fewer files than processes it uses fewer processes)",
+    )
     ap.add_argument("--events", type=int, default=2_000_000, help="lines of the CSV running sum")
     ap.add_argument("--win-events", type=int, default=2_000_000)
     ap.add_argument("--records", type=int, default=1_000_000, help="Kafka records")
@@ -516,7 +523,7 @@ def main() -> None:
     ap.add_argument("--run-variant", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.dir is None:
-        a.dir = cache_path(f"corpus-{a.words}")
+        a.dir = cache_path(f"corpus-{a.words}" + (f"-{a.files}" if a.files != 8 else ""))
     if a.rsf_dir is None:
         a.rsf_dir = cache_path(f"rsf-{a.events}-{RSF_FILES}")
     if a.run_variant:
@@ -536,7 +543,7 @@ def main() -> None:
     ]  # fmt: skip
     groups: dict[str, list[str]] = {}
     if "wc" in only:
-        write_corpus(a.dir, a.words)  # reused when present
+        write_corpus(a.dir, a.words, a.files)  # reused when present
         groups["wc"] = (
             ["wc:plain"]
             + [f"wc:plain:{n}" for n in counts if n > 1]
@@ -562,7 +569,7 @@ def main() -> None:
                     )
                 keep_best(best, v, r)
         assert digest is not None
-        size = {"wc": f"{a.words:,} words", "rsf": f"{a.events:,} lines in {RSF_FILES} files",
+        size = {"wc": f"{a.words:,} words in {a.files} files", "rsf": f"{a.events:,} lines in {RSF_FILES} files",
                 "win": f"{a.win_events:,} events"}[job]  # fmt: skip
         print_rows(f"{JOBS[job]}, {size}", variants, best, digest)
     kafka_jobs = [j for j in ("k1", "k2") if j in only]
