@@ -1,0 +1,182 @@
+"""Where a job's CPU goes, layer by layer: the thread CPU of each tasklet's calls (and of
+a few steps inside them) per item, in the job's process with ``processes=1`` and in
+each member with ``processes=N``.
+
+    python bench/layers.py [--job rsf|wc] [--processes 1,2] [--events 2000000]
+                           [--words 5000000] [--rounds 2] [--src OTHER/src ...]
+
+Jobs: ``rsf``, the CSV running sum with a user's ``AbstractProcessor``
+(bench/wordcount.py's ``rsf_dag`` over ``--events`` lines in 8 files, as
+bench/processes.py); ``wc``, examples/wordcount.py's ``build_dag`` over bench/processes.py's
+corpus. Each run is a fresh interpreter whose ``sitecustomize`` (written here to a
+private temporary directory put first on ``PYTHONPATH``, so that the forkserver and the
+members load it too) wraps ``ProcessorTasklet.call``, the channel tasklets' ``call``, the
+tasklet's ``_fill_inbox`` / ``_flush`` and ``AbstractProcessor.process`` in
+``time.thread_time()``; a process writes its sums each time one of its tasklets ends.
+Thread CPU leaves out the time a thread waited for a core, so the figures hold on a
+busy machine better than wall or process times; the wrappers' own clock reads (a few
+per tasklet call) add a few ns per item at ~1,000 items a call. ``--src`` runs each
+round once per source tree given (before / after, interleaved), the best of
+``--rounds`` per figure. Figures: ns per item the member's (or the process's)
+``--per`` vertex took in (``running-sum`` / ``tokenize``: lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+HOOK = """
+import json, os, time
+_out = os.environ.get("SLIPSTREAM_LAYERS_OUT")
+if _out:
+    _acc = {}
+    _tt = time.thread_time
+
+    def _dump():
+        with open(os.path.join(_out, f"{os.getpid()}.json"), "w") as fh:
+            json.dump(_acc, fh)
+
+    def _wrap(cls, name, key, ends=False):
+        orig = getattr(cls, name)
+
+        def wrapper(self, *args):
+            t0 = _tt()
+            r = orig(self, *args)
+            k = key(self) + " ." + name
+            _acc[k] = _acc.get(k, 0.0) + (_tt() - t0)
+            if ends and r == 2:  # DONE
+                if hasattr(self, "streams"):
+                    _acc[key(self) + " in"] = self.items_in
+                _dump()
+            return r
+
+        setattr(cls, name, wrapper)
+
+    from slipstream.core import processor as _p
+    from slipstream.execution import remote as _r, tasklet as _t
+
+    def _name(t):
+        return f"{t.vertex_name}#{t.index}"
+
+    _wrap(_t.ProcessorTasklet, "call", _name, ends=True)
+    _wrap(_t.ProcessorTasklet, "_fill_inbox", _name)
+    _wrap(_t.ProcessorTasklet, "_flush", _name)
+    _wrap(_p.AbstractProcessor, "process",
+          lambda s: f"{s.context.vertex_name}#{s.context.global_processor_index}")
+    _wrap(_r.ChannelSender, "call", lambda s: "channel sender", ends=True)
+    _wrap(_r.ChannelReceiver, "call", lambda s: "channel receiver", ends=True)
+"""
+
+
+def run_job(a: argparse.Namespace) -> None:
+    """In the fresh interpreter: run the job once."""
+    sys.path.insert(0, HERE)
+    import wordcount
+    from benchlib import cache_path, load_example
+
+    import slipstream as ss
+    from slipstream.core.pickling import cloudpickle
+
+    cloudpickle.register_pickle_by_value(wordcount)
+    if a.job == "rsf":
+        dag = wordcount.rsf_dag(cache_path(f"rsf-{a.events}-8"))
+    else:
+        example = load_example("wordcount")
+        cloudpickle.register_pickle_by_value(example)
+        dag = example.build_dag(cache_path(f"corpus-{a.words}"), "*.txt", str.split)
+    engine = ss.local(processes=a.run)
+    engine.new_job(dag, ss.JobConfig(name="bench-layers")).join()
+
+
+def layers(out: str, per: str) -> dict[str, dict[str, float]]:
+    """Per process that wrote figures: ns per item ``per`` took in, per layer."""
+    rows: dict[str, dict[str, float]] = {}
+    for path in glob.glob(os.path.join(out, "*.json")):
+        with open(path, encoding="utf-8") as fh:
+            acc: dict[str, float] = json.load(fh)
+        ins = [k for k in acc if k.startswith(per + "#") and k.endswith(" in")]
+        if not ins:
+            continue
+        n = acc[ins[0]]
+        row: dict[str, float] = {"items": n}
+        total = 0.0
+        for k in sorted(acc, key=lambda k: (k.split(" .")[0], not k.endswith(" .call"))):
+            if k.endswith(" in"):
+                continue
+            ns = acc[k] * 1e9 / n
+            if k.endswith(" .call"):
+                name = k[: -len(" .call")]
+                row[name] = ns
+                total += ns
+            else:
+                row["  " + k] = ns
+        row["in all"] = total
+        rows[ins[0][: -len(" in")]] = row
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--job", choices=("rsf", "wc"), default="rsf")
+    ap.add_argument("--processes", default="1,2")
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--words", type=int, default=5_000_000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--src", nargs="*", default=None, help="source trees to compare")
+    ap.add_argument("--run", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.run:
+        run_job(a)
+        return
+    sys.path.insert(0, HERE)
+    import wordcount
+    from benchlib import cache_path, write_corpus
+
+    if a.job == "rsf":
+        wordcount.write_rsf_file(cache_path(f"rsf-{a.events}-8"), a.events, 8)
+    else:
+        write_corpus(cache_path(f"corpus-{a.words}"), a.words)
+    per = "running-sum" if a.job == "rsf" else "tokenize"
+    srcs = a.src or [os.path.join(os.path.dirname(HERE), "src")]
+    load = os.getloadavg()
+    print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start")
+    best: dict[tuple[str, int, str], dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:  # private (0700): the hook runs from here
+        with open(os.path.join(tmp, "sitecustomize.py"), "w", encoding="utf-8") as fh:
+            fh.write(HOOK)
+        for _ in range(a.rounds):
+            for src in srcs:
+                for p in (int(x) for x in a.processes.split(",")):
+                    out = tempfile.mkdtemp(dir=tmp)
+                    env = dict(os.environ, SLIPSTREAM_LAYERS_OUT=out, PYTHONPATH=f"{tmp}:{src}")
+                    cmd = [sys.executable, __file__, "--run", str(p), "--job", a.job]
+                    cmd += ["--events", str(a.events), "--words", str(a.words)]
+                    subprocess.run(cmd, env=env, check=True)
+                    time.sleep(0.2)  # the members' last writes
+                    for who, row in layers(out, per).items():
+                        old = best.get((src, p, who))
+                        best[(src, p, who)] = (
+                            row
+                            if old is None
+                            else {k: min(v, old.get(k, v)) for k, v in row.items()}
+                        )
+    for (src, p, who), row in sorted(best.items()):
+        print(f"\n{src}, processes={p}, {who} ({row['items']:,.0f} items in), ns per item:")
+        for k, v in row.items():
+            if k != "items":
+                print(f"  {k:<40}{v:>8.0f}")
+    load = os.getloadavg()
+    print(f"\nload {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
