@@ -15,7 +15,8 @@ tasklet's ``_fill_inbox`` / ``_flush`` and ``AbstractProcessor.process`` in
 ``time.thread_time()``; a process writes its sums each time one of its tasklets ends.
 Thread CPU leaves out the time a thread waited for a core, so the figures hold on a
 busy machine better than wall or process times; the wrappers' own clock reads (a few
-per tasklet call) add a few ns per item at ~1,000 items a call. ``--src`` runs each
+per tasklet call, each a system call of ~2 us on some machines) are calibrated when
+the hook loads and taken off each figure (with the reads made inside a span). ``--src`` runs each
 round once per source tree given (before / after, interleaved), the best of
 ``--rounds`` per figure. Figures: ns per item the member's (or the process's)
 ``--per`` vertex took in (``running-sum`` / ``tokenize``: lines).
@@ -40,6 +41,20 @@ _out = os.environ.get("SLIPSTREAM_LAYERS_OUT")
 if _out:
     _acc = {}
     _tt = time.thread_time
+    _reads = [0]  # clock reads made by the wrappers so far
+
+    def _read_cost():
+        # one thread_time() read (a system call: ~2 us on some VMs, more than a
+        # tasklet call's work on a small chunk): taken off each figure below
+        best = 1.0
+        for _ in range(5):
+            t0 = _tt()
+            for _ in range(200):
+                _tt()
+            best = min(best, (_tt() - t0) / 201)
+        return best
+
+    _cost = _read_cost()
 
     def _dump():
         with open(os.path.join(_out, f"{os.getpid()}.json"), "w") as fh:
@@ -49,10 +64,14 @@ if _out:
         orig = getattr(cls, name)
 
         def wrapper(self, *args):
+            before = _reads[0]
             t0 = _tt()
             r = orig(self, *args)
+            t1 = _tt()
+            inner = _reads[0] - before  # reads of the wrappers called inside
+            _reads[0] += 2
             k = key(self) + " ." + name
-            _acc[k] = _acc.get(k, 0.0) + (_tt() - t0)
+            _acc[k] = _acc.get(k, 0.0) + (t1 - t0) - (inner + 1) * _cost
             if ends and r == 2:  # DONE
                 if hasattr(self, "streams"):
                     _acc[key(self) + " in"] = self.items_in
