@@ -97,6 +97,29 @@ def test_each_column_type_round_trips_as_keys_and_as_values(name: str) -> None:
             assert got.to_pylist() == want.to_pylist() or name.startswith("float")
 
 
+@pytest.mark.parametrize("name", sorted(COLUMNS))
+def test_one_key_is_found_in_the_columns_as_a_dict_finds_it(name: str) -> None:
+    """A point query's lookup (MapColumns.find) answers what the map's dict does, for
+    each column kind as keys and as values, keys present and absent, of the column's
+    type and of others (1.0 or True among ints: the dict's answer), and makes no dict
+    where the columns can answer."""
+    values = COLUMNS[name]
+    keys = list(dict.fromkeys(v for v in values if not (type(v) is float and math.isnan(v))))
+    others: list[Any] = ["a", "zz", b"abc", b"zz", 0, 1, 42, -5, 7, 1.0, 0.0, True, None, "ü"]
+    for m in ({i: v for i, v in enumerate(values)}, {k: i for i, k in enumerate(keys)}):
+        (record,) = fmt.decode_payload(payload_of(full_map(m)), columns=True)
+        cols = record[4]
+        for key in [*m, *others]:
+            want = (True, m[key]) if key in m else (False, None)
+            fresh = fmt.decode_payload(payload_of(full_map(m)), columns=True)[0][4]
+            got = fresh.find(key)
+            assert got[0] == want[0] and same(got[1], want[1]), (key, got, want)
+            if type(key) in (str, bytes) or (type(key) is int and "float" not in name):
+                if "bool" not in name:
+                    assert fresh._dict is None, key  # answered from the columns
+        assert cols._dict is None
+
+
 @pytest.mark.parametrize(
     ("what", "m"),
     [

@@ -356,6 +356,61 @@ class Column:
             values = [v if ok else None for v, ok in zip(values, self.valid, strict=True)]
         return values
 
+    def value_at(self, i: int) -> Any:
+        """Value ``i`` as a Python object (nothing else decoded)."""
+        if self.valid is not None and not self.valid[i]:
+            return None
+        kind = self.kind
+        if kind == NULL:
+            return None
+        if kind in (INT64, FLOAT64):
+            a = array("q" if kind == INT64 else "d")
+            a.frombytes(self.data[8 * i : 8 * i + 8])
+            if _BIG:
+                a.byteswap()
+            return a[0]
+        if kind == BOOL:
+            return bool(self.data[i])
+        assert self.offsets is not None
+        ends = array("i")
+        ends.frombytes(self.offsets[4 * i : 4 * i + 8])
+        if _BIG:
+            ends.byteswap()
+        raw = bytes(self.data[ends[0] : ends[1]])
+        return raw if kind == BINARY else raw.decode("utf-8")
+
+    def index_of(self, key: Any) -> int | None:
+        """The position of ``key`` among the values (the first; ``None``: absent), found
+        without a Python object per value, for a key that can only equal values of
+        this column's type: a str in a utf8 column, bytes in a binary one, an int in an
+        int64 one, and any key in a column it cannot equal (a str among ints: absent).
+        :class:`LookupError` for the rest (an int among floats: ``1 == 1.0``), which a
+        dict answers instead."""
+        t, kind = type(key), self.kind
+        if (t is str and kind == UTF8) or (t is bytes and kind == BINARY):
+            return self._index_of_text(key)
+        if t is int and kind == INT64:
+            a = array("q")
+            a.frombytes(self.data)
+            if _BIG:
+                a.byteswap()
+            return _first_valid(a, key, self.valid)
+        if t in (str, bytes) or (t is int and kind in (UTF8, BINARY, NULL)):
+            return None  # no value of this column equals it
+        raise LookupError(f"a {t.__name__} key among {kind} values")
+
+    def _index_of_text(self, key: str | bytes) -> int | None:
+        try:
+            import pyarrow as pa
+            import pyarrow.compute as pc
+        except ImportError:
+            return _first_valid(self.to_list(), key, None)
+        if _BIG:
+            return _first_valid(self.to_list(), key, None)
+        arr = self.to_arrow(pa)
+        found = pc.index(arr, pa.scalar(key, arr.type)).as_py()
+        return None if found < 0 else int(found)
+
     def to_arrow(self, pa: Any) -> Any:
         """The column as a ``pyarrow.Array`` over the payload's own buffers (on a
         little-endian machine; a big-endian one converts its values)."""
@@ -381,6 +436,20 @@ class Column:
             arr = pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(self.offsets), data])
         arr.validate()
         return arr
+
+
+def _first_valid(values: Any, key: Any, valid: memoryview | None) -> int | None:
+    """The first position of ``key`` in ``values`` (a list or an array) whose value is
+    not ``None`` (``valid``: 0 where it is, its slot holds a filler)."""
+    start = 0
+    while True:
+        try:
+            i = values.index(key, start)
+        except ValueError:
+            return None
+        if valid is None or valid[i]:
+            return int(i)
+        start = i + 1
 
 
 def _bitmap(pa: Any, n: int, flags: memoryview) -> Any:
@@ -453,6 +522,23 @@ class MapColumns:
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self._map().get(key, default)
+
+    def find(self, key: Any) -> tuple[bool, Any]:
+        """``(key in self, self[key] or None)``, searched in the columns when no dict
+        was made yet (a point query of one key: no dict of a processor's whole map);
+        a dict answers where the columns cannot (:meth:`Column.index_of`), and where a
+        key may repeat."""
+        if self._dict is None and self.unique:
+            try:
+                for k, v in self.batches:
+                    i = k.index_of(key)
+                    if i is not None:
+                        return True, v.value_at(i)
+                return False, None
+            except LookupError:
+                pass
+        m = self._map()
+        return (True, m[key]) if key in m else (False, None)
 
     def _column_list(self, which: int) -> list[Any]:
         out: list[Any] = []

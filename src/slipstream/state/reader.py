@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from slipstream.core.errors import SnapshotError
+from slipstream.state.columnar import MapColumns
 from slipstream.state.keyed import FULL, PLAIN, StateMap, StateMapSave
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
 
@@ -266,8 +267,14 @@ def _narrow(entries: Iterable[tuple[Any, Any]], key: Any) -> list[tuple[Any, Any
     out: list[tuple[Any, Any]] = []
     for k, v in entries:
         if type(k) is StateMap and v.mode == FULL:
-            if key in v.upserts:
-                out.append((k, StateMapSave(FULL, {key: v.upserts[key]}, (), 0)))
+            m = v.upserts
+            if type(m) is MapColumns:  # searched in its columns: no dict of the map
+                found, value = m.find(key)
+            else:
+                found = key in m
+                value = m[key] if found else None
+            if found:
+                out.append((k, StateMapSave(FULL, {key: value}, (), 0)))
         else:
             out.append((k, v))
     return out
