@@ -62,7 +62,6 @@ from slipstream.execution.tasklet import ProcessorTasklet
 if TYPE_CHECKING:
     from slipstream.engine.local import LocalEngine
     from slipstream.engine.snapshot import SnapshotCoordinator
-    from slipstream.state.reader import StateRow
     from slipstream.state.store import ChunkRef, DirectorySnapshotStore, SnapshotData
 
 # The snapshot modules (the store, its signing, the coordinator) are imported where a job
@@ -71,8 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slipstream.job")
 _ids = itertools.count(1)
-#: ``Job.state(vertex)`` without a key: every key
-_ANY_KEY: Any = object()
 
 STORE_DRAIN_TIMEOUT_S = 60.0
 """How long the end of an execution waits for the snapshot being written to commit."""
@@ -596,18 +593,6 @@ class Job(JobHandle):
         (``"vertex#index"``): a sink's outage (``context.warning``). A stalled snapshot
         is ``watch()["error"]`` (see ``snapshot_error``)."""
         return warning_figures(ex.tasklets)
-
-    def state(self, vertex: str, key: Any = _ANY_KEY) -> list[StateRow]:
-        """A point query: the rows of ``key`` (every key if not given) in ``vertex``'s
-        state as of the last snapshot committed to the job's store, read from the store
-        (signatures checked) while the job runs on; see
-        :func:`slipstream.state.read` for what the rows hold. A ``SnapshotError`` if the
-        job takes no snapshots or has committed none yet."""
-        from slipstream.state.reader import point_query
-
-        if key is _ANY_KEY:
-            return point_query(self, vertex)[1]
-        return point_query(self, vertex, key)[1]
 
     def export_snapshot(self) -> SnapshotData | None:
         """The last committed snapshot (pass it as ``restore_from`` to a new job)."""
