@@ -1,15 +1,18 @@
 """Memory of a process that runs many jobs one after the other (engine/ended.py).
 
     python bench/ended_state.py [--jobs 20] [--keys 500k] [--engine shared|per-job]
-                                [--runs 1]
+                                [--source items|generator] [--runs 1] [--src DIR]
 
 Runs ``--jobs`` batch jobs in one process, each with a keyed state of ``--keys`` keys
 (``group_by(identity).map_stateful``: a small list per key), with the garbage collector's
 automatic collection left on and no ``gc.collect()`` call, and prints the process's peak
 RSS (ru_maxrss) and its RSS after the last job. ``--engine shared`` submits every job to
 one ``ss.local()`` (a long-lived service), ``per-job`` makes and drops an engine for each
-job (a test suite). Each ``--runs`` run is a fresh process (its peak is its own); pass
-``--src DIR`` to run another checkout's slipstream (an A/B of two commits).
+job (a test suite). ``--source items`` reads ``sources.items(range(KEYS))`` (the input,
+a list, is part of the job's DAG and of the caller's pipeline), ``generator`` makes the
+same items (``sources.generator``: no input held). Each ``--runs`` run is a fresh
+process (its peak is its own); pass ``--src DIR`` to run another checkout's slipstream
+(an A/B of two commits).
 """
 
 from __future__ import annotations
@@ -40,10 +43,19 @@ def _rss_kb() -> int:
     return 0
 
 
-def run_jobs(jobs: int, keys: int, engine_mode: str) -> dict[str, Any]:
+def _identity(seq: int) -> int:
+    return seq
+
+
+def run_jobs(jobs: int, keys: int, engine_mode: str, source_kind: str) -> dict[str, Any]:
     """In this process: the jobs, then the figures."""
     import slipstream as ss
     from slipstream import sinks, sources
+
+    def source() -> Any:
+        if source_kind == "generator":  # holds no input
+            return sources.generator(_identity, None, max_items=keys)
+        return sources.items(range(keys))  # the input, a list, in the job's DAG
 
     def create() -> list[int]:
         return [0]
@@ -54,7 +66,7 @@ def run_jobs(jobs: int, keys: int, engine_mode: str) -> dict[str, Any]:
     def pipeline() -> ss.Pipeline:
         p = ss.Pipeline()
         (
-            p.read_from(sources.items(range(keys)))
+            p.read_from(source())
             .group_by(lambda x: x)
             .map_stateful(create, add)
             .write_to(sinks.noop())
@@ -71,6 +83,7 @@ def run_jobs(jobs: int, keys: int, engine_mode: str) -> dict[str, Any]:
         "jobs": jobs,
         "keys": keys,
         "engine": engine_mode,
+        "source": source_kind,
         "seconds": round(time.perf_counter() - start, 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "end_rss_mb": _rss_kb() // 1024,
@@ -82,20 +95,21 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20)
     ap.add_argument("--keys", default="500k")
     ap.add_argument("--engine", choices=("shared", "per-job"), default="shared")
+    ap.add_argument("--source", choices=("items", "generator"), default="items")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--src", default=None, help="the src directory of the slipstream to run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     keys = _count(args.keys)
     if args.child:
-        print(json.dumps(run_jobs(args.jobs, keys, args.engine)))
+        print(json.dumps(run_jobs(args.jobs, keys, args.engine, args.source)))
         return
     env = dict(os.environ)
     if args.src:
         env["PYTHONPATH"] = os.path.abspath(args.src)
     for _ in range(args.runs):
         cmd = [sys.executable, __file__, "--child", "--jobs", str(args.jobs)]
-        cmd += ["--keys", str(keys), "--engine", args.engine]
+        cmd += ["--keys", str(keys), "--engine", args.engine, "--source", args.source]
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         row = json.loads(out.stdout.strip().splitlines()[-1])
         row["src"] = args.src or "(this checkout)"

@@ -64,9 +64,11 @@ def test_the_state_of_an_ended_job_is_freed_by_reference_counting(
     no_gc: None, tmp_path: Any, guarantee: ss.ProcessingGuarantee | None, fail_on: int | None
 ) -> None:
     """With the collector off, a job's keyed state is gone once it ended and its worker
-    threads exited, the engine and the job handle still held: on main the state stayed in
-    reference cycles (the processors, their contexts, the pool's callbacks, and for a
-    failed job the error's traceback with the worker's frames) until gc.collect()."""
+    threads exited, the engine and the job handle still held, and the engine and the job
+    once dropped: on main the engine kept the state (engine.jobs), and once dropped it
+    stayed in reference cycles (the engine and its jobs, the processors and their
+    contexts, the pool's and the coordinator's callbacks, and for a failed job the
+    error's traceback with the worker's frames) until gc.collect()."""
     markers: list[weakref.ref[Marker]] = []
     engine = ss.local(work_dir=str(tmp_path))
     config = ss.JobConfig(name="ended", auto_restart=False)
@@ -98,5 +100,8 @@ def test_the_state_of_an_ended_job_is_freed_by_reference_counting(
         # the user's frame still shows in the traceback (its locals are gone)
         text = "".join(traceback.format_exception(error.__cause__))
         assert "in add" in text and "ValueError: bad item 990" in text
+    # and once the caller drops the engine and the job, they go too (with the lists
+    # the sinks filled), by reference counting
+    gone = weakref.ref(engine), weakref.ref(job), weakref.ref(engine.services)
     del engine, job, error, pool
-    assert all(m() is None for m in markers)
+    assert [r() for r in gone] == [None, None, None]

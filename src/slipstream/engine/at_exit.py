@@ -113,8 +113,8 @@ def _settle(job: Job) -> None:
 
 
 def _cancel(job: Job) -> None:
-    job.cancel()
     timeout = job.engine.stop_grace_ms / 1000.0 + _STOP_SLACK_S
+    job.cancel()
     try:
         job.join(timeout)
     except (JobCancelledError, JobFailedError):

@@ -12,7 +12,11 @@ suite's process grew to 1.7 GB).
 
 So an execution that ended (the job completed, failed, was cancelled or suspended, or
 a restart replaces it) freezes the figures those readers take (:class:`EndedFigures`)
-and drops its processors: their state goes by reference counting at the job's end.
+and drops its processors: their state goes by reference counting at the job's end. It
+breaks the cycles it was in (the contexts' ``item_errors``, the callbacks of the pool and
+the snapshot coordinator, a weak reference back to the job), and an ended job refers to
+its engine weakly: an engine and its jobs that the caller dropped go by reference
+counting too, with the lists and maps the sinks filled.
 """
 
 from __future__ import annotations
@@ -129,6 +133,21 @@ def freeze(tasklets: Sequence[Any]) -> EndedFigures:
         warning_figures(tasklets),
         uncommitted_files(tasklets),
     )
+
+
+def detach_contexts(tasklets: Sequence[Any], keep: Sequence[Any]) -> None:
+    """Break the one cycle a processor's context is in (its ``item_errors`` refers back
+    to it): an ended execution's contexts then go by reference counting, with the
+    engine's services they refer to. ``keep``: tasklets still in a call on a thread the
+    pool gave up on (their processor may still use its context)."""
+    kept = {id(t) for t in keep}
+    for t in tasklets:
+        if id(t) in kept:
+            continue
+        try:
+            del t.context.item_errors
+        except AttributeError:
+            pass
 
 
 class EndedTasklet:

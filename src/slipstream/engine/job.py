@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.config import JobConfig, JobStatus, ProcessingGuarantee
@@ -41,6 +42,7 @@ from slipstream.core.traits import all_sources_bounded
 from slipstream.engine import gc_tuning
 from slipstream.engine.ended import (
     EndedFigures,
+    detach_contexts,
     freeze,
     progress_figures,
     vertex_figures,
@@ -334,6 +336,7 @@ class _Execution:
         if self.ended is not None:
             return
         self.ended = freeze(self.tasklets)
+        detach_contexts(self.tasklets, self.pool.abandoned if self.pool is not None else [])
         self.tasklets = []
         for vp in self.plans.values():
             vp.processors = []
@@ -344,6 +347,8 @@ class _Execution:
             self.pool.release()
         if self.failure is not None:
             self.failure.release()
+        # the job refers to its execution (job.metrics reads it): not back
+        self.job = weakref.proxy(self.job)
 
 
 class Job(JobHandle):
@@ -358,7 +363,9 @@ class Job(JobHandle):
         restore_from: Any = None,
     ) -> None:
         self.id = next(_ids)
-        self.engine = engine
+        # held until the job ends, then only weakly (see ``engine``)
+        self._engine: LocalEngine | None = engine
+        self._engine_ref = weakref.ref(engine)
         self.dag = dag
         self.config = config
         self.name = config.name or f"job-{self.id}"
@@ -403,6 +410,18 @@ class Job(JobHandle):
         self.resumed_from_snapshot = 0
         if self._restore_from is not None:
             self._report_resume(restore_from)
+
+    @property
+    def engine(self) -> LocalEngine:
+        """The engine that runs the job. Once the job ended it refers to its engine only
+        weakly (the engine lists the job in ``engine.jobs``): an engine the caller
+        dropped goes by reference counting, with the lists and maps its sinks filled,
+        instead of staying in a reference cycle with its jobs until a full collection
+        (engine/ended.py)."""
+        engine = self._engine if self._engine is not None else self._engine_ref()
+        if engine is None:
+            raise RuntimeError(f"job {self.name!r} has ended and its engine is gone")
+        return engine
 
     # -- public API --------------------------------------------------------------------
     def cancel(self) -> None:
@@ -848,6 +867,7 @@ class Job(JobHandle):
         self.late_items.finish()
         self.item_errors.finish()
         self._status = status
+        self._engine = None  # weakly from now on (see ``engine``)
         self._terminal.set()
         self._suspended.set()
 

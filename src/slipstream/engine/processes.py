@@ -51,6 +51,7 @@ import os
 import pickle
 import signal
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.dag import effective_parallelism
@@ -659,11 +660,15 @@ class ProcessExecution:
     def release(self) -> None:
         """The execution ended for good (engine/ended.py): drop the job's setup it sent
         the members and the copies of named lists and maps it answered them from."""
+        if isinstance(self.job, weakref.ProxyType):  # released already
+            return
         self._payload = b""
         with self._named_lock:
             self._named = {}
         if self.failure is not None:
             self.failure.release()
+        # the job refers to its execution (job.metrics reads it): not back
+        self.job = weakref.proxy(self.job)
 
     def _ended(self) -> None:
         self._gc_untune()

@@ -224,6 +224,9 @@ class SnapshotCoordinator:
             self._completion_state = {}
             self._forked = {}
             self.final_snapshot = None
+            # methods of the execution and the job: no cycle through them
+            self._on_commit = self._on_error = self._on_state_error = None
+            self._on_fatal = self._on_stall = None
 
     def start_timer(self) -> None:
         self._timer = threading.Thread(
