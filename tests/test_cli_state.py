@@ -4,6 +4,7 @@ a table, CSV, JSON lines or Parquet, one vertex, one key, an older snapshot, SQL
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -50,6 +51,20 @@ def state(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def state_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """:func:`state` in this process (``slipstream.cli.main``; no interpreter started):
+    for the error paths, which print before anything is read."""
+    from slipstream.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["state", *args])
+        except SystemExit as e:  # argparse's own errors
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["state", *args], code, out.getvalue(), err.getvalue())
+
+
 def newest(store: str) -> int:
     return DirectorySnapshotStore(store).committed_ids()[-1]
 
@@ -85,7 +100,7 @@ def test_one_key_of_one_vertex_as_csv(store: str) -> None:
     )
     # the key matched by its repr as well
     assert (
-        state(store, "--vertex", "rolling_aggregate", "--key", "'b'", "--format", "csv").stdout
+        state_here(store, "--vertex", "rolling_aggregate", "--key", "'b'", "--format", "csv").stdout
         == r.stdout
     )
     assert list(csv.reader(io.StringIO(r.stdout)))[1][3] == "'b'"
@@ -112,30 +127,30 @@ def test_table_of_an_older_snapshot(store: str) -> None:
 
 
 def test_errors_and_exit_status(store: str, tmp_path: Path) -> None:
-    r = state(str(tmp_path / "none"))
+    r = state_here(str(tmp_path / "none"))
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == f"error: no snapshot store at {tmp_path / 'none'}: no such directory\n"
-    r = state(store, "--vertex", "nope")
+    r = state_here(store, "--vertex", "nope")
     assert r.returncode == 2
     assert r.stderr == (
         f"error: snapshot {newest(store)} in {store} has no vertex 'nope'; its vertices: "
         "'rolling_aggregate', 'sink', 'source'\n"
     )
     ids = DirectorySnapshotStore(store).committed_ids()
-    r = state(store, "--snapshot", "99999")
+    r = state_here(store, "--snapshot", "99999")
     assert r.returncode == 1
     assert r.stderr == (
         f"error: snapshot 99999 is not retained in snapshot store {store}; retained: "
         + ", ".join(map(str, ids))
         + "\n"
     )
-    r = state(store, "--vertex", "rolling_aggregate", "--key", "zzz")
+    r = state_here(store, "--vertex", "rolling_aggregate", "--key", "zzz")
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (
         f"error: no entry with key 'zzz' in snapshot {newest(store)} of {store}, vertex "
         "'rolling_aggregate'\n"
     )
-    r = state(store, "--format", "xml")
+    r = state_here(store, "--format", "xml")
     assert r.returncode == 2 and "invalid choice: 'xml'" in r.stderr
 
 
@@ -152,7 +167,7 @@ def test_parquet_output_reads_back_as_the_rows(store: str, tmp_path: Path) -> No
     assert got.to_pylist() == ss.state.to_arrow(rows).to_pylist()
     # one vertex: its keys and counts typed (str, int64), as DuckDB or pandas read them
     path = tmp_path / "counts.parquet"
-    r = state(store, "--vertex", "rolling_aggregate", "--format", "parquet", "-o", str(path))
+    r = state_here(store, "--vertex", "rolling_aggregate", "--format", "parquet", "-o", str(path))
     assert r.returncode == 0, r.stderr
     got = pq.read_table(path)
     assert (str(got.schema.field("key").type), str(got.schema.field("value").type)) == (
@@ -181,7 +196,7 @@ def test_parquet_output_reads_back_as_the_rows(store: str, tmp_path: Path) -> No
         text=True,
         timeout=120,
     )
-    assert piped.stdout == state(store, "--format", "csv").stdout
+    assert piped.stdout == state_here(store, "--format", "csv").stdout
 
 
 def test_parquet_to_a_terminal_is_refused(store: str) -> None:
@@ -239,7 +254,7 @@ def test_sql_answers_an_aggregate_exactly(store: str) -> None:
         {"vertex": v, "kind": k, "n": n} for (v, k), n in sorted(counts.items())
     ]
     # the table format, one key
-    r = state(store, "--key", "b", "--sql", "select key, value from state")
+    r = state_here(store, "--key", "b", "--sql", "select key, value from state")
     (b,) = ss.state.read(store, "rolling_aggregate", key="b")
     assert r.stdout.splitlines() == ["key  value", f"b    {b.value}"]
 
@@ -247,7 +262,7 @@ def test_sql_answers_an_aggregate_exactly(store: str) -> None:
 def test_bad_sql_is_duckdb_s_message_on_one_line(store: str) -> None:
     duckdb = pytest.importorskip("duckdb")
     for query in ("selec 1", "select nope from state"):
-        r = state(store, "--sql", query)
+        r = state_here(store, "--sql", query)
         assert (r.returncode, r.stdout) == (2, "")
         con = duckdb.connect()
         con.execute("create table state (vertex varchar, processor bigint, key varchar)")
