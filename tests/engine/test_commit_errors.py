@@ -48,9 +48,26 @@ class RaisingStagingSink(ss.AbstractProcessor):
         return True
 
 
+class LastItemAfterSnapshots(stp.PacedSource):
+    """A PacedSource that emits its last item only once it took part in
+    ``min_snapshots`` snapshots, and completes with it: the sink then has a batch to
+    commit at completion (a PacedSource emits everything and then waits for its
+    snapshots, whose commits may publish every batch first, leaving none at the end)."""
+
+    def complete(self) -> bool:
+        if self.saved >= self.min_snapshots or not self.mine:
+            return super().complete()
+        mine, self.mine = self.mine, self.mine[:-1]
+        try:
+            super().complete()
+        finally:
+            self.mine = mine
+        return False
+
+
 def _dag(sink: Any, n: int = 200, min_snapshots: int = 1) -> DAG:
     dag = DAG()
-    src = dag.new_vertex("src", functools.partial(stp.PacedSource, n, 4000.0, 8, min_snapshots))
+    src = dag.new_vertex("src", functools.partial(LastItemAfterSnapshots, n, 4000.0, 8, min_snapshots))
     out = dag.new_vertex("sink", sink).local_parallelism(1)
     dag.edge(Edge.between(src.local_parallelism(1), out))
     return dag
