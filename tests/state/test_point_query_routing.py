@@ -109,3 +109,47 @@ def test_a_point_query_reads_only_the_owners_chain(
         with pytest.raises(JobCancelledError):
             job.join(60)
         engine.shutdown()
+
+
+class Idle(ss.AbstractProcessor):
+    """A processor that is only planned, never run."""
+
+
+def test_the_owner_is_known_only_where_every_key_is_on_its_routed_processor() -> None:
+    """Where a point query may read one chain (``_key_owner``): a vertex only
+    partitioned edges feed, in a snapshot of this job whose chains (flags of member
+    processes, if any) hold only their own keys; anything else reads every chain."""
+    from types import SimpleNamespace
+
+    from slipstream.execution.plan import build_vertex_plans
+    from slipstream.state.reader import _key_owner
+
+    def owner_in(dag: DAG, members: int = 1, extra: Any = None, execution: str = "e") -> Any:
+        plans = build_vertex_plans(dag, JobConfig(), members, 3, None, "x")
+        total = plans["counts"].total_parallelism
+        job = SimpleNamespace(dag=dag, _execution=SimpleNamespace(plans=plans), execution_id="e")
+        store = SimpleNamespace(read_header=lambda sid: {"execution": execution})
+        vm = SimpleNamespace(total_parallelism=total, chains={i: [] for i in range(total)})
+        manifest = SimpleNamespace(vertices={"counts": vm}, extra=extra or {})
+        return _key_owner(job, store, "counts", "ccc", 1, manifest)
+
+    def keyed(*more: str) -> DAG:
+        dag = DAG()
+        src = dag.new_vertex("events", Idle).local_parallelism(1)
+        counts = dag.new_vertex("counts", Idle).local_parallelism(3)
+        dag.edge(Edge.between(src, counts).partitioned(ident, by_length).distributed())
+        if "broadcast" in more:
+            side = dag.new_vertex("side", Idle).local_parallelism(1)
+            dag.edge(Edge.from_(side).to(counts, 1).broadcast().distributed())
+        return dag
+
+    assert owner_in(keyed()) == {key_routing(by_length, 1, 3).owner("ccc")}
+    assert owner_in(keyed("broadcast")) is None  # a join's build side: on every processor
+    assert owner_in(keyed(), execution="another job") is None
+    assert owner_in(keyed(), members=2) is None  # member processes without flags
+    flags = {"counts": {"shape": [2, 3], "chains": {str(i): [False, False] for i in range(6)}}}
+    assert owner_in(keyed(), 2, {"member_chains": flags}) == {
+        key_routing(by_length, 2, 3).owner("ccc")
+    }
+    flags["counts"]["chains"]["4"] = [True, False]  # a chain holds another's keys
+    assert owner_in(keyed(), 2, {"member_chains": flags}) is None

@@ -418,7 +418,7 @@ def _key_owner(
     """The processor of ``vertex`` whose chain in snapshot ``sid`` of ``job``'s store
     holds ``key``'s state, as a set; ``None`` when that cannot be known (then every
     chain is read). Known when the snapshot was written by this job (its shape is the
-    job's), a partitioned edge feeds the vertex, and no chain may hold another
+    job's), only partitioned edges feed the vertex, and no chain may hold another
     processor's keys (member processes record it with each chain; one member
     without processes routes every key it holds): the key is then where a live item
     with that key goes (:func:`~slipstream.core.partition.key_routing` with the
@@ -435,9 +435,9 @@ def _key_owner(
     if vm.total_parallelism != plan.total_parallelism:
         return None
     try:
-        v = dag.vertex(vertex)
-        if not any(e.routing is RoutingPolicy.PARTITIONED for e in dag.inbound_edges(v)):
-            return None
+        edges = dag.inbound_edges(dag.vertex(vertex))
+        if not edges or any(e.routing is not RoutingPolicy.PARTITIONED for e in edges):
+            return None  # an item of another edge (a join's broadcast side) goes anywhere
         if store.read_header(sid).get("execution") != getattr(job, "execution_id", None):
             return None  # written by another job (restored from): its shape is not known
         flags = manifest.extra.get(_CHAIN_FLAGS)
