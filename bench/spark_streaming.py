@@ -158,6 +158,18 @@ def _dir_bytes(path: str) -> int:
     return total
 
 
+def epoch_durations(query: Any) -> dict[str, float]:
+    """Spark's ``durationMs`` phases of the micro-batches that had input, mean (s):
+    ``addBatch`` is the epoch's own work (native: its plan; slipstream: the
+    ``foreachBatch`` call), the rest is the query's (offsets, WAL, commit log)."""
+    out: dict[str, list[float]] = {}
+    for p in query.recentProgress:
+        if p.get("numInputRows", 0) > 0:
+            for k, v in p["durationMs"].items():
+                out.setdefault(k, []).append(v / 1000.0)
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
 def epoch_seconds(query: Any) -> list[float]:
     """``triggerExecution`` of each micro-batch that had input (s)."""
     out = []
@@ -280,6 +292,7 @@ def run_native(session: Any, row: str, directory: str, work: str) -> dict[str, A
     times = epoch_seconds(query)
     result = {
         "times": times,
+        "durations": epoch_durations(query),
         "rss": rss.peak,
         "bytes": _dir_bytes(os.path.join(checkpoint, "state")) / max(1, len(times)),
     }
@@ -337,6 +350,7 @@ def run_slipstream(
     times = epoch_seconds(job.query)
     result: dict[str, Any] = {
         "times": times,
+        "durations": epoch_durations(job.query),
         "rss": rss.peak,
         "bytes": sum(written) / max(1, len(written)),
         "breakdown": list(getattr(job, "epoch_breakdown", []) or []),
@@ -452,6 +466,12 @@ def main() -> None:
     ap.add_argument("--rocksdb", action="store_true", help="native state in RocksDB")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument(
+        "--event-log",
+        metavar="DIR",
+        help="write Spark's event log there (bench/spark_event_log.py reads it: each "
+        "epoch's jobs, stages and tasks, native and slipstream)",
+    )
+    ap.add_argument(
         "--ab",
         type=int,
         default=0,
@@ -488,6 +508,12 @@ def main() -> None:
         conf["spark.sql.streaming.stateStore.providerClass"] = (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         )
+    if args.event_log:
+        os.makedirs(args.event_log, exist_ok=True)
+        conf["spark.eventLog.enabled"] = "true"
+        conf["spark.eventLog.dir"] = os.path.abspath(args.event_log)
+        conf["spark.eventLog.compress"] = "false"  # JSON lines spark_event_log.py reads
+        conf["spark.eventLog.rolling.enabled"] = "false"
     session = create_session(args.master, "spark-streaming-bench", conf)
     session.sparkContext.range(4, numSlices=2).count()  # start the Python workers
     # one untimed round of both variants over 2 small files: the JVM's first queries
@@ -529,6 +555,13 @@ def main() -> None:
                 f"slipstream {slip['windows']}"
             )
         if args.breakdown:
+            phases = list(dict.fromkeys([*native["durations"], *slip["durations"]]))
+            print("  Spark's durationMs per epoch, mean (s): phase native slipstream")
+            for k in phases:
+                print(
+                    f"    {k:<20} {native['durations'].get(k, 0.0):8.3f} "
+                    f"{slip['durations'].get(k, 0.0):8.3f}"
+                )
             print_breakdown(row, slip["breakdown"])
         sys.stdout.flush()
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")

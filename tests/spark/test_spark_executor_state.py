@@ -7,6 +7,7 @@ SparkSession runs the restart test at the end."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import random
@@ -25,6 +26,10 @@ from slipstream.state.store import DirectorySnapshotStore
 from .chunk_support import damage_chunk, error_text
 from .query_support import feed_and_cancel
 from .spark_fake_rdd import FakeSession
+
+#: the module, not ``slipstream.spark.streaming`` by attribute (``slipstream.spark`` is
+#: also the factory's name on the package, see slipstream/spark/__init__.py)
+streaming_module = importlib.import_module("slipstream.spark.streaming")
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -96,22 +101,22 @@ def _store(checkpoint: Path) -> DirectorySnapshotStore:
     return DirectorySnapshotStore(checkpoint / "slipstream-state")
 
 
-def _spy_broadcasts(engine: Any) -> list[Any]:
-    """Every value the driver broadcasts to the tasks (the epochs' state)."""
-    sc = engine.spark_context
+def _spy_broadcasts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every state the driver ships to the epochs' tasks (in their closures when small,
+    else as a broadcast: slipstream.spark.streaming.ship_state)."""
     seen: list[Any] = []
-    original = sc.broadcast
+    original = streaming_module.ship_state
 
-    def broadcast(value: Any) -> Any:
-        seen.append(value)
-        return original(value)
+    def ship_state(sc: Any, state: Any) -> Any:
+        seen.append(state)
+        return original(sc, state)
 
-    sc.broadcast = broadcast
+    monkeypatch.setattr(streaming_module, "ship_state", ship_state)
     return seen
 
 
 def test_rolling_count_restarts_from_the_executors_chunks_as_the_embedded_engine(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = epochs(1, 6)
     first = ss.spark(FakeSession())
@@ -120,7 +125,7 @@ def test_rolling_count_restarts_from_the_executors_chunks_as_the_embedded_engine
         _run(first, job1, data[epoch_id], epoch_id)
     # a new driver from the same checkpoint: its tasks read their own chains
     second = ss.spark(FakeSession())
-    shipped = _spy_broadcasts(second)
+    shipped = _spy_broadcasts(monkeypatch)
     job2 = _job(second, tmp_path)
     for epoch_id in range(3, 6):
         _run(second, job2, data[epoch_id], epoch_id)
@@ -230,14 +235,16 @@ def test_a_replayed_epoch_stays_idempotent_and_leaves_no_stray_chunks(tmp_path: 
     assert chunks == named and not (stray & chunks)
 
 
-def test_another_parallelism_is_rerouted_through_spark(tmp_path: Path) -> None:
+def test_another_parallelism_is_rerouted_through_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = epochs(5, 4)
     first = ss.spark(FakeSession())
     job1 = _job(first, tmp_path)
     for epoch_id in range(2):
         _run(first, job1, data[epoch_id], epoch_id)
     second = ss.spark(FakeSession(default_parallelism=3))
-    shipped = _spy_broadcasts(second)
+    shipped = _spy_broadcasts(monkeypatch)
     job2 = _job(second, tmp_path)
     for epoch_id in range(2, 4):
         _run(second, job2, data[epoch_id], epoch_id)

@@ -476,9 +476,13 @@ def compile_dag(
         compiled.tasks.append(task)
         compiled.meta_suppliers.append((v.name, v.meta_supplier))
         rdd = input_rdd.mapPartitionsWithIndex(task)
-        rdd.setName(f"slipstream vertex {v.name!r}")
         df_sink = task.dataframe_sink
         if len(consumers[v.name]) > 1 or df_sink is not None:
+            # named only here, where persist() makes its JVM RDD anyway: naming a
+            # PySpark RDD makes its JVM RDD (pickling its whole pipelined function),
+            # and a vertex pipelined into the next vertex's task would make one that
+            # never runs (docs/performance.md, "The driver's share of an epoch")
+            rdd.setName(f"slipstream vertex {v.name!r}")
             rdd = rdd.persist(level)
             compiled.persisted.append(rdd)
         c.rdds[v.name] = rdd
