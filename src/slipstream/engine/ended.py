@@ -90,7 +90,8 @@ def progress_figures(tasklets: Sequence[Any]) -> dict[str, tuple[int, int]]:
 
 def warning_figures(tasklets: Sequence[Any]) -> dict[str, str]:
     """What keeps a processor from making progress right now, per processor
-    (``"vertex#index"``): a sink's outage (``context.warning``)."""
+    (``"vertex#index"``): a sink's outage (``context.warning``). A stalled snapshot is
+    ``watch()["error"]`` (see ``Job.snapshot_error``)."""
     return {
         f"{t.vertex_name}#{t.index}": t.context.warning
         for t in tasklets

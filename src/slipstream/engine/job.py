@@ -532,12 +532,14 @@ class Job(JobHandle):
         ``member_cpu_ms_max`` (the busiest member's CPU time), ``member_cpu_ms_total`` and
         ``member_peak_rss_kb_total`` (the members' peak resident sets, summed)."""
         ex = self._execution
+        # the tasklets before the end's figures: release() sets those before it drops these
+        tasklets = ex.tasklets if ex else []
         ended = getattr(ex, "ended", None)
         if ended is not None:  # the figures taken at the execution's end
             out = {v: dict(m) for v, m in ended.vertices.items()}
             retries, since = ended.commit_retries, ended.unavailable_since
         else:
-            out, retries, since = vertex_figures(ex.tasklets if ex else [])
+            out, retries, since = vertex_figures(tasklets)
         for member in list(getattr(ex, "member_metrics", {}).values()):  # processes > 1
             for vertex, figures in member.items():
                 m = out.setdefault(vertex, {"items_in": 0, "items_out": 0})
@@ -578,11 +580,13 @@ class Job(JobHandle):
         if ex is None:
             return out
         out["parallelism"] = {n: vp.total_parallelism for n, vp in ex.plans.items()}
+        # the tasklets before the end's figures: release() sets those before it drops these
+        tasklets = ex.tasklets
         ended = getattr(ex, "ended", None)
         if ended is not None:  # the figures taken at the execution's end
             out["watermarks"], out["queue_fill"] = dict(ended.watermarks), dict(ended.queue_fill)
         else:
-            out["watermarks"], out["queue_fill"] = watermarks_and_fill(ex.tasklets)
+            out["watermarks"], out["queue_fill"] = watermarks_and_fill(tasklets)
         if hasattr(ex, "member_watch"):  # processes > 1: the members' figures
             out["watermarks"], out["queue_fill"] = merge_members_watch(ex.member_watch)
         failure = self._failure
@@ -594,10 +598,10 @@ class Job(JobHandle):
             out["error"] = f"{where}{type(failure.error).__name__}: {failure.error}"
         elif self.snapshot_error is not None:
             out["error"] = self.snapshot_error
-        warnings = dict(ended.warnings) if ended is not None else self._warnings(ex)
+        warnings = dict(ended.warnings) if ended is not None else warning_figures(tasklets)
         if warnings:
             out["warnings"] = warnings
-        progress = dict(ended.progress) if ended is not None else progress_figures(ex.tasklets)
+        progress = dict(ended.progress) if ended is not None else progress_figures(tasklets)
         if progress:
             out["progress"] = progress
         if hasattr(ex, "member_usage"):  # processes > 1: per member, engine/member_stats.py
@@ -605,13 +609,6 @@ class Job(JobHandle):
 
             out["members"] = member_rows(ex)
         return out
-
-    @staticmethod
-    def _warnings(ex: _Execution) -> dict[str, str]:
-        """What keeps a processor from making progress right now, per processor
-        (``"vertex#index"``): a sink's outage (``context.warning``). A stalled snapshot
-        is ``watch()["error"]`` (see ``snapshot_error``)."""
-        return warning_figures(ex.tasklets)
 
     def export_snapshot(self) -> SnapshotData | None:
         """The last committed snapshot (pass it as ``restore_from`` to a new job)."""
