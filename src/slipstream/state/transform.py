@@ -146,10 +146,11 @@ def transform(
     the vertex's own partitioner when ``dag`` (the job's DAG or Pipeline) is given,
     else by the default one (a restore routes every keyed entry by the job's
     partitioner all the same; once a key moved, the flags member processes record with
-    the chains of ``vertex`` are dropped, so that a restore reads them all). Committed into ``store`` under the next id (the store must not be
-    in use by a running job) or into ``to_store`` (empty, or holding snapshots of the
-    same DAG: another DAG's store is refused with a :class:`SnapshotError` naming the
-    vertices that differ); returns the new id.
+    the chains of ``vertex`` are dropped, so that a restore reads them all). Committed
+    into ``store`` under the next id (the store must not be in use by a running job) or
+    into ``to_store`` (empty, or holding snapshots of the same DAG: another DAG's store
+    is refused with a :class:`SnapshotError` naming the vertices that differ); returns
+    the new id.
 
     ``fn`` runs over every entry before anything is written: a result that does not fit
     (a row of another vertex or kind, a non-tuple, an unhashable key, two entries with
