@@ -20,6 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis.strategies import booleans as st_booleans
+from hypothesis.strategies import integers as st_integers
+from hypothesis.strategies import just as st_just
+from hypothesis.strategies import lists as st_lists
+from hypothesis.strategies import one_of as st_one_of
+from hypothesis.strategies import tuples as st_tuples
 
 from slipstream import processors as P
 from slipstream.aggregate import AggregateOperation, counting, summing, to_list
@@ -134,12 +141,13 @@ def maps(entries: Entries) -> dict[StateMap, StateMapSave]:
     return {k: v for k, v in entries if type(k) is StateMap}
 
 
-def merged(chain: list[tuple[int, Entries]]) -> Entries:
+def merged(chain: list[tuple[int, Entries]], strict: bool = True) -> Entries:
     """A processor's chain of saves ``(sid, entries)`` merged as the store does: a save
     with a DELTA or DROP map is a delta (its maps apply to the previous state, maps it
     does not name stay, its other entries replace the previous ones), any other save
-    replaces everything. Strict: a delta's base must be the previous save, a removed key
-    or a dropped map must exist."""
+    replaces everything. A delta's base must be the previous save, and with ``strict`` a
+    removed key or a dropped map must exist (a key inserted and removed between two
+    saves is marked, and saved as removed)."""
     state: dict[StateMap, dict[Any, Any]] = {}
     others: Entries = []
     prev = 0
@@ -158,7 +166,8 @@ def merged(chain: list[tuple[int, Entries]]) -> Entries:
                 m = state[k]
                 m.update(s.upserts)
                 for r in s.removed:
-                    del m[r]
+                    if strict or r in m:
+                        del m[r]
         others = [(k, v) for k, v in entries if type(k) is not StateMap]
         prev = sid
     return [(k, StateMapSave(FULL, m)) for k, m in state.items()] + others
@@ -669,11 +678,11 @@ def test_a_rolling_count_writes_few_changes_into_a_layer_that_is_the_next_delta(
     assert d.save(1, 0)[0][1].mode == FULL
     st = d.p.states
     assert st.layered and st.layer == {}
-    d.feed([(3, 1), (7, 1), (3, 1), (200, 1)])  # 200: a new key
-    assert st.layer == {3: 3, 7: 2, 200: 1} and not st.dirty
-    assert dict.get(st, 3) == 1 and 200 not in st  # the map is not written until the save
+    d.feed([(3, 1), (7, 1), (3, 1), (200, 1)])  # 200: a new key, the map's tail
+    assert st.layer == {3: 3, 7: 2} and not st.dirty
+    assert dict.get(st, 3) == 1 and dict.get(st, 200) == 1  # 3 is written at the save
     assert d.output[-4:] == [(3, 2), (7, 2), (3, 3), (200, 1)]
-    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {3: 3, 7: 2, 200: 1}, (), 1)
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {200: 1, 3: 3, 7: 2}, (), 1)
     assert st.layer == {} and st[3] == 3 and st[200] == 1 and len(st) == 101
     d.feed([(3, 1)])
     assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {3: 4}, (), 2)
@@ -706,8 +715,8 @@ def test_a_large_layer_goes_into_the_map_in_steps_and_reads_see_it_meanwhile(
     assert st.frozen == {k: 11 for k in range(10)} and dict.get(st, 0) == 1
     assert not merge.step(1 << 30)  # one slice: keys 0 and 1
     assert dict.get(st, 1) == 11 and dict.get(st, 2) == 1
-    d.feed([(5, 100), (0, 100), (60, 7)])  # 5 is in frozen only, 0 in both
-    assert st.layer == {5: 111, 0: 111, 60: 7}
+    d.feed([(5, 100), (0, 100), (60, 7)])  # 5 is in frozen only, 0 in both, 60 new
+    assert st.layer == {5: 111, 0: 111} and dict.get(st, 60) == 7
     while not merge.step(1 << 30):
         pass
     assert st.frozen == {} and dict.get(st, 9) == 11 and dict.get(st, 5) == 11
@@ -733,7 +742,7 @@ def test_a_layer_past_its_limit_goes_into_the_map_and_the_interval_marks(
     d.feed([(k, 1) for k in range(n)])
     d.save(1, 0)
     st = d.p.states
-    assert st.layer is None  # every key changed: the next interval marks
+    assert st.layer == {}  # every key was new (none changed): the next one is layered
     d.feed([(5, 1)])
     assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {5: 2}, (), 1)
     assert st.layer == {} and st.layer_limit() == 100
@@ -808,3 +817,182 @@ def _running(oracle: dict[int, int], items: list[tuple[int, int]]) -> list[tuple
         out.append((k, after[k]))
         after[k] -= v
     return out[::-1]
+
+
+# -- the map's tail: keys inserted since the last save are the next delta's -----------
+
+
+def test_a_creation_pass_inserts_its_keys_into_the_map_and_the_delta_takes_the_tail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The skewed pattern's creation pass: from the start a rolling count writes the
+    changes of existing keys into the layer and inserts new keys into the map, unmarked
+    (they are its tail in insertion order); however many keys it creates the layer does
+    not overflow, and the next save's delta is exactly the new keys and the layer's."""
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 10)
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    st = d.p.states
+    assert st.layer == {}  # before the first save already
+    d.feed([(k, 1) for k in range(100)] + [(5, 1)])
+    assert st.layer == {5: 2} and not st.dirty and dict.__len__(st) == 100
+    assert d.save(1, 0)[0][1] == StateMapSave(FULL, {k: 2 if k == 5 else 1 for k in range(100)})
+    # 500 new keys (the layer's limit is 10), two old keys, one new key changed again
+    d.feed([(k, 1) for k in range(100, 600)] + [(7, 1), (9, 1), (300, 1)])
+    assert st.layer == {7: 2, 9: 2, 300: 2} and not st.dirty and not st.all_dirty
+    delta = d.save(2, 1)[0][1]
+    expected = {k: 1 for k in range(100, 600)} | {7: 2, 9: 2, 300: 2}
+    assert delta == StateMapSave(DELTA, expected, (), 1)
+    assert st.layer == {}  # the next interval writes a layer again
+    d.feed([(600, 1), (5, 1)])
+    assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {600: 1, 5: 3}, (), 2)
+
+
+def test_a_large_tail_is_saved_in_steps_while_the_next_interval_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A delta of many new keys is a copy-on-write save (LiveSave mode TAIL): it walks the
+    map's tail from the end in steps; meanwhile writes of its keys go to the new layer and
+    new keys too (the walk's iterator would end at an insertion), reads see the saved
+    layer as ``frozen`` until the save wrote it into the map. The delta is the state as
+    of the barrier."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 4)
+    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
+    d = Driver(rolling_aggregate(operator.itemgetter(0), summing(operator.itemgetter(1))))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(20)])
+    d.save(1, 0)  # full, produced by the Driver
+    d.ctx.live_saves.clear()
+    st = d.p.states
+    d.feed([(k, 1) for k in range(20, 30)] + [(3, 5), (25, 5)])
+    entry = d.ctx  # the save's entry as the processor offers it (not produced yet)
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
+    key, save = st.snapshot_entry()
+    assert save.mode == DELTA and type(save.upserts) is live.LiveSave
+    [tail] = d.ctx.live_saves
+    assert st.frozen == {3: 6, 25: 6} and not st.inserts_to_map()
+    assert not tail.step(1 << 30)  # keys 29..26
+    d.feed([(27, 100), (25, 100), (3, 100), (40, 1)])  # tail, tail + layer, old, new
+    assert st.layer == {27: 101, 25: 106, 3: 106, 40: 1}
+    assert dict.get(st, 27) == 1 and 40 not in dict.keys(st)
+    while not tail.step(1 << 30):
+        pass
+    assert st.frozen == {} and dict.get(st, 25) == 6 and dict.get(st, 3) == 6
+    assert st.inserts_to_map()
+    content, removed = tail.result()
+    assert removed == () and content.to_dict() == {k: 1 for k in range(20, 30)} | {3: 6, 25: 6}
+    assert len(content) == 11
+    del entry
+    d.feed([(41, 1)])
+    assert d.save(3, 2)[0][1] == StateMapSave(
+        DELTA, {27: 101, 25: 106, 3: 106, 40: 1, 41: 1}, (), 2
+    )
+
+
+_FEED = st_tuples(st_just("feed"), st_lists(st_integers(0, 60), min_size=1, max_size=12))
+_OPS = st_lists(
+    st_one_of(
+        _FEED,
+        _FEED,
+        st_tuples(st_just("step"), st_integers(1, 6)),
+        st_tuples(st_just("save"), st_just(True)),
+        st_tuples(st_just("save"), st_booleans()),
+        st_tuples(st_just("remove"), st_integers(0, 60)),
+    ),
+    min_size=10,
+    max_size=40,
+)
+
+
+def _raw_save(d: Driver, sid: int, committed: int) -> Entries:
+    """:meth:`Driver.save` without producing the copy-on-write saves: they go on in the
+    next steps, while the processor runs."""
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = sid, committed
+    out: Entries = []
+    while True:
+        done = d.p.save_to_snapshot()
+        out.extend(d.outbox.snapshot_bucket)
+        d.outbox.snapshot_bucket.clear()
+        d._drain()
+        if done:
+            return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_OPS, steps=st_booleans())
+def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
+    ops: list[tuple[str, Any]], steps: bool
+) -> None:
+    """Random sequences of chunks (new keys, existing ones, re-inserted ones), steps of
+    the copy-on-write saves (produced while the next chunks run, or at once), saves that
+    commit or not, and removals by a custom processor (``settle()``, ``del``, mark: the
+    interval marks from there): every delta holds the keys written or removed since the
+    save before it (at least those whose value changed), with their values as of its
+    barrier (a key inserted while the previous delta's tail was walked goes into the
+    layer, joins the map's tail when the layer is written into it, and is saved again
+    in the next delta), and the chain merged as the store merges it is the oracle's
+    counts."""
+    old = live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE
+    try:
+        live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE = 1, 3, 2
+        d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+        d.ctx.live_saves = [] if steps else None
+        st = d.p.states
+        oracle: dict[int, int] = {}
+        at_save: dict[int, int] = {}  # the oracle at the last save
+        touched: set[int] = set()  # the keys fed or removed since
+        chain: list[tuple[int, Entries]] = []
+        committed = 0
+        pending: list[Any] = []
+        before: set[int] = set()  # the keys written in the interval before
+
+        def check() -> None:  # the pending saves, produced now
+            nonlocal chain
+            for sid, raw, commits, before, after, written, again in pending:
+                entries = pickle.loads(pickle.dumps([_produced(e) for e in raw]))  # noqa: S301
+                save = entries[0][1]
+                if save.mode == DELTA:
+                    changed = {k for k, v in after.items() if before.get(k) != v}
+                    assert changed <= save.upserts.keys() <= written | again, (sid, save)
+                    assert all(after[k] == v for k, v in save.upserts.items())
+                    gone = before.keys() - after.keys()
+                    assert gone <= set(save.removed) <= written - after.keys()
+                else:
+                    assert save.upserts == after
+                if commits:
+                    chain = [] if save.mode == FULL else chain
+                    chain.append((sid, entries))
+                    assert dict(full_state(merged(chain, strict=False))) == after
+            pending.clear()
+
+        sid = 0
+        for op, arg in ops:
+            if op == "feed":
+                d.feed([(k, 1) for k in arg])
+                touched.update(arg)
+                for k in arg:
+                    oracle[k] = oracle.get(k, 0) + 1
+            elif op == "step":
+                saves = d.ctx.live_saves
+                if saves and saves[0].step(arg):
+                    saves.pop(0)
+            elif op == "remove" and arg in oracle:
+                st.settle()
+                del st[arg]
+                if st.dirty is not None:
+                    st.dirty.add(arg)
+                del oracle[arg]
+                touched.add(arg)
+            elif op == "save":
+                sid += 1
+                check()  # the store took the previous save (and committed it, or not)
+                raw = _raw_save(d, sid, committed)
+                pending.append((sid, raw, arg, at_save, dict(oracle), touched, before))
+                before = touched
+                if arg:  # it commits before the next save
+                    committed = sid
+                at_save = dict(oracle)
+                touched = set()
+        check()
+    finally:
+        live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE = old

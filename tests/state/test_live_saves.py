@@ -238,7 +238,7 @@ def test_update_and_ior_record_pre_barrier_values() -> None:
     assert dict(s) == {"a": 10, "b": 20, "c": 3}
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(
     st.dictionaries(
         st.one_of(

@@ -110,8 +110,10 @@ class MapStatefulP(AbstractProcessor):
             self.states.values_replaced = True
             if self._op.finish is identity:
                 # and while few keys change between two snapshots, the loop writes the
-                # changes into a small layer that is the next delta (state/keyed.py)
+                # changes into a small layer that is the next delta (state/keyed.py),
+                # from the start: the keys the creation pass inserts are the map's tail
                 self.states.layered = True
+                self.states.start_layer()
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         outbox = self.outbox
@@ -256,7 +258,10 @@ class MapStatefulP(AbstractProcessor):
         (:attr:`~slipstream.state.keyed.KeyedState.layer`): each new value goes into the
         layer, a small exact dict of the keys changed since the last save, which is read
         first (then the previous layer while it is written into the map, then the map).
-        Nothing is marked: the layer is the next snapshot's delta. Once it holds more
+        Nothing is marked: the layer is the next snapshot's delta. A key the map does not
+        hold yet goes into the map itself (``states.inserts_to_map()``): the keys inserted
+        since the last save are the map's tail, which the next delta takes from there,
+        so a creation pass neither marks its keys nor fills the layer. Once it holds more
         keys than the state's ``layer_limit()`` the state settles (the layer goes into
         the map, its keys into ``dirty``) and the next chunks mark, as for many changes."""
         op = self._op
@@ -273,7 +278,36 @@ class MapStatefulP(AbstractProcessor):
         chunk = inbox if n == len(inbox) else list(islice(inbox, n))
         keys = iter(chunk)  # zip takes the key first: it is at the failing item
         try:
-            if callable(add):
+            if states.inserts_to_map():
+                # a new key joins the map's tail; a key of the map (or of a layer) is
+                # written into the layer
+                if callable(add):
+                    for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
+                        acc = lget(k, missing)
+                        if acc is missing:
+                            acc = fget(k, missing)
+                            if acc is missing:
+                                acc = get(k, missing)
+                                if acc is missing:
+                                    acc = states[k] = 0 + v
+                                    append((k, acc))
+                                    continue
+                        acc = layer[k] = acc + v
+                        append((k, acc))
+                else:  # counting: the addend is a constant
+                    for k in map(key_fn, keys):
+                        acc = lget(k, missing)
+                        if acc is missing:
+                            acc = fget(k, missing)
+                            if acc is missing:
+                                acc = get(k, missing)
+                                if acc is missing:
+                                    acc = states[k] = 0 + add
+                                    append((k, acc))
+                                    continue
+                        acc = layer[k] = acc + add
+                        append((k, acc))
+            elif callable(add):
                 for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
                     acc = lget(k, missing)
                     if acc is missing:
@@ -460,6 +494,7 @@ class RollingLatestP(_TimedEpochs, MapStatefulP):
             # process() writes the map and marks each changed key itself: the write
             # layer MapStatefulP asks for with an additive op would stay empty here
             self.states.layered = False
+            self.states.settle()  # (the layer it started, empty)
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         op = self._op

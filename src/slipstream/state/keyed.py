@@ -62,6 +62,17 @@ written into the map, its keys marked in ``dirty``, and the interval goes on mar
 (:meth:`KeyedState.settle`); the next interval writes a layer again only if the last one
 changed that few keys. Anything that reads or writes the map other than through the
 layer calls :meth:`KeyedState.settle` first.
+
+A layered map writes a layer from the start (:meth:`KeyedState.start_layer`), and the
+processor inserts a key the map does not hold into the map itself, not into the layer
+(:meth:`KeyedState.inserts_to_map`): a ``dict`` iterates in insertion order, so the keys
+inserted since the last save are the map's last ``len - _tail_from`` keys (its *tail*;
+the layered processors never remove a key). The next delta is the tail and the layer
+(:meth:`KeyedState._tail_save`: a copy-on-write save that walks the tail from the map's
+end), so a creation pass (every key new) neither marks its keys nor fills the layer, and
+whether the next interval writes a layer counts only the keys that *changed*. Leaving
+the layer (:meth:`KeyedState.settle`) marks the tail's keys; a removal behind the
+layer's back (the map shorter than its tail's start) makes the next save full.
 """
 
 from __future__ import annotations
@@ -143,6 +154,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         "layer",
         "frozen",
         "_merge",
+        "_tail_from",
         "_context",
         "_saved_id",
         "_entry",
@@ -173,7 +185,14 @@ class KeyedState(dict):  # type: ignore[type-arg]
         #: the previous interval's layer while it is written into the map in slices
         #: (read after :attr:`layer`, before the map); empty otherwise
         self.frozen: dict[Any, Any] = {}
-        self._merge: _LayerMerge | None = None
+        #: the layer's merge into the map in steps, or a tail save (``LiveSave`` of mode
+        #: ``"tail"``: it walks the map's tail, then merges the layer)
+        self._merge: Any = None
+        #: while a layer is written (``layer`` is not ``None``): how many keys of the
+        #: map (its first ones in insertion order) it held at the last save; the keys
+        #: after them were inserted since and are the next delta's with the layer's
+        #: (:meth:`inserts_to_map`). -1: not tracked (new keys are marked or layered)
+        self._tail_from = -1
         self._context: Any = None
         self._live: Any = None  # the copy-on-write save in progress (state.live.LiveSave)
         self._saved_id = 0  # the snapshot the previous save went into (0: none yet)
@@ -206,9 +225,62 @@ class KeyedState(dict):  # type: ignore[type-arg]
         marks, as large as the map by then, is let go at once (the uniform access
         pattern: every key changes between two snapshots)."""
         if self.dirty is not None:
+            self._tail_from = -1  # nothing to mark: the next save is full
             self.settle()
             self.all_dirty = True
             self.dirty = set()
+
+    def start_layer(self) -> None:
+        """Write a layer from now on (a layered map before its first save: the creation
+        pass inserts its keys into the map, where they are the tail, and writes the
+        changes of keys that exist into the layer)."""
+        if (
+            self.layered
+            and self.layer is None
+            and self.dirty is not None
+            and getattr(self._context, "snapshot_writer", "thread") != "fork"
+        ):
+            self.layer = {}
+            self._tail_from = dict.__len__(self)
+
+    def inserts_to_map(self) -> bool:
+        """Whether a layered writer inserts a *new* key into the map itself (``states[k]
+        = v``: it joins the map's tail, the next delta takes it from there, nothing is
+        marked) rather than into the layer: while the tail is tracked and no tail save
+        walks the map (an insertion would end its dict iterator). Call it once per chunk
+        (a save's steps run between two ``process()`` calls)."""
+        return self._tail_from >= 0 and (self._merge is None or type(self._merge) is _LayerMerge)
+
+    def _tail_count(self) -> int:
+        """How many keys were inserted into the map since the last save (its tail);
+        -1 when not tracked. A full copy-on-write save in progress holds the keys inserted
+        since its barrier in its overlay: it is finished first, so they join the map."""
+        t = self._tail_from
+        if t < 0:
+            return -1
+        live = self._live
+        if live is not None and live.new:
+            live.finish()
+        n = dict.__len__(self) - t
+        return n if n >= 0 else -1  # fewer keys: some were removed (not by a layered writer)
+
+    def _untail(self) -> None:
+        """Stop tracking the tail: its keys are marked in ``dirty`` (or, past a quarter
+        of the map, every key is: the next save is full, :meth:`mark_all`)."""
+        if self._tail_from < 0:
+            return
+        n = self._tail_count()
+        self._tail_from = -1
+        dirty = self.dirty
+        if n == 0 or dirty is None:
+            return
+        size = dict.__len__(self)
+        # n < 0: keys were removed behind the layer's back, which of the tail is unknown
+        if n < 0 or (n > LAYER_MIN and (len(dirty) + n) * 4 > size):
+            self.all_dirty = True
+            self.dirty = set()
+            return
+        dirty.update(islice(reversed(dict.keys(self)), n))
 
     def layer_limit(self) -> int:
         """The most keys a layer holds before the interval goes on marking."""
@@ -226,9 +298,10 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if layer is None:
             return
         self.layer = None
+        self._untail()  # the keys inserted since the last save are marked
         if layer:
             self._write(layer)
-            if self.dirty is not None:
+            if self.dirty is not None and not self.all_dirty:
                 self.dirty.update(layer)
 
     def _write(self, pairs: Any) -> None:
@@ -322,33 +395,57 @@ class KeyedState(dict):  # type: ignore[type-arg]
         layer = self.layer
         if self._merge is not None:  # the previous layer goes into the map first
             self._merge.finish()
+        full = all_dirty or base == 0 or committed < base
+        tail = self._tail_count() if layer is not None and not full else -1
+        if layer is not None and tail < 0 and self._tail_from >= 0:
+            full = True  # keys were removed behind the layer's back: start again
         if (
-            layer is not None
+            tail >= 0
             and not dirty
-            and not all_dirty
-            and base != 0
-            and committed >= base
-            and len(layer) < dict.__len__(self)
+            and len(layer) + tail < dict.__len__(self)  # type: ignore[arg-type]
         ):
-            # the layer is the delta: handed over as it is (nobody writes it any more),
-            # then written into the map; the next interval writes a new one
+            # the layer and the keys inserted since the last save (the map's tail) are
+            # the delta: the layer handed over as it is (nobody writes it any more), then
+            # written into the map; the next interval writes a new one
+            assert layer is not None
             self.layer = {}
-            self._freeze(layer)
-            return key, StateMapSave(DELTA, layer, (), base)
-        self.settle()  # a layer's keys are marked in dirty now
+            self._tail_from = dict.__len__(self)
+            if not tail:
+                self._freeze(layer)
+                return key, StateMapSave(DELTA, layer, (), base)
+            return key, StateMapSave(DELTA, self._tail_save(sid, layer, tail), (), base)
+        # the keys that changed since the last save: of a layered interval, the layer's
+        # (the keys it inserted were new, not changed); else the marks
+        changed = len(layer) if layer is not None else len(dirty)
+        if full:
+            self._tail_from = -1  # the tail need not be marked: the save is full
+        self.settle()  # a layer's keys (and the tail's) are marked in dirty now
+        full = full or self.all_dirty  # (a tail of most of the map is not marked)
+        dirty = self.dirty
         self.dirty = set()
         self.all_dirty = False
         # the next interval writes a layer if this one changed few enough keys (not for a
         # forked writer: its deltas cost the barrier nothing however many keys changed,
         # and nothing would write a large layer into the map in steps)
-        if (
+        layered = (
             self.layered
             and not all_dirty
-            and len(dirty) <= self.layer_limit()
+            and changed <= self.layer_limit()
             and getattr(ctx, "snapshot_writer", "thread") != "fork"
-        ):
+        )
+        if layered:
             self.layer = {}
-        if all_dirty or base == 0 or committed < base or len(dirty) >= len(self):
+        entry = self._marked_entry(sid, key, dirty, full, base)
+        if layered:  # after the entry: a save cancelled by it merged its overlay
+            self._tail_from = dict.__len__(self)
+        return entry
+
+    def _marked_entry(
+        self, sid: int, key: StateMap, dirty: Any, full: bool, base: int
+    ) -> tuple[StateMap, StateMapSave]:
+        """The save of the map alone: full, or a delta of the marked keys."""
+        ctx = self._context
+        if full or len(dirty) >= len(self):
             del dirty  # before the copy: the set may be as large as the map
             return key, StateMapSave(FULL, self._full(sid))
         if getattr(ctx, "snapshot_writer", "thread") == "fork":
@@ -370,6 +467,32 @@ class KeyedState(dict):  # type: ignore[type-arg]
             else:
                 upserts[k] = v
         return key, StateMapSave(DELTA, upserts, tuple(removed), base)
+
+    def _tail_save(self, sid: int, layer: dict[Any, Any], tail: int) -> Any:
+        """A delta of the map's last ``tail`` keys (inserted since the last save) and
+        ``layer`` (the changes of the keys before them; its value wins for a key in
+        both). Small: a dict now, and the layer written into the map. Else a
+        copy-on-write save (:class:`~slipstream.state.live.LiveSave` of mode ``"tail"``)
+        that walks the tail from the map's end in steps after the barrier, then writes
+        the layer into the map; meanwhile reads see the layer as :attr:`frozen`, writes
+        of keys of the map go to the new layer (so the tail's values stay those of the
+        barrier) and new keys too (:meth:`inserts_to_map`)."""
+        from slipstream.state import live as live_mod
+
+        saves = getattr(self._context, "live_saves", None)
+        if saves is None or tail + len(layer) < live_mod.LIVE_SAVE_MIN_KEYS:
+            out = dict(islice(reversed(dict.items(self)), tail))
+            out.update(layer)
+            self._freeze(layer)
+            return out
+        save = live_mod.LiveSave(
+            self, sid, live_mod.TAIL, None, getattr(self._context, "spilled_keys", None)
+        )
+        save.tail(tail, layer)
+        self.frozen = layer
+        self._merge = save
+        saves.append(save)
+        return save
 
     def dropped_entry(self) -> tuple[StateMap, StateMapSave] | None:
         """The entry that records this map as gone (call it instead of
@@ -435,6 +558,8 @@ def continue_restored_chain(context: Any) -> bool:
         if name in maps:
             s._saved_id = sid
             s._entry = None
+            if getattr(s, "_tail_from", -1) >= 0:  # what the restore inserted is not new
+                s._tail_from = dict.__len__(s)
             s.dirty.clear()  # in place: a processor may hold the set
     return True
 
