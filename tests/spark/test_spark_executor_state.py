@@ -126,10 +126,13 @@ def test_rolling_count_restarts_from_the_executors_chunks_as_the_embedded_engine
     # a new driver from the same checkpoint: its tasks read their own chains
     second = ss.spark(FakeSession())
     shipped = _spy_broadcasts(monkeypatch)
+    broadcasts: list[Any] = []
+    monkeypatch.setattr(second.spark_context, "broadcast", broadcasts.append)
     job2 = _job(second, tmp_path)
     for epoch_id in range(3, 6):
         _run(second, job2, data[epoch_id], epoch_id)
     assert _counts(first, second) == _embedded([e for batch in data for e in batch])
+    assert broadcasts == []  # the small state went in the tasks' closures
     assert job2.resumed_from_snapshot == 3 and job2.epochs_committed == 3
     # what the driver shipped: refs of the committed manifest, never entries
     assert [s["restore"] for s in shipped] == [None, None, None]
