@@ -481,6 +481,8 @@ def test_snapshot_holds_frames_by_key_and_the_cursor() -> None:
             (KeyedStateKey("b", 4), 2),
             (KeyedStateKey("a", 6), 3),
             (BroadcastKey("window.next_win_to_emit"), 4),
+            # plain data for readers of the snapshot (ss.state.read tells its windows)
+            (BroadcastKey("window.definition"), {"size": 4, "slide": 2, "offset": 0}),
         ],
         key=repr,
     )

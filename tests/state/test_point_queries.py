@@ -111,7 +111,12 @@ def test_point_queries_while_the_job_runs(tmp_path: Path) -> None:
     assert final == {
         "rolling_aggregate": [StateRow("rolling_aggregate", 0, "a", None, 200, "keyed")],
         # the open window [5000, 6000): a's clicks 501, 504, ..., 597
-        "window-combine": [StateRow("window-combine", 0, "a", {"frame_end": 6000}, 33, "window")],
+        "window-combine": [
+            StateRow(
+                "window-combine", 0, "a", {"start": 5000, "end": 6000, "frame_end": 6000}, 33,
+                "window",
+            )
+        ],
         # one session: a clicks every 30 ms, the last at 5970 (+ the 50 ms timeout)
         "sessions": [StateRow("sessions", 0, "a", {"start": 0, "end": 6020}, 200, "session")],
         "absent": [],

@@ -8,6 +8,7 @@ every window of the frames (what bootstrap documents for frames alone)."""
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,26 @@ def windowed(kind: str, max_items: int | None, rate: float | None = None) -> ss.
     return p
 
 
+def open_windows(kind: str, cut: int, cursor: int) -> list[tuple[Any, int, int, int]]:
+    """A plain-Python oracle: ``(key, start, end, count)`` of every window not emitted
+    yet (ending at or after ``cursor``) over the events ``0 .. cut - 1`` a snapshot
+    covers."""
+    wd = DEFS[kind]
+    counts: Counter[tuple[Any, int]] = Counter()
+    for key, ts in map(timed_event, range(cut)):
+        end = ts - ts % wd.frame_size + wd.frame_size  # the frame's end (offset 0)
+        for e in range(end, end + wd.window_size - wd.frame_size + 1, wd.frame_size):
+            if e >= cursor:
+                counts[(key, e)] += 1
+    return sorted((k, e - wd.window_size, e, c) for (k, e), c in counts.items())
+
+
+def windows_of(rows: list[Any]) -> list[tuple[Any, int, int, Any]]:
+    return sorted(
+        (r.key, r.detail["start"], r.detail["end"], r.value) for r in rows if r.kind == "window"
+    )
+
+
 def run(pipeline: ss.Pipeline, store: Path, restore_from: Any) -> list[KeyedWindowResult]:
     return run_restored(pipeline, "windows", store, restore_from)
 
@@ -58,6 +79,20 @@ def test_window_rows_round_trip(kind: str, tmp_path: Path) -> None:
     (offset,) = [r for r in ss.state.read(first, "events") if r.kind == "offset"]
     cut = offset.value["next_seq"]
     total = cut + 400
+    # the rows are the windows a job would still emit (their accumulators), read with the
+    # job's DAG; without it a sliding window's frames are rows of their own
+    wanted = open_windows(kind, cut, cursor)
+    assert windows_of(ss.state.read(first, "window-combine", dag=windowed(kind, None))) == wanted
+    if kind == "tumbling":
+        assert windows_of(rows) == wanted
+        assert all(r.detail["frame_end"] == r.detail["end"] for r in frames)
+    else:
+        slide = DEFS[kind].frame_size
+        assert all(
+            r.detail == {"start": r.detail["end"] - slide, "end": r.detail["end"], "frame": True,
+                         "frame_end": r.detail["end"]}
+            for r in frames
+        )  # fmt: skip
 
     seed = tmp_path / "seed"
     ss.state.bootstrap(windowed(kind, total), "window-combine", rows, seed, offsets={"events": cut})
@@ -68,6 +103,7 @@ def test_window_rows_round_trip(kind: str, tmp_path: Path) -> None:
     assert [(r.key, r.value) for r in back if r.kind == "broadcast"] == [
         ("window.next_win_to_emit", cursor)
     ]
+    assert windows_of(ss.state.read(seed, "window-combine", dag=windowed(kind, None))) == wanted
 
     own = run(windowed(kind, total), tmp_path / "own", restore_from=first)
     whole = ss.local()
@@ -88,6 +124,39 @@ def test_window_rows_round_trip(kind: str, tmp_path: Path) -> None:
         assert again == own
     else:
         assert [r for r in again if r.end < cursor]
+
+
+def test_a_store_without_window_definitions_reads_frames(tmp_path: Path) -> None:
+    """A store written before windows saved their definition reads as it always did:
+    each frame a row with detail ``{"frame_end": E}`` (no start is known), and bootstrap
+    takes those rows."""
+    from slipstream.core.dag import as_dag
+    from slipstream.state.bootstrap import _write
+    from slipstream.state.keys import BroadcastKey, KeyedStateKey
+    from slipstream.state.lineage import dag_shape
+
+    dag = as_dag(windowed("sliding", 10))
+    old = tmp_path / "old"
+    cursor = (BroadcastKey("window.next_win_to_emit"), 500)
+    entries = {("window-combine", 0): [(KeyedStateKey("a", 500), 2), cursor]}
+    _write(_store(old), "windows", dag_shape(dag), {}, {v.name: 1 for v in dag.vertices}, entries)
+    for read_dag in (None, dag):
+        rows = ss.state.read(old, "window-combine", dag=read_dag)
+        assert [(r.key, r.detail, r.value, r.kind) for r in rows] == [
+            ("a", {"frame_end": 500}, 2, "window"),
+            ("window.next_win_to_emit", None, 500, "broadcast"),
+        ]
+    seed = tmp_path / "seed"
+    ss.state.bootstrap(dag, "window-combine", rows, seed)
+    assert windows_of(ss.state.read(seed, "window-combine", dag=dag)) == [
+        ("a", -500, 500, 2), ("a", -250, 750, 2), ("a", 0, 1000, 2), ("a", 250, 1250, 2)
+    ]  # fmt: skip
+
+
+def _store(directory: Path) -> Any:
+    from slipstream.state.store import DirectorySnapshotStore
+
+    return DirectorySnapshotStore(str(directory))
 
 
 def test_a_windows_first_stage_is_refused_naming_it(tmp_path: Path) -> None:

@@ -85,6 +85,11 @@ __all__ = [
 
 NEXT_WIN_TO_EMIT_KEY = BroadcastKey("window.next_win_to_emit")
 """Snapshot key of the emission cursor (broadcast: restore takes the minimum)."""
+WINDOW_DEFINITION_KEY = BroadcastKey("window.definition")
+"""Snapshot key of a last stage's window definition, plain data ``{"size": S, "slide":
+L, "offset": O}``: what a reader of the snapshot needs to tell its frames' windows
+(``ss.state.read``). A restore ignores it (the job's own definition decides; stores
+written before it existed have none)."""
 
 # the metric counting the items a window processor dropped as late: the engines warn
 # about them (slipstream.core.late_items)
@@ -111,6 +116,15 @@ def _single_index(fn: Any) -> Any:
         if len(args) == 1:
             return args
     return None
+
+
+def window_definition(window_def: SlidingWindowDef) -> dict[str, int]:
+    """The plain-data form of ``window_def`` saved under :data:`WINDOW_DEFINITION_KEY`."""
+    return {
+        "size": window_def.window_size,
+        "slide": window_def.frame_size,
+        "offset": window_def.frame_offset,
+    }
 
 
 class _OutOfRange(Exception):
@@ -302,6 +316,8 @@ class WindowingP(AbstractProcessor):
         elif type(key) is StateMap:  # a saved map, not expanded by whoever restores us
             for k, v in expand_entries([(key, value)]):
                 self._restore_keyed(k, v)
+        elif key == WINDOW_DEFINITION_KEY:
+            pass  # for readers of the snapshot: the job's own definition decides
         elif key == self._cursor_key:
             cursor = self._restored_cursor
             ctx = self.context
@@ -851,6 +867,8 @@ class SlidingWindowP(WindowingP):
         entries.extend(saved_entry(d, KEYED_MAP, f) for f, d in self._frames.items())
         self._fresh.clear()
         entries.append((NEXT_WIN_TO_EMIT_KEY, self._next_win))
+        if self._last_stage:
+            entries.append((WINDOW_DEFINITION_KEY, window_definition(self._wd)))
         return iter(entries)
 
     def _restore_keyed(self, key: KeyedStateKey, value: Any) -> None:

@@ -15,7 +15,8 @@ running int; ``map_stateful``: the state object; either stage of a group-by
 aggregation: the accumulator); the frames of a sliding or tumbling window's last stage
 (``KeyedStateKey(key, frame_end) -> accumulator``, with the emission cursor of the rows
 given or "no window emitted yet": the first watermark past a frame's windows emits
-them, so without a cursor seed only the frames of windows the history did not emit);
+them, so without a cursor seed only the frames of windows the history did not emit;
+and the DAG's window definition, as the processor saves it for readers);
 and the open sessions of a session window (``KeyedStateKey(key) -> [[start, end,
 accumulator], ...]`` sorted by start, with the watermark of the rows given or "none
 received yet": the first watermark past a session's end emits it). A window's first
@@ -59,6 +60,8 @@ _KAFKA = ("slipstream.sources.kafka", "KafkaSourceP")
 _INPUT_FUSED = ("slipstream.pipeline.fused", "InputFusedP")
 #: a sliding window's emission cursor (processors/windows.py NEXT_WIN_TO_EMIT_KEY)
 _WINDOW_CURSOR = "window.next_win_to_emit"
+#: a window's definition (processors/windows.py WINDOW_DEFINITION_KEY)
+_WINDOW_DEFINITION = "window.definition"
 #: a session window's watermark (processors/sessions.py CURRENT_WATERMARK_KEY)
 _SESSION_WATERMARK = "session_window.current_watermark"
 
@@ -78,6 +81,25 @@ def _processor_class(supplier: Any) -> type | None:
             )
             continue
         return target
+    return None
+
+
+def window_spec(supplier: Any) -> tuple[Any, Any] | None:
+    """``(window_def, agg_op)`` of a vertex supplier that makes a sliding or tumbling
+    window's last stage (``processors.aggregate_to_sliding_window`` /
+    ``combine_to_sliding_window``, also behind an input-fused chain), else ``None``."""
+    for _ in range(8):
+        if not isinstance(supplier, functools.partial):
+            return None
+        cid = _class_id(supplier.func if isinstance(supplier.func, type) else None)
+        if cid == _INPUT_FUSED:
+            supplier = (
+                supplier.args[0] if supplier.args else supplier.keywords.get("inner_supplier")
+            )
+            continue
+        if cid not in _FRAMES or len(supplier.args) < 4:
+            return None
+        return supplier.args[2], supplier.args[3]
     return None
 
 
@@ -136,6 +158,12 @@ def _frame_row(row: Any, n: int, vertex: str) -> tuple[Any, Any]:
     tuple."""
     if isinstance(row, StateRow):
         frame = row.detail.get("frame_end") if isinstance(row.detail, dict) else None
+        if row.kind == "window" and type(frame) is not int and isinstance(row.detail, dict):
+            raise ValueError(
+                f"row {n} ({row!r}) is one of a sliding window's windows, combined from "
+                f"its frames; window vertex {vertex!r} is seeded with frames: read the "
+                f"store without dag= (each frame a row with detail 'frame_end')"
+            )
         if row.kind != "window" or type(frame) is not int:
             raise ValueError(
                 f"row {n} ({row!r}) is {row.kind!r} state with detail {row.detail!r}; "
@@ -154,6 +182,15 @@ def _frame_row(row: Any, n: int, vertex: str) -> tuple[Any, Any]:
     except TypeError as e:
         raise TypeError(f"row {n} ({row!r}): its key is unhashable ({e})") from None
     return KeyedStateKey(key, frame), value
+
+
+def _definition_of(window_def: Any) -> dict[str, int]:
+    """The plain-data window definition a window's last stage saves."""
+    return {
+        "size": window_def.window_size,
+        "slide": window_def.frame_size,
+        "offset": window_def.frame_offset,
+    }
 
 
 def _session_row(row: Any, n: int, vertex: str) -> tuple[Any, int, int, Any]:
@@ -430,6 +467,12 @@ def bootstrap(
                     raise ValueError(f"row {n} ({row!r}): a window's emission cursor is an int")
                 cursors.append(row.value)
                 continue
+            if (
+                isinstance(row, StateRow)
+                and row.kind == "broadcast"
+                and row.key == _WINDOW_DEFINITION
+            ):
+                continue  # written from the DAG's own definition below
             entry = _frame_row(row, n, vertex)
             seen = first_row.setdefault(entry[0], n)
             if seen != n:
@@ -454,8 +497,12 @@ def bootstrap(
         # emitted yet: the first watermark past a frame's windows emits them (what a
         # processor restores without a cursor too; saved, the rows read as windows)
         cursor = min(cursors, default=NO_WATERMARK)
+        spec = window_spec(dag.vertex(vertex).supplier)
         for i in range(total):
-            entries.setdefault((vertex, i), []).append((BroadcastKey(_WINDOW_CURSOR), cursor))
+            es = entries.setdefault((vertex, i), [])
+            es.append((BroadcastKey(_WINDOW_CURSOR), cursor))
+            if spec is not None:  # as the processor saves it: readers tell its windows
+                es.append((BroadcastKey(_WINDOW_DEFINITION), _definition_of(spec[0])))
     for source, spec in (offsets or {}).items():
         for i, es in _source_offsets(dag, source, spec, totals.get(source, 0)).items():
             entries.setdefault((source, i), []).extend(es)

@@ -16,12 +16,23 @@ What the rows of each kind of state look like (``kind`` says which):
     accumulator (for ``counting()`` or ``summing()`` the running int) or the state
     object ``map_stateful`` keeps.
 ``"window"``
-    one key's accumulator in one frame of a sliding or tumbling window: ``detail`` is
-    ``{"frame_end": ts}``. A frame holds the items with timestamps in
-    ``[frame_end - slide, frame_end)``; for a tumbling window the frame *is* the window
-    ``[frame_end - size, frame_end)``; a sliding window ending at ``E`` combines the
-    frames ending in ``(E - size, E]``. Only the last stage of a window keeps frames
-    (a two-stage window's first stage flushes them downstream at every snapshot).
+    one key's accumulator (not finished) in one window of a sliding or tumbling
+    window's last stage that has not been emitted yet: ``detail`` is ``{"start": s,
+    "end": e}``. The processor keeps *frames* (``KeyedStateKey(key, frame_end)``: the
+    items with timestamps in ``[frame_end - slide, frame_end)``) and saves its window
+    definition ``window.definition`` (``{"size", "slide", "offset"}``, plain data; not a
+    row of its own) with them. A tumbling window's frame is its window: one row per
+    frame, ``start = frame_end - size``, its detail keeping ``"frame_end"`` too (what
+    ``bootstrap`` and ``transform`` take). A sliding window ending at ``E`` combines the
+    frames ending in ``(E - size, E]`` with the aggregate operation's ``combine``, which
+    only the DAG knows: read with ``dag=`` (or a job, or through ``point_query``), its
+    rows are the windows ending at or after the emission cursor that hold a frame, each
+    the combine of its frames (no ``"frame_end"``: such rows do not seed a store);
+    without it each frame is a row, ``{"start": frame_end - slide, "end": frame_end,
+    "frame": True, "frame_end": frame_end}``. A store written before definitions were
+    saved shows each frame as ``{"frame_end": E}``. Only the last stage of a window
+    keeps frames (a two-stage window's first stage flushes them downstream at every
+    snapshot).
 ``"session"``
     one open session of one key: ``detail`` is ``{"start": ts, "end": ts}`` (``end`` is
     the last event's timestamp + the timeout), ``value`` the session's accumulator.
@@ -71,6 +82,7 @@ __all__ = [
 #: broadcast names of processors whose keyed entries are window frames / sessions
 _WINDOW_CURSOR = "window.next_win_to_emit"
 _SESSION_WATERMARK = "session_window.current_watermark"
+_WINDOW_DEFINITION = "window.definition"
 #: tags of sources that save ``(tag, global_index) -> (parallelism, position)``
 _POSITIONED = {
     "offset", "items-offset", "list-offset", "map-offset", "files-offset", "csv-offset",
@@ -280,17 +292,78 @@ def _narrow(entries: Iterable[tuple[Any, Any]], key: Any) -> list[tuple[Any, Any
     return out
 
 
-def processor_rows(vertex: str, index: int, entries: Iterable[tuple[Any, Any]]) -> list[StateRow]:
-    """The rows of one processor's merged entries (see the module doc)."""
+def _definition(value: Any) -> tuple[int, int] | None:
+    """``(size, slide)`` of a saved window definition, ``None`` if it is not one."""
+    if type(value) is not dict:
+        return None
+    size, slide = value.get("size"), value.get("slide")
+    if type(size) is not int or type(slide) is not int or slide <= 0 or size < slide:
+        return None
+    if size % slide:
+        return None
+    return size, slide
+
+
+def _window_rows(
+    vertex: str,
+    index: int,
+    frames: list[tuple[Any, int, Any]],
+    size: int,
+    slide: int,
+    cursor: Any,
+    op: Any,
+) -> list[StateRow]:
+    """The open windows of a sliding window's ``frames`` ``(key, frame_end, acc)``: each
+    window ending at ``E >= cursor`` (not emitted yet) that holds a frame, its
+    accumulator the combine (``op.combine`` over ``op.create()``) of its frames, in
+    frame order; per key in the order the keys come, windows by end."""
+    from slipstream.core.items import NO_WATERMARK
+
+    span = size - slide
+    lowest = cursor if type(cursor) is int and cursor != NO_WATERMARK else None
+    per_key: dict[Any, dict[int, Any]] = {}
+    for k, f, v in frames:
+        per_key.setdefault(_hashable(k), {})[f] = (k, v)
+    combine, create = op.combine, op.create
+    rows: list[StateRow] = []
+    for held in per_key.values():
+        ends = {e for f in held for e in range(f, f + span + 1, slide)}
+        for e in sorted(ends):
+            if lowest is not None and e < lowest:
+                continue
+            acc = create()
+            key: Any = None
+            for f in range(e - span, e + 1, slide):
+                got = held.get(f)
+                if got is not None:
+                    key = got[0]
+                    acc = combine(acc, got[1])
+            rows.append(StateRow(vertex, index, key, {"start": e - size, "end": e}, acc, "window"))
+    return rows
+
+
+def processor_rows(
+    vertex: str, index: int, entries: Iterable[tuple[Any, Any]], op: Any = None
+) -> list[StateRow]:
+    """The rows of one processor's merged entries (see the module doc). ``op``: the
+    window's aggregate operation (from the DAG), which makes a sliding window's frames
+    into its open windows; without it each frame is a row of its own."""
     flat = expand_entries([(_unwrap(k), v) for k, v in entries])
-    names = {k.name for k, _ in flat if type(k) is BroadcastKey}
+    names = {k.name: v for k, v in flat if type(k) is BroadcastKey}
     windows = _WINDOW_CURSOR in names
     sessions = _SESSION_WATERMARK in names
+    sizes = _definition(names.get(_WINDOW_DEFINITION)) if windows else None
+    combined = (
+        sizes is not None and sizes[0] != sizes[1] and getattr(op, "combine", None) is not None
+    )
+    held: list[tuple[Any, int, Any]] = []
     rows: list[StateRow] = []
     append = rows.append
     for k, v in flat:
         t = type(k)
         if t is BroadcastKey:
+            if windows and k.name == _WINDOW_DEFINITION:
+                continue  # not state: it shapes the window rows
             off = _offset(k.name, v)
             if off is not None:
                 append(StateRow(vertex, index, k.name, off[0], off[1], "offset"))
@@ -299,7 +372,16 @@ def processor_rows(vertex: str, index: int, entries: Iterable[tuple[Any, Any]]) 
         elif t is KeyedStateKey:
             d = k.detail
             if windows and type(d) is int:
-                append(StateRow(vertex, index, k.key, {"frame_end": d}, v, "window"))
+                if combined:
+                    held.append((k.key, d, v))
+                elif sizes is None:  # a store written before definitions were saved
+                    append(StateRow(vertex, index, k.key, {"frame_end": d}, v, "window"))
+                elif sizes[0] == sizes[1]:  # tumbling: the frame is the window
+                    detail = {"start": d - sizes[0], "end": d, "frame_end": d}
+                    append(StateRow(vertex, index, k.key, detail, v, "window"))
+                else:  # a sliding window's frame (no combine known)
+                    detail = {"start": d - sizes[1], "end": d, "frame": True, "frame_end": d}
+                    append(StateRow(vertex, index, k.key, detail, v, "window"))
             elif sessions and d is None and type(v) in (list, tuple):
                 for s in v:
                     append(
@@ -311,7 +393,28 @@ def processor_rows(vertex: str, index: int, entries: Iterable[tuple[Any, Any]]) 
                 append(StateRow(vertex, index, k.key, d, v, "keyed"))
         else:
             append(StateRow(vertex, index, k, None, v, "keyed"))
+    if held:
+        assert sizes is not None
+        rows.extend(
+            _window_rows(vertex, index, held, sizes[0], sizes[1], names[_WINDOW_CURSOR], op)
+        )
     return rows
+
+
+def window_ops(dag: Any) -> dict[str, Any]:
+    """The aggregate operation of each sliding window's last stage in ``dag`` (a DAG, a
+    Pipeline or ``None``), by vertex name: what combines its frames into windows."""
+    if dag is None:
+        return {}
+    from slipstream.core.dag import as_dag
+    from slipstream.state.bootstrap import window_spec
+
+    out: dict[str, Any] = {}
+    for v in as_dag(dag).vertices:
+        spec = window_spec(v.supplier)
+        if spec is not None and not spec[0].is_tumbling:
+            out[v.name] = spec[1]
+    return out
 
 
 @contextlib.contextmanager
@@ -330,8 +433,11 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _rows(data: Any, vertex: str | None, key: Any = _ALL) -> list[StateRow]:
-    """The rows of ``data`` (``vertex``'s only, if given; ``key``'s only, if given)."""
+def _rows(
+    data: Any, vertex: str | None, key: Any = _ALL, ops: dict[str, Any] | None = None
+) -> list[StateRow]:
+    """The rows of ``data`` (``vertex``'s only, if given; ``key``'s only, if given;
+    ``ops``: :func:`window_ops`)."""
     narrow = key is not _ALL
     if narrow:
         try:
@@ -344,7 +450,10 @@ def _rows(data: Any, vertex: str | None, key: Any = _ALL) -> list[StateRow]:
             continue
         for i in sorted(vs.entries):
             entries = vs.entries[i]
-            rows.extend(processor_rows(name, i, _narrow(entries, key) if narrow else entries))
+            op = ops.get(name) if ops else None
+            rows.extend(
+                processor_rows(name, i, _narrow(entries, key) if narrow else entries, op)
+            )
     if key is not _ALL:
         rows = [r for r in rows if _same_key(r.key, key)]
     return rows
@@ -356,11 +465,15 @@ def read(
     snapshot_id: int | None = None,
     *,
     key: Any = _ALL,
+    dag: Any = None,
 ) -> list[StateRow]:
     """The entries of a committed snapshot of ``store`` (a directory, a
     :class:`~slipstream.state.store.DirectorySnapshotStore`, or a job) as
     :class:`StateRow` s: the newest by default, any retained one with ``snapshot_id``.
     ``vertex`` reads only that vertex's chunks; ``key`` keeps the rows of that key.
+    ``dag`` (a DAG or Pipeline; a job's own when ``store`` is a job): the job's DAG,
+    whose aggregate operations make a sliding window's frames into its open windows
+    (without it each frame is a row; see the module doc).
 
     Errors: :class:`SnapshotError` when there is no store, no committed snapshot, or
     ``snapshot_id`` is not retained (the message lists the retained ids);
@@ -369,19 +482,21 @@ def read(
     newest snapshot cannot be read (a file missing, corrupt or failing its signature),
     and its ``SnapshotError`` naming the file for an older one."""
     s = open_store(store)
+    ops = window_ops(dag if dag is not None else getattr(store, "dag", None))
     with gc_paused():
         _sid, data = _snapshot(s, vertex, snapshot_id, columns=True)
-        return _rows(data, vertex, key)
+        return _rows(data, vertex, key, ops)
 
 
 def read_with_id(
-    store: Any, vertex: str | None = None, snapshot_id: int | None = None
+    store: Any, vertex: str | None = None, snapshot_id: int | None = None, dag: Any = None
 ) -> tuple[int, list[StateRow]]:
     """:func:`read` and the id of the snapshot it read."""
     s = open_store(store)
+    ops = window_ops(dag if dag is not None else getattr(store, "dag", None))
     with gc_paused():
         sid, data = _snapshot(s, vertex, snapshot_id, columns=True)
-        return sid, _rows(data, vertex)
+        return sid, _rows(data, vertex, _ALL, ops)
 
 
 def point_query(job: Any, vertex: str, key: Any = _ALL) -> tuple[int, list[StateRow]]:
@@ -404,7 +519,7 @@ def point_query(job: Any, vertex: str, key: Any = _ALL) -> tuple[int, list[State
     s = open_store(store)
     owners = None if key is _ALL else functools.partial(_key_owner, job, s, vertex, key)
     sid, data = _snapshot(s, vertex, None, columns=True, owners=owners)
-    return sid, _rows(data, vertex, key)
+    return sid, _rows(data, vertex, key, window_ops(getattr(job, "dag", None)))
 
 
 #: the manifest's ``extra`` key of the chains' flags member processes record
