@@ -67,11 +67,11 @@ def identity(x: Any) -> Any:
     return x
 
 
-def word_count_dag(text: list[str]) -> DAG:
+def word_count_dag(text: list[str], tokenize: Callable[[str], list[str]] = str.split) -> DAG:
     """The documented Core API word count (DESIGN.md) over ``items``."""
     dag = DAG()
     src = dag.new_vertex("source", sources.items(text))
-    tok = dag.new_vertex("tokenize", P.flat_map(str.split))
+    tok = dag.new_vertex("tokenize", P.flat_map(tokenize))
     acc = dag.new_vertex("accumulate", P.accumulate_by_key(identity, counting()))
     comb = dag.new_vertex("combine", P.combine_by_key(counting()))
     out = dag.new_vertex("sink", sinks.list_sink("counts")).local_parallelism(1)
@@ -111,21 +111,57 @@ def test_word_count_with_two_processes_equals_one_process_and_the_oracle(api: st
     assert len(two) == len(WORDS)  # each word once: combined on one member
 
 
+def hold_exit(directory: str) -> None:
+    """At a member process's exit: wait until the test writes ``release`` (30 s at
+    most, a guard), then note the exit as ``exited-<pid>``."""
+    release = os.path.join(directory, "release")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    open(os.path.join(directory, f"exited-{os.getpid()}"), "w").close()
+
+
+def split_holding_exit(directory: str, line: str) -> list[str]:
+    """``str.split``; the first call in a process makes its exit wait (:func:`hold_exit`)."""
+    from multiprocessing import util
+
+    if not getattr(util, "_slipstream_test_hold", False):
+        util._slipstream_test_hold = True  # type: ignore[attr-defined]
+        util.Finalize(None, hold_exit, args=(directory,), exitpriority=0)
+    return line.split()
+
+
 @pytest.mark.timeout(GUARD_S)
-def test_metrics_are_summed_over_the_members() -> None:
+def test_join_returns_once_every_members_output_arrived_not_at_their_exit(tmp_path: Any) -> None:
+    """A member's ``done`` (its last report, with the last list sink items and its
+    metrics) ends its part of the job: ``join()`` does not wait for its process's exit
+    (held here until the test releases it; on 54ed7d0 join waited for it, so both
+    members had exited, after the 30 s guard, when it returned). The output is complete
+    and the metrics are summed over the members all the same."""
     text = lines(1000)
     engine = ss.local(processes=2)
-    job = engine.new_job(word_count_dag(text))
-    job.join(timeout=GUARD_S)
-    m = job.metrics
-    assert m["source"]["items_out"] == len(text)
-    assert m["tokenize"]["items_in"] == len(text)
-    assert m["tokenize"]["items_out"] == sum(len(t.split()) for t in text)
-    assert m["sink"]["items_in"] == len(WORDS)
-    job_figures = m["__job__"]
-    assert job_figures["restarts"] == 0 and job_figures["processes"] == 2
-    assert 0 < job_figures["member_cpu_ms_max"] <= job_figures["member_cpu_ms_total"]
-    assert job_figures["member_peak_rss_kb_total"] > 0
+    job = engine.new_job(word_count_dag(text, functools.partial(split_holding_exit, str(tmp_path))))
+    try:
+        job.join(timeout=GUARD_S)
+        assert sorted(os.listdir(tmp_path)) == []  # both members still in their exit
+        assert job.status is ss.JobStatus.COMPLETED
+        assert dict(engine.get_list("counts")) == word_count_oracle(text)
+        m = job.metrics
+        assert m["source"]["items_out"] == len(text)
+        assert m["tokenize"]["items_in"] == len(text)
+        assert m["tokenize"]["items_out"] == sum(len(t.split()) for t in text)
+        assert m["sink"]["items_in"] == len(WORDS)
+        job_figures = m["__job__"]
+        assert job_figures["restarts"] == 0 and job_figures["processes"] == 2
+        assert 0 < job_figures["member_cpu_ms_max"] <= job_figures["member_cpu_ms_total"]
+        assert job_figures["member_peak_rss_kb_total"] > 0
+    finally:
+        open(tmp_path / "release", "w").close()
+    procs = job._execution._procs
+    for p in procs:
+        p.join(GUARD_S)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert sorted(os.listdir(tmp_path)) == sorted(["release"] + [f"exited-{p.pid}" for p in procs])
 
 
 def group(x: int) -> int:

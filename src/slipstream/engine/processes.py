@@ -6,7 +6,10 @@ and its config pickled with cloudpickle, the way the Spark engine ships supplier
 ends of the cross-process channels, and follows them over a control pipe each: it sums
 their metrics (``job.metrics``), applies what their list and map sinks produced to the
 engine's own lists and maps (``engine.get_list`` works as with one process), stops them
-on ``cancel()``, and ends the execution when all of them ended.
+on ``cancel()``, and ends the execution when all of them ended: a member that completes
+at its ``done`` (its last report: its output and its snapshots' part are here), not at
+its process's exit, which goes on beside the job's end; a member that fails, is
+cancelled or suspended once its process is gone.
 
 **Channels.** One ``socket.socketpair()`` per (edge, producing member, consuming member)
 with a lane between them (:func:`slipstream.execution.remote.channel_sockets`), made
@@ -298,6 +301,8 @@ class ProcessExecution:
         self._failures: list[tuple[int, TaskletFailure]] = []
         self._stopping = False
         self._live = 0
+        #: members counted off ``_live`` (:meth:`_member_over`)
+        self._over: set[int] = set()
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._send_locks: list[threading.Lock] = []
@@ -492,6 +497,13 @@ class ProcessExecution:
                     if kind != "report":
                         ended = True
                         self.member_state[m] = kind
+                    if kind == "done" and not self.job._suspend_requested:
+                        # its last message: every output of it is here and applied,
+                        # its snapshots' part is sent (member.run ends them first).
+                        # Its process's exit (its interpreter's shutdown, ~5-10 ms) is
+                        # not waited for: the job may end now (_member_over). A
+                        # suspend waits for it: suspend() returns with the members gone
+                        self._member_over(m)
                 elif kind == "failed":
                     ended = True
                     # a member whose channel broke because another stopped first
@@ -502,8 +514,6 @@ class ProcessExecution:
                 elif self.coordinator is not None:
                     self.coordinator.on_message(m, msg)
         finally:
-            if self.heartbeat is not None:
-                self.heartbeat.ended(m)
             conn.close()
             p.join(timeout=30)
             if m in self._silent:
@@ -512,11 +522,23 @@ class ProcessExecution:
                 self.member_state[m] = "died"
             if not ended and m not in self._silent:
                 self._died(m, p)
-            with self._lock:
-                self._live -= 1
-                last = self._live == 0
-            if last:
-                self._ended()
+            self._member_over(m)
+
+    def _member_over(self, m: int) -> None:
+        """Member ``m`` has nothing more to tell: its ``done`` arrived, or its pipe
+        closed and its process was joined (a failed, cancelled or dead member: its
+        process is gone before the execution ends, so a restart's fresh members never
+        run beside it). Once per member; the last one ends the execution."""
+        with self._lock:
+            if m in self._over:
+                return
+            self._over.add(m)
+            self._live -= 1
+            last = self._live == 0
+        if self.heartbeat is not None:
+            self.heartbeat.ended(m)
+        if last:
+            self._ended()
 
     def _answer_named(self, m: int, msg: tuple[Any, ...]) -> None:
         """Member ``m`` asks for a named list or map, or a processor's share of it
