@@ -18,6 +18,7 @@ import slipstream as ss
 from slipstream import sinks, sources
 from slipstream.aggregate import counting
 from slipstream.core.time import NO_WATERMARK
+from slipstream.state import StateRow
 from slipstream.window import KeyedWindowResult, sliding_window_def, tumbling_window_def
 from store_support import run_restored, run_until_snapshots
 
@@ -83,6 +84,8 @@ def test_window_rows_round_trip(kind: str, tmp_path: Path) -> None:
     # job's DAG; without it a sliding window's frames are rows of their own
     wanted = open_windows(kind, cut, cursor)
     assert windows_of(ss.state.read(first, "window-combine", dag=windowed(kind, None))) == wanted
+    table = ss.state.read_arrow(first, "window-combine", dag=windowed(kind, None))
+    assert windows_of([StateRow(*r.values()) for r in table.to_pylist()]) == wanted
     if kind == "tumbling":
         assert windows_of(rows) == wanted
         assert all(r.detail["frame_end"] == r.detail["end"] for r in frames)

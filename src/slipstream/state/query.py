@@ -43,6 +43,7 @@ from slipstream.state.reader import (
     gc_paused,
     open_store,
     processor_rows,
+    window_ops,
 )
 
 __all__ = ["read_arrow", "sql"]
@@ -223,7 +224,7 @@ def _run_ends(pa: Any, runs: list[tuple[str, int, str, int]], field: int) -> Any
     return pa.RunEndEncodedArray.from_arrays(pa.array(ends, end_type), values)
 
 
-def _gather(data: Any, vertex: str | None) -> _Columns:
+def _gather(data: Any, vertex: str | None, ops: dict[str, Any] | None = None) -> _Columns:
     cols = _Columns()
     for name, vs in data.vertices.items():
         if vertex is not None and name != vertex:
@@ -232,7 +233,7 @@ def _gather(data: Any, vertex: str | None) -> _Columns:
             entries = vs.entries[i]
             names = {k.name for k, _ in entries if type(k) is BroadcastKey}
             if _WINDOW_CURSOR in names or _SESSION_WATERMARK in names:
-                cols.add_rows(processor_rows(name, i, entries))
+                cols.add_rows(processor_rows(name, i, entries, (ops or {}).get(name)))
                 continue
             # the row path's order: entries in turn, each map's keys in the map's order
             pending: list[tuple[Any, Any]] = []
@@ -250,32 +251,36 @@ def _gather(data: Any, vertex: str | None) -> _Columns:
     return cols
 
 
-def read_arrow(store: Any, vertex: str | None = None, snapshot_id: int | None = None) -> Any:
-    """The rows of ``ss.state.read(store, vertex, snapshot_id)`` as a ``pyarrow.Table``
+def read_arrow(
+    store: Any, vertex: str | None = None, snapshot_id: int | None = None, *, dag: Any = None
+) -> Any:
+    """The rows of ``ss.state.read(store, vertex, snapshot_id, dag=dag)`` as a ``pyarrow.Table``
     (columns ``vertex, processor, key, detail, value, kind``; types in the module doc),
     built column by column: the fast way to get a large state into Arrow, Parquet or
     pandas (``.to_pandas()``). Errors as :func:`~slipstream.state.reader.read`; an
     ``ImportError`` naming the extra when pyarrow is not installed."""
-    return read_arrow_with_id(store, vertex, snapshot_id)[1]
+    return read_arrow_with_id(store, vertex, snapshot_id, dag)[1]
 
 
 def read_arrow_with_id(
-    store: Any, vertex: str | None = None, snapshot_id: int | None = None
+    store: Any, vertex: str | None = None, snapshot_id: int | None = None, dag: Any = None
 ) -> tuple[int, Any]:
     """:func:`read_arrow` and the id of the snapshot it read."""
-    sid, cols = gather_with_id(store, vertex, snapshot_id)
+    sid, cols = gather_with_id(store, vertex, snapshot_id, dag)
     return sid, cols.table()
 
 
 def gather_with_id(
-    store: Any, vertex: str | None = None, snapshot_id: int | None = None
+    store: Any, vertex: str | None = None, snapshot_id: int | None = None, dag: Any = None
 ) -> tuple[int, _Columns]:
-    """The id of the snapshot read and its rows, gathered for :meth:`_Columns.table`."""
+    """The id of the snapshot read and its rows, gathered for :meth:`_Columns.table`
+    (``dag``: as :func:`~slipstream.state.reader.read`'s)."""
     _pyarrow()
     s = open_store(store)
+    ops = window_ops(dag if dag is not None else getattr(store, "dag", None))
     with gc_paused():
         sid, data = _snapshot(s, vertex, snapshot_id, columns=True)
-        return sid, _gather(data, vertex)
+        return sid, _gather(data, vertex, ops)
 
 
 def columns_of(rows: list[StateRow]) -> _Columns:
@@ -323,17 +328,25 @@ def run_sql(cols: _Columns, query: str) -> Any:
         con.close()
 
 
-def sql(store: Any, query: str, vertex: str | None = None, snapshot_id: int | None = None) -> Any:
+def sql(
+    store: Any,
+    query: str,
+    vertex: str | None = None,
+    snapshot_id: int | None = None,
+    *,
+    dag: Any = None,
+) -> Any:
     """Run the SQL ``query`` with DuckDB over a committed snapshot of ``store`` (the
     newest, or ``snapshot_id``; only ``vertex``'s chunks if given) and return its result
     as a ``pyarrow.Table`` (``.to_pylist()``, ``.to_pandas()``). The query sees two
     views with :func:`read_arrow`'s columns: ``state``, the rows that hold keys' state
     (kinds ``keyed``, ``window``, ``session``), and ``entries``, every row (sources'
     offsets and broadcast entries too; what ``read_arrow`` returns); each typed as the
-    module doc says.
+    module doc says. ``dag``: as :func:`~slipstream.state.reader.read`'s (a sliding
+    window's open windows instead of its frames).
 
     Errors: an ``ImportError`` naming the ``sql`` extra without DuckDB;
     :class:`SQLError` (a ``ValueError``) with DuckDB's message for a query it refuses;
     the store's errors as :func:`~slipstream.state.reader.read`."""
     _duckdb()
-    return run_sql(gather_with_id(store, vertex, snapshot_id)[1], query)
+    return run_sql(gather_with_id(store, vertex, snapshot_id, dag)[1], query)

@@ -648,21 +648,25 @@ def _differs(a: Any, b: Any) -> bool:
         return repr(a) != repr(b)
 
 
-def changes(store: Any, from_id: int, to_id: int, vertex: str | None = None) -> list[StateChange]:
+def changes(
+    store: Any, from_id: int, to_id: int, vertex: str | None = None, *, dag: Any = None
+) -> list[StateChange]:
     """The entries ``added``, ``changed`` and ``removed`` from retained snapshot
     ``from_id`` to retained snapshot ``to_id`` of ``store`` (a change feed): the newer
     snapshot's rows that are new or whose value differs, in its order, then the rows it
     no longer has. A session that grew is a removed session and an added one (its
-    bounds are its detail)."""
+    bounds are its detail). ``dag``: as :func:`read`'s (a sliding window's open windows
+    instead of its frames)."""
     s = open_store(store)
+    ops = window_ops(dag if dag is not None else getattr(store, "dag", None))
     _a, old = _snapshot(s, vertex, from_id, columns=True)
     _b, new = _snapshot(s, vertex, to_id, columns=True)
     before: dict[tuple[Any, ...], StateRow] = {}
-    for r in _rows(old, vertex):
+    for r in _rows(old, vertex, _ALL, ops):
         before[_identity(r)] = r
     out: list[StateChange] = []
     seen: set[tuple[Any, ...]] = set()
-    for r in _rows(new, vertex):
+    for r in _rows(new, vertex, _ALL, ops):
         ident = _identity(r)
         seen.add(ident)
         prev = before.get(ident)
