@@ -90,6 +90,25 @@ def test_window_rows_round_trip(kind: str, tmp_path: Path) -> None:
         assert windows_of(rows) == wanted
         assert all(r.detail["frame_end"] == r.detail["end"] for r in frames)
     else:
+        # a job's point query (the dashboard's key search) combines with the job's DAG
+        from types import SimpleNamespace
+
+        from slipstream.state.reader import point_query
+        from slipstream.state.store import DirectorySnapshotStore
+
+        job = SimpleNamespace(name="windows", store=DirectorySnapshotStore(str(first)))
+        job.dag = windowed(kind, None).to_dag()
+        assert windows_of(point_query(job, "window-combine")[1]) == wanted
+        # a window combined from frames does not seed a store: frames do
+        combined = ss.state.read(first, "window-combine", dag=job.dag)
+        with pytest.raises(ValueError) as e:
+            ss.state.bootstrap(job.dag, "window-combine", combined, tmp_path / "no")
+        n = next(i for i, r in enumerate(combined) if r.kind == "window")
+        assert str(e.value) == (
+            f"row {n} ({combined[n]!r}) is one of a sliding window's windows, combined from "
+            f"its frames; window vertex 'window-combine' is seeded with frames: read the "
+            f"store without dag= (each frame a row with detail 'frame_end')"
+        )
         slide = DEFS[kind].frame_size
         assert all(
             r.detail == {"start": r.detail["end"] - slide, "end": r.detail["end"], "frame": True,
