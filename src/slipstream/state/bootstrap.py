@@ -416,7 +416,8 @@ def bootstrap(
     ``ss.state.read`` (kind ``keyed``), or the ``(key, result)`` output of another job
     whose result is the accumulator (``counting()``, ``summing()``); for a window's last
     stage (``window-combine``) ``(key, frame_end, accumulator)`` tuples or ``window``
-    rows, and optionally its ``window.next_win_to_emit`` rows (the emission cursor: the
+    rows of frames (``ss.state.read`` without ``dag=``: a sliding window's windows
+    combined from frames are refused, naming the row), and optionally its ``window.next_win_to_emit`` rows (the emission cursor: the
     end of the next window to emit; without them no window was emitted yet); for a session window ``(key, start, end, accumulator)`` tuples or ``session``
     rows (the open sessions: ``end`` is the last event's timestamp + the timeout), and
     optionally its ``session_window.current_watermark`` rows (the restored watermark:
