@@ -49,7 +49,9 @@ What the rows of each kind of state look like (``kind`` says which):
     any other entry restored to every processor of its vertex, as saved: ``key`` is its
     name (``"window.next_win_to_emit"``: a window's emission cursor;
     ``"session_window.current_watermark"``, ``"insert_watermarks.wm"``: watermarks; a
-    sink's pending transactions), ``detail`` ``None``, ``value`` as saved.
+    sink's pending transactions), ``detail`` ``None``, ``value`` as saved. A window's
+    ``"window.definition"`` is not a row: it shapes the window rows (and bootstrap
+    writes it from the DAG).
 
 ``processor`` is the global index of the processor whose chain held the entry.
 """
