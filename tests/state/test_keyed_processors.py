@@ -996,3 +996,35 @@ def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
         check()
     finally:
         live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE = old
+
+
+def test_a_layer_overflow_during_a_full_save_marks_the_tail_without_finishing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The uniform pattern's creation pass at 10M keys: the layer overflows while the
+    first (full, copy-on-write) save is still produced. The keys inserted since its
+    barrier (in its overlay) are marked as they are; the save is not produced at once
+    in the middle of ``process()`` (a second or more at 10M keys), and the next save
+    holds them."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(100)])
+    st = d.p.states
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 1, 0
+    _, first = st.snapshot_entry()
+    save = first.upserts
+    assert first.mode == FULL and type(save) is live.LiveSave and not save.done
+    d.feed([(k, 1) for k in range(100, 103)])  # new keys: the save's overlay
+    assert save.new == {100: 1, 101: 1, 102: 1}
+    d.feed([(k, 1) for k in range(10)])  # 10 changed keys: past the layer's limit (6)
+    assert st.layer is None and not save.done
+    assert st.dirty == set(range(10)) | {100, 101, 102}
+    save.finish()
+    assert save.result()[0].to_dict() == {k: 1 for k in range(100)}
+    d.ctx.live_saves.clear()
+    assert d.save(2, 1)[0][1] == StateMapSave(
+        DELTA, {k: 2 for k in range(10)} | {100: 1, 101: 1, 102: 1}, (), 1
+    )

@@ -253,8 +253,9 @@ class KeyedState(dict):  # type: ignore[type-arg]
 
     def _tail_count(self) -> int:
         """How many keys were inserted into the map since the last save (its tail);
-        -1 when not tracked. A full copy-on-write save in progress holds the keys inserted
-        since its barrier in its overlay: it is finished first, so they join the map."""
+        -1 when not tracked. At a save (the previous one committed, so its content is
+        produced): the overlay of a full copy-on-write save still being merged joins the
+        map first (a C-speed copy of what is left of it)."""
         t = self._tail_from
         if t < 0:
             return -1
@@ -266,21 +267,31 @@ class KeyedState(dict):  # type: ignore[type-arg]
 
     def _untail(self) -> None:
         """Stop tracking the tail: its keys are marked in ``dirty`` (or, past a quarter
-        of the map, every key is: the next save is full, :meth:`mark_all`)."""
-        if self._tail_from < 0:
+        of the map, every key is: the next save is full, :meth:`mark_all`). A full
+        copy-on-write save in progress is not finished for it (that would produce the
+        rest of the save at once, in the middle of a ``process()`` call: a second or more
+        at 10M keys): the keys inserted since its barrier are its overlay's unmerged ones
+        and the map's own tail."""
+        t = self._tail_from
+        if t < 0:
             return
-        n = self._tail_count()
         self._tail_from = -1
         dirty = self.dirty
-        if n == 0 or dirty is None:
+        if dirty is None:
             return
-        size = dict.__len__(self)
+        live = self._live
+        extra = list(live.unmerged()) if live is not None and live.new else []
+        n = dict.__len__(self) - t
+        total = n + len(extra)
+        if total == 0:
+            return
         # n < 0: keys were removed behind the layer's back, which of the tail is unknown
-        if n < 0 or (n > LAYER_MIN and (len(dirty) + n) * 4 > size):
+        if n < 0 or (total > LAYER_MIN and (len(dirty) + total) * 4 > len(self)):
             self.all_dirty = True
             self.dirty = set()
             return
         dirty.update(islice(reversed(dict.keys(self)), n))
+        dirty.update(extra)
 
     def layer_limit(self) -> int:
         """The most keys a layer holds before the interval goes on marking."""
