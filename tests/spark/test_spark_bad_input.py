@@ -78,9 +78,11 @@ def test_an_unclosed_csv_quote_and_undecodable_bytes_name_file_and_line(
         "unclosed quote: the quoted field that starts on this line runs to the end of the file "
         "(line 4)"
     )
+    # read_files splits by bytes: of the 2 processors' halves of the 17 bytes, the line
+    # starting at offset 8 is processor 1's
     (tmp_path / "x.txt").write_bytes(b"ok\nfine\nab\xffcd\n")
     assert first_line(failure(engine, read_dag(sources.read_files(tmp_path, "*.txt")))) == (
-        f"vertex 'src', processor 0: ValueError: read_files (vertex 'src'): {tmp_path / 'x.txt'}:3: "
+        f"vertex 'src', processor 1: ValueError: read_files (vertex 'src'): {tmp_path / 'x.txt'}:3: "
         "invalid UTF-8 (byte 0xff at column 3, offset 10 in the file: invalid start byte)"
     )
 

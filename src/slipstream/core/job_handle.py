@@ -1,4 +1,6 @@
-"""What every engine's job handle offers: ``status``, ``metrics``, ``join``.
+"""What every engine's job handle offers: ``status``, ``metrics``, ``join``
+(``state``, the point query, comes from :class:`slipstream.state.reader.StateQueries`:
+``core`` does not import the state layer).
 
 The embedded engine's :class:`~slipstream.engine.job.Job` and the Spark engine's jobs
 share this base, so ``join`` raises the same errors in the same way on every engine.
@@ -7,16 +9,10 @@ share this base, so ``join`` raises the same errors in the same way on every eng
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slipstream.core.config import JobStatus
 from slipstream.core.errors import JobCancelledError, JobFailedError
-
-if TYPE_CHECKING:
-    from slipstream.state.reader import StateRow
-
-#: ``state(vertex)`` without a key: every key
-_ANY_KEY: Any = object()
 
 
 class JobHandle:
@@ -52,20 +48,6 @@ class JobHandle:
         ``error`` (text of the failure), ``progress`` (vertex -> (done, total) for
         bounded sources that know their size). Engines fill in what they can."""
         return {}
-
-    def state(self, vertex: str, key: Any = _ANY_KEY) -> list[StateRow]:
-        """A point query: the rows of ``key`` (every key if not given) in ``vertex``'s
-        state as of the last snapshot committed to the job's store, read from the store
-        (signatures checked) while the job runs on; see :func:`slipstream.state.read`
-        for what the rows hold. Every engine's job with a store answers it (the embedded
-        engine's with a processing guarantee, a Spark streaming or micro-batch job's
-        checkpoint). A ``SnapshotError`` if the job takes no snapshots or has committed
-        none yet."""
-        from slipstream.state.reader import point_query
-
-        if key is _ANY_KEY:
-            return point_query(self, vertex)[1]
-        return point_query(self, vertex, key)[1]
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the job to end. Raises ``JobFailedError`` (naming the vertex and

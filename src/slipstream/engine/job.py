@@ -60,6 +60,7 @@ from slipstream.engine.workers import (
 )
 from slipstream.execution.plan import build_vertex_plans, close_suppliers, wire
 from slipstream.execution.tasklet import ProcessorTasklet
+from slipstream.state.reader import StateQueries
 
 if TYPE_CHECKING:
     from slipstream.engine.local import LocalEngine
@@ -351,7 +352,7 @@ class _Execution:
         self.job = weakref.proxy(self.job)
 
 
-class Job(JobHandle):
+class Job(JobHandle, StateQueries):
     """Handle of a submitted job: ``join``, ``cancel``, ``suspend``, ``resume``,
     ``restart``, ``status``, ``metrics``."""
 

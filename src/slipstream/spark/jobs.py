@@ -34,6 +34,7 @@ from slipstream.spark.failures import (
     thread_died_error,
 )
 from slipstream.spark.io import write_rows
+from slipstream.state.reader import StateQueries
 
 __all__ = [
     "JobHost",
@@ -73,7 +74,7 @@ class JobHost(Protocol):
         """Keep only the newest ``limit`` items of the named lists."""
 
 
-class SparkJobBase(JobHandle):
+class SparkJobBase(JobHandle, StateQueries):
     """The job API every Spark job kind shares: ``id`` (one sequence for all kinds),
     ``name``, ``status``, ``join``, ``cancel`` (cancels the job's Spark job group, then
     :meth:`_stop`). ``suspend``/``resume``/``restart`` are not supported on Spark."""

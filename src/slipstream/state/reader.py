@@ -72,6 +72,7 @@ from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
 
 __all__ = [
     "StateChange",
+    "StateQueries",
     "StateRow",
     "changes",
     "open_store",
@@ -724,3 +725,20 @@ def to_arrow(rows: Sequence[tuple[Any, ...]]) -> Any:
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             arrays.append(pa.array([None if v is None else repr(v) for v in c], pa.string()))
     return pa.Table.from_arrays(arrays, names=list(fields))
+
+
+class StateQueries:
+    """What a job handle adds to answer point queries on its state (``job.state``).
+    Every engine's job with a store mixes it in (the embedded engine's ``Job``, the
+    Spark engine's jobs); it lives here, not on ``core``'s ``JobHandle``, because
+    ``core`` imports no state layer."""
+
+    def state(self, vertex: str, key: Any = _ALL) -> list[StateRow]:
+        """A point query: the rows of ``key`` (every key if not given) in ``vertex``'s
+        state as of the last snapshot committed to the job's store, read from the store
+        (signatures checked) while the job runs on; see :func:`slipstream.state.read`
+        for what the rows hold. Every engine's job with a store answers it (the embedded
+        engine's with a processing guarantee, a Spark streaming or micro-batch job's
+        checkpoint). A ``SnapshotError`` if the job takes no snapshots or has committed
+        none yet."""
+        return point_query(self, vertex, key)[1]
