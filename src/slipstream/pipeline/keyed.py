@@ -15,7 +15,7 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable
-from itertools import islice
+from itertools import islice, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -277,8 +277,36 @@ class MapStatefulP(AbstractProcessor):
         missing = _NOTHING
         chunk = inbox if n == len(inbox) else list(islice(inbox, n))
         keys = iter(chunk)  # zip takes the key first: it is at the failing item
+        live = states._live
+        if live is not None and live.new is not None and live.old is not None:
+            # a full copy-on-write save is produced (the map is an _OverlayKeyedState,
+            # whose get() and item store are Python calls): the map's own keys by C-level
+            # dict.get, then the save's overlay, where a new key goes (as the overlay's
+            # __setitem__ would put it: nothing else writes the map's keys here)
+            get = dict.get.__get__(states)
+            nget = live.new.get
+            new = live.new
+        else:
+            new = None
         try:
-            if states.inserts_to_map():
+            if new is not None and states.inserts_to_map():
+                for k, v in zip(map(key_fn, keys), chunk if callable(add) else repeat(add)):  # noqa: B905
+                    if callable(add):
+                        v = add(v)
+                    acc = lget(k, missing)
+                    if acc is missing:
+                        acc = fget(k, missing)
+                        if acc is missing:
+                            acc = get(k, missing)
+                            if acc is missing:
+                                acc = nget(k, missing)
+                                if acc is missing:
+                                    acc = new[k] = 0 + v
+                                    append((k, acc))
+                                    continue
+                    acc = layer[k] = acc + v
+                    append((k, acc))
+            elif states.inserts_to_map():
                 # a new key joins the map's tail; a key of the map (or of a layer) is
                 # written into the layer
                 if callable(add):
