@@ -18,6 +18,14 @@ VOCAB_SIZE = 50_000
 WORDS_PER_LINE = 10
 
 
+def count(text: str) -> int:
+    """A count as the benches' options take it: ``"2500000"``, ``"10k"``, ``"1.5M"``
+    (``k`` / ``M``, either case). ``ValueError`` for anything else."""
+    text = text.strip()
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:].lower(), 1)
+    return int(float(text[:-1] if scale != 1 else text) * scale)
+
+
 def cache_path(name: str) -> str:
     """``name`` inside this user's private benchmark cache directory
     (``<temp>/slipstream-<uid>/bench``, mode 0700, owner checked), where generated

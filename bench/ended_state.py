@@ -26,13 +26,8 @@ import sys
 import time
 from typing import Any
 
-
-def _count(text: str) -> int:
-    text = text.strip().lower()
-    for suffix, factor in (("k", 1_000), ("m", 1_000_000)):
-        if text.endswith(suffix):
-            return int(float(text[:-1]) * factor)
-    return int(text)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import count  # noqa: E402
 
 
 def _rss_kb() -> int:
@@ -100,7 +95,7 @@ def main() -> None:
     ap.add_argument("--src", default=None, help="the src directory of the slipstream to run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    keys = _count(args.keys)
+    keys = count(args.keys)
     if args.child:
         print(json.dumps(run_jobs(args.jobs, keys, args.engine, args.source)))
         return

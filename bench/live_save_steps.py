@@ -22,6 +22,8 @@ processor's items cost while the save is in progress). Run it with ``PYTHONPATH=
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -29,10 +31,8 @@ from typing import Any
 from slipstream.state import live
 from slipstream.state.keyed import KeyedState
 
-
-def _keys(text: str) -> int:
-    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1].lower(), 1)
-    return int(float(text[:-1] if scale != 1 else text) * scale)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import count  # noqa: E402
 
 
 def run(pattern: str, keys: int, batch: int, saves: int) -> None:
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--patterns", default="writes,inserts,delta")
     a = ap.parse_args()
     for pattern in a.patterns.split(","):
-        run(pattern, _keys(a.keys), a.batch, a.saves)
+        run(pattern, count(a.keys), a.batch, a.saves)
 
 
 if __name__ == "__main__":

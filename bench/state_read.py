@@ -58,7 +58,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import peak_rss_mb, run_variant  # noqa: E402
+from benchlib import count, peak_rss_mb, run_variant  # noqa: E402
 
 KEY_DIR_ENV = "SLIPSTREAM_KEY_DIR"  # docs/fault-tolerance.md, "Signed snapshot files"
 QUERY = "select count(*), sum(value) from state"
@@ -66,12 +66,7 @@ VARIANTS = ("read", "to_arrow", "read_arrow", "sql", "cli", "parquet")
 
 
 def parse_keys(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        mult = {"k": 1_000, "M": 1_000_000}.get(part[-1:], 1)
-        out.append(int(float(part[:-1] if mult > 1 else part) * mult))
-    return out
+    return [count(part) for part in text.split(",")]
 
 
 def value_of(i: int) -> int:

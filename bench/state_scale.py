@@ -115,7 +115,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import peak_rss_mb, run_variant  # noqa: E402
+from benchlib import count, peak_rss_mb, run_variant  # noqa: E402
 
 import slipstream as ss  # noqa: E402
 from slipstream import JobConfig, ProcessingGuarantee, sinks, sources  # noqa: E402
@@ -529,10 +529,8 @@ def parse_keys(text: str) -> list[int]:
         part = part.strip()
         if not part:
             continue
-        scale = {"k": 1_000, "m": 1_000_000}.get(part[-1].lower(), 1)
-        number = part[:-1] if scale != 1 else part
         try:
-            value = float(number) * scale
+            value = count(part)
         except ValueError:
             raise SystemExit(
                 f"--keys: {part!r} is not a key count (e.g. 10k, 1M, 2500000)"
