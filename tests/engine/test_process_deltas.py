@@ -101,7 +101,13 @@ def compacted_head_then_delta(store_dir: str) -> bool:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(keys=st.integers(1000, 4000))
+# an even number of keys: every item of a key comes from one source processor (x and
+# x + keys have one parity), so its running sums arrive in x's order whatever the skew
+# between the two sources (a member that started late or stalled under load); the
+# engine orders nothing between two upstream processors, and with an odd number, a key
+# whose items alternate between the sources emits other sums than the oracle's once one
+# source runs keys / 2 items ahead (0.25-1 s at 2,000 items/s)
+@given(keys=st.integers(500, 2000).map(lambda half: 2 * half))
 def test_delta_chains_hold_the_full_state_and_restore_at_one_process(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, keys: int
 ) -> None:
@@ -109,8 +115,10 @@ def test_delta_chains_hold_the_full_state_and_restore_at_one_process(
     store_dir = str(tmp_path_factory.mktemp("store"))
     engine = ss.local(processes=2)
     job = engine.new_job(keyed_dag(10**7, keys, 2000.0, 2), config(store_dir))
-    wait_for(lambda: compacted_head_then_delta(store_dir), "a compacted chain and a delta")
-    job.cancel()
+    try:
+        wait_for(lambda: compacted_head_then_delta(store_dir), "a compacted chain and a delta")
+    finally:  # also when the wait fails: hypothesis replays it, beside this job if left
+        job.cancel()
     with pytest.raises(ss.JobCancelledError):
         job.join(GUARD_S)
     first = list(engine.get_list("out"))
