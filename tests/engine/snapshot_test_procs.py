@@ -12,7 +12,9 @@ from typing import Any
 
 import slipstream as ss
 from slipstream import DAG, Edge, sinks
+from slipstream.core.errors import SnapshotError
 from slipstream.state.keys import BroadcastKey
+from slipstream.state.store import DirectorySnapshotStore, Manifest
 
 FAIL_BUDGET: list[int] = [0]
 FAIL_LOCK = threading.Lock()
@@ -162,6 +164,26 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.005)
+
+
+def newest_manifest(store_dir: str, key: bytes | None = None) -> Manifest | None:
+    """The manifest of the newest committed snapshot in ``store_dir`` while a job may be
+    committing there (``None`` before its first commit). The store keeps its newest
+    ``keep`` (3) snapshots and removes older ones as it commits: with a snapshot every
+    20 ms, a reader held up for a few commits between listing the ids and opening the
+    newest finds that file gone. Then it reads the new newest, as the state readers do
+    (``slipstream.state.reader``); a snapshot still listed that cannot be read is an
+    error."""
+    store = DirectorySnapshotStore(store_dir, key=key)
+    while True:
+        ids = store.committed_ids_read_only()  # what MANIFEST.json names, never rebuilt
+        if not ids:
+            return None
+        try:
+            return store.read_manifest(ids[-1])
+        except SnapshotError:
+            if store.committed_ids_read_only() == ids:
+                raise
 
 
 class KeyedRunningSum(ss.AbstractProcessor):
