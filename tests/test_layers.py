@@ -32,14 +32,10 @@ FORBIDDEN = {
     "engine": {"spark"},
 }
 
-#: (importing module, imported module) pairs that stay on purpose, each with its reason
-ALLOWED = {
-    # The old home of the snapshot entry keys, kept as an alias of slipstream.state.keys:
-    # custom processors import BroadcastKey/KeyedStateKey from it, and snapshot files
-    # written before the split name its classes by this path (pickle imports it on
-    # restore). Nothing in slipstream imports it.
-    ("slipstream.core.snapshot_keys", "slipstream.state.keys"),
-}
+#: (importing module, imported module) pairs that stay on purpose, each with its reason.
+#: None today: the old paths of the modules that moved to state/ (core/snapshot_keys.py,
+#: engine/snapshot_store.py) are served from the package root (_lazy.install_moved).
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:
@@ -198,8 +194,7 @@ def test_the_check_sees_lazy_exports() -> None:
 def test_importing_a_layer_loads_no_layer_above_it(package: str) -> None:
     """The same bar at run time, in a fresh interpreter: importing every module of a
     layer loads none of the layers it must not import (pyspark is not needed: the
-    Spark engine imports it inside the functions that use it). ``core``'s one allowed
-    import, the old path ``core/snapshot_keys.py``, is left out."""
+    Spark engine imports it inside the functions that use it)."""
     allowed = {imp for mod, imp in ALLOWED if layer(mod) == package}
     skip = sorted(mod for mod, _imp in ALLOWED if layer(mod) == package)
     code = (

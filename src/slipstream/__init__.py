@@ -64,6 +64,16 @@ _EXPORTS = {
     },
 }
 _lazy.install(__name__, _EXPORTS)
+# Old paths of the modules that moved into the state layer (issue 22): snapshot files
+# written before the move name their classes by them, and custom processors import the
+# snapshot keys from the first. Served by the package root, so that core/ keeps no
+# import of state/ (slipstream/_lazy.py, install_moved).
+_lazy.install_moved(
+    {
+        "slipstream.core.snapshot_keys": "slipstream.state.keys",
+        "slipstream.engine.snapshot_store": "slipstream.state.store",
+    }
+)
 
 if TYPE_CHECKING:
     from typing import Any

@@ -15,6 +15,13 @@ an attribute of its package. Where a public name has a submodule's spelling
 likewise ``ss.spark`` and ``slipstream/spark/``), that binding would replace the public
 name; a lazy package ignores it (the submodule stays reachable through ``sys.modules``
 and ``from package.sub import x``).
+
+Old module paths are served the same way (:func:`install_moved`): a module that moved
+(``slipstream.core.snapshot_keys`` to ``slipstream.state.keys``) is imported when its
+old path is first asked for, and is the moved module itself. Snapshot files written
+before a move name their classes by the old path (pickle imports it), and users' code
+imports from it. A stub file at the old path would do the same, but would be an import
+of a higher layer from ``core/`` (which imports neither ``execution`` nor ``state``).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import types
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
+    from importlib.machinery import ModuleSpec
 
 
 class LazyModule(types.ModuleType):
@@ -75,3 +83,42 @@ def install(module_name: str, exports: Mapping[str, str]) -> None:
     module = sys.modules[module_name]
     module.__dict__["_lazy_exports"] = dict(exports)
     module.__class__ = LazyModule
+
+
+class _MovedLoader:
+    """The loader of an old module path: the module is the one it moved to, as it is
+    (a loader by protocol: ``create_module`` and ``exec_module``)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType:
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass  # the moved module ran when it was imported
+
+
+class MovedFinder:
+    """A ``sys.meta_path`` finder of old module paths (asked last: a module at a path of
+    its own always wins)."""
+
+    def __init__(self, moved: Mapping[str, str]) -> None:
+        self.moved = dict(moved)
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: object = None
+    ) -> ModuleSpec | None:
+        new = self.moved.get(name)
+        if new is None:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        loader: object = _MovedLoader(new)
+        return ModuleSpec(name, loader)  # type: ignore[arg-type]
+
+
+def install_moved(moved: Mapping[str, str]) -> None:
+    """Serve each old module path of ``moved`` (old path -> the module it moved to) as the
+    moved module, imported when the old path is first imported."""
+    sys.meta_path.append(MovedFinder(moved))
