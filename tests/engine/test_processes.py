@@ -104,12 +104,28 @@ def run(job: Any, processes: int, name: str = "counts", **kw: Any) -> list[Any]:
 @pytest.mark.timeout(GUARD_S)
 @pytest.mark.parametrize("api", ["dag", "pipeline"])
 def test_word_count_with_two_processes_equals_one_process_and_the_oracle(api: str) -> None:
+    """The DAG runs its tokenize vertex inside accumulate's tasklets with two processes
+    (execution/fusion.py) and in a tasklet of its own with one (fuse_vertices=False):
+    the same output and the same figures per vertex, summed over the members."""
     text = lines(3000)
     build: Callable[[list[str]], Any] = word_count_dag if api == "dag" else word_count_pipeline
-    two = run(build(text), 2)
-    one = run(build(text), 1)
-    assert dict(two) == dict(one) == word_count_oracle(text)
-    assert len(two) == len(WORDS)  # each word once: combined on one member
+    jobs = []
+    for processes, fuse in ((2, True), (1, False)):
+        engine = ss.local(processes=processes)
+        job = engine.new_job(build(text), JobConfig(fuse_vertices=fuse))
+        job.join(timeout=GUARD_S)
+        jobs.append((dict(engine.get_list("counts")), len(engine.get_list("counts")), job))
+    (two, n_two, job_two), (one, _, job_one) = jobs
+    assert two == one == word_count_oracle(text)
+    assert n_two == len(WORDS)  # each word once: combined on one member
+    if api == "dag":
+        figures = [
+            {v: (m["items_in"], m["items_out"]) for v, m in j.metrics.items() if v != "__job__"}
+            for j in (job_two, job_one)
+        ]
+        words = sum(word_count_oracle(text).values())
+        assert figures[0]["tokenize"] == figures[1]["tokenize"] == (3000, words)
+        assert figures[0]["accumulate"][0] == figures[1]["accumulate"][0] == words
 
 
 def hold_exit(directory: str) -> None:
@@ -369,24 +385,44 @@ class FailOnMember(ss.AbstractProcessor):
         return self.try_emit(item)
 
 
+def seven_is_bad(x: int) -> int:
+    if x == 7:
+        raise ValueError(f"bad item {x!r}")
+    return x
+
+
 @pytest.mark.timeout(GUARD_S)
-def test_a_processor_error_names_the_vertex_the_processor_and_the_member() -> None:
+@pytest.mark.parametrize("raiser", ["consumer", "producer"])
+def test_a_processor_error_names_the_vertex_the_processor_and_the_member(raiser: str) -> None:
+    """Also when the vertex runs fused with another in one tasklet (execution/fusion.py):
+    ``boom`` has a ``P.map`` fused in front of it (``consumer``), or is a ``P.map`` fused
+    into the sink (``producer``: member 1's source processor has the 7s)."""
     dag = DAG()
-    src = dag.new_vertex("source", functools.partial(ListSource, [7] * 10)).local_parallelism(1)
-    boom = dag.new_vertex("boom", FailOnMember).local_parallelism(1)
-    out = dag.new_vertex("sink", sinks.noop())
-    dag.edge(Edge.between(src, boom).distributed())
-    dag.edge(Edge.between(boom, out))
+    if raiser == "consumer":
+        src = dag.new_vertex("source", functools.partial(ListSource, [7] * 10))
+        pre = dag.new_vertex("pre", P.map(identity)).local_parallelism(1)
+        boom = dag.new_vertex("boom", FailOnMember).local_parallelism(1)
+        dag.edge(Edge.between(src.local_parallelism(1), pre).distributed())
+        dag.edge(Edge.between(pre, boom))
+        where, frame = "ValueError: bad item 7", "in try_process_item"
+    else:
+        src = dag.new_vertex("source", functools.partial(ListSource, [0, 7] * 5))
+        boom = dag.new_vertex("boom", P.map(seven_is_bad)).local_parallelism(1)
+        dag.edge(Edge.between(src.local_parallelism(1), boom))
+        where, frame = "on item 7: ValueError: bad item 7", "in seven_is_bad"
+    dag.edge(Edge.between(boom, dag.new_vertex("sink", sinks.noop())))
     engine = ss.local(processes=2)
     job = engine.new_job(dag, JobConfig(name="fails"))
     with pytest.raises(JobFailedError) as e:
         job.join(timeout=GUARD_S)
     assert str(e.value).split("\n")[0] == (
-        "job 'fails' failed: vertex 'boom', processor 1, member 1: ValueError: bad item 7"
+        f"job 'fails' failed: vertex 'boom', processor 1, member 1, {where}"
+        if raiser == "producer"
+        else f"job 'fails' failed: vertex 'boom', processor 1, member 1: {where}"
     )
     assert e.value.vertex == "boom" and e.value.processor_index == 1
     assert isinstance(e.value.cause, ValueError)
-    assert "in try_process_item" in (e.value.remote_traceback or "")
+    assert frame in (e.value.remote_traceback or "")
 
 
 @pytest.mark.slow

@@ -93,10 +93,12 @@ def test_a_failure_elsewhere_also_ends_a_job_with_a_stuck_processor() -> None:
     sink2 = dag.new_vertex("sink2", sinks.noop()).local_parallelism(1)
     dag.edge(Edge.between(src, stuck)).edge(Edge.between(stuck, sink))
     dag.edge(Edge.between(src2, fail)).edge(Edge.between(fail, sink2))
-    # two cooperative threads: the failing chain keeps running while one worker is stuck
+    # two cooperative threads: the failing chain keeps running while one worker is stuck.
+    # Tasklets go to the threads in turn, so the chain's must stay two (fail, sink2): fused
+    # (JobConfig.fuse_vertices) they are one tasklet, on the stuck processor's thread
     engine = ss.local(cooperative_threads=2, slow_call_ms=50, stop_grace_ms=200)
     try:
-        job = engine.new_job(dag)
+        job = engine.new_job(dag, ss.JobConfig(fuse_vertices=False))
         with pytest.raises(ss.JobFailedError, match="boom"):
             job.join(60)
         assert job.status is JobStatus.FAILED

@@ -12,7 +12,12 @@ from types import TracebackType
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DRIVER_FILES = frozenset(
     os.path.join(_PACKAGE, *parts)
-    for parts in (("engine", "workers.py"), ("execution", "tasklet.py"), ("spark", "task.py"))
+    for parts in (
+        ("engine", "workers.py"),
+        ("execution", "tasklet.py"),
+        ("execution", "fusion.py"),  # two vertices' processors in one tasklet
+        ("spark", "task.py"),
+    )
 )
 
 

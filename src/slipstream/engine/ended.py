@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from slipstream.engine.member_stats import watermarks_and_fill
+from slipstream.execution.fusion import stage_figures
 
 
 @dataclass
@@ -59,13 +60,14 @@ def vertex_figures(
     retries = 0
     since: float | None = None
     for t in tasklets:
-        m = out.setdefault(t.vertex_name, {"items_in": 0, "items_out": 0})
-        m["items_in"] += t.items_in
-        m["items_out"] += sum(c.items_out for c in t.collectors)
+        for vertex, items_in, items_out, ctx in stage_figures(t):
+            m = out.setdefault(vertex, {"items_in": 0, "items_out": 0})
+            m["items_in"] += items_in
+            m["items_out"] += items_out
+            for k, v in ctx.metrics.items():
+                m[k] = m.get(k, 0) + v
+            retries += ctx.metrics.get("commit_retries", 0)
         ctx = t.context
-        for k, v in ctx.metrics.items():
-            m[k] = m.get(k, 0) + v
-        retries += ctx.metrics.get("commit_retries", 0)
         s = ctx.unavailable_since
         if s is not None and (since is None or s < since):
             since = s

@@ -52,6 +52,7 @@ from typing import Any
 
 from slipstream.core.services import InMemoryServices
 from slipstream.engine import gc_tuning, member_logging, member_output
+from slipstream.engine.ended import vertex_figures
 from slipstream.engine.member_control import NAMED, NAMED_REPLY, Calls, MemberControl
 from slipstream.engine.member_reports import ForwardedItemErrors, ForwardedLateItems
 from slipstream.engine.member_stats import WATCH, watermarks_and_fill
@@ -432,14 +433,7 @@ class _Member:
 
     def metrics(self) -> dict[str, dict[str, int]]:
         """Per vertex, as ``Job.metrics`` sums them over this member's processors."""
-        out: dict[str, dict[str, int]] = {}
-        for t in self.tasklets:
-            m = out.setdefault(t.vertex_name, {"items_in": 0, "items_out": 0})
-            m["items_in"] += t.items_in
-            m["items_out"] += sum(c.items_out for c in t.collectors)
-            for k, v in t.context.metrics.items():
-                m[k] = m.get(k, 0) + v
-        return out
+        return vertex_figures(self.tasklets)[0]
 
     def report(self, kind: str = "report") -> bool:
         """Send the metrics and the sinks' new output; a sink item that cannot be

@@ -101,14 +101,24 @@ def watermarks_and_fill(tasklets: Any) -> tuple[dict[str, int | None], dict[str,
     fill: dict[str, float] = {}
     for t in tasklets:
         wm = t.last_wm_out if t.collectors else t.coalescer.last_emitted
+        # the vertices fused into t (execution/fusion.py): the inbound queues are the
+        # first one's, and each passes on the watermarks t receives
+        stages = getattr(t, "fused_stages", None) or ()
+        for stage in stages:
+            lst = wms.setdefault(stage.vertex_name, [])
+            if NO_WATERMARK < t.coalescer.last_emitted < MAX_TIMESTAMP:
+                lst.append(t.coalescer.last_emitted)
+            fill.setdefault(stage.vertex_name, 0.0)
         lst = wms.setdefault(t.vertex_name, [])
         if NO_WATERMARK < wm < MAX_TIMESTAMP:
             lst.append(wm)
-        f = fill.get(t.vertex_name, 0.0)
+        fill.setdefault(t.vertex_name, 0.0)
+        queued = stages[0].vertex_name if stages else t.vertex_name
+        f = fill[queued]
         for s in t.streams:
             for q in s.queues:
                 f = max(f, min(1.0, q.size() / q.capacity))
-        fill[t.vertex_name] = f
+        fill[queued] = f
     return {n: (min(v) if v else None) for n, v in wms.items()}, fill
 
 

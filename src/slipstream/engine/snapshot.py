@@ -209,7 +209,14 @@ class SnapshotCoordinator:
 
     # -- wiring --------------------------------------------------------------------------
     def attach(self, tasklets: list[ProcessorTasklet]) -> None:
-        self._tasklets = list(tasklets)
+        """The execution's tasklets, and the processors fused into them (each saves and
+        completes with its tasklet, execution/fusion.py), so a snapshot records every
+        vertex's processors whether fused or not."""
+        out: list[Any] = []
+        for t in tasklets:
+            out.extend(getattr(t, "fused_stages", ()))
+            out.append(t)
+        self._tasklets = out
 
     def release(self) -> None:
         """The execution ended (engine/ended.py): let go of the tasklets, of what the

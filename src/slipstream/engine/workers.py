@@ -44,6 +44,7 @@ from typing import Any
 from slipstream.core.errors import trim_driver_frames
 from slipstream.core.processor import blocking_call_advice
 from slipstream.engine.ended import clear_error_frames, ended_tasklet
+from slipstream.execution.fusion import failed_stage, running_stage
 from slipstream.execution.tasklet import (
     AWAIT_COMPLETION_COMMIT,
     COMMIT_FINISH,
@@ -168,7 +169,12 @@ def run_committed_closures(
     deadline = time.monotonic() + grace_s
     for t in tasklets:
         ctx = t.context
-        if id(t) in abandoned or t is failed or board.committed_id <= 0:
+        if (
+            id(t) in abandoned
+            or t is failed
+            or failed in t.fused_stages  # a processor fused into t failed
+            or board.committed_id <= 0
+        ):
             continue
         cid = t.completion_snapshot_id
         completion = board.released or 0 < cid <= board.committed_id
@@ -216,7 +222,8 @@ class TaskletFailure:
     def __init__(
         self, tasklet: ProcessorTasklet | None, error: BaseException, restartable: bool = True
     ) -> None:
-        self.tasklet = tasklet
+        # a processor fused into the tasklet raised it: the failure names that one
+        self.tasklet = failed_stage(tasklet) if tasklet is not None else None
         self.error = error
         self.restartable = restartable
         if tasklet is not None:  # a processor's error: its traceback starts at its code
@@ -396,8 +403,11 @@ class WorkerPool:
             started = self._since[slot]
             if t is None or now - started < min_s:
                 continue
-            index = t.index if getattr(t, "processor", None) is not None else None
-            out.append((t.vertex_name, index, t.callback_name, round(now - started, 3)))
+            if getattr(t, "processor", None) is None:  # a channel's sender or receiver
+                out.append((t.vertex_name, None, t.callback_name, round(now - started, 3)))
+                continue
+            s = running_stage(t)  # a fused producer's code, or the tasklet's
+            out.append((s.vertex_name, s.index, t.callback_name, round(now - started, 3)))
         return out
 
     # -- the watchdog ----------------------------------------------------------------
@@ -423,17 +433,18 @@ class WorkerPool:
                             now - started,
                         )
                         continue
+                    s = running_stage(t)  # a fused producer's code, or the tasklet's
                     log.warning(
                         "job %s: vertex %r, processor %d (%s): a cooperative call to %s() has "
                         "been running for %.1f s; cooperative processors must return within "
                         "about a millisecond. %s",
                         self.name,
-                        t.vertex_name,
-                        t.index,
-                        type(t.processor).__name__,
+                        s.vertex_name,
+                        s.index,
+                        type(s.processor).__name__,
                         t.callback_name,
                         now - started,
-                        blocking_call_advice(t.processor, t.context),
+                        blocking_call_advice(s.processor, s.context),
                     )
             if self.stopping and now - self._stopped_at > self.stop_grace_s:
                 self._abandon()

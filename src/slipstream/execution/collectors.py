@@ -223,6 +223,12 @@ class PerTargetCollector(Collector):
             if part:
                 self._append(i, part)
 
+    def check_keys(self, chunk: list[Any]) -> None:
+        """What :meth:`add_chunk` checks of ``chunk`` with one consumer, without
+        routing it: the key of its first item (of every item with ``validate_keys``).
+        A fused edge's producer hands its output over this way (execution/fusion.py)."""
+        self._check_keys(chunk if self.validate_keys else chunk[:1])
+
     def _split(self, chunk: list[Any], n: int) -> list[list[Any]]:
         # measured faster than map/compress variants: one Python loop, a dict lookup of
         # the key's target (cached partition lookup), a bound append

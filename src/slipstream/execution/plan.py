@@ -31,6 +31,7 @@ from slipstream.core.suppliers import (
 from slipstream.core.traits import all_sources_bounded
 from slipstream.execution.channels import Channel, ChannelFactory, ChannelWriter
 from slipstream.execution.collectors import Collector, PerTargetCollector, RoundRobinCollector
+from slipstream.execution.fusion import FusedPairP, fusable_pairs
 from slipstream.execution.inbound import InboundEdgeStream
 from slipstream.execution.queues import CrossMemberQueue, SpscQueue
 
@@ -98,6 +99,9 @@ class VertexPlan:
     #: ``JobConfig.validate_keys``: the vertex's partitioned outbound edges call their
     #: key function on every item even with one consumer
     validate_keys: bool = False
+    #: the inbound edge whose producer runs inside this vertex's tasklets (a stateless
+    #: built-in vertex fused into its only consumer, execution/fusion.py), if any
+    fused_edge: Edge | None = None
 
     @property
     def total_parallelism(self) -> int:
@@ -259,6 +263,11 @@ def build_vertex_plans(
                 vp.contexts[-1].pipeline_stage = getattr(v, "pipeline_stage", None)
                 set_item_errors(vp.contexts[-1], dag, v, config.on_item_error, item_error_report)
         plans[v.name] = vp
+    for name, e in fusable_pairs(dag, plans, config).items():
+        src, dst = plans[e.source.name], plans[name]
+        # each producer feeds the consumer with its own index, and only that one
+        if all(edge_targets(e, src, dst, p) == [p] for p in range(src.total_parallelism)):
+            dst.fused_edge = e
     return plans
 
 
@@ -329,6 +338,8 @@ def wire(
         for e in dag.outbound_edges(v):
             src = plans[e.source.name]
             dst = plans[e.dest.name]  # type: ignore[union-attr]
+            if dst.fused_edge is e:  # no channel: the two run in one tasklet
+                continue
             feeding: dict[int, list[Channel]] = {c: [] for c in range(dst.total_parallelism)}
             label = edge_label(e)
             for producer in range(src.total_parallelism):
@@ -371,6 +382,25 @@ def wire(
                         label=label,
                     )
                 )
+    for v in dag.topological_order():  # a chain's upstream pairs first
+        fused_edge = plans[v.name].fused_edge
+        if fused_edge is not None:
+            _fuse(specs, fused_edge)
     if member is not None:
         return [s for s in specs.values() if s.vertex.member_of(s.global_index) == member]
     return list(specs.values())
+
+
+def _fuse(specs: dict[tuple[str, int], TaskletSpec], edge: Edge) -> None:
+    """Each processor of ``edge``'s producer goes into the consumer's spec with its own
+    index: one :class:`FusedPairP` over the producer's inbound streams."""
+    producer = edge.source.name
+    consumer = edge.dest.name  # type: ignore[union-attr]
+    for (name, g), spec in list(specs.items()):
+        if name != consumer:
+            continue
+        first = specs.pop((producer, g))
+        spec.processor = FusedPairP(
+            first.processor, first.context, spec.processor, edge, first.vertex.validate_keys
+        )
+        spec.inbound = first.inbound

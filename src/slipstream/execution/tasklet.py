@@ -216,6 +216,9 @@ class ProcessorTasklet:
         self.vertex_name = context.vertex_name
         self.index = context.global_processor_index
         self.collectors = list(outbound)
+        #: the processors of vertices fused into this one (execution/fusion.py): the
+        #: snapshot coordinator counts them saved and completed with this tasklet
+        self.fused_stages: list[Any] = list(getattr(processor, "fused_stages", None) or ())
         self.cooperative = bool(processor.is_cooperative())
         self.outbox = Outbox(
             len(self.collectors),
@@ -406,6 +409,8 @@ class ProcessorTasklet:
             return
         if state == EMIT_DONE:
             if self.snapshot_sink is not None:
+                for stage in self.fused_stages:
+                    self.snapshot_sink.tasklet_completed(stage)  # type: ignore[arg-type]
                 self.snapshot_sink.tasklet_completed(self)
             self._emit_special(DONE_ITEM)
             self.state = AWAIT_COMPLETION_COMMIT if self._has_commit_phase() else CLOSE
@@ -567,6 +572,8 @@ class ProcessorTasklet:
         self._save_started = None
         self.last_save_seconds = 0.0 if started is None else time.perf_counter() - started
         if self.snapshot_sink is not None:
+            for stage in self.fused_stages:
+                self.snapshot_sink.processor_done(stage, barrier)  # type: ignore[arg-type]
             self.snapshot_sink.processor_done(self, barrier)
         self.last_snapshot_id = barrier.snapshot_id
         self.pending_barrier = None

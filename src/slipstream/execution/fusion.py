@@ -1,0 +1,408 @@
+"""Engine fusion: a stateless built-in vertex runs inside its only consumer's tasklet.
+
+A hand-wired DAG often puts a ``P.map`` / ``P.filter`` / ``P.flat_map`` vertex in front
+of the vertex that does the work (word count's ``tokenize`` -> ``accumulate``). Each item
+then crosses a queue between two tasklets: ~10 words a line, a worker pass per ~1,000
+words, 20-30 % of word count's CPU (docs/performance.md, "Word count: why the Core API
+DAG is ~20-30 % slower"). The Pipeline compiler avoids the hop by fusing such a chain
+into its consumer; this module does the same for any DAG, in the execution plan, so the
+DAG, its vertices and its snapshot names stay the user's.
+
+A pair is fused (:func:`fusable_pairs`) when
+
+* every processor of the producer is exactly ``MapP``, ``FilterP`` or ``FlatMapP``
+  (``P.map``, ``P.filter``, ``P.flat_map``: stateless, nothing to snapshot);
+* the producer has one outbound edge, member-local, and it is the consumer's only
+  inbound edge;
+* each producer sends to exactly one consumer, the one with its own index (an isolated
+  edge between equal local parallelism, or one processor on each side per member);
+* both vertices have the same bad-record policy and the consumer is cooperative.
+
+Chains of such vertices fuse too. The pair runs as one tasklet of the consumer whose
+processor, :class:`FusedPairP`, runs the two back to back; each keeps its own
+:class:`~slipstream.core.processor.Context` (vertex name, index, counters, bad-record
+policy). What users see stays per vertex: :func:`stage_figures` gives each vertex its
+``items_in``/``items_out``, an error raised by the producer's function names the
+producer (:func:`failed_stage`), the removed edge's key function is still checked as its
+collector would (a broken one fails the job with ``KeyFunctionError``), and the
+tasklet reports the producer's processor to the snapshot coordinator as saved and
+completed along with its own (:class:`FusedStage`), so a snapshot written fused is the
+one written unfused, and either restores the other.
+
+``JobConfig(fuse_vertices=False)`` (or ``SLIPSTREAM_FUSE_VERTICES=0`` in the
+environment) turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from slipstream.core.config import JobConfig
+from slipstream.core.dag import DAG, Edge, RoutingPolicy
+from slipstream.core.dead_letters import policy_of
+from slipstream.core.inbox import Inbox
+from slipstream.core.items import IdleMessage, Watermark
+from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
+from slipstream.core.partition import DEFAULT_PARTITION_COUNT
+from slipstream.core.processor import Context, Processor
+from slipstream.execution.collectors import PerTargetCollector
+from slipstream.processors.basic import FilterP, FlatMapP, MapP
+
+__all__ = [
+    "FusedPairP",
+    "FusedStage",
+    "failed_stage",
+    "running_stage",
+    "fusable_pairs",
+    "fusion_enabled",
+    "stage_figures",
+]
+
+#: the processors a producer of a fused pair is made of (exact types: a subclass may
+#: keep state)
+STATELESS = (MapP, FilterP, FlatMapP)
+
+ENV = "SLIPSTREAM_FUSE_VERTICES"
+
+
+def fusion_enabled(config: JobConfig) -> bool:
+    """``JobConfig.fuse_vertices``, unless ``SLIPSTREAM_FUSE_VERTICES=0`` is set."""
+    return bool(getattr(config, "fuse_vertices", True)) and os.environ.get(ENV, "1") != "0"
+
+
+def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict[str, Edge]:
+    """The edges to fuse, by consumer name (see the module docstring). ``plans``: the
+    :class:`~slipstream.execution.plan.VertexPlan` of each vertex, processors created."""
+    if not fusion_enabled(config):
+        return {}
+    out: dict[str, Edge] = {}
+    for v in dag.topological_order():
+        src = plans[v.name]
+        if not src.processors or any(type(p) not in STATELESS for p in src.processors):
+            continue
+        outbound = dag.outbound_edges(v)
+        if len(outbound) != 1:
+            continue
+        e = outbound[0]
+        if e.is_distributed or e.source_ordinal != 0 or e.dest is None:
+            continue
+        if len(dag.inbound_edges(e.dest)) != 1:
+            continue
+        dst = plans[e.dest.name]
+        if dst.local_parallelism != src.local_parallelism or dst.member_count != src.member_count:
+            continue
+        if src.local_parallelism != 1 and e.routing is not RoutingPolicy.ISOLATED:
+            continue
+        if policy_of(v, config.on_item_error) != policy_of(e.dest, config.on_item_error):
+            continue
+        if not all(p.is_cooperative() for p in dst.processors):
+            continue
+        out[e.dest.name] = e
+    return out
+
+
+class FusedStage:
+    """A producer's processor fused into its consumer's tasklet, as the snapshot
+    coordinator and the figures see it: its vertex and index, counted as saved and
+    completed when the tasklet is (it holds no state)."""
+
+    __slots__ = ("vertex_name", "index", "processor", "context", "completion_snapshot_id")
+
+    last_save_seconds = 0.0
+    state_name = "FUSED"
+
+    def __init__(self, processor: Processor, context: Context) -> None:
+        self.vertex_name = context.vertex_name
+        self.index = context.global_processor_index
+        self.processor = processor
+        self.context = context
+        self.completion_snapshot_id = 0
+
+    def __repr__(self) -> str:
+        return f"FusedStage({self.vertex_name}#{self.index})"
+
+
+def _key_checker(edge: Edge, validate_keys: bool) -> PerTargetCollector | None:
+    """What the removed edge's collector checked with one consumer: its key function
+    (and partitioner) on each chunk's first item (every item with ``validate_keys``)."""
+    if edge.routing is not RoutingPolicy.PARTITIONED:
+        return None
+    from slipstream.execution.plan import edge_label
+
+    return PerTargetCollector(
+        [],
+        key_fn=edge.key_fn,
+        partitioner=edge.partitioner,
+        partition_to_target=[0] * DEFAULT_PARTITION_COUNT,
+        label=edge_label(edge),
+        validate_keys=validate_keys,
+    )
+
+
+def _next_special(types: list[type], start: int) -> int:
+    """Index of the first watermark or idle mark at or after ``start``, else -1."""
+    found = -1
+    for special in (Watermark, IdleMessage):
+        try:
+            i = types.index(special, start)
+        except ValueError:
+            continue
+        if found < 0 or i < found:
+            found = i
+    return found
+
+
+class FusedPairP(Processor):
+    """``first`` (a stateless built-in, or a fused chain of them) feeding ``second``
+    through ``edge``, in one processor; the tasklet's context is ``second``'s.
+
+    ``first`` writes into a private one-bucket outbox; whatever it emitted is handed to
+    ``second`` (items through ``process`` on the edge's ordinal, watermarks through
+    ``try_process_watermark``, in order) before ``first`` gets more input and before any
+    other callback goes on: each returns ``False`` (call again) while something is still
+    in between, so the engine never takes a snapshot or completes with items between the
+    two. ``passed`` counts the items handed over (the producer's ``items_out``, the
+    consumer's ``items_in``)."""
+
+    handles_item_errors = True
+
+    def __init__(
+        self,
+        first: Processor,
+        first_context: Context,
+        second: Processor,
+        edge: Edge,
+        validate_keys: bool = False,
+    ) -> None:
+        self.first = first
+        self.first_context = first_context
+        self.second = second
+        self.ordinal = edge.dest_ordinal
+        self.passed = 0
+        inner = getattr(first, "fused_stages", None)
+        #: the producers' processors, upstream first (a chain: the first one's too)
+        self.fused_stages: list[FusedStage] = [
+            *(inner or ()),
+            FusedStage(first if inner is None else first.second, first_context),  # type: ignore[attr-defined]
+        ]
+        #: the stage whose code raised the error going on, if it was a producer's
+        self.failed_stage: FusedStage | None = None
+        #: ``first`` is in a call now (what the slow-call watchdog names)
+        self.in_first = False
+        self._checker = _key_checker(edge, validate_keys)
+        self._mid: Outbox | None = None
+        self._queue: deque[Any] = deque()  # first's output segments: item lists, specials
+        self._inbox = Inbox()  # second's input
+        self._first_done = False
+        self._edge_done = False
+        self._wm_to_first = False
+        relevant = getattr(second, "min_relevant_watermark", None)
+        if getattr(relevant, "__func__", None) is not Processor.min_relevant_watermark:
+            self.min_relevant_watermark = relevant  # type: ignore[method-assign,assignment]
+        progress = getattr(second, "progress", None)
+        if callable(progress):
+            self.progress = progress
+
+    def init(self, outbox: Outbox, context: Context) -> None:
+        self.outbox = outbox
+        self.context = context
+        fc = self.first_context
+        # what the execution gave the consumer's context (engine/workers.prepare_context)
+        for name in ("metric_listener", "sink_outage_timeout", "state_dir"):
+            if hasattr(context, name):
+                setattr(fc, name, getattr(context, name))
+        self._mid = Outbox(1, outbox.capacity)
+        self._first(self.first.init, self._mid, fc)
+        self.second.init(outbox, context)
+
+    def is_cooperative(self) -> bool:
+        return True
+
+    def _first(self, call: Any, *args: Any) -> Any:
+        """``call(*args)``, one of ``first``'s callbacks: an error it raises is the
+        producer's (:func:`failed_stage`)."""
+        self.in_first = True
+        try:
+            return call(*args)
+        except BaseException:
+            inner = getattr(self.first, "failed_stage", None)
+            self.failed_stage = inner if inner is not None else self.fused_stages[-1]
+            raise
+        finally:
+            self.in_first = False
+
+    def _hand_over(self, items: list[Any]) -> None:
+        checker = self._checker
+        if checker is not None and items:
+            try:
+                checker.check_keys(items)
+            except BaseException:
+                self.failed_stage = self.fused_stages[-1]  # the removed edge's producer
+                raise
+        self.passed += len(items)
+        self._inbox.extend(items)
+
+    def _drain(self) -> bool:
+        """Hand everything ``first`` emitted to ``second``; ``True`` when nothing is left
+        in between."""
+        mid = self._mid
+        assert mid is not None
+        bucket = mid.buckets[0]
+        queue = self._queue
+        inbox = self._inbox
+        second = self.second
+        ordinal = self.ordinal
+        while True:
+            if inbox:
+                second.process(ordinal, inbox)
+                if inbox:
+                    return False
+            if queue:
+                head = queue[0]
+                if type(head) is list:
+                    self._hand_over(head)
+                elif type(head) is Watermark:
+                    if not second.try_process_watermark(head):
+                        return False
+                elif not self.outbox.offer(head):  # an idle mark goes straight on
+                    return False
+                queue.popleft()
+                continue
+            if not bucket:
+                return True
+            if mid.specials is SPECIAL_AT_TAIL:
+                mid.specials = False
+                queue.append(bucket.pop())
+                self._hand_over(bucket)
+            elif mid.specials:
+                mid.specials = False
+                types = list(map(type, bucket))
+                start = 0
+                while True:
+                    i = _next_special(types, start)
+                    if i < 0:
+                        break
+                    if i > start:
+                        queue.append(bucket[start:i])
+                    queue.append(bucket[i])
+                    start = i + 1
+                if start < len(bucket):
+                    queue.append(bucket[start:])
+            else:
+                self._hand_over(bucket)
+            bucket.clear()
+
+    def process(self, ordinal: int, inbox: Inbox) -> None:
+        if not self._drain():
+            return
+        self._first(self.first.process, ordinal, inbox)
+        self._drain()
+
+    def try_process(self) -> bool:
+        if not self._drain():
+            return False
+        done = self._first(self.first.try_process)
+        if not self._drain():
+            return False
+        return bool(self.second.try_process()) and bool(done)
+
+    def try_process_watermark(self, watermark: Watermark) -> bool:
+        if not self._drain():
+            return False
+        if not self._wm_to_first:
+            if not self._first(self.first.try_process_watermark, watermark):
+                self._drain()
+                return False
+            self._wm_to_first = True
+        if not self._drain():
+            return False
+        self._wm_to_first = False
+        return True
+
+    def complete_edge(self, ordinal: int) -> bool:
+        if not self._drain():
+            return False
+        done = self._first(self.first.complete_edge, ordinal)
+        return self._drain() and bool(done)
+
+    def complete(self) -> bool:
+        if not self._drain():
+            return False
+        if not self._first_done:
+            done = self._first(self.first.complete)
+            if not self._drain() or not done:
+                return False
+            self._first_done = True
+        if not self._edge_done:
+            if not self.second.complete_edge(self.ordinal):
+                return False
+            self._edge_done = True
+        return bool(self.second.complete())
+
+    def save_to_snapshot(self) -> bool:
+        # the producers hold no state: nothing of theirs goes into the snapshot
+        return self._drain() and bool(self.second.save_to_snapshot())
+
+    def snapshot_commit_prepare(self) -> bool:
+        return bool(self.second.snapshot_commit_prepare())
+
+    def snapshot_commit_finish(self, success: bool) -> bool:
+        return bool(self.second.snapshot_commit_finish(success))
+
+    def restore_from_snapshot(self, inbox: Inbox) -> None:
+        self.second.restore_from_snapshot(inbox)
+
+    def finish_snapshot_restore(self) -> bool:
+        return bool(self.second.finish_snapshot_restore())
+
+    def close(self) -> None:
+        try:
+            self._first(self.first.close)
+        finally:
+            self.second.close()
+
+    def __repr__(self) -> str:
+        return f"FusedPairP({self.first!r} -> {self.second!r})"
+
+
+def failed_stage(tasklet: Any) -> Any:
+    """What an error raised in ``tasklet``'s call names: the fused producer whose code
+    raised it, else the tasklet."""
+    stage = getattr(getattr(tasklet, "processor", None), "failed_stage", None)
+    return stage if stage is not None else tasklet
+
+
+def running_stage(tasklet: Any) -> Any:
+    """Whose code ``tasklet``'s call is running now: the fused producer's while the
+    call is in it, else the tasklet (what the slow-call watchdog names)."""
+    p = getattr(tasklet, "processor", None)
+    stage = tasklet
+    while type(p) is FusedPairP and p.in_first:
+        stage = p.fused_stages[-1]
+        p = p.first
+    return stage
+
+
+def stage_figures(tasklet: Any) -> list[tuple[str, int, int, Context]]:
+    """``(vertex, items_in, items_out, context)`` of each vertex ``tasklet`` runs: one
+    for a plain tasklet; for a fused one each producer (its ``items_out`` the items it
+    handed on) and the consumer (its ``items_in`` those items)."""
+    out = sum(c.items_out for c in tasklet.collectors)
+    p = getattr(tasklet, "processor", None)
+    if type(p) is not FusedPairP:
+        return [(tasklet.vertex_name, tasklet.items_in, out, tasklet.context)]
+    rows: list[tuple[str, int, int, Context]] = []
+    items_in = tasklet.items_in
+    pairs: list[FusedPairP] = []
+    while type(p) is FusedPairP:
+        pairs.append(p)
+        p = p.first
+    pairs.reverse()  # the most upstream pair first
+    for pair, stage in zip(pairs, pairs[-1].fused_stages, strict=True):
+        rows.append((stage.vertex_name, items_in, pair.passed, stage.context))
+        items_in = pair.passed
+    rows.append((tasklet.vertex_name, items_in, out, tasklet.context))
+    return rows

@@ -1,0 +1,362 @@
+"""Engine fusion (execution/fusion.py): a ``P.map`` / ``P.filter`` / ``P.flat_map`` vertex
+runs inside its only consumer's tasklet. What it must keep: the output, each vertex's
+figures, the vertex an error names, the removed edge's key check, and snapshots that
+restore across fused and unfused executions."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import slipstream as ss
+from slipstream import DAG, Edge, JobConfig, sinks, sources
+from slipstream import processors as P
+from slipstream.aggregate import counting
+from slipstream.core.config import ProcessingGuarantee
+from slipstream.execution.plan import build_vertex_plans, wire
+from slipstream.processors.basic import MapP
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
+
+import snapshot_test_procs as stp  # noqa: E402
+from engine_test_procs import ListSource  # noqa: E402
+from test_engine_random_dags import KINDS, dags, oracle  # noqa: E402
+
+EO = ProcessingGuarantee.EXACTLY_ONCE
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def word_count_dag(text: list[str]) -> DAG:
+    """The documented Core API word count (examples/wordcount.py's shape)."""
+    dag = DAG()
+    src = dag.new_vertex("source", sources.items(text))
+    tok = dag.new_vertex("tokenize", P.flat_map(str.split))
+    acc = dag.new_vertex("accumulate", P.accumulate_by_key(identity, counting()))
+    comb = dag.new_vertex("combine", P.combine_by_key(counting()))
+    out = dag.new_vertex("sink", sinks.list_sink("counts")).local_parallelism(1)
+    dag.edge(Edge.between(src, tok))
+    dag.edge(Edge.between(tok, acc).partitioned(identity))
+    dag.edge(Edge.between(acc, comb).distributed().partitioned(ss.entry_key))
+    dag.edge(Edge.between(comb, out))
+    return dag
+
+
+def planned(dag: DAG, config: JobConfig, members: int = 1) -> dict[str, str]:
+    """Vertex -> processor type of each tasklet the plan makes (member 0's)."""
+    plans = build_vertex_plans(dag, config, members, 1, None, "plan", check_pickle=False)
+    specs = wire(dag, plans, config.processing_guarantee)
+    return {s.vertex.vertex.name: type(s.processor).__name__ for s in specs if s.global_index == 0}
+
+
+def test_word_count_runs_tokenize_inside_accumulate(monkeypatch: pytest.MonkeyPatch) -> None:
+    dag = word_count_dag(["a b"])
+    fused = planned(dag, JobConfig())
+    assert sorted(fused) == ["accumulate", "combine", "sink", "source"]
+    assert fused["accumulate"] == "FusedPairP"
+    unfused = planned(dag, JobConfig(fuse_vertices=False))
+    assert unfused["tokenize"] == "FlatMapP" and unfused["accumulate"] != "FusedPairP"
+    monkeypatch.setenv("SLIPSTREAM_FUSE_VERTICES", "0")
+    assert planned(dag, JobConfig()) == unfused
+
+
+class StatefulMap(MapP):
+    """A subclass of the built-in may keep state: never fused."""
+
+
+class Blocking(ss.AbstractProcessor):
+    def is_cooperative(self) -> bool:
+        return False
+
+    def process(self, ordinal: int, inbox: Any) -> None:
+        inbox.clear()
+
+
+def shape(kind: str) -> tuple[DAG, JobConfig]:
+    """A map -> consumer pair that must not fuse, for the reason ``kind`` says."""
+    dag = DAG()
+    src = dag.new_vertex("src", sources.items([1, 2])).local_parallelism(1)
+    lp_map, lp_out = (2, 2) if kind in ("unicast-lp2", "isolated") else (1, 1)
+    if kind == "lp-differs":
+        lp_out = 2
+    sup: Any = functools.partial(StatefulMap, identity) if kind == "subclass" else P.map(identity)
+    m = dag.new_vertex("map", sup).local_parallelism(lp_map)
+    out = dag.new_vertex("out", Blocking if kind == "blocking" else sinks.noop())
+    out.local_parallelism(lp_out)
+    dag.edge(Edge.between(src, m))
+    e = Edge.between(m, out)
+    if kind == "distributed":
+        e.distributed()
+    if kind == "isolated":
+        e.isolated()
+    dag.edge(e)
+    if kind == "two-outputs":
+        dag.edge(Edge.from_(m, 1).to(dag.new_vertex("other", sinks.noop())))
+    if kind == "two-inputs":
+        dag.edge(Edge.from_(src, 1).to(out, 1))
+    if kind == "policy":
+        m.on_item_error("skip")
+    return dag, JobConfig()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "isolated",
+        "subclass",
+        "blocking",
+        "distributed",
+        "unicast-lp2",
+        "lp-differs",
+        "two-outputs",
+        "two-inputs",
+        "policy",
+    ],
+)
+def test_what_fuses_and_what_does_not(kind: str) -> None:
+    dag, config = shape(kind)
+    plan = planned(dag, config, members=2)
+    if kind == "isolated":
+        assert "map" not in plan and plan["out"] == "FusedPairP"
+    else:
+        assert "map" in plan and plan["out"] != "FusedPairP"
+
+
+# -- fused against unfused on random DAGs ------------------------------------------------------
+
+
+def builtin(kind: str, c: int) -> Any:
+    """The random DAGs' vertex functions as the built-in processors."""
+    fn = functools.partial(KINDS[kind], c)
+    if kind == "map":
+        return P.map(lambda x: fn(x)[0])
+    if kind == "filter":
+        return P.filter(lambda x: bool(fn(x)))
+    return P.flat_map(fn)
+
+
+class Sink(ss.AbstractProcessor):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.out = context.get_list(self.name)
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        self.out.append(item)
+        return True
+
+
+def build_builtin(spec: dict[str, Any]) -> tuple[DAG, list[str]]:
+    """test_engine_random_dags.build with the built-in processors where a vertex is
+    cooperative (a non-cooperative vertex stays the test's own processor)."""
+    from test_engine_random_dags import Apply
+
+    dag = DAG()
+    vs = []
+    for v in spec["vertices"]:
+        if v["kind"] == "source":
+            sup: Any = functools.partial(ListSource, v["data"])
+        elif v["coop"]:
+            sup = builtin(v["kind"], v["c"])
+        else:
+            sup = functools.partial(Apply, functools.partial(KINDS[v["kind"]], v["c"]), False)
+        vs.append(dag.new_vertex(v["name"], sup).local_parallelism(v["lp"]))
+    out_ordinal: Counter = Counter()
+    for e in spec["edges"]:
+        edge = Edge.from_(vs[e["src"]], out_ordinal[e["src"]]).to(vs[e["dst"]], e["ordinal"])
+        out_ordinal[e["src"]] += 1
+        r = e["routing"]
+        if r == "partitioned":
+            edge.partitioned(lambda x: x % 7)
+        elif r != "unicast":
+            getattr(edge, r)()
+        if e["distributed"]:
+            edge.distributed()
+        dag.edge(edge.queue_size(e["queue"]))
+    names = []
+    for i, v in enumerate(spec["vertices"]):
+        if out_ordinal[i] == 0 and v["kind"] != "source":
+            k = dag.new_vertex(f"sink-{v['name']}", functools.partial(Sink, f"out-{v['name']}"))
+            dag.edge(Edge.between(vs[i], k))
+            names.append(v["name"])
+    return dag, names
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=dags(), capacity=st.sampled_from([1, 2048]))
+def test_random_dags_fused_and_unfused_give_the_oracles_output_and_figures(
+    spec: dict[str, Any], capacity: int
+) -> None:
+    dag, names = build_builtin(spec)
+    expected = oracle(spec)
+    figures = []
+    for fuse in (True, False):
+        engine = ss.local(members=spec["members"], outbox_capacity=capacity)
+        job = engine.new_job(dag, JobConfig(fuse_vertices=fuse))
+        job.join(timeout=20)
+        for name in names:
+            assert Counter(engine.get_list(f"out-{name}")) == expected[name], (fuse, name)
+        figures.append({v: m for v, m in job.metrics.items() if v != "__job__"})
+    assert figures[0] == figures[1]
+
+
+def test_a_chain_of_three_fuses_into_one_tasklet_with_each_vertexs_figures() -> None:
+    dag = DAG()
+    src = dag.new_vertex("src", sources.items(["a b", "c", "", "d e f"]))
+    split = dag.new_vertex("split", P.flat_map(str.split))
+    upper = dag.new_vertex("upper", P.map(str.upper))
+    not_c = dag.new_vertex("not-c", P.filter(lambda w: w != "C"))
+    out = dag.new_vertex("sink", sinks.list_sink("out"))
+    dag.edge(Edge.between(src, split)).edge(Edge.between(split, upper))
+    dag.edge(Edge.between(upper, not_c)).edge(Edge.between(not_c, out))
+    plan = planned(dag, JobConfig())
+    assert sorted(plan) == ["sink", "src"] and plan["sink"] == "FusedPairP"
+    engine = ss.local()
+    job = engine.new_job(dag)
+    job.join(20)
+    assert list(engine.get_list("out")) == ["A", "B", "D", "E", "F"]
+    assert {
+        v: (m["items_in"], m["items_out"]) for v, m in job.metrics.items() if v != "__job__"
+    } == {
+        "src": (0, 4),
+        "split": (4, 6),
+        "upper": (6, 6),
+        "not-c": (6, 5),
+        "sink": (5, 0),
+    }
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def invert(x: int) -> float:
+    return 1 / (x - 3)
+
+
+def test_an_error_in_the_fused_producer_names_it_and_the_consumers_names_the_consumer() -> None:
+    dag = DAG()
+    src = dag.new_vertex("numbers", sources.items(range(6)))
+    inv = dag.new_vertex("invert", P.map(invert))
+    acc = dag.new_vertex("count", P.accumulate_by_key(lambda x: x // 0, counting()))
+    dag.edge(Edge.between(src, inv)).edge(Edge.between(inv, acc))
+    dag.edge(Edge.between(acc, dag.new_vertex("sink", sinks.noop())))
+    assert planned(dag, JobConfig())["count"] == "FusedPairP"
+    with pytest.raises(ss.JobFailedError) as e:
+        ss.local().new_job(dag, JobConfig(name="bad")).join(20)
+    assert e.value.vertex == "invert" and e.value.processor_index == 0
+    assert str(e.value).startswith(
+        "job 'bad' failed: vertex 'invert', processor 0, on item 3: ZeroDivisionError"
+    )
+    # the consumer's own function: the consumer is named
+    dag2 = DAG()
+    src2 = dag2.new_vertex("numbers", sources.items(range(2)))
+    inv2 = dag2.new_vertex("invert", P.map(lambda x: x + 10))
+    acc2 = dag2.new_vertex("count", P.accumulate_by_key(lambda x: x // 0, counting()))
+    dag2.edge(Edge.between(src2, inv2)).edge(Edge.between(inv2, acc2))
+    dag2.edge(Edge.between(acc2, dag2.new_vertex("sink", sinks.noop())))
+    with pytest.raises(ss.JobFailedError) as e2:
+        ss.local().new_job(dag2).join(20)
+    assert e2.value.vertex == "count"
+
+
+def broken_key(word: str) -> str:
+    raise KeyError(f"no key for {word}")
+
+
+def test_a_broken_key_function_of_the_fused_edge_still_fails_the_job() -> None:
+    dag = DAG()
+    src = dag.new_vertex("words", sources.items(["fig"]))
+    upper = dag.new_vertex("upper", P.map(str.upper))
+    out = dag.new_vertex("sink", sinks.list_sink("out"))
+    dag.edge(Edge.between(src, upper)).edge(Edge.between(upper, out).partitioned(broken_key))
+    assert planned(dag, JobConfig())["sink"] == "FusedPairP"
+    with pytest.raises(ss.JobFailedError) as e:
+        ss.local().new_job(dag).join(20)
+    assert isinstance(e.value.cause, ss.KeyFunctionError)
+    assert e.value.vertex == "upper"
+    assert str(e.value.cause) == (
+        "edge 'upper' -> 'sink' (ordinal 0): key function broken_key "
+        f"({Path(__file__).name}:{broken_key.__code__.co_firstlineno}) raised KeyError: "
+        "'no key for FIG' on item 'FIG'"
+    )
+
+
+# -- snapshots -------------------------------------------------------------------------------------
+
+
+def running_sum_dag(n: int, rate: float, min_snapshots: int = 0) -> DAG:
+    """PacedSource -> P.map (fused) -> RunningSum -> list_sink("out"). Each key's items
+    come from one source processor (x % 10 keeps x's parity), so the sums are exact."""
+    dag = DAG()
+    paced = functools.partial(stp.PacedSource, n, rate, min_snapshots=min_snapshots)
+    src = dag.new_vertex("src", paced).local_parallelism(2)
+    m = dag.new_vertex("shift", P.map(lambda x: x + 10)).local_parallelism(1)
+    rs = dag.new_vertex("sum", functools.partial(stp.RunningSum, 10)).local_parallelism(1)
+    dag.edge(Edge.between(src, m).partitioned(lambda x: x % 10).distributed())
+    dag.edge(Edge.between(m, rs).partitioned(lambda x: x % 10))
+    dag.edge(Edge.between(rs, dag.new_vertex("sink", sinks.list_sink("out"))))
+    return dag
+
+
+def expected_sums(n: int) -> Counter:
+    sums: dict[int, int] = {}
+    out: Counter = Counter()
+    for x in range(n):
+        k = x % 10
+        sums[k] = sums.get(k, 0) + x + 10
+        out[(k, sums[k])] += 1
+    return out
+
+
+@pytest.mark.parametrize("first,second", [(True, False), (False, True)])
+def test_a_snapshot_written_fused_restores_unfused_and_the_reverse(
+    tmp_path: Any, first: bool, second: bool
+) -> None:
+    n = 20_000
+    engine = ss.local()
+    # the sources do not complete before the suspension: it comes after two snapshots
+    dag = running_sum_dag(n, rate=2000.0, min_snapshots=10**9)
+    assert planned(dag, JobConfig())["sum"] == "FusedPairP"
+    config = JobConfig(
+        processing_guarantee=EO,
+        snapshot_store=str(tmp_path / "a"),
+        snapshot_interval_ms=20,
+        fuse_vertices=first,
+    )
+    job = engine.new_job(dag, config)
+    stp.wait_for(lambda: job.metrics["__job__"]["snapshots"] >= 2, what="two snapshots")
+    job.suspend()
+    snap = job.export_snapshot()
+    assert snap is not None
+    # the stateless vertex is recorded as unfused: one processor, no state
+    assert snap.vertices["shift"].total_parallelism == 1
+    assert not any(snap.vertices["shift"].entries.values())
+    before = Counter(engine.get_list("out"))
+    assert 0 < sum(before.values()) < n
+    engine2 = ss.local()
+    job2 = engine2.new_job(
+        running_sum_dag(n, rate=1e9),
+        JobConfig(
+            processing_guarantee=EO, snapshot_store=str(tmp_path / "b"), fuse_vertices=second
+        ),
+        restore_from=snap,
+    )
+    job2.join(60)
+    assert before + Counter(engine2.get_list("out")) == expected_sums(n)
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("SLIPSTREAM_FUSE_VERTICES", raising=False)
+    yield
