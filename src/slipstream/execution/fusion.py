@@ -10,8 +10,9 @@ DAG, its vertices and its snapshot names stay the user's.
 
 A pair is fused (:func:`fusable_pairs`) when
 
-* every processor of the producer is exactly ``MapP``, ``FilterP`` or ``FlatMapP``
-  (``P.map``, ``P.filter``, ``P.flat_map``: stateless, nothing to snapshot);
+* every processor of the producer is exactly a ``MapP``, ``FilterP`` or ``FlatMapP``
+  (``P.map``, ``P.filter``, ``P.flat_map``: stateless, nothing to snapshot; the class
+  says so with ``fuses_into_consumer``, a subclass does not);
 * the producer has one outbound edge, member-local, and it is the consumer's only
   inbound edge;
 * each producer sends to exactly one consumer, the one with its own index (an isolated
@@ -49,7 +50,6 @@ from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT
 from slipstream.core.processor import Context, Processor
 from slipstream.execution.collectors import PerTargetCollector
-from slipstream.processors.basic import FilterP, FlatMapP, MapP
 
 __all__ = [
     "FusedPairP",
@@ -61,9 +61,12 @@ __all__ = [
     "stage_figures",
 ]
 
-#: the processors a producer of a fused pair is made of (exact types: a subclass may
-#: keep state)
-STATELESS = (MapP, FilterP, FlatMapP)
+
+def is_stateless_builtin(processor: Processor) -> bool:
+    """``processor`` is a ``P.map``, ``P.filter`` or ``P.flat_map`` processor (its own
+    class says ``fuses_into_consumer``: a subclass, which may keep state, does not)."""
+    return bool(type(processor).__dict__.get("fuses_into_consumer", False))
+
 
 ENV = "SLIPSTREAM_FUSE_VERTICES"
 
@@ -81,7 +84,7 @@ def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict
     out: dict[str, Edge] = {}
     for v in dag.topological_order():
         src = plans[v.name]
-        if not src.processors or any(type(p) not in STATELESS for p in src.processors):
+        if not src.processors or not all(map(is_stateless_builtin, src.processors)):
             continue
         outbound = dag.outbound_edges(v)
         if len(outbound) != 1:

@@ -81,6 +81,10 @@ class MapP(_BulkP):
     its cause.
     """
 
+    #: stateless: the engine may run it inside its only consumer's tasklet
+    #: (execution/fusion.py; read from this class's own namespace, not a subclass's)
+    fuses_into_consumer = True
+
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self._fn = fn
         self._pending: Any = _NOTHING
@@ -136,6 +140,8 @@ class MapP(_BulkP):
 
 class FilterP(_BulkP):
     """Emits the items for which ``predicate(item)`` is truthy, in order."""
+
+    fuses_into_consumer = True  # see MapP
 
     def __init__(self, predicate: Callable[[Any], Any]) -> None:
         self._predicate = predicate
@@ -206,6 +212,8 @@ class FlatMapP(_BulkP):
     whole (``list``) before any goes out, so an iterator that raises half-way emits
     nothing of its item.
     """
+
+    fuses_into_consumer = True  # see MapP
 
     def __init__(self, fn: Callable[[Any], Iterable[Any]]) -> None:
         self._fn = fn
