@@ -2,13 +2,14 @@
 a few steps inside them) per item, in the job's process with ``processes=1`` and in
 each member with ``processes=N``.
 
-    python bench/layers.py [--job rsf|wc] [--processes 1,2] [--events 2000000]
+    python bench/layers.py [--job rsf|wc|win] [--processes 1,2] [--events 2000000]
                            [--words 5000000] [--rounds 2] [--src OTHER/src ...]
 
 Jobs: ``rsf``, the CSV running sum with a user's ``AbstractProcessor``
 (bench/wordcount.py's ``rsf_dag`` over ``--events`` lines in 8 files, as
 bench/processes.py); ``wc``, examples/wordcount.py's ``build_dag`` over bench/processes.py's
-corpus. Each run is a fresh interpreter whose ``sitecustomize`` (written here to a
+corpus; ``win``, bench/processes.py's tumbling 1 s windows (bench/windowing.py's
+``window_pipeline`` over ``--events`` generated events). Each run is a fresh interpreter whose ``sitecustomize`` (written here to a
 private temporary directory put first on ``PYTHONPATH``, so that the forkserver and the
 members load it too) wraps ``ProcessorTasklet.call``, the channel tasklets' ``call``, the
 tasklet's ``_fill_inbox`` / ``_flush`` and ``AbstractProcessor.process`` in
@@ -19,7 +20,7 @@ per tasklet call, each a system call of ~2 us on some machines) are calibrated w
 the hook loads and taken off each figure (with the reads made inside a span). ``--src`` runs each
 round once per source tree given (before / after, interleaved), the best of
 ``--rounds`` per figure. Figures: ns per item the member's (or the process's)
-``--per`` vertex took in (``running-sum`` / ``tokenize``: lines).
+``--per`` vertex took in (``running-sum`` / ``tokenize``: lines; ``win``: events).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: the windows job's vertex whose items in are the events (the Pipeline fuses
+#: with_timestamps into the accumulator)
+WIN_PER = "with_timestamps+window-accumulate"
 
 HOOK = """
 import json, os, time
@@ -108,6 +112,15 @@ def run_job(a: argparse.Namespace) -> None:
     cloudpickle.register_pickle_by_value(wordcount)
     if a.job == "rsf":
         dag = wordcount.rsf_dag(cache_path(f"rsf-{a.events}-8"))
+    elif a.job == "win":
+        import windowing
+
+        cloudpickle.register_pickle_by_value(windowing)
+        fn = windowing.HashedEvent(1000, 10_000)  # bench/processes.py's WIN_KEYS, rate
+        source = ss.sources.generator(fn, None, max_items=a.events)
+        dag = windowing.window_pipeline(
+            source, windowing.WINDOWS["tumbling"], ss.sinks.list_sink("windows")
+        )
     else:
         example = load_example("wordcount")
         cloudpickle.register_pickle_by_value(example)
@@ -145,7 +158,7 @@ def layers(out: str, per: str) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--job", choices=("rsf", "wc"), default="rsf")
+    ap.add_argument("--job", choices=("rsf", "wc", "win"), default="rsf")
     ap.add_argument("--processes", default="1,2")
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--words", type=int, default=5_000_000)
@@ -162,9 +175,9 @@ def main() -> None:
 
     if a.job == "rsf":
         wordcount.write_rsf_file(cache_path(f"rsf-{a.events}-8"), a.events, 8)
-    else:
+    elif a.job == "wc":
         write_corpus(cache_path(f"corpus-{a.words}"), a.words)
-    per = "running-sum" if a.job == "rsf" else "tokenize"
+    per = {"rsf": "running-sum", "wc": "tokenize", "win": WIN_PER}[a.job]
     srcs = a.src or [os.path.join(os.path.dirname(HERE), "src")]
     load = os.getloadavg()
     print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start")

@@ -37,6 +37,8 @@ from channel_peer import (
     tagged_dag,
     take_all,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.inbox import Inbox
@@ -60,6 +62,7 @@ from slipstream.execution.remote import (
     _plain_namedtuple,
     channel_pairs,
     channel_sockets,
+    pack_rows,
 )
 from slipstream.execution.tasklet import DONE, ProcessorTasklet
 from slipstream.window import KeyedWindowResult
@@ -369,7 +372,7 @@ def test_a_dag_split_over_two_processes_runs_as_with_two_simulated_members() -> 
     """plan.wire(member=m) with MemberChannels in each of two processes: every
     processor gets the items (and routing) it gets with members=2 in one process, and
     the watermarks after them."""
-    n = 20_000
+    n = 5_000
     dag = tagged_dag(n)
     # members=2 in one process: the reference
     plans = plans_of(dag, 2)
@@ -663,3 +666,80 @@ def test_chunks_of_namedtuples_arrive_with_their_classes_and_state(pair: Any) ->
     assert got == want
     assert [type(x) for x in got] == [type(x) for x in want]
     assert got[10].note == "kept" and got[5].total() == 3
+
+
+# -- how chunks are packed (docs/performance.md, "The distributed edge's per-item costs") --
+
+
+def frame_records(sender: ChannelSender) -> list[Any]:
+    """The records of the next frame ``sender`` builds (unpickled body, lane table
+    left out)."""
+    frame = sender._build()
+    assert frame is not None
+    records = pickle.loads(frame[struct.calcsize("!IB") :])
+    return [r for j in range(0, len(records), 3) if records[j + 1] != 5 for r in records[j : j + 3]]
+
+
+def test_a_chunk_of_lines_travels_as_one_string(pair: Any) -> None:
+    a, _ = pair
+    sender = ChannelSender(a, LABEL, 1)
+    q = sender.lane(0, 1, 64)
+    assert q.offer(["k1,5", "", "k2,7"], 3)
+    assert frame_records(sender) == [0, 7, "k1,5\n\nk2,7"]
+    # a line holding the separator, or an item that is not exactly a str: a list
+    for chunk in (["a\nb", "c"], ["a", Level.LOW], ["a", 1]):
+        assert q.offer(list(chunk), len(chunk))
+        assert frame_records(sender) == [0, 0, chunk]
+
+
+def test_window_results_travel_as_columns_with_their_bounds_once() -> None:
+    rows = [KeyedWindowResult(0, 10, f"k{i}", i) for i in range(3)]
+    assert pack_rows(rows) == (KeyedWindowResult, 3, [[0], [10], ("k0", "k1", "k2"), (0, 1, 2)])
+    # equal but not the same value: not collapsed
+    mixed = [Pair(1, 0.0), Pair(True, -0.0), Pair(1.0, 0.0)]
+    assert pack_rows(mixed) == (Pair, 3, [(1, True, 1.0), (0.0, -0.0, 0.0)])
+
+
+values = st.one_of(
+    st.integers(-3, 3), st.booleans(), st.sampled_from([0.0, -0.0, 1.0]), st.text(max_size=3)
+)
+texts = st.text(st.characters(blacklist_categories=()), max_size=4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    chunks=st.lists(
+        st.one_of(
+            st.lists(texts, min_size=1, max_size=6),
+            st.lists(st.builds(Pair, values, values), min_size=1, max_size=6),
+            st.lists(st.builds(KeyedWindowResult, values, values, values, values), min_size=1, max_size=6),
+        ),
+        max_size=6,
+    )
+)
+def test_packed_chunks_arrive_equal_and_of_the_same_types(chunks: list[list[Any]]) -> None:
+    """Lines (any characters, the separator and lone surrogates included) and rows of
+    equal-but-not-identical values (1, True, 1.0; 0.0, -0.0) arrive as they were sent."""
+    a, b = socket.socketpair()
+    try:
+        sender = ChannelSender(a, LABEL, 1, batch_items=4)
+        receiver = ChannelReceiver(b, LABEL, 0)
+        q = sender.lane(0, 1, 1 << 20)
+        r = receiver.lane(0, 1, 1 << 20)
+        for c in chunks:
+            assert q.offer(list(c), len(c))
+        assert q.offer(DONE_ITEM, 1)
+        got: list[Any] = []
+        while not (sender.done and receiver.done):
+            sender.call()
+            receiver.call()
+            take_all(r, got)
+    finally:
+        a.close()
+        b.close()
+    want = [*flat(chunks), DONE_ITEM]
+    assert repr(got) == repr(want)
+    assert [type(x) for x in got] == [type(x) for x in want]
+    assert [[type(v) for v in x] for x in got[:-1] if type(x) is not str] == [
+        [type(v) for v in x] for x in want[:-1] if type(x) is not str
+    ]
