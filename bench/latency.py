@@ -2,6 +2,7 @@
 
     python bench/latency.py [--jobs 1,4] [--rates 10,0] [--seconds 5]
                             [--lulls 0.01,0.1,0.5,2] [--samples 20] [--src DIR] [--rounds 1]
+                            [--idle-spin-ms MS]
 
 Two measurements, each in a fresh process:
 
@@ -18,6 +19,9 @@ Two measurements, each in a fresh process:
   lull. An idle worker sleeps between its looks for input, so the first item after a
   lull waits for the end of the current sleep: the longer the sleeps an idle worker
   allows itself, the less the idle job costs and the later that item.
+
+``--idle-spin-ms MS`` adds ``idle`` rows of jobs with ``JobConfig(idle_spin_ms=MS)``
+(tree ``spin MS``): their workers poll for ``MS`` after each item before they sleep.
 
 ``--src DIR`` runs everything once more on another slipstream source tree (an older
 checkout's ``src``, put first on ``PYTHONPATH``), interleaved: a before/after comparison
@@ -73,7 +77,7 @@ class LatencySink(ss.AbstractProcessor):
         ARRIVED.set()
 
 
-def idle(jobs: int, rate: float, seconds: float) -> dict[str, Any]:
+def idle(jobs: int, rate: float, seconds: float, spin_ms: float = 0.0) -> dict[str, Any]:
     from slipstream import DAG, Edge, sinks, sources
 
     engine = ss.local()
@@ -83,7 +87,8 @@ def idle(jobs: int, rate: float, seconds: float) -> dict[str, Any]:
         src = dag.new_vertex("ticks", ticks).local_parallelism(1)
         out = dag.new_vertex("sink", sinks.noop()).local_parallelism(1)
         dag.edge(Edge.between(src, out))
-        engine.new_job(dag, ss.JobConfig(name=f"idle-{i}"))
+        config = ss.JobConfig(name=f"idle-{i}", idle_spin_ms=spin_ms) if spin_ms else None
+        engine.new_job(dag, config or ss.JobConfig(name=f"idle-{i}"))
     time.sleep(1.0)  # start-up is not idleness
     c0, t0 = time.process_time(), time.monotonic()
     time.sleep(seconds)
@@ -143,10 +148,11 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--src", default=None, help="another source tree to compare with")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--idle-spin-ms", type=float, default=0.0, help="idle rows with this spin too")
     ap.add_argument("--child", choices=["idle", "lulls"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child == "idle":
-        print(json.dumps(idle(int(a.jobs), float(a.rates), a.seconds)))
+        print(json.dumps(idle(int(a.jobs), float(a.rates), a.seconds, a.idle_spin_ms)))
         return
     if a.child == "lulls":
         print(json.dumps(lulls([float(x) for x in a.lulls.split(",")], a.samples)))
@@ -166,6 +172,13 @@ def main() -> None:
                     idle_rows.setdefault((name, rate, n), []).append(r)
             r = run_child(src, ["--child", "lulls", "--lulls", a.lulls, "--samples", str(a.samples)])
             lull_rows.setdefault(name, []).append(r)
+        if a.idle_spin_ms:  # this tree's jobs with JobConfig(idle_spin_ms=...)
+            for rate in (float(x) for x in a.rates.split(",")):
+                for n in (int(x) for x in a.jobs.split(",")):
+                    args = ["--jobs", str(n), "--rates", str(rate), "--seconds", str(a.seconds)]
+                    args += ["--idle-spin-ms", str(a.idle_spin_ms)]
+                    r = run_child(SRC, ["--child", "idle", *args])
+                    idle_rows.setdefault((f"spin {a.idle_spin_ms:g} ms", rate, n), []).append(r)
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     print(f"\nidle jobs (generator -> noop), CPU over {a.seconds:g} s, best round")
     print(f"{'tree':<12}{'items/s':>8}{'jobs':>6}{'% of a core':>14}{'% per job':>12}")

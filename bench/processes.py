@@ -5,6 +5,7 @@ single-threaded loop on the same data, with the same output digest.
                               [--repeat 3] [--words 5000000] [--files 8] [--events 2000000]
                               [--win-events 2000000] [--records 1000000]
                               [--latency-rate 1000] [--latency-seconds 10]
+                              [--idle-spin-ms 10]
 
 Rows (each job's definition is the one of the bench named, imported from it, not
 copied; every engine row uses documented API only):
@@ -41,7 +42,11 @@ copied; every engine row uses documented API only):
   round with the median p99 of ``--repeat`` interleaved rounds. Its last row is the
   floor of a cross-process hop on this machine without the engine
   (``socketpair_floor``: a stamp every ``2 / --latency-rate`` s, the rate at which the
-  job's items cross, to a child process waiting in ``select``). ``--only latency-list``
+  job's items cross, to a child process waiting in ``select``). The rows ``spin,
+  processes=N`` are the same job with ``JobConfig(idle_spin_ms=--idle-spin-ms)`` (the
+  workers poll for that long after their last progress before they sleep); ``total cpu
+  s`` is the CPU time of all the job's processes together (the coordinator's and every
+  member's). ``--only latency-list``
   adds rows of the same job with ``sinks.list_sink`` in place of the processor, measured
   where the user reads it: when each item appears in ``engine.get_list`` of this process
   (a thread polls it every 0.2 ms; with member processes the items come with the
@@ -117,20 +122,24 @@ def digest_of(rows: list[Any]) -> str:
 
 
 MEMBERS_RSS_MB = 0.0  # the members' peak RSS summed, of the last run_engine
+TOTAL_CPU = 0.0  # every process's CPU seconds together, of the last run_engine
 
 
-def run_engine(job_def: Any, processes: int, name: str = "bench-processes") -> tuple[Any, float]:
+def run_engine(
+    job_def: Any, processes: int, name: str = "bench-processes", idle_spin_ms: float = 0.0
+) -> tuple[Any, float]:
     """Run ``job_def`` to its end; the engine and the busiest process's CPU seconds
     (this one's, or with member processes the busiest member's, from ``job.metrics``)."""
-    global MEMBERS_RSS_MB
+    global MEMBERS_RSS_MB, TOTAL_CPU
     c0 = time.process_time()
     engine = ss.local(processes=processes)
-    job = engine.new_job(job_def, ss.JobConfig(name=name))
+    job = engine.new_job(job_def, ss.JobConfig(name=name, idle_spin_ms=idle_spin_ms))
     job.join()
-    cpu = time.process_time() - c0
+    cpu = TOTAL_CPU = time.process_time() - c0
     if processes > 1:
         figures = job.metrics["__job__"]
         cpu = max(cpu, figures["member_cpu_ms_max"] / 1000)
+        TOTAL_CPU += figures["member_cpu_ms_total"] / 1000
         MEMBERS_RSS_MB = figures["member_peak_rss_kb_total"] / 1024
     return engine, cpu
 
@@ -354,13 +363,16 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
         extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
         rows = []
     elif job == "latency":
-        engine, cpu = run_engine(latency_dag(a.latency_rate, a.latency_seconds), processes)
+        spin = a.idle_spin_ms if impl == "spin" else 0.0
+        dag = latency_dag(a.latency_rate, a.latency_seconds)
+        engine, cpu = run_engine(dag, processes, idle_spin_ms=spin)
         warm = a.latency_rate  # the first second's items
         ms = sorted(lat * 1000 for seq, lat in engine.get_list("latency") if seq >= warm)
         expected = int(a.latency_rate * a.latency_seconds) - int(warm)
         if len(ms) != expected:
             raise SystemExit(f"latency: {len(ms)} items arrived, {expected} expected")
         extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
+        extra["total_cpu"] = TOTAL_CPU
         rows = []
     else:
         raise SystemExit(f"unknown variant {variant!r}")
@@ -516,6 +528,12 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=10_000, help="K2's users")
     ap.add_argument("--latency-rate", type=float, default=1000.0, help="items/s")
     ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument(
+        "--idle-spin-ms",
+        type=float,
+        default=10.0,
+        help="JobConfig.idle_spin_ms of the latency rows 'spin' (0: no such rows)",
+    )
     # the Core API DAG rows always run now; the option of the first version is kept
     ap.add_argument("--dag", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
@@ -539,7 +557,7 @@ def main() -> None:
     args = [
         "--words", str(a.words), "--dir", a.dir, "--rsf-dir", a.rsf_dir,
         "--win-events", str(a.win_events), "--latency-rate", str(a.latency_rate),
-        "--latency-seconds", str(a.latency_seconds),
+        "--latency-seconds", str(a.latency_seconds), "--idle-spin-ms", str(a.idle_spin_ms),
     ]  # fmt: skip
     groups: dict[str, list[str]] = {}
     if "wc" in only:
@@ -584,9 +602,15 @@ def main() -> None:
             f"(of {a.repeat} interleaved rounds, the round with the median p99; the floor: two "
             "processes and a socketpair, no engine, half the rate: the items that cross)"
         )
-        print(f"{'':<18}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'busiest cpu s':>15}{'peak MB':>9}")
+        print(
+            f"{'':<20}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'busiest cpu s':>15}"
+            f"{'total cpu s':>13}{'peak MB':>9}"
+        )
         runs: dict[str, list[dict[str, Any]]] = {}
-        variants = [f"latency:dag:{n}" for n in counts] + ["latency:floor:2"]
+        variants = [f"latency:dag:{n}" for n in counts]
+        if a.idle_spin_ms:
+            variants += [f"latency:spin:{n}" for n in counts]
+        variants.append("latency:floor:2")
         if "latency-list" in only:
             variants += [f"latency:list:{n}" for n in counts]
         for _ in range(a.repeat):
@@ -598,9 +622,13 @@ def main() -> None:
             name = "floor (socketpair)" if ":floor" in v else f"processes={v.rsplit(':', 1)[1]}"
             if ":list:" in v:
                 name = f"list sink, p={v.rsplit(':', 1)[1]}"
+            if ":spin:" in v:
+                name = f"spin, {name}"
             cpu = f"{r['cpu']:>15.2f}" if ":floor" not in v else f"{'':>15}"
+            total = f"{r['total_cpu']:>13.2f}" if "total_cpu" in r else f"{'':>13}"
             print(
-                f"{name:<18}{r['p50']:>8.2f}{r['p99']:>8.2f}{r['max']:>8.2f}{cpu}{r['rss']:>9.0f}"
+                f"{name:<20}{r['p50']:>8.2f}{r['p99']:>8.2f}{r['max']:>8.2f}{cpu}{total}"
+                f"{r['rss']:>9.0f}"
             )
     load = os.getloadavg()
     print(f"\nload {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")

@@ -192,7 +192,7 @@ def group(x: int) -> int:
 
 @pytest.mark.timeout(GUARD_S)
 def test_a_rolling_aggregate_matches_one_process_and_the_oracle() -> None:
-    data = [(i * 37) % 101 for i in range(5000)]
+    data = [(i * 37) % 101 for i in range(2000)]
 
     def pipeline() -> ss.Pipeline:
         p = ss.Pipeline()
@@ -250,7 +250,7 @@ def windowed(source: Any, size: int) -> ss.Pipeline:
 
 @pytest.mark.timeout(GUARD_S)
 def test_tumbling_windows_of_a_batch_job_match_one_process_and_the_oracle() -> None:
-    data = [(i * 3, i % 5) for i in range(4000)]
+    data = [(i * 3, i % 5) for i in range(2000)]
     two = run(windowed(sources.items(data), 100), 2, "windows")
     one = run(windowed(sources.items(data), 100), 1, "windows")
     assert Counter(two) == Counter(one) == windows_oracle(data, 100)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +23,22 @@ def check_state_backend(value: Any, where: str) -> str:
             f"{', '.join(map(repr, STATE_BACKENDS))}, got {value!r}"
         )
     return value
+
+
+def check_idle_spin_ms(value: Any) -> float:
+    """``value`` if it is a finite number of milliseconds >= 0 (``JobConfig.idle_spin_ms``),
+    else a ValueError that says what it must be."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(
+            "JobConfig: idle_spin_ms must be a finite number of milliseconds >= 0 (how long "
+            f"an idle worker keeps polling before it sleeps; 0 = never), got {value!r}"
+        )
+    return float(value)
 
 
 class ProcessingGuarantee(enum.Enum):
@@ -155,6 +172,18 @@ class JobConfig:
     of its CPU (docs/performance.md). Metrics, errors and snapshots still name both
     vertices as in the DAG. ``False`` (or ``SLIPSTREAM_FUSE_VERTICES=0`` in the
     environment) runs every vertex in tasklets of its own, for an A/B comparison.
+
+    ``idle_spin_ms`` (embedded engine; opt-in, default 0): for this long after its last
+    progress a cooperative worker keeps polling its tasklets (and its channels' sockets,
+    with member processes) in a tight loop, yielding the CPU between passes, before it
+    starts its normal back-off of sleeps; any progress starts the window again. It
+    trades CPU for latency, as Jet's low-latency idle strategy settings do: an item that
+    arrives within the window, from another member process above all, is taken without
+    waiting for a sleeping worker to be woken and scheduled, but a stream that trickles
+    keeps a core busy per member process (docs/guide.md, "Low latency: idle_spin_ms";
+    the figures in docs/performance.md). The workers' idle passes are counted in
+    ``job.metrics["__job__"]``: ``idle_spin_passes`` (polled in the window) and
+    ``idle_pauses`` (followed by a sleep).
     """
 
     name: str | None = None
@@ -179,6 +208,7 @@ class JobConfig:
     state_backend: str = "memory"
     snapshot_writer: str = "thread"
     fuse_vertices: bool = True
+    idle_spin_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.processing_guarantee, ProcessingGuarantee):
@@ -205,6 +235,7 @@ class JobConfig:
                 "JobConfig: snapshot_writer='fork' needs os.fork, which this platform "
                 f"({sys.platform}) does not have; use snapshot_writer='thread'"
             )
+        check_idle_spin_ms(self.idle_spin_ms)
         if not self.sink_outage_timeout > 0:
             raise ValueError(
                 f"sink_outage_timeout must be > 0 seconds, got {self.sink_outage_timeout!r}"

@@ -211,6 +211,7 @@ class _Execution:
             name=self.job.name,
             slow_call_s=self.job.engine.slow_call_ms / 1000.0,
             stop_grace_s=self.job.engine.stop_grace_ms / 1000.0,
+            idle_spin_s=self.job.config.idle_spin_ms / 1000.0,
         )
         if self.coordinator is not None:
             self.coordinator.start_timer()
@@ -531,7 +532,10 @@ class Job(JobHandle, StateQueries):
         lasted, 0 when every sink reaches its server). With ``processes`` > 1 the vertices'
         figures are summed over the member processes, and ``__job__`` adds ``processes``,
         ``member_cpu_ms_max`` (the busiest member's CPU time), ``member_cpu_ms_total`` and
-        ``member_peak_rss_kb_total`` (the members' peak resident sets, summed)."""
+        ``member_peak_rss_kb_total`` (the members' peak resident sets, summed). The
+        worker threads' idle passes (of every member process with ``processes`` > 1):
+        ``idle_spin_passes``, spent polling in ``JobConfig.idle_spin_ms``'s window, and
+        ``idle_pauses``, followed by a sleep (the back-off)."""
         ex = self._execution
         # the tasklets before the end's figures: release() sets those before it drops these
         tasklets = ex.tasklets if ex else []
@@ -552,6 +556,9 @@ class Job(JobHandle, StateQueries):
             "snapshots": 0,
             "resumed_from_snapshot": self.resumed_from_snapshot,
         }
+        pool = getattr(ex, "pool", None)
+        if pool is not None:  # the workers' idle passes (JobConfig.idle_spin_ms)
+            job["idle_spin_passes"], job["idle_pauses"] = pool.idle_counts()
         if hasattr(ex, "member_usage"):  # processes > 1
             from slipstream.engine.processes import member_figures
 

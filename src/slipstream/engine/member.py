@@ -446,7 +446,8 @@ class _Member:
             lists, maps, marks = self.services.take_output()
             # window results and other NamedTuples as rows (the coordinator unpacks them)
             packed = {name: pack_rows(items) for name, items in lists.items()}
-            message = (kind, self.metrics(), packed, maps, usage(), marks)
+            spins, pauses = self.pool.idle_counts() if self.pool is not None else (0, 0)
+            message = (kind, self.metrics(), packed, maps, (*usage(), spins, pauses), marks)
             try:
                 data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 - the user's items
@@ -536,6 +537,7 @@ class _Member:
             slow_call_s=self.setup["slow_call_ms"] / 1000.0,
             stop_grace_s=self.setup["stop_grace_ms"] / 1000.0,
             on_idle=self._on_idle,
+            idle_spin_s=self.setup["config"].idle_spin_ms / 1000.0,
         )
         self.control.running_calls = self.running_calls
         if self.cancelled:

@@ -64,7 +64,8 @@ def member_rows(ex: Any) -> list[dict[str, Any]]:
     ``failed``, ``died`` or ``unresponsive``), ``items_in`` and ``items_out`` (summed
     over the member's processors, every vertex), ``cpu_ms``, ``cpu_share`` (CPU seconds
     per second lately; ``None`` before two reports), ``rss_kb`` (its resident set at its
-    last report) and ``peak_rss_kb``."""
+    last report), ``peak_rss_kb`` and its workers' ``idle_spin_passes`` (polled in
+    ``JobConfig.idle_spin_ms``'s window after their last progress)."""
     rows = []
     procs = list(ex._procs)
     for m in range(ex.count):
@@ -82,6 +83,7 @@ def member_rows(ex: Any) -> list[dict[str, Any]]:
                 "cpu_share": _round(ex.cpu_share.share(m)),
                 "rss_kb": int(usage[2]) if usage and len(usage) > 2 else 0,
                 "peak_rss_kb": int(usage[1]) if usage else 0,
+                "idle_spin_passes": int(usage[3]) if usage and len(usage) > 4 else 0,
             }
         )
     return rows

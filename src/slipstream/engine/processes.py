@@ -186,6 +186,10 @@ def member_figures(ex: ProcessExecution) -> dict[str, int]:
         "member_cpu_ms_max": int(max((u[0] for u in usage), default=0.0) * 1000),
         "member_cpu_ms_total": int(sum(u[0] for u in usage) * 1000),
         "member_peak_rss_kb_total": sum(u[1] for u in usage),
+        # the members' workers' idle passes (JobConfig.idle_spin_ms; usage() and the
+        # pool's idle_counts, engine/member.py)
+        "idle_spin_passes": sum(u[3] for u in usage if len(u) > 4),
+        "idle_pauses": sum(u[4] for u in usage if len(u) > 4),
     }
 
 
@@ -245,7 +249,8 @@ class ProcessExecution:
         self.tasklets: list[Any] = []
         self.member_metrics: dict[int, dict[str, dict[str, int]]] = {}
         #: per member: (CPU seconds, peak RSS, RSS in KiB) as of its latest report
-        self.member_usage: dict[int, tuple[float, int, int]] = {}
+        #: and its workers' idle passes: spin passes, pauses (WorkerPool.idle_counts)
+        self.member_usage: dict[int, tuple[float, int, int, int, int]] = {}
         #: per member that ended: how (done, cancelled, failed, died, unresponsive)
         self.member_state: dict[int, str] = {}
         self.cpu_share = CpuShare()

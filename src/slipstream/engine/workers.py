@@ -16,6 +16,17 @@ their sockets instead of a blind sleep (:func:`wait_idle`): a frame or a credit 
 ends the pause at once (measured 1.7-3.7x the channel's throughput, docs/performance.md,
 "Channels").
 
+``idle_spin_s`` (``JobConfig(idle_spin_ms=...)``, opt-in): for that long after its last
+progress a worker does not sleep at all: it keeps making passes over its tasklets (a
+receiver's pass reads its socket without blocking), with ``os.sched_yield`` between them
+(it releases the GIL and the CPU to whatever else is runnable), then backs off as above
+from the start of the schedule. A worker that spins costs a core while it does; an item
+that arrives meanwhile does not wait for the worker's thread (and, with member processes,
+its process) to be woken and scheduled, the floor of a cross-process hop on a machine whose
+idle cores halt (docs/performance.md, "A lone item across processes"). The pool counts
+its workers' idle passes (``idle_counts``): those spent polling in the window and those
+followed by a pause.
+
 A watchdog thread per pool notes which tasklet each worker is calling since when. A
 cooperative call that runs longer than ``slow_call_s`` gets a warning naming the vertex,
 the processor and the callback (a cooperative processor that blocks stalls every tasklet
@@ -69,6 +80,9 @@ STOP_GRACE_S = 5.0
 WATCHDOG_PERIOD_S = 0.05
 
 log = logging.getLogger("slipstream.workers")
+
+#: what a spinning worker calls between its passes (releases the GIL and the CPU)
+_yield_cpu: Callable[[], Any] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def idle_pause(idle_passes: int, idle_s: float) -> float:
@@ -258,8 +272,11 @@ class WorkerPool:
         slow_call_s: float = SLOW_CALL_S,
         stop_grace_s: float = STOP_GRACE_S,
         on_idle: Callable[[], None] | None = None,
+        idle_spin_s: float = 0.0,
     ) -> None:
         self.stopping = False
+        # an idle worker polls for this long after its last progress before it sleeps
+        self.idle_spin_s = idle_spin_s
         # called by a worker at its first pass without progress after one with progress
         # (a member process reports its sinks' new output then: engine/member.py)
         self._on_idle = on_idle
@@ -288,6 +305,9 @@ class WorkerPool:
         self._calling: list[ProcessorTasklet | None] = [None] * len(groups)
         self._since = [0.0] * len(groups)
         self._warned = [0.0] * len(groups)  # the call start already warned about
+        # per worker: idle passes spent polling (the spin window) / followed by a pause
+        self._spins = [0] * len(groups)
+        self._pauses = [0] * len(groups)
         self._watchdog = threading.Thread(
             target=self._watch, name=f"slipstream-{name}-watchdog", daemon=True
         )
@@ -306,6 +326,12 @@ class WorkerPool:
         if not self.stopping:
             self._stopped_at = time.monotonic()
         self.stopping = True
+
+    def idle_counts(self) -> tuple[int, int]:
+        """``(spin passes, pauses)``: the workers' idle passes so far that polled on in
+        the spin window (``idle_spin_s``) and those followed by a sleep or a wait on
+        sockets (``job.metrics["__job__"]``'s ``idle_spin_passes`` and ``idle_pauses``)."""
+        return sum(self._spins), sum(self._pauses)
 
     def release(self) -> None:
         """The execution ended (engine/ended.py): the callbacks, methods of the
@@ -345,6 +371,11 @@ class WorkerPool:
         on_idle = self._on_idle
         idle = 0
         idle_since = 0.0  # when the current run of idle passes began
+        spin_s = self.idle_spin_s
+        spun = 0  # passes of the current idle run spent in the spin window
+        spins = self._spins
+        pauses = self._pauses
+        yield_cpu = _yield_cpu
         live = list(tasklets)
         waiters = [t for t in live if hasattr(t, "waits_on")]
         sleep = time.sleep
@@ -385,13 +416,23 @@ class WorkerPool:
             else:
                 if not idle:
                     idle_since = since[slot]
+                    spun = 0
                     if on_idle is not None:
                         on_idle()
                 idle += 1
+                if spin_s and since[slot] - idle_since < spin_s:
+                    # the spin window (JobConfig.idle_spin_ms): poll again at once
+                    spun += 1
+                    spins[slot] += 1
+                    yield_cpu()
+                    continue
+                pauses[slot] += 1
+                # after a spin the back-off starts from its first, shortest pause
+                pause = idle_pause(idle - spun, since[slot] - idle_since)
                 if waiters:
-                    wait_idle(waiters, idle_pause(idle, since[slot] - idle_since))
+                    wait_idle(waiters, pause)
                 else:
-                    sleep(idle_pause(idle, since[slot] - idle_since))
+                    sleep(pause)
 
     def calls_running(self, min_s: float) -> list[tuple[str, int | None, str, float]]:
         """The calls running for at least ``min_s`` now: ``(vertex, processor index,
