@@ -696,7 +696,7 @@ def pack_rows(items: list[Any]) -> list[Any] | Packed:
     unpickling its ``__new__``, two Python calls per item; as rows both sides run at C
     speed (docs/performance.md, "Member processes: where the time goes"), and as
     columns the window bounds every result of a window shares travel once (500 window
-    results: 475 -> 216 ns an item, pack, pickle, unpickle and unpack; "The distributed
+    results: 468 -> 303 ns an item, pack, pickle, unpickle and unpack; "The distributed
     edge's per-item costs"). A column is collapsed only when its values are all of
     exact type ``int`` or all ``str`` and equal: then each is the same value (``1``,
     ``1.0`` and ``True`` are equal but not the same, nor ``0.0`` and ``-0.0``).
@@ -744,7 +744,7 @@ def pack_text(items: list[Any]) -> str | None:
     ``str``), else ``None``. Measured per line of the running sum's chunks (fresh
     strings): pickling the list 41 ns and unpickling it 34, against the type scan 10,
     join 6, the separator count 3 and the split 20 (docs/performance.md, "The
-    distributed edge's per-line costs")."""
+    distributed edge's per-item costs")."""
     if type(items[0]) is not str or list(map(type, items)).count(str) != len(items):
         return None
     text = _TEXT_SEP.join(items)
