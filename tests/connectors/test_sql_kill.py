@@ -62,7 +62,9 @@ SCRIPT = textwrap.dedent(
         return KillingConnection(psycopg.connect(dsn))
 
     dag = DAG()
-    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 3000, max_items=N_ITEMS))
+    # the run that dies is paced; the restore ("none") produces what is left unpaced
+    rate = None if mode == "none" else 3000
+    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, rate, max_items=N_ITEMS))
     sq = dag.new_vertex("square", P.map(lambda x: (x, x * x)))
     db = dag.new_vertex("db", sinks.sql(connect, f"INSERT INTO {table} (k, v) VALUES (%s, %s)"))
     db.local_parallelism(2)
