@@ -13,9 +13,10 @@ stage through a distributed edge partitioned by word.
 
 The Core API DAG (``build_dag``): read_files -> flat_map(tokenize) -> accumulate_by_key
 (local, partitioned by word) -> combine_by_key (distributed, partitioned by word) -> sink.
-Its ``tokenize`` vertex hands every word to ``accumulate`` through a queue, which the
-pipeline's fusion avoids: it takes ~20-30 % more CPU than the pipeline, with one process
-or several (docs/performance.md, "Word count: why the Core API DAG is ~20-30 % slower").
+The embedded engine runs its ``tokenize`` vertex inside ``accumulate``'s tasklet (engine
+fusion, ``JobConfig(fuse_vertices=...)``): unfused, every word crossed a queue between
+the two, which cost ~20-30 % more CPU than the pipeline (docs/performance.md, "Word
+count: why the Core API DAG is ~20-30 % slower").
 """
 
 from __future__ import annotations

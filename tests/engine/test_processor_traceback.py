@@ -50,7 +50,8 @@ def test_the_processor_traceback_is_shown_once_from_the_processor_on() -> None:
     assert shown.count("in _run") == 0 and shown.count("in _process_inbox") == 0
     tb = err.processor_traceback()
     assert tb is not None and tb.startswith("Traceback (most recent call last):")
-    assert frames(tb) == ["basic.py:process", f"{THIS}:invert"]
+    # the map runs fused into "out" (execution/fusion.py): over the whole inbox at once
+    assert frames(tb) == ["basic.py:process_all", f"{THIS}:invert"]
     assert tb.endswith("ZeroDivisionError: division by zero\n")
 
 

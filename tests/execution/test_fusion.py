@@ -126,7 +126,7 @@ def shape(kind: str) -> tuple[DAG, JobConfig]:
 def test_what_fuses_and_what_does_not(kind: str) -> None:
     dag, config = shape(kind)
     plan = planned(dag, config, members=2)
-    if kind == "isolated":
+    if kind in ("isolated", "policy"):  # each applies its own bad-record policy
         assert "map" not in plan and plan["out"] == "FusedPairP"
     else:
         assert "map" in plan and plan["out"] != "FusedPairP"
@@ -235,6 +235,27 @@ def test_a_chain_of_three_fuses_into_one_tasklet_with_each_vertexs_figures() -> 
         "not-c": (6, 5),
         "sink": (5, 0),
     }
+
+
+def test_under_skip_the_fused_producer_sets_its_bad_items_aside_and_counts_them() -> None:
+    """Under a policy other than "fail" the producer runs its own process() (an item's
+    results whole, each function once per item), fused all the same."""
+    dag = DAG()
+    src = dag.new_vertex("numbers", sources.items(list(range(8))))
+    inv = dag.new_vertex("invert", P.flat_map(lambda x: [1 / (x % 4), x]))
+    out = dag.new_vertex("sink", sinks.list_sink("out"))
+    dag.edge(Edge.between(src, inv)).edge(Edge.between(inv, out))
+    config = JobConfig(on_item_error="skip")
+    assert planned(dag, config)["sink"] == "FusedPairP"
+    engine = ss.local()
+    job = engine.new_job(dag, config)
+    job.join(20)
+    assert sorted(engine.get_list("out")) == sorted(
+        y for x in range(8) if x % 4 for y in (1 / (x % 4), x)
+    )
+    m = job.metrics
+    assert m["invert"]["items_skipped"] == 2 and m["invert"]["items_out"] == 12
+    assert m["sink"]["items_in"] == 12
 
 
 # -- errors --------------------------------------------------------------------------------------

@@ -166,8 +166,8 @@ class JobConfig:
 
     ``fuse_vertices`` (default ``True``): a ``P.map``, ``P.filter`` or ``P.flat_map``
     vertex whose one member-local edge is the only input of the next vertex (isolated
-    between equal local parallelism, or one processor on each side per member; the same
-    ``on_item_error``; a cooperative consumer) runs inside that vertex's tasklet, with
+    between equal local parallelism, or one processor on each side per member; a
+    cooperative consumer) runs inside that vertex's tasklet, with
     no queue between the two: word count's ``tokenize`` -> ``accumulate`` hop cost ~20 %
     of its CPU (docs/performance.md). Metrics, errors and snapshots still name both
     vertices as in the DAG. ``False`` (or ``SLIPSTREAM_FUSE_VERTICES=0`` in the

@@ -17,7 +17,10 @@ A pair is fused (:func:`fusable_pairs`) when
   inbound edge;
 * each producer sends to exactly one consumer, the one with its own index (an isolated
   edge between equal local parallelism, or one processor on each side per member);
-* both vertices have the same bad-record policy and the consumer is cooperative.
+* the consumer is cooperative.
+
+Each keeps its own bad-record policy (its context's ``item_errors``), so the two may
+differ; a producer that sends dead letters has a second outbound edge and never fuses.
 
 Chains of such vertices fuse too. The pair runs as one tasklet of the consumer whose
 processor, :class:`FusedPairP`, runs the two back to back; each keeps its own
@@ -38,12 +41,11 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, Edge, RoutingPolicy
-from slipstream.core.dead_letters import policy_of
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
@@ -98,8 +100,6 @@ def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict
         if dst.local_parallelism != src.local_parallelism or dst.member_count != src.member_count:
             continue
         if src.local_parallelism != 1 and e.routing is not RoutingPolicy.ISOLATED:
-            continue
-        if policy_of(v, config.on_item_error) != policy_of(e.dest, config.on_item_error):
             continue
         if not all(p.is_cooperative() for p in dst.processors):
             continue
@@ -196,6 +196,10 @@ class FusedPairP(Processor):
         #: ``first`` is in a call now (what the slow-call watchdog names)
         self.in_first = False
         self._checker = _key_checker(edge, validate_keys)
+        # the producer's function over whole inboxes (set at init under "fail"): the
+        # processor's own process() takes what its outbox bucket has room for, a line at
+        # a time for a flat_map; the consumer bounds what waits here instead
+        self._process_all: Callable[[Sequence[Any]], list[Any]] | None = None
         self._mid: Outbox | None = None
         self._queue: deque[Any] = deque()  # first's output segments: item lists, specials
         self._inbox = Inbox()  # second's input
@@ -220,6 +224,8 @@ class FusedPairP(Processor):
         self._mid = Outbox(1, outbox.capacity)
         self._first(self.first.init, self._mid, fc)
         self.second.init(outbox, context)
+        if is_stateless_builtin(self.first) and fc.item_errors.fails:
+            self._process_all = self.first.process_all  # type: ignore[attr-defined]
 
     def is_cooperative(self) -> bool:
         return True
@@ -301,7 +307,13 @@ class FusedPairP(Processor):
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._drain():
             return
-        self._first(self.first.process, ordinal, inbox)
+        process_all = self._process_all
+        if process_all is not None:
+            out = self._first(process_all, inbox)
+            inbox.clear()  # nothing is lost: every callback drains first
+            self._hand_over(out)
+        else:
+            self._first(self.first.process, ordinal, inbox)
         self._drain()
 
     def try_process(self) -> bool:
