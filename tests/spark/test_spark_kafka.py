@@ -283,7 +283,7 @@ def test_the_final_run_writes_the_last_windows_once(
 
     out = _names("d")[1]
     kafka.create_topic(out, 1)
-    n = 3000
+    n = 1500  # 3,000 items took ~5 epochs of 200 ms; the test needs two or more
     p = ss.Pipeline()
     p.read_from(sources.generator(_event, 3000, max_items=n)).with_timestamps(
         lambda e: e[0], 0
