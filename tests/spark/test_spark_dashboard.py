@@ -38,7 +38,8 @@ def _dag() -> DAG:
     from slipstream.window import tumbling_window_def
 
     dag = DAG()
-    src = dag.new_vertex("source", sources.generator(_event, 3000, max_items=6000)).local_parallelism(1)
+    # 1 s of items (300 ms epochs): what the test waits for comes in the first epochs
+    src = dag.new_vertex("source", sources.generator(_event, 3000, max_items=3000)).local_parallelism(1)
     wm = dag.new_vertex("watermarks", P.insert_watermarks(_ts, lambda: with_fixed_lag(10))).local_parallelism(1)
     win = dag.new_vertex(
         "windows",
