@@ -42,7 +42,8 @@ copied; every engine row uses documented API only):
   round with the median p99 of ``--repeat`` interleaved rounds. Its last row is the
   floor of a cross-process hop on this machine without the engine
   (``socketpair_floor``: a stamp every ``2 / --latency-rate`` s, the rate at which the
-  job's items cross, to a child process waiting in ``select``). The rows ``spin,
+  job's items cross, to a child process waiting in ``select``; ``floor, child spins``:
+  the child polls its socket without blocking, as a spinning worker does). The rows ``spin,
   processes=N`` are the same job with ``JobConfig(idle_spin_ms=--idle-spin-ms)`` (the
   workers poll for that long after their last progress before they sleep); ``total cpu
   s`` is the CPU time of all the job's processes together (the coordinator's and every
@@ -228,12 +229,14 @@ def latency_dag(rate: float, seconds: float) -> DAG:
     return dag
 
 
-def socketpair_floor(rate: float, seconds: float) -> list[float]:
+def socketpair_floor(rate: float, seconds: float, spin: bool = False) -> list[float]:
     """The floor of a hop between two processes on this machine, without the engine: a
     child waits in ``select`` on one end of a socketpair (as an idle member's worker
-    does) and notes how long after it was sent each stamp arrived; this process sends one
-    stamp every ``1 / rate`` s (the rate at which the latency job's items cross). Returns
-    the ms of the stamps sent after the first second."""
+    does; with ``spin``, polls it without blocking, ``os.sched_yield`` between polls, as
+    a worker in its ``idle_spin_ms`` window does) and notes how long after it was sent
+    each stamp arrived; this process sends one stamp every ``1 / rate`` s (the rate at
+    which the latency job's items cross). Returns the ms of the stamps sent after the
+    first second."""
     a, b = socket.socketpair()
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
     out.close()
@@ -243,7 +246,10 @@ def socketpair_floor(rate: float, seconds: float) -> list[float]:
         arrived: list[tuple[float, float]] = []
         rest = b""
         while True:
-            select.select([b], [], [], 0.01)
+            if spin:
+                os.sched_yield()
+            else:
+                select.select([b], [], [], 0.01)
             try:
                 data = b.recv(1 << 16)
             except BlockingIOError:
@@ -322,7 +328,7 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
     """``job:impl[:processes]``: time it, print one JSON line."""
     job, impl, *rest = variant.split(":")
     processes = int(rest[0]) if rest else 1
-    if impl not in ("plain", "floor"):
+    if impl not in ("plain", "floor", "floorspin"):
         warm_up(processes)
     extra: dict[str, Any] = {}
     t0, c0 = time.perf_counter(), time.process_time()
@@ -358,8 +364,8 @@ def run_one(variant: str, a: argparse.Namespace) -> None:
         ms, cpu = list_sink_latency(processes, a.latency_rate, a.latency_seconds)
         extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
         rows = []
-    elif job == "latency" and impl == "floor":
-        ms = socketpair_floor(a.latency_rate / 2, a.latency_seconds)
+    elif job == "latency" and impl in ("floor", "floorspin"):
+        ms = socketpair_floor(a.latency_rate / 2, a.latency_seconds, impl == "floorspin")
         extra = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": ms[-1]}
         rows = []
     elif job == "latency":
@@ -611,6 +617,8 @@ def main() -> None:
         if a.idle_spin_ms:
             variants += [f"latency:spin:{n}" for n in counts]
         variants.append("latency:floor:2")
+        if a.idle_spin_ms:
+            variants.append("latency:floorspin:2")
         if "latency-list" in only:
             variants += [f"latency:list:{n}" for n in counts]
         for _ in range(a.repeat):
@@ -620,6 +628,8 @@ def main() -> None:
             ordered = sorted(runs[v], key=lambda r: r["p99"])
             r = ordered[(len(ordered) - 1) // 2]
             name = "floor (socketpair)" if ":floor" in v else f"processes={v.rsplit(':', 1)[1]}"
+            if ":floorspin" in v:
+                name = "floor, child spins"
             if ":list:" in v:
                 name = f"list sink, p={v.rsplit(':', 1)[1]}"
             if ":spin:" in v:
