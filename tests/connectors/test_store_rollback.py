@@ -126,9 +126,14 @@ def _rows(kind: str, target: str, expect: int) -> list[tuple[int, int]]:
     from test_kafka import read_topic
 
     bootstrap, topic = target.split("/")
+    # every writer has exited (each run is a finished subprocess), so every transaction
+    # is committed before the read: a short quiet time after ``expect`` (1 s by default:
+    # 3 s of each Kafka case)
     return [
         (int(k), int(v))
-        for k, v in (r.decode().split(",") for r in read_topic(bootstrap, topic, 1, expect))
+        for k, v in (
+            r.decode().split(",") for r in read_topic(bootstrap, topic, 1, expect, quiet_s=0.3)
+        )
     ]
 
 
