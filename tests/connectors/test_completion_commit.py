@@ -267,9 +267,13 @@ def _assert_exact(kind: str, target: str) -> None:
         from test_kafka import read_topic
 
         bootstrap, topic = target.split("/")
+        # called once every run's subprocess exited: every transaction is committed
+        # already, so a short quiet time after the N rows (read_topic's default is 1 s)
         rows = [
             (int(k), int(v))
-            for k, v in (r.decode().split(",") for r in read_topic(bootstrap, topic, 1, N))
+            for k, v in (
+                r.decode().split(",") for r in read_topic(bootstrap, topic, 1, N, quiet_s=0.3)
+            )
         ]
     expected = [(i, i * i) for i in range(N)]
     assert len(rows) - len(set(rows)) == 0, f"{len(rows) - len(set(rows))} rows written twice"
