@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/spark_streaming.py [--rows count-10k latest-10k count-1m
         latest-1m count-3m window]
         [--lines 500000] [--batches 6] [--events 2000000] [--files 20] [--breakdown]
+        [--rounds N]
 
 Issue 23's table, in ONE local[2] SparkSession (``spark.sql.shuffle.partitions=2``),
 each row's two variants run one after the other (native first), each with
@@ -38,6 +39,11 @@ report). ``ratio`` is slipstream's time over native's (target: <= 1.0).
 (from ``SparkStreamingJob.epoch_breakdown``: the driver's phases, the Spark jobs and
 stages, the size of the pickled task closures, and per task the Python worker's
 process (reused or fresh), restore, run and chunk-write time); see docs/performance.md.
+
+``--rounds N`` runs the table N times in the one session, the rows' native and slipstream
+variants alternately (native first in rounds 1, 3, ..., slipstream first in 2, 4, ...), and
+ends with each row's median ratio over the rounds: back-to-back runs of the 10k-key rows
+moved by 0.3-0.5x, so one round is a draw, not a measurement.
 
 Report ``uptime`` with the figures: on a loaded 2-core machine they mean little.
 """
@@ -283,9 +289,7 @@ def run_native(session: Any, row: str, directory: str, work: str) -> dict[str, A
     else:
         writer = df.groupBy("value").count().writeStream.outputMode("update").format("noop")
     with PeakRss() as rss:
-        query = (
-            writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
-        )
+        query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
         query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"native {row}: {query.exception()}")
@@ -466,6 +470,14 @@ def main() -> None:
     ap.add_argument("--rocksdb", action="store_true", help="native state in RocksDB")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the table N times in one session, native first in odd rounds and "
+        "slipstream first in even ones, and print each row's median ratio over the rounds",
+    )
+    ap.add_argument(
         "--event-log",
         metavar="DIR",
         help="write Spark's event log there (bench/spark_event_log.py reads it: each "
@@ -533,42 +545,90 @@ def main() -> None:
         session.stop()
         return
     lines = []
-    for row in args.rows:
-        with tempfile.TemporaryDirectory(prefix="spark-streaming-bench-") as work:
-            native = run_native(session, row, dirs[row], work)
-            slip = run_slipstream(session, row, dirs[row], work, args.breakdown)
-        n, s = _mean(native["times"]), _mean(slip["times"])
-        line = (
-            f"{row:<10} {n:14.2f} {s:18.2f} {s / n:6.2f} {native['rss']:13.0f} "
-            f"{slip['rss']:11.0f} {native['bytes']:14,.0f} {slip['bytes']:12,.0f}"
-        )
-        lines.append(line)
-        print(header)
-        print(line)
-        print(
-            f"  epochs: native {[round(t, 2) for t in native['times']]}, "
-            f"slipstream {[round(t, 2) for t in slip['times']]}"
-        )
-        if row == "window":
-            print(
-                f"  windows (count, events): native {native['windows']}, "
-                f"slipstream {slip['windows']}"
+    per: dict[str, list[tuple[float, float]]] = {row: [] for row in args.rows}
+    for r in range(args.rounds):
+        for row in args.rows:
+            # odd rounds run slipstream first: whichever variant runs second in a
+            # round tended to do better (docs/performance.md)
+            native, slip = _run_row(session, row, dirs[row], args.breakdown, r % 2 == 1)
+            n, s = _mean(native["times"]), _mean(slip["times"])
+            per[row].append((n, s))
+            line = (
+                f"{row:<10} {n:14.2f} {s:18.2f} {s / n:6.2f} {native['rss']:13.0f} "
+                f"{slip['rss']:11.0f} {native['bytes']:14,.0f} {slip['bytes']:12,.0f}"
             )
-        if args.breakdown:
-            phases = list(dict.fromkeys([*native["durations"], *slip["durations"]]))
-            print("  Spark's durationMs per epoch, mean (s): phase native slipstream")
-            for k in phases:
+            lines.append(line)
+            if args.rounds > 1:
+                first = "slipstream" if r % 2 else "native"
                 print(
-                    f"    {k:<20} {native['durations'].get(k, 0.0):8.3f} "
-                    f"{slip['durations'].get(k, 0.0):8.3f}"
+                    f"round {r + 1} of {args.rounds} ({first} first), load {os.getloadavg()[0]:.2f}"
                 )
-            print_breakdown(row, slip["breakdown"])
-        sys.stdout.flush()
+            print(header)
+            print(line)
+            _print_row_details(row, native, slip, args.breakdown)
+            sys.stdout.flush()
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     print(header)
     for line in lines:
         print(line)
+    if args.rounds > 1:
+        print(f"median over {args.rounds} interleaved rounds (native first in rounds 1, 3, ...):")
+        print(
+            f"{'row':<10} {'native s/epoch':>14} {'slipstream s/epoch':>18} "
+            f"{'median ratio':>12}  ratios"
+        )
+        for row, pairs in per.items():
+            ratios = [s / n for n, s in pairs]
+            print(
+                f"{row:<10} {_median([n for n, _ in pairs]):14.2f} "
+                f"{_median([s for _, s in pairs]):18.2f} {_median(ratios):12.2f}  "
+                + " ".join(f"{x:.2f}" for x in ratios)
+            )
     session.stop()
+
+
+def _median(xs: list[float]) -> float:
+    """The median (the mean of the middle two for an even count)."""
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
+
+
+def _run_row(
+    session: Any, row: str, directory: str, breakdown: bool, slipstream_first: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One row's native and slipstream variants, one after the other, each in a fresh
+    checkpoint directory."""
+    with tempfile.TemporaryDirectory(prefix="spark-streaming-bench-") as work:
+        if slipstream_first:
+            slip = run_slipstream(session, row, directory, work, breakdown)
+            native = run_native(session, row, directory, work)
+        else:
+            native = run_native(session, row, directory, work)
+            slip = run_slipstream(session, row, directory, work, breakdown)
+    return native, slip
+
+
+def _print_row_details(
+    row: str, native: dict[str, Any], slip: dict[str, Any], breakdown: bool
+) -> None:
+    print(
+        f"  epochs: native {[round(t, 2) for t in native['times']]}, "
+        f"slipstream {[round(t, 2) for t in slip['times']]}"
+    )
+    if row == "window":
+        print(
+            f"  windows (count, events): native {native['windows']}, slipstream {slip['windows']}"
+        )
+    if breakdown:
+        phases = list(dict.fromkeys([*native["durations"], *slip["durations"]]))
+        print("  Spark's durationMs per epoch, mean (s): phase native slipstream")
+        for k in phases:
+            print(
+                f"    {k:<20} {native['durations'].get(k, 0.0):8.3f} "
+                f"{slip['durations'].get(k, 0.0):8.3f}"
+            )
+        print_breakdown(row, slip["breakdown"])
 
 
 if __name__ == "__main__":
