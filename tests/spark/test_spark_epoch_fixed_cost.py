@@ -2,8 +2,10 @@
 share of an epoch"), in process without a JVM: a small epoch state travels in the tasks'
 closures (no broadcast to create and unpersist per epoch; the epochs of
 tests/spark/test_spark_executor_state.py broadcast nothing), a large one is still
-broadcast; and compile names (so makes the JVM RDD of) only the vertex RDDs it
-persists, not every vertex pipelined into the next one's task."""
+broadcast; compile names (so makes the JVM RDD of) only the vertex RDDs it
+persists, not every vertex pipelined into the next one's task; and a processor takes
+an input record of a Spark task in one call (docs/performance.md, "count-10k's
+per-item path")."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pytest
 import slipstream as ss
 from slipstream import DAG, Edge, sinks, sources
 from slipstream import processors as P
+from slipstream.core.processor import AbstractProcessor
+from slipstream.spark.task import MAX_RECORD_ITEMS
 
 from .spark_fake_rdd import FakeContext, FakeRDD, FakeSession
 
@@ -69,3 +73,34 @@ def test_only_persisted_vertices_are_named(monkeypatch: pytest.MonkeyPatch) -> N
     # 'double' feeds two vertices, so it is persisted (and named); the others are
     # pipelined into their consumers' tasks and make no JVM RDD of their own
     assert named == ["slipstream vertex 'double'"]
+
+
+class _TakesWhatFits(AbstractProcessor):
+    """Forwards its items while the outbox takes them and records how many each
+    ``process()`` call took (in the task's list ``takes``, which reaches the driver)."""
+
+    def process(self, ordinal: int, inbox: Any) -> None:
+        taken = 0
+        while inbox and self.try_emit(inbox[0]):
+            inbox.popleft()
+            taken += 1
+        self.context.get_list("takes").append(taken)
+
+
+def test_a_processor_takes_an_input_record_in_one_call() -> None:
+    # records carry up to MAX_RECORD_ITEMS items (two members here: each source
+    # processor sends one full record); with the engine's 2048-item outbox a consumer
+    # took one in 8 calls, each dropping its items from the inbox by copying the rest
+    # (a rolling count's per-item path, issue 23)
+    engine = ss.spark(FakeSession())
+    dag = DAG()
+    src = dag.new_vertex(
+        "source", sources.items(list(range(2 * MAX_RECORD_ITEMS)))
+    ).local_parallelism(1)
+    fwd = dag.new_vertex("forward", _TakesWhatFits).local_parallelism(1)
+    out = dag.new_vertex("sink", sinks.list_sink("out")).local_parallelism(1)
+    dag.edge(Edge.between(src, fwd))
+    dag.edge(Edge.between(fwd, out))
+    engine.new_job(dag).join(60)
+    assert sorted(engine.get_list("out")) == list(range(2 * MAX_RECORD_ITEMS))
+    assert max(engine.get_list("takes")) == MAX_RECORD_ITEMS

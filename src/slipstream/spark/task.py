@@ -47,6 +47,7 @@ from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.dag import Edge
 from slipstream.core.item_errors import ItemErrors
 from slipstream.core.items import SnapshotBarrier, Watermark
+from slipstream.core.outbox import DEFAULT_BUCKET_CAPACITY
 from slipstream.core.partition import key_routing
 from slipstream.core.processor import AbstractProcessor, Context, Processor
 from slipstream.core.services import InMemoryServices
@@ -89,7 +90,15 @@ MAX_RECORD_ITEMS = 16384
 #: Output is turned into records once this many items wait in the output queues.
 _DRAIN_THRESHOLD = 65536
 #: How often (in tasklet calls) the output queues are measured.
-_DRAIN_CHECK_EVERY = 16
+_DRAIN_CHECK_EVERY = 2
+#: The outbox's bucket capacity inside a Spark task: a record's chunk of up to
+#: :data:`MAX_RECORD_ITEMS`, so a processor takes an input record in one call. With the
+#: engine's 2048 a rolling count took a 16,384-item record in 8 calls, and each call
+#: dropped its items from the inbox by copying the rest of it (~4x the items copied;
+#: docs/performance.md, "count-10k's per-item path"). The task's output queues are
+#: unbounded, so the bucket only sets how much one call may emit before a flush. A
+#: micro-batch job's gated source keeps the engine's (:class:`EpochSourceGate`).
+TASK_OUTBOX_CAPACITY = MAX_RECORD_ITEMS
 
 Record = tuple[int, tuple[Any, ...]]
 
@@ -441,6 +450,9 @@ class VertexTask:
             guarantee=guarantee,
             snapshot_sink=run.epoch_sink,
             restore_entries=restore,
+            # a gated source's epoch may overshoot its max_items by one call's output:
+            # that stays the engine's bucket
+            outbox_capacity=TASK_OUTBOX_CAPACITY if run.gate is None else DEFAULT_BUCKET_CAPACITY,
         )
         if context.restored_snapshot_id:
             # a delta is relative to a committed snapshot (state.keyed): the one restored
