@@ -98,9 +98,9 @@ def seq(n: int) -> int:
 
 
 def trickle(n: int) -> DAG:
-    """``n`` items at 1,000 a second through a distributed edge into a list."""
+    """``n`` items at 2,000 a second through a distributed edge into a list."""
     dag = DAG()
-    src = dag.new_vertex("source", sources.generator(seq, 1000, max_items=n))
+    src = dag.new_vertex("source", sources.generator(seq, 2000, max_items=n))
     out = dag.new_vertex("sink", sinks.list_sink("out"))
     dag.edge(Edge.between(src, out).distributed().partitioned(seq))
     return dag
