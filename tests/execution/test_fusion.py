@@ -258,6 +258,49 @@ def test_under_skip_the_fused_producer_sets_its_bad_items_aside_and_counts_them(
     assert m["sink"]["items_in"] == 12
 
 
+class Gate(ss.AbstractProcessor):
+    """Takes its input only once ``open``."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.got: list[Any] = []
+
+    def process(self, ordinal: int, inbox: Any) -> None:
+        if self.open:
+            self.got.extend(inbox)
+            inbox.clear()
+
+
+def test_a_chains_save_waits_for_every_item_between_its_vertices() -> None:
+    """A snapshot is saved only once nothing is left between any two fused vertices:
+    with two maps fused in front of a consumer, the inner pair's items too."""
+    from slipstream.core.inbox import Inbox
+    from slipstream.core.outbox import Outbox
+
+    dag = DAG()
+    src = dag.new_vertex("src", sources.items([1]))
+    a = dag.new_vertex("a", P.map(identity))
+    b = dag.new_vertex("b", P.map(identity))
+    gate = dag.new_vertex("gate", Gate)
+    dag.edge(Edge.between(src, a)).edge(Edge.between(a, b)).edge(Edge.between(b, gate))
+    config = JobConfig()
+    plans = build_vertex_plans(dag, config, 1, 1, None, "plan", check_pickle=False)
+    (spec,) = [
+        s for s in wire(dag, plans, config.processing_guarantee) if s.vertex.vertex.name == "gate"
+    ]
+    fused = spec.processor
+    fused.init(Outbox(1, 4), spec.context)  # 4 a bucket: b hands on 4 items at a time
+    inbox = Inbox()
+    inbox.extend(range(10))
+    fused.process(0, inbox)
+    assert not inbox and not fused.save_to_snapshot()  # the gate holds 4, b 6
+    fused.second.open = True
+    for _ in range(10):
+        if fused.save_to_snapshot():
+            break
+    assert fused.second.got == list(range(10))
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 

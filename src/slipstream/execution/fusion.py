@@ -206,6 +206,7 @@ class FusedPairP(Processor):
         self._first_done = False
         self._edge_done = False
         self._wm_to_first = False
+        self._first_saved = False
         relevant = getattr(second, "min_relevant_watermark", None)
         if getattr(relevant, "__func__", None) is not Processor.min_relevant_watermark:
             self.min_relevant_watermark = relevant  # type: ignore[method-assign,assignment]
@@ -358,8 +359,19 @@ class FusedPairP(Processor):
         return bool(self.second.complete())
 
     def save_to_snapshot(self) -> bool:
-        # the producers hold no state: nothing of theirs goes into the snapshot
-        return self._drain() and bool(self.second.save_to_snapshot())
+        # the producers hold no state, but a chain's inner pair may still hold items
+        # between its two: its save drains them (and saves nothing of a producer's)
+        if not self._drain():
+            return False
+        if not self._first_saved:
+            done = self._first(self.first.save_to_snapshot)
+            if not self._drain() or not done:
+                return False
+            self._first_saved = True
+        if not self.second.save_to_snapshot():
+            return False
+        self._first_saved = False
+        return True
 
     def snapshot_commit_prepare(self) -> bool:
         return bool(self.second.snapshot_commit_prepare())
