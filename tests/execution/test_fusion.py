@@ -294,11 +294,13 @@ def test_a_chains_save_waits_for_every_item_between_its_vertices() -> None:
     inbox.extend(range(10))
     fused.process(0, inbox)
     assert not inbox and not fused.save_to_snapshot()  # the gate holds 4, b 6
+    assert not fused.drain_between()  # what the tasklet asks before an idle mark
     fused.second.open = True
     for _ in range(10):
         if fused.save_to_snapshot():
             break
     assert fused.second.got == list(range(10))
+    assert fused.drain_between()
 
 
 # -- errors --------------------------------------------------------------------------------------

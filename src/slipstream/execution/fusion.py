@@ -305,6 +305,19 @@ class FusedPairP(Processor):
                 self._hand_over(bucket)
             bucket.clear()
 
+    def drain_between(self) -> bool:
+        """Hand on what is between the fused vertices (a chain's inner pairs too);
+        ``True`` once nothing is. The tasklet calls it before it forwards an idle mark,
+        which no processor sees: unfused, the mark queued behind those items."""
+        if not self._drain():
+            return False
+        inner = getattr(self.first, "drain_between", None)
+        if inner is not None:
+            done = self._first(inner)
+            if not self._drain() or not done:
+                return False
+        return True
+
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._drain():
             return

@@ -219,6 +219,8 @@ class ProcessorTasklet:
         #: the processors of vertices fused into this one (execution/fusion.py): the
         #: snapshot coordinator counts them saved and completed with this tasklet
         self.fused_stages: list[Any] = list(getattr(processor, "fused_stages", None) or ())
+        # and what is between them goes on before an idle mark does
+        self.drain_between: Callable[[], bool] | None = getattr(processor, "drain_between", None)
         self.cooperative = bool(processor.is_cooperative())
         self.outbox = Outbox(
             len(self.collectors),
@@ -446,7 +448,11 @@ class ProcessorTasklet:
                 return True
             self.pending_wm = wm
         if wm is IDLE_MESSAGE:
-            # processors never see idle marks: forward them to every output
+            # processors never see idle marks: forward them to every output, behind
+            # what a fused pair still holds between its vertices (execution/fusion.py)
+            drain = self.drain_between
+            if drain is not None and not drain():
+                return False
             self._emit_special(IDLE_MESSAGE)
         elif not self.processor.try_process_watermark(Watermark(wm)):
             return False
