@@ -289,6 +289,9 @@ def test_a_chains_save_waits_for_every_item_between_its_vertices() -> None:
         s for s in wire(dag, plans, config.processing_guarantee) if s.vertex.vertex.name == "gate"
     ]
     fused = spec.processor
+    # no commit phase of its own: the tasklet runs one only where the consumer has one
+    for name in ("snapshot_commit_prepare", "snapshot_commit_finish"):
+        assert getattr(fused, name).__func__ is getattr(ss.Processor, name)
     fused.init(Outbox(1, 4), spec.context)  # 4 a bucket: b hands on 4 items at a time
     inbox = Inbox()
     inbox.extend(range(10))

@@ -213,6 +213,12 @@ class FusedPairP(Processor):
         progress = getattr(second, "progress", None)
         if callable(progress):
             self.progress = progress
+        # the consumer's commit phase, if it has one (the tasklet runs one only for a
+        # processor that overrides these; the producers have none)
+        for name in ("snapshot_commit_prepare", "snapshot_commit_finish"):
+            fn = getattr(second, name)
+            if getattr(fn, "__func__", None) is not getattr(Processor, name):
+                setattr(self, name, fn)
 
     def init(self, outbox: Outbox, context: Context) -> None:
         self.outbox = outbox
@@ -385,12 +391,6 @@ class FusedPairP(Processor):
             return False
         self._first_saved = False
         return True
-
-    def snapshot_commit_prepare(self) -> bool:
-        return bool(self.second.snapshot_commit_prepare())
-
-    def snapshot_commit_finish(self, success: bool) -> bool:
-        return bool(self.second.snapshot_commit_finish(success))
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         self.second.restore_from_snapshot(inbox)
