@@ -13,7 +13,9 @@ line before the fence changes that; its words, separated by ``;``:
   after that block, in the same script, as a reader following the page would).
 * ``needs: spark``: runs only where pyspark and Java are (a slow test: the block starts
   its own local Spark session, ~15-30 s; the suite's shared session lives in another
-  process, which a fresh process cannot use).
+  process, which a fresh process cannot use). These blocks run two at a time in the
+  background from the first one's test on (each alone in its fresh process and
+  directory); each block's test waits for its own.
 * ``needs: lines at HOST:PORT``: a TCP server that sends a few lines and closes. The test
   serves them on a free port and puts that port for ``PORT`` in the block (the only
   change made to a block), so parallel runs never collide.
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,13 +139,17 @@ def test_fragments_are_a_minority() -> None:
     )
 
 
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    data = tmp_path / "data"
+def _fill_workdir(path: Path) -> Path:
+    data = path / "data"
     data.mkdir()
     (data / "a.txt").write_text("to be or not to be\nthat is the question\n", encoding="utf-8")
     (data / "b.txt").write_text("whether tis nobler in the mind to suffer\nincomprehensibilities\n", encoding="utf-8")
-    return tmp_path
+    return path
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return _fill_workdir(tmp_path)
 
 
 @pytest.fixture
@@ -181,10 +188,51 @@ def _params() -> list[object]:
     return params
 
 
+def _run(program: str, workdir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``program`` as a script of its own in a fresh ``python`` process in ``workdir``."""
+    script = workdir / "example.py"
+    script.write_text(program, encoding="utf-8")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def spark_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """The runs of the selected ``needs: spark`` blocks, started when the first of them
+    is tested, two at a time on background threads (each still alone in its own fresh
+    process and directory). A Spark block spends much of its 10-20 s waiting (its JVM's
+    start, the scheduler between stages and epochs): one after the other they were the
+    module's 66 s of 89 in a full run. Each block's test waits for its own run."""
+    pool = ThreadPoolExecutor(2, thread_name_prefix="spark-block")
+    runs: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        block = callspec.params.get("block") if callspec is not None else None
+        if getattr(item, "module", None) is request.module and isinstance(block, Block):
+            if block.needs() == ["spark"] and block.where not in runs:
+                where = tmp_path_factory.mktemp("spark-block", numbered=True)
+                runs[block.where] = pool.submit(_run, block.program, _fill_workdir(where), 300.0)
+    try:
+        yield runs
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.parametrize("block", _params())
 def test_block_runs_as_written(block: Block, workdir: Path, request: pytest.FixtureRequest) -> None:
     program = block.program
     timeout = 120.0
+    r: subprocess.CompletedProcess[str] | None = None
     for need in block.needs():
         if need == "spark":
             from slipstream.spark.session import SparkUnavailableError, check_spark_available
@@ -193,25 +241,18 @@ def test_block_runs_as_written(block: Block, workdir: Path, request: pytest.Fixt
                 check_spark_available()
             except SparkUnavailableError as exc:
                 pytest.skip(str(exc))
-            timeout = 300.0
+            runs: dict[str, Future[subprocess.CompletedProcess[str]]]
+            runs = request.getfixturevalue("spark_runs")
+            run = runs.get(block.where)
+            r = run.result() if run is not None else _run(program, workdir, 300.0)
         else:
             m = re.fullmatch(r"lines at 127\.0\.0\.1:(\d+)", need)
             assert m is not None, need
             port: int = request.getfixturevalue("line_server")
             assert re.search(rf"\b{m.group(1)}\b", program), f"{block.where} never uses port {m.group(1)}"
             program = re.sub(rf"\b{m.group(1)}\b", str(port), program)
-    script = workdir / "example.py"
-    script.write_text(program, encoding="utf-8")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    r = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    if r is None:
+        r = _run(program, workdir, timeout)
     assert r.returncode == 0, f"{block.where} failed (exit {r.returncode}):\n{r.stderr[-3000:]}"
     for name in re.findall(r'JobConfig\(name="([^"]+)"', block.code):
         if name in EXPECTED_STDOUT:
