@@ -364,11 +364,11 @@ def test_a_broken_key_function_of_the_fused_edge_still_fails_the_job() -> None:
 # -- snapshots -------------------------------------------------------------------------------------
 
 
-def running_sum_dag(n: int, rate: float, min_snapshots: int = 0) -> DAG:
+def running_sum_dag(n: int, rate: float, min_snapshots: int = 0, batch: int = 16) -> DAG:
     """PacedSource -> P.map (fused) -> RunningSum -> list_sink("out"). Each key's items
     come from one source processor (x % 10 keeps x's parity), so the sums are exact."""
     dag = DAG()
-    paced = functools.partial(stp.PacedSource, n, rate, min_snapshots=min_snapshots)
+    paced = functools.partial(stp.PacedSource, n, rate, batch, min_snapshots=min_snapshots)
     src = dag.new_vertex("src", paced).local_parallelism(2)
     m = dag.new_vertex("shift", P.map(lambda x: x + 10)).local_parallelism(1)
     rs = dag.new_vertex("sum", functools.partial(stp.RunningSum, 10)).local_parallelism(1)
@@ -415,7 +415,7 @@ def test_a_snapshot_written_fused_restores_unfused_and_the_reverse(
     assert 0 < sum(before.values()) < n
     engine2 = ss.local()
     job2 = engine2.new_job(
-        running_sum_dag(n, rate=1e9),
+        running_sum_dag(n, rate=1e9, batch=4096),
         JobConfig(
             processing_guarantee=EO, snapshot_store=str(tmp_path / "b"), fuse_vertices=second
         ),
