@@ -27,7 +27,8 @@ SCRIPT = textwrap.dedent(
 
     store, out, mode, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     dag = DAG()
-    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 4000, max_items=n))
+    # the run that is killed is paced; the restore produces what is left unpaced
+    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 4000 if mode == "fresh" else None, max_items=n))
     ident = dag.new_vertex("map", P.map(lambda x: x * 3))
     agg = dag.new_vertex("sum", P.aggregate_by_key(lambda x: x % 10, summing()))
     # files roll every 100 ms: each spans snapshots (resumed after the kill) and some
@@ -108,7 +109,8 @@ DEAD_LETTER_SCRIPT = textwrap.dedent(
 
     store, out, mode, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     dag = DAG()
-    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 4000, max_items=n))
+    # the run that is killed is paced; the restore produces what is left unpaced
+    src = dag.new_vertex("gen", sources.generator(lambda seq: seq, 4000 if mode == "fresh" else None, max_items=n))
     work = dag.new_vertex("map", P.map(triple))
     items = dag.new_vertex("items-out", sinks.write_files(out + "/items", roll_interval_ms=100))
     dag.edge(Edge.between(src, work)).edge(Edge.between(work, items))
