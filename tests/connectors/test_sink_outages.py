@@ -190,8 +190,8 @@ def test_sql_sink_pg_down_past_the_budget_fails_naming_sink_server_cause_then_re
     set_trap(name, functools.partial(pg.stop, "immediate"))
     produce(kafka.bootstrap, topic, _records(0, 1500))
     job = _kafka_to_sql(
-        kafka.bootstrap, topic, pg.dsn, table, name, name, sink_outage_timeout=3, snapshot_store=store
-    )
+        kafka.bootstrap, topic, pg.dsn, table, name, name, sink_outage_timeout=1.5, snapshot_store=store
+    )  # the budget is what the job waits out before it fails: 1.5 s (3 s before)
     with pytest.raises(ss.JobFailedError) as err:
         job.join(180)
     text = str(err.value)
@@ -260,7 +260,8 @@ def test_batch_job_pg_down_at_its_last_commit_past_the_budget_fails_then_resumes
     name = f"batch-end-down-{next(_names)}"
     store = tempfile.mkdtemp(prefix="outage-store-")
     set_trap(name, functools.partial(pg.stop, "immediate"))
-    job = _batch_to_sql(pg.dsn, table, name, name, 3000, sink_outage_timeout=3, snapshot_store=store)
+    # the budget is what the job waits out before it fails: 1.5 s (3 s before)
+    job = _batch_to_sql(pg.dsn, table, name, name, 3000, sink_outage_timeout=1.5, snapshot_store=store)
     with pytest.raises(ss.JobFailedError) as err:
         job.join(180)
     text = str(err.value)
