@@ -304,6 +304,8 @@ def test_a_chains_save_waits_for_every_item_between_its_vertices() -> None:
             break
     assert fused.second.got == list(range(10))
     assert fused.drain_between()
+    fused.second.drain_between = lambda: False  # a consumer running two, a PipeP
+    assert not fused.drain_between()
 
 
 # -- errors --------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -177,3 +178,61 @@ def test_pipe_of_watermarks_and_window_under_the_harness() -> None:
     verify_processor(supplier).cooperative_timeout(0).input(range(30)).output_checker(same_windows).expect_output(
         expected
     )
+
+
+@pytest.mark.parametrize("chain_inside", [False, True])
+def test_an_idle_mark_waits_for_what_a_pipe_holds_between_its_processors(
+    chain_inside: bool,
+) -> None:
+    """The tasklet forwards an idle mark without the processor: behind what a PipeP
+    (watermark inserter -> window stage 1) still holds between its two, as unfused.
+    Here the inserter's last chunk ends with watermark 10, whose 8 frames stage 1 hands
+    out 4 at a time (outbox capacity 4); before, the idle mark went out after 4 of them,
+    and stage 2 (its other input already at 100, a step after each of stage 1's) took it
+    to close [0, 10) without keys 4-7, dropping their frames as late.
+    ``chain_inside``: a map fused in front, the PipeP inside an InputFusedP."""
+    from slipstream.core.items import IDLE_MESSAGE, Watermark
+    from slipstream.core.processor import Context
+    from slipstream.execution.collectors import RoundRobinCollector
+    from slipstream.execution.inbound import InboundEdgeStream
+    from slipstream.execution.queues import SpscQueue
+    from slipstream.execution.tasklet import ProcessorTasklet
+    from slipstream.pipeline.compiler import LagPolicy
+    from slipstream.pipeline.fused import pipe
+    from slipstream.window import KeyedWindowResult as R
+    from slipstream.window import tumbling_window_def
+
+    tumbling = tumbling_window_def(10)
+    supplier: Any = pipe(
+        P.insert_watermarks(lambda x: x, LagPolicy(0, None)),
+        P.accumulate_by_frame(
+            key_fn=lambda x: x % 8, timestamp_fn=lambda x: x, window_def=tumbling, agg_op=counting()
+        ),
+    )
+    if chain_inside:
+        supplier = input_fused(supplier, {0: ChainFn([("map", lambda x: x - 100)])})
+    q_in, q_mid, q_other, q_out = (SpscQueue(1024) for _ in range(4))
+    stage1 = ProcessorTasklet(
+        supplier(),
+        Context(),
+        [InboundEdgeStream(0, 0, [q_in])],
+        [RoundRobinCollector([q_mid])],
+        outbox_capacity=4,  # the inserter's chunks: 3 items and their watermark
+    )
+    stage2 = ProcessorTasklet(
+        P.combine_to_sliding_window(window_def=tumbling, agg_op=counting())(),
+        Context(),
+        [InboundEdgeStream(0, 0, [q_mid, q_other])],
+        [RoundRobinCollector([q_out])],
+    )
+    items = list(range(11))
+    q_in.offer([x + 100 for x in items] if chain_inside else items, 11)
+    q_in.offer(IDLE_MESSAGE, 1)
+    q_other.offer(Watermark(100), 1)
+    for t in (stage1, stage2):
+        t.init()
+    for _ in range(100):
+        stage1.call()
+        stage2.call()
+    out = [x for e in q_out.entries if type(e) is list for x in e]
+    assert out == [R(0, 10, k, 2 if k < 2 else 1) for k in range(8)]

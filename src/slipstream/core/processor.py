@@ -23,7 +23,14 @@ from slipstream.core.outbox import Outbox
 if TYPE_CHECKING:
     pass
 
-__all__ = ["Processor", "AbstractProcessor", "Context", "FlatMapper", "blocking_call_advice"]
+__all__ = [
+    "Processor",
+    "AbstractProcessor",
+    "Context",
+    "FlatMapper",
+    "blocking_call_advice",
+    "drain_between",
+]
 
 
 class Context:
@@ -292,6 +299,17 @@ def blocking_call_advice(processor: Any, context: Context) -> str:
             "flat_map_using_service, or an _async variant), which gets a thread of its own"
         )
     return "Make it non-cooperative (is_cooperative() -> False) to give it a thread of its own"
+
+
+def drain_between(processor: Any) -> bool:
+    """Hand on what ``processor`` holds between two processors it runs back to back in
+    one tasklet (``drain_between()``: engine fusion's ``FusedPairP``, the Pipeline
+    compiler's ``PipeP`` and a processor wrapping one); ``True`` once nothing is (at
+    once for any other processor). The tasklet forwards an idle mark, which no processor
+    sees, only then: unfused, the mark queued behind those items, and a downstream
+    coalescer that takes it may pass over their timestamps."""
+    drain = getattr(processor, "drain_between", None)
+    return True if drain is None else bool(drain())
 
 
 class Processor:

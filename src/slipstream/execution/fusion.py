@@ -50,7 +50,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT
-from slipstream.core.processor import Context, Processor
+from slipstream.core.processor import Context, Processor, drain_between
 from slipstream.execution.collectors import PerTargetCollector
 
 __all__ = [
@@ -312,17 +312,16 @@ class FusedPairP(Processor):
             bucket.clear()
 
     def drain_between(self) -> bool:
-        """Hand on what is between the fused vertices (a chain's inner pairs too);
-        ``True`` once nothing is. The tasklet calls it before it forwards an idle mark,
-        which no processor sees: unfused, the mark queued behind those items."""
+        """Hand on what is between the fused vertices (a chain's inner pairs too, and
+        what the consumer holds between two of its own, a ``PipeP``'s); ``True`` once
+        nothing is (:func:`~slipstream.core.processor.drain_between`, which the tasklet
+        calls before it forwards an idle mark)."""
         if not self._drain():
             return False
-        inner = getattr(self.first, "drain_between", None)
-        if inner is not None:
-            done = self._first(inner)
-            if not self._drain() or not done:
-                return False
-        return True
+        done = self._first(drain_between, self.first)
+        if not self._drain() or not done:
+            return False
+        return drain_between(self.second)
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         if not self._drain():

@@ -219,7 +219,7 @@ class ProcessorTasklet:
         #: the processors of vertices fused into this one (execution/fusion.py): the
         #: snapshot coordinator counts them saved and completed with this tasklet
         self.fused_stages: list[Any] = list(getattr(processor, "fused_stages", None) or ())
-        # and what is between them goes on before an idle mark does
+        # and what is between them goes on before an idle mark does (drain_between)
         self.drain_between: Callable[[], bool] | None = getattr(processor, "drain_between", None)
         self.cooperative = bool(processor.is_cooperative())
         self.outbox = Outbox(
@@ -449,7 +449,8 @@ class ProcessorTasklet:
             self.pending_wm = wm
         if wm is IDLE_MESSAGE:
             # processors never see idle marks: forward them to every output, behind
-            # what a fused pair still holds between its vertices (execution/fusion.py)
+            # what a processor running two back to back still holds between them
+            # (core/processor.py's drain_between: FusedPairP, PipeP, InputFusedP)
             drain = self.drain_between
             if drain is not None and not drain():
                 return False

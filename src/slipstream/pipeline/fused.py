@@ -36,7 +36,7 @@ from slipstream.core.inbox import Inbox
 from slipstream.core.item_errors import ItemErrors, failed_position
 from slipstream.core.items import IdleMessage, Watermark
 from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
-from slipstream.core.processor import AbstractProcessor, Context, Processor
+from slipstream.core.processor import AbstractProcessor, Context, Processor, drain_between
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
 __all__ = ["ChainFn", "FusedChainP", "InputFusedP", "PipeP", "STATELESS_KINDS"]
@@ -250,6 +250,11 @@ class InputFusedP(Processor):
     def try_process(self) -> bool:
         return self.inner.try_process()
 
+    def drain_between(self) -> bool:
+        # the results in between keep the upstream inbox non-empty (the tasklet handles
+        # no idle mark before it is empty); only what ``inner`` holds can be left
+        return drain_between(self.inner)
+
     def try_process_watermark(self, watermark: Watermark) -> bool:
         return self.inner.try_process_watermark(watermark)
 
@@ -324,7 +329,8 @@ class PipeP(Processor):
     ``second`` (items through ``process``, watermarks through ``try_process_watermark``,
     in order) before ``first`` gets more input, and before any other callback goes on:
     each callback returns ``False`` (call again) while something is still in between.
-    So the engine never takes a snapshot or completes with items between the two.
+    So the engine never takes a snapshot or completes with items between the two, and
+    forwards an idle mark only after :meth:`drain_between`.
 
     Snapshots hold both processors' state; the first one's keys are wrapped
     (:class:`FirstKey`, routed as the original key) so a restore gives each its own.
@@ -416,6 +422,18 @@ class PipeP(Processor):
             else:
                 inbox.extend(bucket)
             bucket.clear()
+
+    def drain_between(self) -> bool:
+        """Hand on what is between the two processors (and within each, should one run
+        two); ``True`` once nothing is (:func:`~slipstream.core.processor.drain_between`,
+        which the tasklet calls before it forwards an idle mark: the window behind its
+        inserter has not seen the items, nor emitted the windows, of what is in between)."""
+        if not self._drain():
+            return False
+        done = drain_between(self.first)
+        if not self._drain() or not done:
+            return False
+        return drain_between(self.second)
 
     # -- callbacks -------------------------------------------------------------------------
     def process(self, ordinal: int, inbox: Inbox) -> None:
