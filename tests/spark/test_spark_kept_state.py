@@ -247,3 +247,6 @@ def test_with_worker_reuse_counts_are_exact(spark_session: Any, tmp_path: Path) 
         t["kept_state"] for e in job.epoch_breakdown[1:] for t in e["task"] if t["vertex"] == "count"
     ]
     assert len(kept) == 4 and set(kept) <= {"hit", "miss"}
+    # a reused worker froze its heap at its second Spark task, so PySpark's gc.collect()
+    # after each task skips the modules (docs/performance.md, "count-10k's per-item path")
+    assert any(t["heap_frozen"] for e in job.epoch_breakdown[1:] for t in e["task"])
