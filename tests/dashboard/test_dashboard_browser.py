@@ -9,6 +9,7 @@ made, see docs/watching.md).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -128,8 +129,16 @@ def overlap(a: list[float], b: list[float]) -> bool:
 
 
 @pytest.mark.slow
-def test_charts_snapshots_and_a_dag_that_fits_1280_px(browser: Any, tmp_path: Path) -> None:
+def test_charts_snapshots_and_a_dag_that_fits_1280_px(
+    browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from selenium.webdriver.common.by import By
+
+    from slipstream.dashboard import history, server
+
+    # the server reads a point of history every 0.25 s instead of every second: the
+    # sparklines' four points below come in about 1 s, not 4
+    monkeypatch.setattr(server, "History", functools.partial(history.History, interval_s=0.25))
 
     browser.set_window_size(1280, 800)
     browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": FIRST_ANSWER})
