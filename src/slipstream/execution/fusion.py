@@ -40,18 +40,17 @@ environment) turns it off.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slipstream.core.config import JobConfig
 from slipstream.core.dag import DAG, Edge, RoutingPolicy
 from slipstream.core.inbox import Inbox
-from slipstream.core.items import IdleMessage, Watermark
-from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
+from slipstream.core.outbox import Outbox
 from slipstream.core.partition import DEFAULT_PARTITION_COUNT
-from slipstream.core.processor import Context, Processor, drain_between
+from slipstream.core.processor import Context, Processor
 from slipstream.execution.collectors import PerTargetCollector
+from slipstream.execution.pair import PairP
 
 __all__ = [
     "FusedPairP",
@@ -145,32 +144,17 @@ def _key_checker(edge: Edge, validate_keys: bool) -> PerTargetCollector | None:
     )
 
 
-def _next_special(types: list[type], start: int) -> int:
-    """Index of the first watermark or idle mark at or after ``start``, else -1."""
-    found = -1
-    for special in (Watermark, IdleMessage):
-        try:
-            i = types.index(special, start)
-        except ValueError:
-            continue
-        if found < 0 or i < found:
-            found = i
-    return found
-
-
-class FusedPairP(Processor):
+class FusedPairP(PairP):
     """``first`` (a stateless built-in, or a fused chain of them) feeding ``second``
     through ``edge``, in one processor; the tasklet's context is ``second``'s.
 
-    ``first`` writes into a private one-bucket outbox; whatever it emitted is handed to
-    ``second`` (items through ``process`` on the edge's ordinal, watermarks through
-    ``try_process_watermark``, in order) before ``first`` gets more input and before any
-    other callback goes on: each returns ``False`` (call again) while something is still
-    in between, so the engine never takes a snapshot or completes with items between the
-    two. ``passed`` counts the items handed over (the producer's ``items_out``, the
-    consumer's ``items_in``)."""
-
-    handles_item_errors = True
+    The hand-over is :class:`~slipstream.execution.pair.PairP`'s (nothing is between
+    the two when the engine takes a snapshot, completes or forwards an idle mark). What
+    is this pair's own: ``first`` keeps its own context (figures, bad-record policy), an
+    error its code raises names it (:attr:`failed_stage`), the removed edge's key check,
+    ``passed`` counts the items handed over (the producer's ``items_out``, the
+    consumer's ``items_in``), and the commit phase and the restore are the consumer's
+    alone (the producers hold no state)."""
 
     def __init__(
         self,
@@ -180,10 +164,8 @@ class FusedPairP(Processor):
         edge: Edge,
         validate_keys: bool = False,
     ) -> None:
-        self.first = first
+        super().__init__(first, second, edge.dest_ordinal)
         self.first_context = first_context
-        self.second = second
-        self.ordinal = edge.dest_ordinal
         self.passed = 0
         inner = getattr(first, "fused_stages", None)
         #: the producers' processors, upstream first (a chain: the first one's too)
@@ -200,13 +182,6 @@ class FusedPairP(Processor):
         # processor's own process() takes what its outbox bucket has room for, a line at
         # a time for a flat_map; the consumer bounds what waits here instead
         self._process_all: Callable[[Sequence[Any]], list[Any]] | None = None
-        self._mid: Outbox | None = None
-        self._queue: deque[Any] = deque()  # first's output segments: item lists, specials
-        self._inbox = Inbox()  # second's input
-        self._first_done = False
-        self._edge_done = False
-        self._wm_to_first = False
-        self._first_saved = False
         relevant = getattr(second, "min_relevant_watermark", None)
         if getattr(relevant, "__func__", None) is not Processor.min_relevant_watermark:
             self.min_relevant_watermark = relevant  # type: ignore[method-assign,assignment]
@@ -228,14 +203,9 @@ class FusedPairP(Processor):
         for name in ("metric_listener", "sink_outage_timeout", "state_dir"):
             if hasattr(context, name):
                 setattr(fc, name, getattr(context, name))
-        self._mid = Outbox(1, outbox.capacity)
-        self._first(self.first.init, self._mid, fc)
-        self.second.init(outbox, context)
+        self._init_pair(outbox, fc, context)
         if is_stateless_builtin(self.first) and fc.item_errors.fails:
             self._process_all = self.first.process_all  # type: ignore[attr-defined]
-
-    def is_cooperative(self) -> bool:
-        return True
 
     def _first(self, call: Any, *args: Any) -> Any:
         """``call(*args)``, one of ``first``'s callbacks: an error it raises is the
@@ -261,150 +231,23 @@ class FusedPairP(Processor):
         self.passed += len(items)
         self._inbox.extend(items)
 
-    def _drain(self) -> bool:
-        """Hand everything ``first`` emitted to ``second``; ``True`` when nothing is left
-        in between."""
-        mid = self._mid
-        assert mid is not None
-        bucket = mid.buckets[0]
-        queue = self._queue
-        inbox = self._inbox
-        second = self.second
-        ordinal = self.ordinal
-        while True:
-            if inbox:
-                second.process(ordinal, inbox)
-                if inbox:
-                    return False
-            if queue:
-                head = queue[0]
-                if type(head) is list:
-                    self._hand_over(head)
-                elif type(head) is Watermark:
-                    if not second.try_process_watermark(head):
-                        return False
-                elif not self.outbox.offer(head):  # an idle mark goes straight on
-                    return False
-                queue.popleft()
-                continue
-            if not bucket:
-                return True
-            if mid.specials is SPECIAL_AT_TAIL:
-                mid.specials = False
-                queue.append(bucket.pop())
-                self._hand_over(bucket)
-            elif mid.specials:
-                mid.specials = False
-                types = list(map(type, bucket))
-                start = 0
-                while True:
-                    i = _next_special(types, start)
-                    if i < 0:
-                        break
-                    if i > start:
-                        queue.append(bucket[start:i])
-                    queue.append(bucket[i])
-                    start = i + 1
-                if start < len(bucket):
-                    queue.append(bucket[start:])
-            else:
-                self._hand_over(bucket)
-            bucket.clear()
-
-    def drain_between(self) -> bool:
-        """Hand on what is between the fused vertices (a chain's inner pairs too, and
-        what the consumer holds between two of its own, a ``PipeP``'s); ``True`` once
-        nothing is (:func:`~slipstream.core.processor.drain_between`, which the tasklet
-        calls before it forwards an idle mark)."""
-        if not self._drain():
-            return False
-        done = self._first(drain_between, self.first)
-        if not self._drain() or not done:
-            return False
-        return drain_between(self.second)
-
     def process(self, ordinal: int, inbox: Inbox) -> None:
+        process_all = self._process_all
+        if process_all is None:
+            super().process(ordinal, inbox)
+            return
         if not self._drain():
             return
-        process_all = self._process_all
-        if process_all is not None:
-            out = self._first(process_all, inbox)
-            inbox.clear()  # nothing is lost: every callback drains first
-            self._hand_over(out)
-        else:
-            self._first(self.first.process, ordinal, inbox)
+        out = self._first(process_all, inbox)
+        inbox.clear()  # nothing is lost: every callback drains first
+        self._hand_over(out)
         self._drain()
-
-    def try_process(self) -> bool:
-        if not self._drain():
-            return False
-        done = self._first(self.first.try_process)
-        if not self._drain():
-            return False
-        return bool(self.second.try_process()) and bool(done)
-
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        if not self._drain():
-            return False
-        if not self._wm_to_first:
-            if not self._first(self.first.try_process_watermark, watermark):
-                self._drain()
-                return False
-            self._wm_to_first = True
-        if not self._drain():
-            return False
-        self._wm_to_first = False
-        return True
-
-    def complete_edge(self, ordinal: int) -> bool:
-        if not self._drain():
-            return False
-        done = self._first(self.first.complete_edge, ordinal)
-        return self._drain() and bool(done)
-
-    def complete(self) -> bool:
-        if not self._drain():
-            return False
-        if not self._first_done:
-            done = self._first(self.first.complete)
-            if not self._drain() or not done:
-                return False
-            self._first_done = True
-        if not self._edge_done:
-            if not self.second.complete_edge(self.ordinal):
-                return False
-            self._edge_done = True
-        return bool(self.second.complete())
-
-    def save_to_snapshot(self) -> bool:
-        # the producers hold no state, but a chain's inner pair may still hold items
-        # between its two: its save drains them (and saves nothing of a producer's)
-        if not self._drain():
-            return False
-        if not self._first_saved:
-            done = self._first(self.first.save_to_snapshot)
-            if not self._drain() or not done:
-                return False
-            self._first_saved = True
-        if not self.second.save_to_snapshot():
-            return False
-        self._first_saved = False
-        return True
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         self.second.restore_from_snapshot(inbox)
 
     def finish_snapshot_restore(self) -> bool:
         return bool(self.second.finish_snapshot_restore())
-
-    def close(self) -> None:
-        try:
-            self._first(self.first.close)
-        finally:
-            self.second.close()
-
-    def __repr__(self) -> str:
-        return f"FusedPairP({self.first!r} -> {self.second!r})"
 
 
 def failed_stage(tasklet: Any) -> Any:

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, islice
 from typing import Any, NamedTuple
 
 from slipstream.core.inbox import Inbox
 from slipstream.core.item_errors import ItemErrors, failed_position
-from slipstream.core.items import IdleMessage, Watermark
-from slipstream.core.outbox import SPECIAL_AT_TAIL, Outbox
+from slipstream.core.items import Watermark
+from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor, drain_between
+from slipstream.execution.pair import PairP
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
 __all__ = ["ChainFn", "FusedChainP", "InputFusedP", "PipeP", "STATELESS_KINDS"]
@@ -309,196 +309,46 @@ def _unwrap_first(key: Any) -> Any:
     return None
 
 
-def _next_special(types: list[type], start: int) -> int:
-    """Index of the first watermark or idle mark at or after ``start``, else -1."""
-    found = -1
-    for special in (Watermark, IdleMessage):
-        try:
-            i = types.index(special, start)
-        except ValueError:
-            continue
-        if found < 0 or i < found:
-            found = i
-    return found
-
-
-class PipeP(Processor):
+class PipeP(PairP):
     """``first``'s output is ``second``'s input (ordinal 0), in one processor.
 
-    ``first`` writes into a private one-bucket outbox; whatever it emitted is handed to
-    ``second`` (items through ``process``, watermarks through ``try_process_watermark``,
-    in order) before ``first`` gets more input, and before any other callback goes on:
-    each callback returns ``False`` (call again) while something is still in between.
-    So the engine never takes a snapshot or completes with items between the two, and
-    forwards an idle mark only after :meth:`drain_between`.
+    The hand-over is :class:`~slipstream.execution.pair.PairP`'s: whatever ``first``
+    emitted is handed to ``second`` (items, watermarks, in order) before ``first`` gets
+    more input and before any other callback goes on, so the engine never takes a
+    snapshot or completes with items between the two, and forwards an idle mark only
+    after :meth:`drain_between`.
 
     Snapshots hold both processors' state; the first one's keys are wrapped
     (:class:`FirstKey`, routed as the original key) so a restore gives each its own.
-    Both processors must be cooperative. Each applies the bad-record policy to its own
-    functions if it handles item errors (dead letters go to this processor's outbox).
+    Both run their commit phases, the first one's first. Both processors must be
+    cooperative; they share this processor's context. Each applies the bad-record
+    policy to its own functions if it handles item errors (dead letters go to this
+    processor's outbox).
     """
-
-    handles_item_errors = True
 
     def __init__(
         self, first_supplier: Callable[[], Processor], second_supplier: Callable[[], Processor]
     ) -> None:
-        self.first = first_supplier()
-        self.second = second_supplier()
+        super().__init__(first_supplier(), second_supplier(), 0)
         if hasattr(self.second, "own_watermarks"):
             # a window behind its own watermark inserter: cursors may differ per processor
             self.second.own_watermarks = True
-        self._mid: Outbox | None = None
-        self._queue: deque[Any] = deque()  # first's output segments: item lists, specials
-        self._inbox = Inbox()  # second's input
-        self._first_done = False
-        self._edge_done = False
         self._first_restored = False
-        self._first_saved = False
         self._first_prepared = False
         self._first_finished = False
-        self._wm_to_first = False
         self._snapshot_rest: list[tuple[Any, Any]] = []
 
     def init(self, outbox: Outbox, context: Context) -> None:
         super().init(outbox, context)
-        self._mid = Outbox(1, outbox.capacity)
-        self.first.init(self._mid, context)
-        self.second.init(outbox, context)
+        self._init_pair(outbox, context, context)
 
-    def is_cooperative(self) -> bool:
-        return True
-
-    # -- handing first's output to second -------------------------------------------------
-    def _drain(self) -> bool:
-        """Hand everything ``first`` emitted to ``second``; ``True`` when nothing is left
-        in between."""
+    def _save_first(self) -> bool:
         mid = self._mid
         assert mid is not None
-        bucket = mid.buckets[0]
-        queue = self._queue
-        inbox = self._inbox
-        second = self.second
-        while True:
-            if inbox:
-                second.process(0, inbox)
-                if inbox:
-                    return False
-            if queue:
-                head = queue[0]
-                if type(head) is list:
-                    inbox.extend(head)
-                elif type(head) is Watermark:
-                    if not second.try_process_watermark(head):
-                        return False
-                elif not self.outbox.offer(head):  # an idle mark goes straight on
-                    return False
-                queue.popleft()
-                continue
-            if not bucket:
-                return True
-            if mid.specials is SPECIAL_AT_TAIL:
-                # insert_watermarks' usual chunk: items, then one watermark, found
-                # without a scan (the queue and the inbox are empty here, so the items
-                # go straight to the inbox, handed over before the watermark)
-                mid.specials = False
-                queue.append(bucket.pop())
-                inbox.extend(bucket)
-            elif mid.specials:
-                mid.specials = False
-                # split around the watermarks (idle marks), found by C-speed index scans
-                types = list(map(type, bucket))
-                start = 0
-                while True:
-                    i = _next_special(types, start)
-                    if i < 0:
-                        break
-                    if i > start:
-                        queue.append(bucket[start:i])
-                    queue.append(bucket[i])
-                    start = i + 1
-                if start < len(bucket):
-                    queue.append(bucket[start:])
-            else:
-                inbox.extend(bucket)
-            bucket.clear()
-
-    def drain_between(self) -> bool:
-        """Hand on what is between the two processors (and within each, should one run
-        two); ``True`` once nothing is (:func:`~slipstream.core.processor.drain_between`,
-        which the tasklet calls before it forwards an idle mark: the window behind its
-        inserter has not seen the items, nor emitted the windows, of what is in between)."""
-        if not self._drain():
-            return False
-        done = drain_between(self.first)
-        if not self._drain() or not done:
-            return False
-        return drain_between(self.second)
-
-    # -- callbacks -------------------------------------------------------------------------
-    def process(self, ordinal: int, inbox: Inbox) -> None:
-        if not self._drain():
-            return
-        self.first.process(ordinal, inbox)
-        self._drain()
-
-    def try_process(self) -> bool:
-        if not self._drain():
-            return False
-        done = self.first.try_process()
-        if not self._drain():
-            return False
-        return self.second.try_process() and done
-
-    def try_process_watermark(self, watermark: Watermark) -> bool:
-        if not self._drain():
-            return False
-        if not self._wm_to_first:
-            if not self.first.try_process_watermark(watermark):
-                self._drain()
-                return False
-            self._wm_to_first = True
-        if not self._drain():
-            return False
-        self._wm_to_first = False
-        return True
-
-    def complete_edge(self, ordinal: int) -> bool:
-        if not self._drain():
-            return False
-        done = self.first.complete_edge(ordinal)
-        return self._drain() and done
-
-    def complete(self) -> bool:
-        if not self._drain():
-            return False
-        if not self._first_done:
-            done = self.first.complete()
-            if not self._drain() or not done:
-                return False
-            self._first_done = True
-        if not self._edge_done:
-            if not self.second.complete_edge(0):
-                return False
-            self._edge_done = True
-        return self.second.complete()
-
-    def save_to_snapshot(self) -> bool:
-        if not self._drain() or not self._flush_snapshot():
-            return False
-        if not self._first_saved:
-            mid = self._mid
-            assert mid is not None
-            done = self.first.save_to_snapshot()
-            self._snapshot_rest.extend((_wrap_first(k), v) for k, v in mid.snapshot_bucket)
-            mid.snapshot_bucket.clear()
-            if not self._flush_snapshot() or not self._drain() or not done:
-                return False
-            self._first_saved = True
-        if not self.second.save_to_snapshot():
-            return False
-        self._first_saved = False
-        return True
+        done = self.first.save_to_snapshot()
+        self._snapshot_rest.extend((_wrap_first(k), v) for k, v in mid.snapshot_bucket)
+        mid.snapshot_bucket.clear()
+        return done
 
     def snapshot_commit_prepare(self) -> bool:
         # the second one may offer to the snapshot (the outbox is the engine's); the
@@ -555,15 +405,6 @@ class PipeP(Processor):
                 return False
             self._first_restored = True
         return self.second.finish_snapshot_restore()
-
-    def close(self) -> None:
-        try:
-            self.first.close()
-        finally:
-            self.second.close()
-
-    def __repr__(self) -> str:
-        return f"PipeP({self.first!r} -> {self.second!r})"
 
 
 def pipe(
