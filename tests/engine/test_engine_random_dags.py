@@ -98,14 +98,20 @@ def dags(draw: Any) -> dict[str, Any]:
     return {"members": members, "vertices": vertices, "edges": edges}
 
 
-def build(spec: dict[str, Any]) -> tuple[DAG, list[str]]:
+def apply_supplier(v: dict[str, Any]) -> Any:
+    """The test's own processor for inner vertex ``v``."""
+    return functools.partial(Apply, functools.partial(KINDS[v["kind"]], v["c"]), v["coop"])
+
+
+def build(spec: dict[str, Any], supplier: Any = apply_supplier) -> tuple[DAG, list[str]]:
+    """The DAG of ``spec``; ``supplier(v)`` gives each inner vertex's processors."""
     dag = DAG()
     vs = []
     for v in spec["vertices"]:
         if v["kind"] == "source":
             sup: Any = functools.partial(ListSource, v["data"])
         else:
-            sup = functools.partial(Apply, functools.partial(KINDS[v["kind"]], v["c"]), v["coop"])
+            sup = supplier(v)
         vs.append(dag.new_vertex(v["name"], sup).local_parallelism(v["lp"]))
     out_ordinal = Counter()
     for e in spec["edges"]:

@@ -27,29 +27,10 @@ from slipstream.processors.basic import MapP
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
 
 import snapshot_test_procs as stp  # noqa: E402
-from engine_test_procs import ListSource  # noqa: E402
-from test_engine_random_dags import KINDS, dags, oracle  # noqa: E402
+from test_engine_random_dags import KINDS, Apply, build, dags, oracle  # noqa: E402
+from test_processes import identity, word_count_dag  # noqa: E402
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
-
-
-def identity(x: Any) -> Any:
-    return x
-
-
-def word_count_dag(text: list[str]) -> DAG:
-    """The documented Core API word count (examples/wordcount.py's shape)."""
-    dag = DAG()
-    src = dag.new_vertex("source", sources.items(text))
-    tok = dag.new_vertex("tokenize", P.flat_map(str.split))
-    acc = dag.new_vertex("accumulate", P.accumulate_by_key(identity, counting()))
-    comb = dag.new_vertex("combine", P.combine_by_key(counting()))
-    out = dag.new_vertex("sink", sinks.list_sink("counts")).local_parallelism(1)
-    dag.edge(Edge.between(src, tok))
-    dag.edge(Edge.between(tok, acc).partitioned(identity))
-    dag.edge(Edge.between(acc, comb).distributed().partitioned(ss.entry_key))
-    dag.edge(Edge.between(comb, out))
-    return dag
 
 
 def planned(dag: DAG, config: JobConfig, members: int = 1) -> dict[str, str]:
@@ -145,52 +126,17 @@ def builtin(kind: str, c: int) -> Any:
     return P.flat_map(fn)
 
 
-class Sink(ss.AbstractProcessor):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def init_processor(self, context: ss.Context) -> None:
-        self.out = context.get_list(self.name)
-
-    def try_process_item(self, ordinal: int, item: Any) -> bool:
-        self.out.append(item)
-        return True
+def builtin_supplier(v: dict[str, Any]) -> Any:
+    """The built-in processors where a vertex is cooperative (a non-cooperative vertex
+    stays the random DAGs' own processor)."""
+    if v["coop"]:
+        return builtin(v["kind"], v["c"])
+    return functools.partial(Apply, functools.partial(KINDS[v["kind"]], v["c"]), False)
 
 
 def build_builtin(spec: dict[str, Any]) -> tuple[DAG, list[str]]:
-    """test_engine_random_dags.build with the built-in processors where a vertex is
-    cooperative (a non-cooperative vertex stays the test's own processor)."""
-    from test_engine_random_dags import Apply
-
-    dag = DAG()
-    vs = []
-    for v in spec["vertices"]:
-        if v["kind"] == "source":
-            sup: Any = functools.partial(ListSource, v["data"])
-        elif v["coop"]:
-            sup = builtin(v["kind"], v["c"])
-        else:
-            sup = functools.partial(Apply, functools.partial(KINDS[v["kind"]], v["c"]), False)
-        vs.append(dag.new_vertex(v["name"], sup).local_parallelism(v["lp"]))
-    out_ordinal: Counter = Counter()
-    for e in spec["edges"]:
-        edge = Edge.from_(vs[e["src"]], out_ordinal[e["src"]]).to(vs[e["dst"]], e["ordinal"])
-        out_ordinal[e["src"]] += 1
-        r = e["routing"]
-        if r == "partitioned":
-            edge.partitioned(lambda x: x % 7)
-        elif r != "unicast":
-            getattr(edge, r)()
-        if e["distributed"]:
-            edge.distributed()
-        dag.edge(edge.queue_size(e["queue"]))
-    names = []
-    for i, v in enumerate(spec["vertices"]):
-        if out_ordinal[i] == 0 and v["kind"] != "source":
-            k = dag.new_vertex(f"sink-{v['name']}", functools.partial(Sink, f"out-{v['name']}"))
-            dag.edge(Edge.between(vs[i], k))
-            names.append(v["name"])
-    return dag, names
+    """test_engine_random_dags.build with :func:`builtin_supplier`."""
+    return build(spec, builtin_supplier)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
