@@ -777,6 +777,7 @@ def test_rolling_sums_through_the_layer_restore_what_full_saves_restore(
         monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2 if small else 1024)
         monkeypatch.setattr(keyed_mod, "LAYER_MIN", 20 if seed % 2 else 4096)
         monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 10)
+        monkeypatch.setattr(keyed_mod, "LAYER_KEEP_MIN", 3 if seed % 3 == 0 else 20_000)
         d = Driver(rolling_aggregate(operator.itemgetter(0), op))
         d.ctx.live_saves = [] if seed % 4 != 3 else None
         st = d.p.states
@@ -797,6 +798,7 @@ def test_rolling_sums_through_the_layer_restore_what_full_saves_restore(
                 assert d.output[len(d.output) - len(items) :] == _running(oracle, items)
             seen.add("layer" if st.layer is not None else "marks")
             seen.add("frozen" if st.frozen else "")
+            seen.add("retained" if st.frozen and st._merge is None else "")
             entries = d.save(sid, committed)
             seen.add(entries[0][1].mode)
             if rng.random() < 0.8:  # it commits before the next save
@@ -806,7 +808,7 @@ def test_rolling_sums_through_the_layer_restore_what_full_saves_restore(
                 committed = sid
                 assert dict(full_state(merged(chain))) == oracle, (seed, sid)
             # else it never commits: the next save is full (merged() checks the bases)
-    assert seen >= {"layer", "marks", "frozen", FULL, DELTA}
+    assert seen >= {"layer", "marks", "frozen", "retained", FULL, DELTA}
 
 
 def _running(oracle: dict[int, int], items: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -889,6 +891,92 @@ def test_a_large_tail_is_saved_in_steps_while_the_next_interval_runs(
     )
 
 
+def test_a_large_saved_layer_is_retained_out_of_the_map_and_deltas_stay_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A saved layer of LAYER_KEEP_MIN keys or more is not written into the map: its
+    values go into ``states.frozen`` (read after the new layer, before the map), so the
+    skewed pattern's hot keys, changed again, are found in a small dict, and the map gets
+    no random writes a save. Later layers join it (small ones too); the next delta is
+    exactly the new layer; past ``layer_limit()`` keys the retained layers go into the
+    map in steps, and a full save writes them first."""
+    monkeypatch.setattr(keyed_mod, "LAYER_KEEP_MIN", 3)
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 5)  # layer_limit(): 6 at ~100 keys
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(100)])
+    assert d.save(1, 0)[0][1].mode == FULL
+    st = d.p.states
+    d.feed([(1, 1), (2, 1), (3, 1)])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {1: 2, 2: 2, 3: 2}, (), 1)
+    assert st.frozen == {1: 2, 2: 2, 3: 2} and st.layer == {} and not d.ctx.live_saves
+    assert dict.get(st, 1) == 1  # the map does not get them
+    d.feed([(1, 1), (2, 1), (150, 1)])  # 150: a new key, the map's tail
+    assert st.layer == {1: 3, 2: 3} and dict.get(st, 150) == 1 and st.inserts_to_map()
+    assert d.output[-3:] == [(1, 3), (2, 3), (150, 1)]
+    assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {150: 1, 1: 3, 2: 3}, (), 2)
+    d.feed([(3, 1)])  # a small layer joins the retained ones
+    assert d.save(4, 3)[0][1] == StateMapSave(DELTA, {3: 3}, (), 3)
+    assert st.frozen == {1: 3, 2: 3, 3: 3} and dict.get(st, 3) == 1
+    d.feed([(k, 1) for k in (4, 5, 6, 7)])  # 7 retained keys: past the limit of 6
+    assert d.save(5, 4)[0][1] == StateMapSave(DELTA, {4: 2, 5: 2, 6: 2, 7: 2}, (), 4)
+    [merge] = d.ctx.live_saves
+    assert len(st.frozen) == 7 and dict.get(st, 7) == 1
+    while not merge.step(1 << 30):
+        pass
+    d.ctx.live_saves.clear()
+    assert st.frozen == {} and dict.get(st, 1) == 3 and dict.get(st, 7) == 2
+    # retained again, then a full save (the one before did not commit) writes them first
+    d.feed([(1, 1), (2, 1), (3, 1)])
+    d.save(6, 5)
+    assert st.frozen == {1: 4, 2: 4, 3: 4}
+    d.feed([(8, 1)])
+    full = d.save(7, 5)[0][1]
+    assert full.mode == FULL and st.frozen == {} and dict.get(st, 1) == 4
+    assert full.upserts == dict(st.items()) and full.upserts[8] == 2 and len(full.upserts) == 101
+
+
+def test_a_retained_layer_with_a_large_tail_is_saved_in_steps_out_of_the_map(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tail save (LiveSave mode TAIL) whose layer is retained: it walks the tail in
+    steps and gives the layer's values for keys of both; reads see the layer in
+    ``frozen`` from the barrier on and the map never gets it (no merge step after the
+    walk); the next delta is exactly the next interval's layer and tail."""
+    monkeypatch.setattr(keyed_mod, "LAYER_KEEP_MIN", 2)
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 4)
+    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
+    d = Driver(rolling_aggregate(operator.itemgetter(0), summing(operator.itemgetter(1))))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(20)])
+    d.save(1, 0)  # full, produced by the Driver
+    d.ctx.live_saves.clear()
+    st = d.p.states
+    d.feed([(k, 1) for k in range(20, 30)] + [(3, 5), (25, 5)])
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
+    _key, save = st.snapshot_entry()
+    assert save.mode == DELTA and type(save.upserts) is live.LiveSave
+    [tail] = d.ctx.live_saves
+    assert st.frozen == {3: 6, 25: 6} and st.layer == {} and not st.inserts_to_map()
+    assert not tail.step(1 << 30)  # keys 29..26
+    d.feed([(27, 100), (25, 100), (3, 100), (40, 1)])  # tail, tail + layer, old, new
+    assert st.layer == {27: 101, 25: 106, 3: 106, 40: 1}
+    while not tail.step(1 << 30):
+        pass
+    assert st.inserts_to_map() and st.frozen == {3: 6, 25: 6}
+    assert dict.get(st, 3) == 1 and dict.get(st, 25) == 1 and 40 not in dict.keys(st)
+    content, _removed = tail.result()
+    assert content.to_dict() == {k: 1 for k in range(20, 30)} | {3: 6, 25: 6}
+    d.ctx.live_saves.clear()
+    d.feed([(41, 1), (40, 1)])
+    assert d.output[-2:] == [(41, 1), (40, 2)]
+    assert d.save(3, 2)[0][1] == StateMapSave(
+        DELTA, {41: 1, 27: 101, 25: 106, 3: 106, 40: 2}, (), 2
+    )
+    assert st.frozen == {3: 106, 25: 106, 27: 101, 40: 2} and 40 not in dict.keys(st)
+
+
 _FEED = st_tuples(st_just("feed"), st_lists(st_integers(0, 60), min_size=1, max_size=12))
 _OPS = st_lists(
     st_one_of(
@@ -919,9 +1007,9 @@ def _raw_save(d: Driver, sid: int, committed: int) -> Entries:
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=_OPS, steps=st_booleans())
+@given(ops=_OPS, steps=st_booleans(), keep=st_booleans())
 def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
-    ops: list[tuple[str, Any]], steps: bool
+    ops: list[tuple[str, Any]], steps: bool, keep: bool
 ) -> None:
     """Random sequences of chunks (new keys, existing ones, re-inserted ones), steps of
     the copy-on-write saves (produced while the next chunks run, or at once), saves that
@@ -931,10 +1019,12 @@ def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
     barrier (a key inserted while the previous delta's tail was walked goes into the
     layer, joins the map's tail when the layer is written into it, and is saved again
     in the next delta), and the chain merged as the store merges it is the oracle's
-    counts."""
+    counts. ``keep``: every saved layer is retained out of the map (``states.frozen``)."""
     old = live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE
+    old_keep = keyed_mod.LAYER_KEEP_MIN
     try:
         live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE = 1, 3, 2
+        keyed_mod.LAYER_KEEP_MIN = 1 if keep else old_keep
         d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
         d.ctx.live_saves = [] if steps else None
         st = d.p.states
@@ -996,6 +1086,7 @@ def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
         check()
     finally:
         live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE = old
+        keyed_mod.LAYER_KEEP_MIN = old_keep
 
 
 def test_a_layer_overflow_during_a_full_save_marks_the_tail_without_finishing_it(

@@ -212,6 +212,9 @@ class LiveSave:
         self._tail = 0  # tail: how many keys the map's tail holds
         self._tail_done = 0  # tail: how many of them are produced
         self._layer: dict[Any, Any] | None = None  # tail: the layer saved with it
+        #: tail: what is written into the map after the walk (the layer, or the owner's
+        #: retained layers); ``None``: nothing
+        self._into_map: dict[Any, Any] | None = None
         self._common: set[Any] = set()  # tail: the layer's keys the tail held
         #: a delta: its changed keys (the set of marks taken at the barrier; nobody
         #: changes it any more)
@@ -232,15 +235,20 @@ class LiveSave:
     def __len__(self) -> int:
         return self.size
 
-    def tail(self, count: int, layer: dict[Any, Any]) -> None:
+    def tail(
+        self, count: int, layer: dict[Any, Any], into_map: dict[Any, Any] | None = None
+    ) -> None:
         """Make this save (mode :data:`TAIL`) the delta of a layered map: its last
         ``count`` keys in insertion order (inserted since the last save; nothing writes
         them in the map until the save is complete: the map's owner writes a new layer,
         and inserts no key while the tail is walked) with their values, or the layer's
         for a key in both, and ``layer``'s other entries; then ``layer`` is written into
-        the map (the owner reads it meanwhile as its ``frozen``)."""
+        the map (the owner reads it meanwhile as its ``frozen``): ``into_map`` is what is
+        written (the layer, or the owner's retained layers, its ``frozen``, which hold
+        it), ``None``: nothing (the owner retains the layer)."""
         self._tail = count
         self._layer = layer
+        self._into_map = into_map
         self.size = count + len(layer)
 
     @property
@@ -459,8 +467,8 @@ class LiveSave:
         self._kit = None
         self._keys = None
         self._common = set()
-        if not self.new and self.mode != TAIL:  # a tail save writes its layer next
-            self._release()
+        if not self.new and (self.mode != TAIL or self._into_map is None):
+            self._release()  # (a tail save writes its layer into the map next, if asked)
         self._done.set()
 
     def _merge_step(self, budget: int) -> bool:
@@ -484,7 +492,7 @@ class LiveSave:
 
     def _layer_step(self, budget: int) -> bool:
         """A tail save's layer written into the map, ``budget`` entries more."""
-        layer = self._layer
+        layer = self._into_map
         assert layer is not None
         it = self._mit
         if it is None:
@@ -511,11 +519,12 @@ class LiveSave:
         if state is not None and self.mode == TAIL and state._merge is self:
             # the rest of the layer joins the map (the save failed, or the last step),
             # whose owner reads it there from now on
-            layer = self._layer
-            rest = list(self._mit if self._mit is not None else layer.items())  # type: ignore[union-attr]
-            if rest:
-                state._write(rest)
-            state.frozen = {}
+            layer = self._into_map
+            if layer is not None:
+                rest = list(self._mit if self._mit is not None else layer.items())
+                if rest:
+                    state._write(rest)
+                state.frozen = {}
             state._merge = None
         elif state is not None and getattr(state, "_live", None) is self:
             from slipstream.state.keyed import KeyedState
@@ -534,6 +543,7 @@ class LiveSave:
         self._kit = None
         self._keys = None
         self._layer = None
+        self._into_map = None
 
     # -- the store thread ----------------------------------------------------------------
     def result(
