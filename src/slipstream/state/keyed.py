@@ -60,8 +60,14 @@ keys at the barrier, and a small dict's writes cost less than the large map's. W
 keys change than :data:`LAYER_SHARE` of the map (the uniform pattern), the layer is
 written into the map, its keys marked in ``dirty``, and the interval goes on marking
 (:meth:`KeyedState.settle`); the next interval writes a layer again only if the last one
-changed that few keys. Anything that reads or writes the map other than through the
-layer calls :meth:`KeyedState.settle` first.
+changed that few keys. A saved layer of :data:`LAYER_KEEP_MIN` keys or more is not
+written into the map: it is *retained* in :attr:`KeyedState.frozen` (a copy, joined by
+the later layers), so keys that change again in the next interval (the skewed pattern's
+hot keys) are found in a small dict rather than in the large map, which gets no random
+writes a save; the retained layers go into the map in steps once they hold more than
+the layer's limit (:meth:`KeyedState._retain`). Anything that reads or writes the map
+other than through the layer calls :meth:`KeyedState.settle` first (it writes the
+retained layers, then the layer).
 
 A layered map writes a layer from the start (:meth:`KeyedState.start_layer`), and the
 processor inserts a key the map does not hold into the map itself, not into the layer
@@ -185,8 +191,9 @@ class KeyedState(dict):  # type: ignore[type-arg]
         #: the keys changed since the last save with their new values, which the map
         #: does not hold yet; ``None``: changes are marked in ``dirty`` (or not tracked)
         self.layer: dict[Any, Any] | None = None
-        #: the previous interval's layer while it is written into the map in slices
-        #: (read after :attr:`layer`, before the map); empty otherwise
+        #: the previous interval's layer while it is written into the map in slices,
+        #: or the retained layers (:meth:`_retain`): read after :attr:`layer`, before
+        #: the map; empty otherwise
         self.frozen: dict[Any, Any] = {}
         #: the layer's merge into the map in steps, or a tail save (``LiveSave`` of mode
         #: ``"tail"``: it walks the map's tail, then merges the layer)
