@@ -930,9 +930,18 @@ def test_a_large_saved_layer_is_retained_out_of_the_map_and_deltas_stay_exact(
     d.feed([(1, 1), (2, 1), (3, 1)])
     d.save(6, 5)
     assert st.frozen == {1: 4, 2: 4, 3: 4}
-    d.feed([(8, 1)])
+    d.feed([(1, 1), (8, 1)])
+    written: list[list[Any]] = []
+    write = keyed_mod.KeyedState._write
+
+    def spy(self: Any, pairs: Any) -> None:
+        written.append([k for k, _v in (pairs.items() if isinstance(pairs, dict) else pairs)])
+        write(self, pairs)
+
+    monkeypatch.setattr(keyed_mod.KeyedState, "_write", spy)
     full = d.save(7, 5)[0][1]
-    assert full.mode == FULL and st.frozen == {} and dict.get(st, 1) == 4
+    assert full.mode == FULL and st.frozen == {} and dict.get(st, 1) == 5
+    assert written[:2] == [[2, 3], [1, 8]]  # the retained keys the layer lacks, the layer
     assert full.upserts == dict(st.items()) and full.upserts[8] == 2 and len(full.upserts) == 101
 
 

@@ -318,7 +318,11 @@ class KeyedState(dict):  # type: ignore[type-arg]
         frozen = self.frozen
         if frozen:  # retained layers (:meth:`_retain`), older than the layer
             self.frozen = {}
-            self._write(frozen)
+            layer = self.layer
+            # a key of both takes the layer's value below: only the others are written
+            # (the hot keys are in both: the writes, at random places in a large map,
+            # are what a settle at a full save would spend its pause on)
+            self._write([p for p in frozen.items() if p[0] not in layer] if layer else frozen)
         layer = self.layer
         if layer is None:
             return
@@ -379,14 +383,16 @@ class KeyedState(dict):  # type: ignore[type-arg]
         a loop model measured 210-236 ns an item that way against 165-191 retained (a
         plain dict 205), and in the bench's job the hot items cost 308-375 ns against
         224 with no guarantee. The next delta stays exactly the new layer. Returns
-        :attr:`frozen` once it holds more than :meth:`layer_limit` keys (it then goes
-        into the map in steps: the caller starts them), else ``None``."""
+        :attr:`frozen` once it holds more than :meth:`layer_limit` keys or more than
+        twice the layer's (keys that stopped changing: :meth:`settle` would write them
+        into the map at once; they go in steps, the caller starts them), else ``None``."""
         frozen = self.frozen
         if frozen:
             frozen.update(layer)
         else:
             self.frozen = frozen = dict(layer)  # a copy: ``layer`` is the save's content
-        return frozen if len(frozen) > self.layer_limit() else None
+        limit = min(self.layer_limit(), 2 * len(layer) + LAYER_KEEP_MIN)
+        return frozen if len(frozen) > limit else None
 
     def snapshot_entry(self) -> tuple[StateMap, StateMapSave]:
         """The entry to offer to the snapshot being saved (``context.current_snapshot_id``):
