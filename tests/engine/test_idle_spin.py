@@ -55,6 +55,18 @@ def test_idle_spin_ms_is_off_by_default() -> None:
     assert JobConfig(idle_spin_ms=0.25).idle_spin_ms == 0.25
 
 
+def test_a_default_job_shows_no_spin_figures() -> None:
+    """Without the setting ``__job__`` keeps the keys the Spark engine's jobs give (the
+    differential tests compare the two engines' metrics whole)."""
+    dag = DAG()
+    src = dag.new_vertex("source", sources.generator(seq, None, max_items=10))
+    out = dag.new_vertex("sink", sinks.noop())
+    dag.edge(Edge.between(src, out))
+    job = ss.local().new_job(dag)
+    job.join(timeout=GUARD_S)
+    assert not {"idle_spin_passes", "idle_pauses"} & set(job.metrics["__job__"])
+
+
 @pytest.mark.timeout(GUARD_S)
 @pytest.mark.parametrize("spin_s", [0.0, 0.002])
 def test_an_idle_worker_spins_for_the_window_then_backs_off_from_the_first_pause(

@@ -532,10 +532,11 @@ class Job(JobHandle, StateQueries):
         lasted, 0 when every sink reaches its server). With ``processes`` > 1 the vertices'
         figures are summed over the member processes, and ``__job__`` adds ``processes``,
         ``member_cpu_ms_max`` (the busiest member's CPU time), ``member_cpu_ms_total`` and
-        ``member_peak_rss_kb_total`` (the members' peak resident sets, summed). The
-        worker threads' idle passes (of every member process with ``processes`` > 1):
-        ``idle_spin_passes``, spent polling in ``JobConfig.idle_spin_ms``'s window, and
-        ``idle_pauses``, followed by a sleep (the back-off)."""
+        ``member_peak_rss_kb_total`` (the members' peak resident sets, summed). With
+        ``JobConfig.idle_spin_ms`` set, the worker threads' idle passes (of every member
+        process with ``processes`` > 1): ``idle_spin_passes``, spent polling in its
+        window, and ``idle_pauses``, followed by a sleep (the back-off); without it the
+        keys are absent, so a default job's ``__job__`` has the Spark engine's keys."""
         ex = self._execution
         # the tasklets before the end's figures: release() sets those before it drops these
         tasklets = ex.tasklets if ex else []
@@ -557,12 +558,13 @@ class Job(JobHandle, StateQueries):
             "resumed_from_snapshot": self.resumed_from_snapshot,
         }
         pool = getattr(ex, "pool", None)
-        if pool is not None:  # the workers' idle passes (JobConfig.idle_spin_ms)
+        spin = self.config.idle_spin_ms > 0
+        if pool is not None and spin:  # the workers' idle passes (JobConfig.idle_spin_ms)
             job["idle_spin_passes"], job["idle_pauses"] = pool.idle_counts()
         if hasattr(ex, "member_usage"):  # processes > 1
             from slipstream.engine.processes import member_figures
 
-            job.update(member_figures(ex))  # type: ignore[arg-type]
+            job.update(member_figures(ex, idle=spin))  # type: ignore[arg-type]
         if self.store is not None:  # the same keys as the Spark engine's without snapshots
             # a sink riding out its server's outage (two-phase commits need snapshots)
             job["commit_retries"] = retries

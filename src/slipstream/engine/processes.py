@@ -175,13 +175,14 @@ def _start_without_main(process: Any) -> None:
             spawn.get_preparation_data = real
 
 
-def member_figures(ex: ProcessExecution) -> dict[str, int]:
+def member_figures(ex: ProcessExecution, idle: bool = True) -> dict[str, int]:
     """``job.metrics["__job__"]``'s figures of the member processes: their count, the
     busiest member's CPU time and all members' together (ms, as of their latest
     reports), and the sum of their peak resident sets (KiB; an upper bound of what they
-    held at once)."""
+    held at once); with ``idle`` (``JobConfig.idle_spin_ms`` set) their workers'
+    idle passes too."""
     usage = list(ex.member_usage.values())  # a listener thread may add a member's
-    return {
+    figures = {
         "processes": ex.count,
         "member_cpu_ms_max": int(max((u[0] for u in usage), default=0.0) * 1000),
         "member_cpu_ms_total": int(sum(u[0] for u in usage) * 1000),
@@ -191,6 +192,9 @@ def member_figures(ex: ProcessExecution) -> dict[str, int]:
         "idle_spin_passes": sum(u[3] for u in usage if len(u) > 4),
         "idle_pauses": sum(u[4] for u in usage if len(u) > 4),
     }
+    if not idle:  # JobConfig.idle_spin_ms unset: the spin window's figures are not shown
+        del figures["idle_spin_passes"], figures["idle_pauses"]
+    return figures
 
 
 class MemberTasklet:
