@@ -1128,3 +1128,28 @@ def test_a_layer_overflow_during_a_full_save_marks_the_tail_without_finishing_it
     assert d.save(2, 1)[0][1] == StateMapSave(
         DELTA, {k: 2 for k in range(10)} | {100: 1, 101: 1, 102: 1}, (), 1
     )
+
+
+class _CountingDict(dict):  # type: ignore[type-arg]
+    """A dict that counts its get() calls."""
+
+    gets = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        type(self).gets += 1
+        return dict.get(self, key, default)
+
+
+def test_the_layered_loop_reads_no_empty_frozen_dict() -> None:
+    """With no retained or saved layer (``states.frozen`` empty: the creation pass,
+    mostly) the layered loop looks a key up in the layer, then the map, not in the empty
+    ``frozen`` as well (a call per new key); with one it reads it, before the map."""
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    st = d.p.states
+    st.frozen = _CountingDict()
+    d.feed([(k, 1) for k in range(50)] + [(3, 1)])
+    assert _CountingDict.gets == 0 and d.output[-1] == (3, 2)
+    st.frozen = _CountingDict({7: 10})
+    d.feed([(7, 1), (60, 1)])
+    assert _CountingDict.gets == 2 and d.output[-2:] == [(7, 11), (60, 1)]
+    assert st.layer == {3: 2, 7: 11}

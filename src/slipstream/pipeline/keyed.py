@@ -306,6 +306,31 @@ class MapStatefulP(AbstractProcessor):
                                     continue
                     acc = layer[k] = acc + v
                     append((k, acc))
+            elif states.inserts_to_map() and not states.frozen:
+                # no retained or saved layer to read (the creation pass, mostly): the
+                # layer, then the map (a lookup call less a new key: ~20 ns of ~200)
+                if callable(add):
+                    for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
+                        acc = lget(k, missing)
+                        if acc is missing:
+                            acc = get(k, missing)
+                            if acc is missing:
+                                acc = states[k] = 0 + v
+                                append((k, acc))
+                                continue
+                        acc = layer[k] = acc + v
+                        append((k, acc))
+                else:  # counting: the addend is a constant
+                    for k in map(key_fn, keys):
+                        acc = lget(k, missing)
+                        if acc is missing:
+                            acc = get(k, missing)
+                            if acc is missing:
+                                acc = states[k] = 0 + add
+                                append((k, acc))
+                                continue
+                        acc = layer[k] = acc + add
+                        append((k, acc))
             elif states.inserts_to_map():
                 # a new key joins the map's tail; a key of the map (or of a layer) is
                 # written into the layer
