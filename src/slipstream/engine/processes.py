@@ -495,8 +495,11 @@ class ProcessExecution:
                     ).start()
                     continue
                 if kind in ("report", "done", "cancelled"):
-                    self.member_metrics[m] = msg[1]
+                    # usage first: member_rows calls a member with figures but no
+                    # usage yet "starting" (a dashboard poll between the two showed
+                    # a member with items as starting)
                     self.member_usage[m] = msg[4]
+                    self.member_metrics[m] = msg[1]
                     self.cpu_share.record(m, msg[4][0])
                     self._apply(msg[2], msg[3])
                     if len(msg) > 5 and msg[5]:
