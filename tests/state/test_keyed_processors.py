@@ -849,14 +849,10 @@ def test_a_creation_pass_inserts_its_keys_into_the_map_and_the_delta_takes_the_t
     assert d.save(3, 2)[0][1] == StateMapSave(DELTA, {600: 1, 5: 3}, (), 2)
 
 
-def test_a_large_tail_is_saved_in_steps_while_the_next_interval_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A delta of many new keys is a copy-on-write save (LiveSave mode TAIL): it walks the
-    map's tail from the end in steps; meanwhile writes of its keys go to the new layer and
-    new keys too (the walk's iterator would end at an insertion), reads see the saved
-    layer as ``frozen`` until the save wrote it into the map. The delta is the state as
-    of the barrier."""
+def _tail_save_begun(monkeypatch: pytest.MonkeyPatch) -> tuple[Driver, Any, Any]:
+    """A rolling sum of keys 0..19 saved full, then 10 new keys (20..29) and two writes
+    (3 and 25) since, and the next snapshot's delta begun: a tail save (LiveSave mode
+    TAIL) walked in steps of 4 keys. Returns the driver, the map and the save."""
     monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
     monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 4)
     monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
@@ -867,11 +863,22 @@ def test_a_large_tail_is_saved_in_steps_while_the_next_interval_runs(
     d.ctx.live_saves.clear()
     st = d.p.states
     d.feed([(k, 1) for k in range(20, 30)] + [(3, 5), (25, 5)])
-    entry = d.ctx  # the save's entry as the processor offers it (not produced yet)
     d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
-    key, save = st.snapshot_entry()
+    _key, save = st.snapshot_entry()
     assert save.mode == DELTA and type(save.upserts) is live.LiveSave
     [tail] = d.ctx.live_saves
+    return d, st, tail
+
+
+def test_a_large_tail_is_saved_in_steps_while_the_next_interval_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A delta of many new keys is a copy-on-write save (LiveSave mode TAIL): it walks the
+    map's tail from the end in steps; meanwhile writes of its keys go to the new layer and
+    new keys too (the walk's iterator would end at an insertion), reads see the saved
+    layer as ``frozen`` until the save wrote it into the map. The delta is the state as
+    of the barrier."""
+    d, st, tail = _tail_save_begun(monkeypatch)
     assert st.frozen == {3: 6, 25: 6} and not st.inserts_to_map()
     assert not tail.step(1 << 30)  # keys 29..26
     d.feed([(27, 100), (25, 100), (3, 100), (40, 1)])  # tail, tail + layer, old, new
@@ -884,7 +891,6 @@ def test_a_large_tail_is_saved_in_steps_while_the_next_interval_runs(
     content, removed = tail.result()
     assert removed == () and content.to_dict() == {k: 1 for k in range(20, 30)} | {3: 6, 25: 6}
     assert len(content) == 11
-    del entry
     d.feed([(41, 1)])
     assert d.save(3, 2)[0][1] == StateMapSave(
         DELTA, {27: 101, 25: 106, 3: 106, 40: 1, 41: 1}, (), 2
@@ -953,20 +959,7 @@ def test_a_retained_layer_with_a_large_tail_is_saved_in_steps_out_of_the_map(
     ``frozen`` from the barrier on and the map never gets it (no merge step after the
     walk); the next delta is exactly the next interval's layer and tail."""
     monkeypatch.setattr(keyed_mod, "LAYER_KEEP_MIN", 2)
-    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
-    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 4)
-    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
-    d = Driver(rolling_aggregate(operator.itemgetter(0), summing(operator.itemgetter(1))))
-    d.ctx.live_saves = []
-    d.feed([(k, 1) for k in range(20)])
-    d.save(1, 0)  # full, produced by the Driver
-    d.ctx.live_saves.clear()
-    st = d.p.states
-    d.feed([(k, 1) for k in range(20, 30)] + [(3, 5), (25, 5)])
-    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
-    _key, save = st.snapshot_entry()
-    assert save.mode == DELTA and type(save.upserts) is live.LiveSave
-    [tail] = d.ctx.live_saves
+    d, st, tail = _tail_save_begun(monkeypatch)
     assert st.frozen == {3: 6, 25: 6} and st.layer == {} and not st.inserts_to_map()
     assert not tail.step(1 << 30)  # keys 29..26
     d.feed([(27, 100), (25, 100), (3, 100), (40, 1)])  # tail, tail + layer, old, new
