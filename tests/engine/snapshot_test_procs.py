@@ -147,12 +147,13 @@ def running_sum_dag(
     return dag
 
 
-def expected_running_sums(n: int) -> Counter:
+def expected_running_sums(n: int, shift: int = 0) -> Counter:
+    """The ``(x % 10, running sum)`` pairs of ``x + shift`` for ``x`` in ``0 .. n-1``."""
     sums: dict[int, int] = {}
     out: Counter = Counter()
     for x in range(n):
         k = x % 10
-        sums[k] = sums.get(k, 0) + x
+        sums[k] = sums.get(k, 0) + x + shift
         out[(k, sums[k])] += 1
     return out
 

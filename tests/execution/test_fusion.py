@@ -327,13 +327,7 @@ def running_sum_dag(n: int, rate: float, min_snapshots: int = 0, batch: int = 16
 
 
 def expected_sums(n: int) -> Counter:
-    sums: dict[int, int] = {}
-    out: Counter = Counter()
-    for x in range(n):
-        k = x % 10
-        sums[k] = sums.get(k, 0) + x + 10
-        out[(k, sums[k])] += 1
-    return out
+    return stp.expected_running_sums(n, shift=10)  # the "shift" vertex adds 10
 
 
 @pytest.mark.parametrize("first,second", [(True, False), (False, True)])
