@@ -82,6 +82,8 @@ def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict
     :class:`~slipstream.execution.plan.VertexPlan` of each vertex, processors created."""
     if not fusion_enabled(config):
         return {}
+    from slipstream.execution.plan import edge_targets  # plan imports this module
+
     out: dict[str, Edge] = {}
     for v in dag.topological_order():
         src = plans[v.name]
@@ -98,7 +100,9 @@ def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict
         dst = plans[e.dest.name]
         if dst.local_parallelism != src.local_parallelism or dst.member_count != src.member_count:
             continue
-        if src.local_parallelism != 1 and e.routing is not RoutingPolicy.ISOLATED:
+        # each producer feeds the consumer with its own index, and only that one (the
+        # edge's own routing: isolated at equal parallelism, or one processor a side)
+        if any(edge_targets(e, src, dst, p) != [p] for p in range(src.total_parallelism)):
             continue
         if not all(p.is_cooperative() for p in dst.processors):
             continue

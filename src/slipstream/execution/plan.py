@@ -264,10 +264,7 @@ def build_vertex_plans(
                 set_item_errors(vp.contexts[-1], dag, v, config.on_item_error, item_error_report)
         plans[v.name] = vp
     for name, e in fusable_pairs(dag, plans, config).items():
-        src, dst = plans[e.source.name], plans[name]
-        # each producer feeds the consumer with its own index, and only that one
-        if all(edge_targets(e, src, dst, p) == [p] for p in range(src.total_parallelism)):
-            dst.fused_edge = e
+        plans[name].fused_edge = e
     return plans
 
 
