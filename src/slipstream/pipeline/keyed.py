@@ -290,9 +290,8 @@ class MapStatefulP(AbstractProcessor):
             new = None
         try:
             if new is not None and states.inserts_to_map():
-                for k, v in zip(map(key_fn, keys), chunk if callable(add) else repeat(add)):  # noqa: B905
-                    if callable(add):
-                        v = add(v)
+                addends = map(add, chunk) if callable(add) else repeat(add)
+                for k, v in zip(map(key_fn, keys), addends):  # noqa: B905
                     acc = lget(k, missing)
                     if acc is missing:
                         acc = fget(k, missing)
