@@ -281,3 +281,43 @@ def test_counts_are_made_once_per_snapshot_within_the_budget(tmp_path: Path) -> 
         assert calls == [1, 2]  # not counted again: no new snapshot
     finally:
         sizes.close()
+
+
+def test_close_while_a_count_is_being_started(tmp_path: Path, monkeypatch: Any) -> None:
+    """A dashboard closed just as a count's thread is created (its job's page was being
+    read) waits for that count instead of failing with "cannot join thread before it is
+    started" (a shutdown failed so in CI)."""
+    import threading
+    from types import SimpleNamespace
+
+    from slipstream.dashboard import statesize
+
+    directory = str(tmp_path / "store")
+    ss.state.bootstrap(pipeline(), "map_stateful", SEEDED, directory, parallelism=2)
+    job = SeededJob(directory)
+    sizes = statesize.StateSizes()
+    errors: list[BaseException] = []
+    closers: list[threading.Thread] = []
+
+    def close() -> None:
+        try:
+            sizes.close()
+        except BaseException as e:  # noqa: BLE001 - what the test reports
+            errors.append(e)
+
+    class CloseFirst(threading.Thread):
+        def start(self) -> None:
+            if self.name == "slipstream-dashboard-state" and not closers:
+                closer = threading.Thread(target=close, daemon=True)
+                closers.append(closer)
+                closer.start()
+                closer.join(timeout=0.5)  # finishes at once without the fix; blocks with it
+            super().start()
+
+    # only this module's threads: statesize.threading becomes a stand-in
+    monkeypatch.setattr(statesize, "threading", SimpleNamespace(Thread=CloseFirst, Lock=threading.Lock))
+    sizes.describe(job, job.id)
+    assert closers, "no count was started"
+    closers[0].join(timeout=30)
+    assert not closers[0].is_alive()
+    assert errors == []

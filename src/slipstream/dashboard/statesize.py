@@ -145,7 +145,9 @@ class StateSizes:
                 target=self._count, args=(store, sizes), name="slipstream-dashboard-state", daemon=True
             )
             sizes.counting = t
-        t.start()
+            # started under the lock: close() joins every thread it finds in
+            # ``counting`` and must never find one not yet started
+            t.start()
 
     def _count(self, store: Any, sizes: _Sizes) -> None:
         start = self._clock()
