@@ -26,6 +26,7 @@ from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import KEYED
 from slipstream.state.keyed import KeyedState, fast_keyed_state, saved_entry
 from slipstream.state.keys import BroadcastKey
+from slipstream.state.live import LiveSave
 
 __all__ = [
     "HashJoinP",
@@ -359,24 +360,39 @@ class MapStatefulP(AbstractProcessor):
                                     continue
                         acc = layer[k] = acc + add
                         append((k, acc))
-            elif callable(add):
-                for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
-                    acc = lget(k, missing)
-                    if acc is missing:
-                        acc = fget(k, missing)
+            else:
+                # a tail save walks the map (no insertion: it would end the walk's
+                # iterator): every key is written into the layer, and a key new to the
+                # map is also noted in the save's ``fresh``, which inserts it into the
+                # map once the walk is done (there it is the next delta's tail; a layer
+                # key the map lacks would join the tail again when the layer is written
+                # into the map, and be saved twice)
+                merge = states._merge
+                fresh = merge.fresh.append if type(merge) is LiveSave else [].append
+                if callable(add):
+                    for k, v in zip(map(key_fn, keys), map(add, chunk)):  # noqa: B905
+                        acc = lget(k, missing)
                         if acc is missing:
-                            acc = get(k, 0)
-                    acc = layer[k] = acc + v
-                    append((k, acc))
-            else:  # counting: the addend is a constant
-                for k in map(key_fn, keys):
-                    acc = lget(k, missing)
-                    if acc is missing:
-                        acc = fget(k, missing)
+                            acc = fget(k, missing)
+                            if acc is missing:
+                                acc = get(k, missing)
+                                if acc is missing:
+                                    fresh(k)
+                                    acc = 0
+                        acc = layer[k] = acc + v
+                        append((k, acc))
+                else:  # counting: the addend is a constant
+                    for k in map(key_fn, keys):
+                        acc = lget(k, missing)
                         if acc is missing:
-                            acc = get(k, 0)
-                    acc = layer[k] = acc + add
-                    append((k, acc))
+                            acc = fget(k, missing)
+                            if acc is missing:
+                                acc = get(k, missing)
+                                if acc is missing:
+                                    fresh(k)
+                                    acc = 0
+                        acc = layer[k] = acc + add
+                        append((k, acc))
         except Exception as e:
             i = failed_position(n, keys)
             if not self.context.item_errors.handle(chunk[i], e):

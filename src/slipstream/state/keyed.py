@@ -543,7 +543,10 @@ class KeyedState(dict):  # type: ignore[type-arg]
         that walks the tail from the map's end in steps after the barrier, then writes
         the layer into the map; meanwhile reads see the layer as :attr:`frozen`, writes
         of keys of the map go to the new layer (so the tail's values stay those of the
-        barrier) and new keys too (:meth:`inserts_to_map`)."""
+        barrier) and new keys too (:meth:`inserts_to_map`), which the save also notes
+        (``LiveSave.fresh``) and inserts into the map once the walk is done: the layer
+        never holds a key the map lacks, so writing it into the map adds nothing to the
+        map's tail (a key saved in this layer is not saved again as the tail)."""
         from slipstream.state import live as live_mod
 
         saves = getattr(self._context, "live_saves", None)

@@ -216,6 +216,14 @@ class LiveSave:
         #: retained layers); ``None``: nothing
         self._into_map: dict[Any, Any] | None = None
         self._common: set[Any] = set()  # tail: the layer's keys the tail held
+        #: tail: the keys new to the map that its owner's processor met while the tail
+        #: was walked (no insertion then: it would end the walk's iterator), in order;
+        #: their values are in the owner's new layer. They go into the map once the walk
+        #: is done (:meth:`_layer_step`, :meth:`_release`), where they are the next
+        #: delta's tail, so that the layer never holds a key the map lacks: written into
+        #: the map later, such a key would join the map's tail again and be saved twice
+        self.fresh: list[Any] = []
+        self._fresh_done = 0  # tail: how many of ``fresh`` are in the map
         #: a delta: its changed keys (the set of marks taken at the barrier; nobody
         #: changes it any more)
         self._keys = keys
@@ -467,8 +475,8 @@ class LiveSave:
         self._kit = None
         self._keys = None
         self._common = set()
-        if not self.new and (self.mode != TAIL or self._into_map is None):
-            self._release()  # (a tail save writes its layer into the map next, if asked)
+        if not self.new and (self.mode != TAIL or (self._into_map is None and not self.fresh)):
+            self._release()  # (a tail save writes its new keys and layer into the map next)
         self._done.set()
 
     def _merge_step(self, budget: int) -> bool:
@@ -491,9 +499,15 @@ class LiveSave:
         return False
 
     def _layer_step(self, budget: int) -> bool:
-        """A tail save's layer written into the map, ``budget`` entries more."""
+        """After a tail save's walk: the keys new to the map met meanwhile (:attr:`fresh`)
+        inserted into it, then its layer written into it, ``budget`` entries more."""
+        if self._fresh_done < len(self.fresh):
+            self._insert_fresh(budget)
+            return False
         layer = self._into_map
-        assert layer is not None
+        if layer is None:
+            self._release()
+            return True
         it = self._mit
         if it is None:
             it = self._mit = iter(layer.items())
@@ -504,6 +518,19 @@ class LiveSave:
             self._release()
             return True
         return False
+
+    def _insert_fresh(self, budget: int) -> None:
+        """Insert up to ``budget`` more of :attr:`fresh` into the map, with their values
+        in the owner's layer as it is now (its reads look there first: a later change
+        wins anyway). They join the map's tail: the next delta takes them from there."""
+        state = self.state
+        i = self._fresh_done
+        keys = self.fresh[i : i + budget]
+        self._fresh_done = i + len(keys)
+        layer = state.layer  # type: ignore[union-attr]
+        if layer is None:  # cannot be (a settle finishes this save first): no values
+            return
+        state._write([(k, layer[k]) for k in keys if k in layer])  # type: ignore[union-attr]
 
     def unmerged(self) -> Any:
         """The overlay's keys not in the map yet, in its order."""
@@ -517,8 +544,11 @@ class LiveSave:
     def _release(self) -> None:
         state = self.state
         if state is not None and self.mode == TAIL and state._merge is self:
-            # the rest of the layer joins the map (the save failed, or the last step),
-            # whose owner reads it there from now on
+            # the new keys met during the walk and the rest of the layer join the map
+            # (the save failed, or the last step), whose owner reads it there from now on
+            if self._fresh_done < len(self.fresh):
+                self._insert_fresh(len(self.fresh))
+            self.fresh = []
             layer = self._into_map
             if layer is not None:
                 rest = list(self._mit if self._mit is not None else layer.items())
