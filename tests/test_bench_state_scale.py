@@ -28,6 +28,7 @@ def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path
         # throughput, snapshots, pause, commit and memory
         assert re.search(
             rf"^\| 1,000 \| {pattern} \| 2\.0M \| [\d.]+M/s \| [\d.]+M/s \([\d.]+x\) \| [\d.]+x "
+            rf"\| [\d.]+M / [\d.]+M/s \([\d.]+x\) "  # the steady state
             rf"\| \d+\*? \| [\d,]+ / [\d,]+ ms \([\d,.]+ ms\) \| [\d,]+ / [\d,]+ ms "
             rf"\| [\d,]+ -> [\d,]+ MB \([\d.]+x\) \|$",
             out,
@@ -42,3 +43,4 @@ def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path
             re.M,
         ), out
     assert "- written / changed: each snapshot's bytes over" in out
+    assert "- steady state: the same rates over the items after every key exists" in out
