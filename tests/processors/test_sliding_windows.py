@@ -256,6 +256,34 @@ def test_accumulate_by_frame_emits_unfinished_frames_when_the_watermark_passes()
     )
 
 
+def test_the_pipelines_stage_1_emits_the_same_frames_as_plain_tuples() -> None:
+    """accumulate_rows_by_frame (the Pipeline's stage 1): the frames of
+    accumulate_by_frame as exact tuples (on watermarks and on snapshot flushes), and
+    stage 2 makes the same windows of them."""
+    from slipstream.processors.windows import accumulate_rows_by_frame
+
+    wd = sliding_window_def(4, 2)
+    op = summing(value_of)
+    events = [(0, "a", 1), (1, "b", 2), (3, "a", 3), (2, "a", 4), (5, "b", 5), (7, "a", 6)]
+    stream = with_fixed_lag_watermarks(events, 1)
+    rows = accumulate_rows_by_frame(key_fn=key_of, timestamp_fn=ts_of, window_def=wd, agg_op=op)
+    for snapshots in (False, True):
+        named, _ = drive(stage1(wd, op), stream, snapshot_every_item=snapshots)
+        plain, _ = drive(rows, stream, snapshot_every_item=snapshots)
+        assert plain == [tuple(x) if type(x) is R else x for x in named]
+        assert {type(x) for x in plain} == {tuple, WM}
+        windows, _ = drive(stage2(wd, op), plain)
+        assert windows == drive(stage2(wd, op), named)[0]
+        assert {type(x) for x in windows} == {R, WM}
+    p = ss.Pipeline()
+    p.read_from(ss.sources.items(events)).with_timestamps(ts_of, 1).group_by(key_of).window(
+        wd
+    ).aggregate(op).write_to(ss.sinks.list_sink("out"))
+    (stage_1,) = [v for v in p.to_dag().vertices if v.name.endswith("window-accumulate")]
+    assert type(stage_1.supplier()).__name__ == "PipeP"
+    assert stage_1.supplier().second._plain_rows
+
+
 def frames_checker(expected: list[Any], actual: list[Any]) -> bool:
     """Stage-1 output modulo snapshot flushes: per (frame, key) the partial frames add up
     to the expected frame, every part of a frame comes before the watermark that

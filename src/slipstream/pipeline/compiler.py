@@ -10,8 +10,8 @@ The choices a Core API user has to get right, made once here:
   parallelism (no reshuffling, so each substream keeps its order).
 * **Two-stage aggregation.** ``group_by(k).aggregate(op)`` with ``op.combine`` becomes
   ``accumulate_by_key`` (local) then ``combine_by_key`` behind a distributed edge
-  partitioned by key; windows become ``accumulate_by_frame`` then
-  ``combine_to_sliding_window`` the same way. Without ``combine`` (and for session
+  partitioned by key; windows become ``accumulate_by_frame`` (its frames as plain
+  tuples: ``accumulate_rows_by_frame``) then ``combine_to_sliding_window`` the same way. Without ``combine`` (and for session
   windows, ``map_stateful`` and ``rolling_aggregate``) one keyed stage sits behind a
   distributed partitioned edge.
 * **One shape everywhere.** The DAG depends on the pipeline alone, never on the engine
@@ -58,7 +58,9 @@ _DEFAULT_NAMES = {
     "window": "window",
 }
 _entry_key = operator.itemgetter(0)
-_result_key = operator.attrgetter("key")
+#: the key of a window's stage-1 frame, a plain ``(start, end, key, acc)`` tuple
+#: (processors.windows.accumulate_rows_by_frame)
+_frame_key = operator.itemgetter(2)
 
 
 class LagPolicy:
@@ -440,7 +442,10 @@ class _Compiler:
             )
             self.out[id(s)] = self.keyed_inputs(s, name, supplier, key_fn)
             return
-        stage1 = P.accumulate_by_frame(
+        from slipstream.processors.windows import accumulate_rows_by_frame
+
+        # its frames are seen by stage 2 only: plain tuples, cheaper than named ones
+        stage1 = accumulate_rows_by_frame(
             key_fn=key_fn, timestamp_fn=ts_fn, window_def=wd, agg_op=op
         )
         if self.piped_into.get(id(u)) is s:
@@ -466,7 +471,7 @@ class _Compiler:
             P.combine_to_sliding_window(window_def=wd, agg_op=op),
             s.local_parallelism,
         )
-        self.connect(s1, s2, lambda e: e.distributed().partitioned(_result_key))
+        self.connect(s1, s2, lambda e: e.distributed().partitioned(_frame_key))
         self.out[id(s)] = s2
 
     def _build_hash_join(self, s: Stage) -> None:
