@@ -19,7 +19,7 @@ _keys = st.one_of(
 )
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(_keys, st.integers(1, 3), st.integers(1, 2), st.booleans())
 def test_spills_is_whether_one_key_has_another_owner(
     keys: list[Any], members: int, parallelism: int, custom: bool

@@ -54,7 +54,34 @@ def stable_hash(key: Any) -> int:
 
 def default_partitioner(key: Any, partition_count: int) -> int:
     """The partition of ``key``: its stable hash modulo ``partition_count``."""
+    if type(key) is str:  # stable_hash's first case, without its call: a partitioned
+        # edge routes each new key through here (word count's partial counts: all new)
+        return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partition_count
     return stable_hash(key) % partition_count
+
+
+def default_partitions(keys: list[Any], partition_count: int) -> list[int] | None:
+    """:func:`default_partitioner` of each of ``keys`` without a Python call per key,
+    when they are all non-negative ``int`` or all ``str`` without a lone surrogate (exact
+    types; the values :func:`stable_hash` gives them), else ``None``: what a partitioned
+    edge's collector routes a chunk of new keys with (execution/collectors.py) and
+    :meth:`KeyRouting.spills` checks a save's keys with."""
+    if not keys:
+        return []
+    kind = type(keys[0])
+    if (kind is not int and kind is not str) or list(map(type, keys)).count(kind) != len(keys):
+        return None
+    mod = partition_count.__rmod__
+    if kind is int:
+        if min(keys) < 0:
+            return None
+        if max(keys) <= 0x7FFFFFFF:  # its own stable hash
+            return list(map(mod, keys))
+        return list(map(mod, map(and_, keys, repeat(0x7FFFFFFF))))
+    try:
+        return list(map(mod, map(zlib.crc32, map(str.encode, keys))))
+    except UnicodeEncodeError:  # a lone surrogate: stable_hash's own way
+        return None
 
 
 def partition_owner_member(partition: int, member_count: int) -> int:
@@ -121,20 +148,9 @@ class KeyRouting:
         are looked up."""
         table, count = self.table, self.partition_count
         if self.partitioner is default_partitioner and keys:
-            kinds = set(map(type, keys))
-            parts: set[int] | None = None
-            if kinds == {int} and min(keys) >= 0:
-                if max(keys) <= 0x7FFFFFFF:  # its own stable hash
-                    parts = set(map(count.__rmod__, keys))
-                else:
-                    parts = set(map(count.__rmod__, map(and_, keys, repeat(0x7FFFFFFF))))
-            elif kinds == {str}:
-                try:
-                    parts = set(map(count.__rmod__, map(zlib.crc32, map(str.encode, keys))))
-                except UnicodeEncodeError:  # a lone surrogate: stable_hash's own way
-                    parts = None
+            parts = default_partitions(keys, count)
             if parts is not None:
-                return any(table[p] != index for p in parts)
+                return any(table[p] != index for p in set(parts))
         return any(map(index.__ne__, map(self.owner, keys)))
 
 

@@ -1,0 +1,69 @@
+"""execution/collectors.py: a partitioned edge's split routes every item where
+``KeyRouting.owner`` says its key goes, on the bulk path for a chunk of new keys (the
+default partitioner, ``str`` or non-negative ``int`` keys: core/partition.py's
+``default_partitions``) and off it (mixed keys, lone surrogates, negative ints, a custom
+partitioner, chunks too short for it), with ``ss.entry_key`` read at C speed; and a key
+function that fails on such a chunk still names itself and the item."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import slipstream as ss
+from slipstream.core.errors import KeyFunctionError
+from slipstream.core.partition import (
+    default_partitioner,
+    default_partitions,
+    key_routing,
+    stable_hash,
+)
+from slipstream.execution.collectors import PerTargetCollector
+from slipstream.execution.queues import SpscQueue
+
+_keys = st.one_of(
+    st.lists(st.integers(0, 2**40), min_size=1, max_size=30),
+    st.lists(st.integers(-(2**64), 2**64), min_size=1, max_size=30),
+    st.lists(st.text(max_size=4), min_size=1, max_size=30),  # lone surrogates included
+    st.lists(st.one_of(st.integers(), st.text(max_size=3), st.booleans()), min_size=1, max_size=20),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_keys, st.sampled_from([1, 3, 70]), st.booleans(), st.integers(2, 3))
+def test_every_item_goes_to_its_keys_owner(
+    keys: list[Any], repeat: int, custom: bool, consumers: int
+) -> None:
+    routing = key_routing((lambda k, n: len(str(k)) % n) if custom else None, consumers, 1)
+    c = PerTargetCollector(
+        [SpscQueue(1 << 14) for _ in range(consumers)],
+        key_fn=ss.entry_key,
+        partitioner=routing.partitioner,
+        partition_to_target=routing.table,
+    )
+    items = [(k, i) for i, k in enumerate(keys * repeat)]  # repeat: chunks of >= 64 too
+    c.add_chunk(items)
+    c.add_chunk(items[::-1])  # the keys cached now
+    for target, backlog in enumerate(c.backlogs):
+        got = [item for chunk in backlog for item in chunk]
+        expected = [it for it in items + items[::-1] if routing.owner(it[0]) == target]
+        assert got == expected
+    parts = default_partitions(keys, 271)
+    assert parts is None or parts == [stable_hash(k) % 271 for k in keys]
+    assert [default_partitioner(k, 271) for k in keys] == [stable_hash(k) % 271 for k in keys]
+
+
+def test_a_failing_key_function_on_a_chunk_of_new_keys_names_itself() -> None:
+    c = PerTargetCollector(
+        [SpscQueue(1024), SpscQueue(1024)],
+        key_fn=ss.entry_key,
+        partition_to_target=key_routing(None, 2, 1).table,
+    )
+    with pytest.raises(KeyFunctionError) as e:
+        c.add_chunk([("a", 1)] * 70 + [7])
+    text = str(e.value)
+    assert text.startswith("a partitioned edge: key function entry_key (")
+    assert text.endswith(" raised TypeError: 'int' object is not subscriptable on item 7")
