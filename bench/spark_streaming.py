@@ -45,6 +45,14 @@ variants alternately (native first in rounds 1, 3, ..., slipstream first in 2, 4
 ends with each row's median ratio over the rounds: back-to-back runs of the 10k-key rows
 moved by 0.3-0.5x, so one round is a draw, not a measurement.
 
+``--ab N`` instead runs N rounds per row of native, slipstream and slipstream the old
+ways (``--old-env``), or with ``--variant NAME:ENV=VALUE,...`` (repeatable) those
+variants instead of the old ways, each round starting one variant later, and prints the
+medians over the rounds, e.g. the micro-batch spread over the source's processors again::
+
+    PYTHONPATH=src python bench/spark_streaming.py --rows count-10k latest-10k \
+        --batches 3 --ab 5 --variant spread:SLIPSTREAM_SPARK_ARROW_SPREAD=1
+
 Report ``uptime`` with the figures: on a loaded 2-core machine they mean little.
 """
 
@@ -305,15 +313,16 @@ def run_native(session: Any, row: str, directory: str, work: str) -> dict[str, A
     return result
 
 
-#: ``--ab``'s third variant: these environment variables set (``--old-env``)
+#: ``--ab``'s third variant, the old ways: these environment variables set (``--old-env``;
+#: by default the rows pickled one by one instead of Arrow batches)
 OLD_ENV = {"SLIPSTREAM_SPARK_ARROW": "0"}
+#: ``--variant NAME=ENV...``: more slipstream variants for ``--ab``, each its environment
+VARIANTS: dict[str, dict[str, str]] = {}
 
 
-def _old_ways(on: bool) -> None:
-    """``--ab``: the micro-batch's rows reach the source tasks the old way, pickled one by
-    one (``SLIPSTREAM_SPARK_ARROW=0``, read when an epoch is compiled; or what
-    ``--old-env`` sets), or as Arrow batches again."""
-    for name, value in OLD_ENV.items():
+def _set_env(env: dict[str, str], on: bool) -> None:
+    """Set ``env`` (read when an epoch is compiled), or remove its names again."""
+    for name, value in env.items():
         if on:
             os.environ[name] = value
         else:
@@ -321,9 +330,8 @@ def _old_ways(on: bool) -> None:
 
 
 def run_slipstream(
-    session: Any, row: str, directory: str, work: str, breakdown: bool, old: bool = False
+    session: Any, row: str, directory: str, work: str, breakdown: bool
 ) -> dict[str, Any]:
-    _old_ways(old)
     engine = ss.spark(session)
     df = _input(session, row, directory)
     dag: Any
@@ -415,21 +423,31 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
 
 
 def ab(session: Any, args: Any, dirs: dict[str, str]) -> None:
-    """``--ab``: per row, rounds of native / slipstream / slipstream the old ways, each
-    variant's mean seconds per epoch per round, then the median over rounds."""
-    names = ("native", "slipstream", "slipstream, old ways")
+    """``--ab``: per row, rounds of native / slipstream / slipstream the old ways (or the
+    ``--variant`` s instead of the old ways), each variant's mean seconds per epoch per
+    round, then the median over rounds. Each round starts one variant later than the
+    one before (whichever ran later in a round tended to do better)."""
+    variants: dict[str, dict[str, str] | None] = {"native": None, "slipstream": {}}
+    if VARIANTS:
+        variants.update(VARIANTS)
+    else:
+        variants["slipstream, old ways"] = OLD_ENV
+    names = list(variants)
     for row in args.rows:
         per: dict[str, list[float]] = {n: [] for n in names}
         hits: list[str] = []
         for r in range(args.ab):
-            for name in names:
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                env = variants[name]
                 with tempfile.TemporaryDirectory(prefix="spark-streaming-bench-") as work:
-                    if name == "native":
+                    if env is None:
                         out = run_native(session, row, dirs[row], work)
                     else:
-                        out = run_slipstream(
-                            session, row, dirs[row], work, False, old=name != "slipstream"
-                        )
+                        _set_env(env, True)
+                        try:
+                            out = run_slipstream(session, row, dirs[row], work, False)
+                        finally:
+                            _set_env(env, False)
                         if name == "slipstream":
                             hits += [
                                 t["kept_state"]
@@ -440,19 +458,16 @@ def ab(session: Any, args: Any, dirs: dict[str, str]) -> None:
                 per[name].append(_mean(out["times"]))
                 print(
                     f"{row} round {r}: {name} {per[name][-1]:.2f} s/epoch "
-                    f"(load {os.getloadavg()[0]:.1f})",
+                    f"{[round(t, 2) for t in out['times']]} (load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
-        med = {n: sorted(v)[len(v) // 2] for n, v in per.items()}
+        med = {n: _median(v) for n, v in per.items()}
         print(
             f"{row}: median s/epoch over {args.ab} rounds: "
-            + ", ".join(f"{n} {med[n]:.2f}" for n in names)
-            + f"; slipstream/native {med['slipstream'] / med['native']:.2f}, "
-            f"old ways/native {med['slipstream, old ways'] / med['native']:.2f}; "
-            f"kept-state hits {hits.count('hit')} of {len(hits)}",
+            + ", ".join(f"{n} {med[n]:.2f} ({med[n] / med['native']:.2f}x)" for n in names)
+            + f"; kept-state hits {hits.count('hit')} of {len(hits)}",
             flush=True,
         )
-    _old_ways(False)
 
 
 def main() -> None:
@@ -497,10 +512,20 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="--ab's third variant sets these instead of SLIPSTREAM_SPARK_ARROW=0",
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME:ENV=VALUE[,ENV=VALUE]",
+        help="with --ab: a slipstream variant run with these environment variables (repeat "
+        "for more; replaces the old ways)",
+    )
     args = ap.parse_args()
     if args.old_env:
         OLD_ENV.clear()
         OLD_ENV.update(kv.split("=", 1) for kv in args.old_env)
+    for spec in args.variant or ():
+        name, _, envs = spec.partition(":")
+        VARIANTS[name] = dict(kv.split("=", 1) for kv in envs.split(",") if kv)
     if args.breakdown:
         os.environ["SLIPSTREAM_EPOCH_BREAKDOWN"] = "1"  # closure sizes too
 

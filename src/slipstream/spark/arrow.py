@@ -18,10 +18,10 @@ whose fields are read-only attributes: equal to, printed, pickled and converted 
 the ``Row`` ``DataFrame.rdd`` gives, with the same values.
 
 Where the Spark internals allow (``Dataset.toArrowBatchRdd``, the JVM side of
-``toPandas``), the JVM makes the batches itself (:func:`_jvm_batches`): no Python worker
-passes them through ``mapInArrow``, and the batches are spread over the source's
-partitions as an RDD, a stage of the epoch's one Spark job, where a DataFrame's
-``repartition`` ran a job of its own before the epoch's. The source task then reads
+``toPandas``), the JVM makes the batches itself (:func:`_jvm_batches`) in the source
+tasks' own stage: no Python worker passes them through ``mapInArrow``, and a micro-batch
+of fewer partitions than the source has processors is not spread (the first processors
+read it in the read's tasks, the others get no rows). The source task then reads
 each record batch message with the schema the driver derived (:func:`_arrow_schema`).
 ``SLIPSTREAM_SPARK_ARROW=python`` keeps the ``mapInArrow`` batches (to compare).
 
@@ -180,25 +180,43 @@ def _map_in_arrow(df: Any, fn: Any, schema: str) -> Any:
 def _jvm_batches(df: Any, n: int) -> tuple[Any, bytes] | None:
     """``df``'s rows as an RDD of ``n`` partitions of Arrow record batch messages made
     on the JVM (``Dataset.toArrowBatchRdd``, what ``toPandas`` uses: no Python worker
-    serializes them) and spread over the partitions as an RDD on the JVM (a stage of the
-    epoch's own Spark job, where a DataFrame's ``repartition`` runs a job of its own), and
-    the serialized Arrow schema to read them with; ``None`` where this Spark has no such
-    method (its internals differ): then :func:`_map_in_arrow` makes the batches."""
+    serializes them), and the serialized Arrow schema to read them with; ``None`` where
+    this Spark has no such method (its internals differ): then :func:`_map_in_arrow`
+    makes the batches.
+
+    A micro-batch with fewer partitions than ``n`` (a file below Spark's open cost is
+    one) is not spread: its partitions feed the first processors in the read's own
+    tasks, and the RDD gets empty partitions for the others (:func:`_unspread`). The
+    source's output edge spreads the work after it anyway (the key shuffle), as native
+    Structured Streaming's first stage is one task per file too; spreading the batches
+    first was a shuffle of every row's bytes and a stage of its own, which took as long
+    as native's whole epoch (docs/performance.md, "One stage fewer: the micro-batch
+    not spread"). ``SLIPSTREAM_SPARK_ARROW_SPREAD=1`` spreads them again (to compare)."""
     try:
         from pyspark import RDD
         from pyspark.serializers import NoOpSerializer
 
+        sc = df.sparkSession.sparkContext
         jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()
         have = jrdd.getNumPartitions()
         if have < n:
-            jrdd = jrdd.repartition(n)
+            if os.environ.get("SLIPSTREAM_SPARK_ARROW_SPREAD", "0") in ("0", "false", "no"):
+                jrdd = _unspread(sc, jrdd, n - have)
+            else:
+                jrdd = jrdd.repartition(n)
         elif have > n:
             jrdd = jrdd.coalesce(n, False)
         schema = _arrow_schema(df)
-        return RDD(jrdd, df.sparkSession.sparkContext, NoOpSerializer()), schema
+        return RDD(jrdd, sc, NoOpSerializer()), schema
     except Exception:  # noqa: BLE001 - not this Spark's internals: the mapInArrow path
         log.debug("Dataset.toArrowBatchRdd is not usable here", exc_info=True)
         return None
+
+
+def _unspread(sc: Any, jrdd: Any, empty: int) -> Any:
+    """``jrdd`` followed by ``empty`` empty partitions (a JVM ``UnionRDD``: each of
+    ``jrdd``'s partitions is computed in the task of the same index, no shuffle)."""
+    return jrdd.union(sc.parallelize([], empty)._jrdd)
 
 
 _ARROW_TYPES = {
