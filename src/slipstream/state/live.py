@@ -217,13 +217,16 @@ class LiveSave:
         self._into_map: dict[Any, Any] | None = None
         self._common: set[Any] = set()  # tail: the layer's keys the tail held
         #: tail: the keys new to the map that its owner's processor met while the tail
-        #: was walked (no insertion then: it would end the walk's iterator), in order;
-        #: their values are in the owner's new layer. They go into the map once the walk
-        #: is done (:meth:`_layer_step`, :meth:`_release`), where they are the next
-        #: delta's tail, so that the layer never holds a key the map lacks: written into
-        #: the map later, such a key would join the map's tail again and be saved twice
-        self.fresh: list[Any] = []
-        self._fresh_done = 0  # tail: how many of ``fresh`` are in the map
+        #: was walked (no insertion then: it would end the walk's iterator), with their
+        #: values: an overlay the processor reads after the map. They go into the map
+        #: once the walk is done (:meth:`_layer_step`, :meth:`_release`), where they are
+        #: the next delta's tail; not into the layer, which then never holds a key the
+        #: map lacks (written into the map later, such a key would join the map's tail
+        #: again and be saved twice) and stays empty during a creation pass (no retained
+        #: layer to look in, no layer to intersect with the next tail)
+        self.fresh: dict[Any, Any] = {}
+        self._fresh_keys: list[Any] | None = None  # tail: ``fresh``'s keys at the merge
+        self._fresh_done = 0  # tail: how many of ``fresh``'s first keys are in the map
         #: a delta: its changed keys (the set of marks taken at the barrier; nobody
         #: changes it any more)
         self._keys = keys
@@ -501,8 +504,7 @@ class LiveSave:
     def _layer_step(self, budget: int) -> bool:
         """After a tail save's walk: the keys new to the map met meanwhile (:attr:`fresh`)
         inserted into it, then its layer written into it, ``budget`` entries more."""
-        if self._fresh_done < len(self.fresh):
-            self._insert_fresh(budget)
+        if self.fresh and not self._insert_fresh(budget):
             return False
         layer = self._into_map
         if layer is None:
@@ -519,18 +521,22 @@ class LiveSave:
             return True
         return False
 
-    def _insert_fresh(self, budget: int) -> None:
-        """Insert up to ``budget`` more of :attr:`fresh` into the map, with their values
-        in the owner's layer as it is now (its reads look there first: a later change
-        wins anyway). They join the map's tail: the next delta takes them from there."""
-        state = self.state
+    def _insert_fresh(self, budget: int) -> bool:
+        """Insert up to ``budget`` more of :attr:`fresh`'s keys (those it held when this
+        began: it may grow meanwhile, :meth:`_release` inserts the rest) into the map,
+        with their values; ``True`` once all of those are. They join the map's tail:
+        the next delta takes them from there; a key inserted is read in the map from
+        then on (before the overlay), and changed in the layer."""
+        keys = self._fresh_keys
+        if keys is None:
+            keys = self._fresh_keys = list(self.fresh)
         i = self._fresh_done
-        keys = self.fresh[i : i + budget]
-        self._fresh_done = i + len(keys)
-        layer = state.layer  # type: ignore[union-attr]
-        if layer is None:  # cannot be (a settle finishes this save first): no values
-            return
-        state._write([(k, layer[k]) for k in keys if k in layer])  # type: ignore[union-attr]
+        part = keys[i : i + budget]
+        if part:
+            self._fresh_done = i + len(part)
+            fresh = self.fresh
+            self.state._write([(k, fresh[k]) for k in part])  # type: ignore[union-attr]
+        return self._fresh_done >= len(keys)
 
     def unmerged(self) -> Any:
         """The overlay's keys not in the map yet, in its order."""
@@ -546,9 +552,11 @@ class LiveSave:
         if state is not None and self.mode == TAIL and state._merge is self:
             # the new keys met during the walk and the rest of the layer join the map
             # (the save failed, or the last step), whose owner reads it there from now on
-            if self._fresh_done < len(self.fresh):
-                self._insert_fresh(len(self.fresh))
-            self.fresh = []
+            fresh = self.fresh
+            if len(fresh) > self._fresh_done:  # (its first keys are in the map already)
+                state._write(list(islice(fresh.items(), self._fresh_done, None)))
+            self.fresh = {}
+            self._fresh_keys = None
             layer = self._into_map
             if layer is not None:
                 rest = list(self._mit if self._mit is not None else layer.items())
