@@ -332,3 +332,28 @@ def test_engine_sessions_equal_the_oracle() -> None:
         oracle_sessions(events, 7, lambda evs: sorted(e[2] for e in evs))
     )
     assert job.metrics["sessions"].get("late_items_dropped", 0) == 0
+
+
+def test_many_sessions_of_one_watermark_leave_in_order_through_a_small_outbox() -> None:
+    """The results of one watermark go out a list at a time (512 a list): through an
+    outbox of 7 the same results in the same order as through a big one, every result
+    once, then the watermark."""
+    events = [(t, f"k{t % 300}", 1) for t in range(0, 1500, 2)]
+
+    def emitted(capacity: int) -> list[Any]:
+        p, outbox = new_processor(sessions(1, counting()), capacity=capacity)
+        p.process(0, Inbox(events))
+        out: list[Any] = []
+        for _ in range(10_000):
+            done = p.try_process_watermark(WM(10_000))
+            out.extend(outbox.buckets[0])
+            outbox.buckets[0].clear()
+            if done:
+                return out
+        raise AssertionError("the watermark's output never ended")
+
+    small = emitted(7)
+    assert small == emitted(1 << 20)
+    assert small[-1] == WM(10_000) and len(small) == len(events) + 1
+    assert {type(r) for r in small[:-1]} == {R}
+    assert sorted(r.start for r in small[:-1]) == [t for t, _, _ in events]

@@ -64,6 +64,11 @@ from slipstream.window import KeyedWindowResult
 
 __all__ = ["CURRENT_WATERMARK_KEY", "SessionWindowP", "aggregate_to_session_window"]
 
+_KWR = KeyedWindowResult
+_new = tuple.__new__
+#: most results of one list of :meth:`SessionWindowP._expired_batches`
+_BATCH = 512
+
 CURRENT_WATERMARK_KEY = BroadcastKey("session_window.current_watermark")
 """Snapshot key of the last watermark received (broadcast: restore takes the minimum)."""
 
@@ -204,12 +209,22 @@ class SessionWindowP(WindowingP):
         return itertools.chain(self._expired(wm), (watermark,))
 
     def _expired(self, wm: float) -> Iterator[KeyedWindowResult]:
-        """Emit and forget every session with ``end < wm``, lazily."""
+        """Emit and forget every session with ``end < wm``, lazily: as the sliding
+        windows do (``SlidingWindowP._watermark_output``), the results are made a list
+        at a time (up to :data:`_BATCH` of them) and ``itertools.chain`` hands them on
+        at C speed, so a full outbox stops it anywhere; a list's keys leave the state
+        when the list is made (no snapshot is taken before the watermark's output is
+        out)."""
+        return itertools.chain.from_iterable(self._expired_batches(wm))
+
+    def _expired_batches(self, wm: float) -> Iterator[list[KeyedWindowResult]]:
         heap = self._heap
         scheduled = self._scheduled
         sessions = self._sessions
         dirty = getattr(sessions, "dirty", None)
         finish = self._op.finish
+        out: list[Any] = []
+        add = out.append
         while heap and heap[0][0] < wm:
             _, seq, key = heapq.heappop(heap)
             if scheduled.get(key) != seq:
@@ -228,7 +243,14 @@ class SessionWindowP(WindowingP):
             else:
                 del sessions[key]
             for start, end, acc in done:
-                yield KeyedWindowResult(start, end, key, finish(acc))
+                # tuple.__new__: the named tuple without its Python-level __new__
+                add(_new(_KWR, (start, end, key, finish(acc))))
+            if len(out) >= _BATCH:
+                yield out
+                out = []
+                add = out.append
+        if out:
+            yield out
 
     # -- completion ------------------------------------------------------------------
     def _final_results(self) -> Iterator[KeyedWindowResult]:
