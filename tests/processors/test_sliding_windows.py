@@ -323,7 +323,7 @@ def test_accumulate_by_frame_flushes_its_frames_on_snapshot_instead_of_saving_th
     assert saved == [(BroadcastKey("window.next_win_to_emit"), 0)]  # higher_frame_ts(-5)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=35, deadline=None)
 @given(events=event_lists(), wd=window_defs(), lag=st.integers(0, 4))
 def test_accumulate_by_frame_under_the_harness(
     events: list[Event], wd: SlidingWindowDef, lag: int
