@@ -66,3 +66,41 @@ def test_a_damaged_chunk_fails_naming_its_file(tmp_path: Path) -> None:
     )
     with pytest.raises(SnapshotError, match="signed with another key"):
         read_chain_files(store.directory, b"x" * 32, [ref], "count", 0, 1)
+
+
+def test_a_chunk_of_many_parts_is_signed_and_written_whole_also_when_writes_are_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk given as many pieces (a copy-on-write save's fragments) is signed in
+    groups of pieces and written with writev, a batch of pieces per call: the file is
+    the pieces in order, its MAC that of their concatenation, also when a call writes
+    only part of its batch (here: at most 7 bytes) and with empty pieces among them."""
+    import hashlib
+    import hmac
+
+    from slipstream.state import signing
+    from slipstream.state import store as store_mod
+
+    monkeypatch.setattr(signing, "SIGN_GROUP_BYTES", 50)
+    monkeypatch.setattr(store_mod, "_IOV_MAX", 3)
+    calls: list[int] = []
+    writev = os.writev
+
+    def short_writev(fd: int, buffers: list[Any]) -> int:
+        calls.append(len(buffers))
+        data = b"".join(buffers)[:7]
+        return writev(fd, [data])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    entries: list[Any] = [(i, i * i) for i in range(300)]
+    payload = encode_chunk(entries, 1, "v", 0)
+    cuts = [0, 0, 1, 9, 9, 40, 41, 100, 180, 181, len(payload) - 4, len(payload)]
+    parts: list[Any] = [payload[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    parts[-1] = memoryview(parts[-1])
+    key = b"k" * 32
+    assert signing.sign(key, b"h", *parts) == hmac.new(key, b"h" + payload, hashlib.sha256).hexdigest()
+    ref = write_chunk_file(str(tmp_path), key, "c", 1, "v", 0, fmt.CHUNK_FULL, parts)
+    raw = (tmp_path / "c").read_bytes()
+    assert raw.endswith(b"\n" + payload) and ref.size == len(raw)
+    assert len(calls) > 3 and max(calls) == 3
+    assert read_chain_files(str(tmp_path), key, [ref], "v", 0, 1) == entries

@@ -267,15 +267,38 @@ def _write_synced(path: str, parts: Sequence[bytes | memoryview]) -> None:
     directory's fsync is the commit's)."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
     try:
-        with os.fdopen(fd, "wb") as fh:
-            for p in parts:
-                fh.write(p)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            write_all(fd, parts)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         _unlink(tmp)
         raise
+
+
+_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
+
+
+def write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    """Write ``parts`` to ``fd`` in order: ``os.writev`` of up to :data:`_IOV_MAX` of
+    them per system call. One call lets the GIL go once, where a write per part (a
+    copy-on-write save's ~450 fragments at 10M keys) took it back once per part, each
+    time waiting up to the switch interval (5 ms) for a busy processing thread."""
+    rest = [p for p in parts if len(p)]
+    i = 0
+    while i < len(rest):
+        n = os.writev(fd, rest[i : i + _IOV_MAX])
+        if n <= 0:
+            raise OSError(f"writev wrote nothing to fd {fd}")
+        while n:  # past the buffers written whole, into a partly written one
+            size = len(rest[i])
+            if n < size:
+                rest[i] = memoryview(rest[i])[n:]
+                break
+            n -= size
+            i += 1
 
 
 @dataclass(frozen=True)
