@@ -135,6 +135,59 @@ def test_only_plain_column_types_take_the_arrow_path() -> None:
     assert arrow.arrow_fields(object()) is None  # an RDD, a test double
 
 
+class _JvmFrame:
+    """Stands in for a DataFrame's JVM side as ``arrow._batch_rdd`` uses it: records the
+    session's ``maxRecordsPerBatch`` when the batch RDD is built."""
+
+    def __init__(self, columns: int, settings: dict[str, str]) -> None:
+        self.schema = StructType([StructField(f"c{i}", StringType()) for i in range(columns)])
+        self.settings = settings
+        self.built_with: list[str | None] = []
+        self._jdf = self
+
+    # the JVM Dataset, its session, session state and SQLConf, all in one
+    def sparkSession(self) -> Any:  # noqa: N802
+        return self
+
+    def sessionState(self) -> Any:  # noqa: N802
+        return self
+
+    def conf(self) -> Any:
+        return self
+
+    def contains(self, key: str) -> bool:
+        return key in self.settings
+
+    def setConfString(self, key: str, value: str) -> None:  # noqa: N802
+        self.settings[key] = value
+
+    def unsetConf(self, key: str) -> None:  # noqa: N802
+        del self.settings[key]
+
+    def toArrowBatchRdd(self) -> Any:  # noqa: N802
+        self.built_with.append(self.settings.get("spark.sql.execution.arrow.maxRecordsPerBatch"))
+        return self
+
+    def toJavaRDD(self) -> Any:  # noqa: N802
+        return "jrdd"
+
+
+def test_the_jvm_makes_batches_of_50000_values_unless_the_session_sets_a_size() -> None:
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    one = _JvmFrame(1, {})
+    assert arrow._batch_rdd(one) == "jrdd"
+    assert one.built_with == ["50000"] and one.settings == {}  # set for the call only
+    two = _JvmFrame(2, {})
+    arrow._batch_rdd(two)
+    assert two.built_with == ["25000"] and two.settings == {}
+    wide = _JvmFrame(8, {})  # 6,250 rows: Spark's own 10,000
+    arrow._batch_rdd(wide)
+    assert wide.built_with == [None] and wide.settings == {}
+    mine = _JvmFrame(1, {key: "777"})
+    arrow._batch_rdd(mine)
+    assert mine.built_with == ["777"] and mine.settings == {key: "777"}
+
+
 def test_the_arrow_path_is_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert arrow.arrow_enabled()
     monkeypatch.setenv("SLIPSTREAM_SPARK_ARROW", "0")

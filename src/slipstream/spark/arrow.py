@@ -177,12 +177,12 @@ def _map_in_arrow(df: Any, fn: Any, schema: str) -> Any:
         return None
 
 
-def _jvm_batches(df: Any, n: int) -> tuple[Any, bytes] | None:
+def _jvm_batches(df: Any, n: int, large: bool = False) -> tuple[Any, bytes] | None:
     """``df``'s rows as an RDD of ``n`` partitions of Arrow record batch messages made
     on the JVM (``Dataset.toArrowBatchRdd``, what ``toPandas`` uses: no Python worker
     serializes them), and the serialized Arrow schema to read them with; ``None`` where
     this Spark has no such method (its internals differ): then :func:`_map_in_arrow`
-    makes the batches.
+    makes the batches. ``large``: batches of :func:`_batch_rows` rows (:func:`_batch_rdd`).
 
     A micro-batch with fewer partitions than ``n`` (a file below Spark's open cost is
     one) is not spread: its partitions feed the first processors in the read's own
@@ -197,7 +197,7 @@ def _jvm_batches(df: Any, n: int) -> tuple[Any, bytes] | None:
         from pyspark.serializers import NoOpSerializer
 
         sc = df.sparkSession.sparkContext
-        jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()
+        jrdd = _batch_rdd(df) if large else df._jdf.toArrowBatchRdd().toJavaRDD()
         have = jrdd.getNumPartitions()
         if have < n:
             if os.environ.get("SLIPSTREAM_SPARK_ARROW_SPREAD", "0") in ("0", "false", "no"):
@@ -211,6 +211,45 @@ def _jvm_batches(df: Any, n: int) -> tuple[Any, bytes] | None:
     except Exception:  # noqa: BLE001 - not this Spark's internals: the mapInArrow path
         log.debug("Dataset.toArrowBatchRdd is not usable here", exc_info=True)
         return None
+
+
+#: Spark's batch size setting, which ``toArrowBatchRdd`` reads when it builds the RDD
+_MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+#: values (rows x columns) per Arrow batch the JVM makes for a source task, unless the
+#: session sets ``spark.sql.execution.arrow.maxRecordsPerBatch`` itself
+BATCH_VALUES = 50_000
+
+
+def _batch_rows(columns: int) -> int | None:
+    """Rows per Arrow batch for a stream of ``columns`` columns: :data:`BATCH_VALUES`
+    values (``SLIPSTREAM_SPARK_ARROW_BATCH_VALUES`` overrides it; ``0`` keeps Spark's
+    setting), never fewer than Spark's default 10,000 rows; ``None``: Spark's setting."""
+    values = int(os.environ.get("SLIPSTREAM_SPARK_ARROW_BATCH_VALUES", BATCH_VALUES))
+    rows = values // max(1, columns)
+    return rows if rows > 10_000 else None
+
+
+def _batch_rdd(df: Any) -> Any:
+    """``df._jdf.toArrowBatchRdd()`` as a ``JavaRDD``, its batches of
+    :func:`_batch_rows` rows when the session leaves
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` at its default. Spark's 10,000 rows
+    are sized for ``toPandas`` and Python UDFs; a source task that reads one column's
+    values (``spark_stream(df, column=...)``) keeps up with the JVM, and fewer, larger
+    batches cost the JVM less: one 500,000-line file read into Python took 0.25 s in
+    batches of 10,000 rows and 0.21 s in batches of 50,000 (docs/performance.md, "Larger
+    Arrow batches for a column's values"). A source task that makes a ``Row`` per row is
+    slower than the JVM, and larger batches only delay its first one, so it keeps
+    Spark's size. The setting is read when the RDD is built, so it is set on the
+    micro-batch's own session for that call only."""
+    rows = _batch_rows(len(df.schema.fields))
+    jconf = df._jdf.sparkSession().sessionState().conf()
+    if rows is None or jconf.contains(_MAX_RECORDS):
+        return df._jdf.toArrowBatchRdd().toJavaRDD()
+    jconf.setConfString(_MAX_RECORDS, str(rows))
+    try:
+        return df._jdf.toArrowBatchRdd().toJavaRDD()
+    finally:
+        jconf.unsetConf(_MAX_RECORDS)
 
 
 def _unspread(sc: Any, jrdd: Any, empty: int) -> Any:
@@ -250,11 +289,14 @@ def _arrow_schema(df: Any) -> bytes:
     return bytes(pa.schema(fields).serialize().to_pybytes())
 
 
-def arrow_partitions(df: Any, n: int) -> tuple[Any, tuple[str, ...], bytes | None] | None:
+def arrow_partitions(
+    df: Any, n: int, large_batches: bool = False
+) -> tuple[Any, tuple[str, ...], bytes | None] | None:
     """``df``'s rows as an RDD of ``n`` partitions of serialized Arrow batches (module
     doc), the column names and, for batches made on the JVM (:func:`_jvm_batches`), the
     serialized schema :func:`arrow_rows` reads them with (``None``: batches made by
-    ``mapInArrow``); ``None`` where the pickled-row path must be used."""
+    ``mapInArrow``); ``None`` where the pickled-row path must be used.
+    ``large_batches``: the source reads one column's values (:func:`_batch_rdd`)."""
     if not arrow_enabled():
         return None
     fields = arrow_fields(df)
@@ -263,7 +305,7 @@ def arrow_partitions(df: Any, n: int) -> tuple[Any, tuple[str, ...], bytes | Non
     if not executors_have_pyarrow(df.sparkSession.sparkContext):
         return None
     if os.environ.get("SLIPSTREAM_SPARK_ARROW", "1") != "python":
-        jvm = _jvm_batches(df, n)
+        jvm = _jvm_batches(df, n, large_batches)
         if jvm is not None:
             return jvm[0], fields, jvm[1]
     batches = _map_in_arrow(df, _serialize, f"{ARROW_COLUMN} binary")

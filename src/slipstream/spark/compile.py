@@ -400,7 +400,9 @@ class _Compiler:
             if isinstance(meta, SparkStreamSource):
                 assert self.epoch is not None
                 assert self.epoch.streams is not None
-                rdd, fields, schema = _stream_partitions(self.epoch.streams[v.name], n)
+                rdd, fields, schema = _stream_partitions(
+                    self.epoch.streams[v.name], n, column=meta.column
+                )
                 if fields is not None:
                     self.arrow[v.name] = fields
                 if schema is not None:
@@ -514,7 +516,7 @@ def _input_from(
 
 
 def _stream_partitions(
-    stream: Any, n: int
+    stream: Any, n: int, column: str | None = None
 ) -> tuple[Any, tuple[str, ...] | None, bytes | None]:
     """A micro-batch's rows in ``n`` partitions, and the column names when they come as
     Arrow batches (:func:`slipstream.spark.arrow.arrow_partitions`: a DataFrame of plain
@@ -524,10 +526,11 @@ def _stream_partitions(
     file is one) repartitioned on the JVM (``DataFrame.repartition``) before they become
     Python rows: an RDD's ``repartition`` would convert every row to a Python ``Row``,
     pickle it again in batches of ten and shuffle those, which took half of an epoch's
-    time at 500k rows (docs/performance.md)."""
+    time at 500k rows (docs/performance.md). ``column``: the source reads that column's
+    values (``spark_stream(df, column=...)``), which takes larger Arrow batches."""
     if hasattr(stream, "mapPartitionsWithIndex"):
         return _with_partitions(stream, n), None, None
-    arrow = arrow_partitions(stream, n)
+    arrow = arrow_partitions(stream, n, large_batches=column is not None)
     if arrow is not None:
         return arrow
     rdd = stream.rdd
