@@ -104,3 +104,25 @@ def test_a_chunk_of_many_parts_is_signed_and_written_whole_also_when_writes_are_
     assert raw.endswith(b"\n" + payload) and ref.size == len(raw)
     assert len(calls) > 3 and max(calls) == 3
     assert read_chain_files(str(tmp_path), key, [ref], "v", 0, 1) == entries
+
+
+def test_write_all_counts_bytes_of_buffers_of_wider_items(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part that is a buffer of 8-byte items (an ``array('q')`` or a view of one) is
+    written whole when a call writes only part of it: the count writev returns is bytes,
+    not items."""
+    from array import array
+
+    from slipstream.state import store as store_mod
+
+    writev = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, bufs: writev(fd, [b"".join(bufs)[:5]]))
+    parts: list[Any] = [b"ab", array("q", [1, 2, 3]), memoryview(array("q", [-1])), b"z"]
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        store_mod.write_all(fd, parts)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"ab" + array("q", [1, 2, 3]).tobytes() + array("q", [-1]).tobytes() + b"z"

@@ -37,7 +37,7 @@ from typing import Any
 from slipstream.core.errors import SnapshotError
 from slipstream.state import format as fmt
 from slipstream.state.keyed import DELTA, KeyedState, StateMap, StateMapSave
-from slipstream.state.store import ChunkRef, chunk_file_name, write_chunk_file
+from slipstream.state.store import ChunkRef, chunk_file_name, write_all, write_chunk_file
 
 __all__ = ["ForkedChunk", "fork_chunk", "has_live_map"]
 
@@ -239,18 +239,13 @@ def _child(
                 directory, key, name, snapshot_id, vertex, index, mode, payload
             )
             msg = {"ref": ref.as_json()}
-        _write_all(w, json.dumps(msg).encode("utf-8"))
+        write_all(w, [json.dumps(msg).encode("utf-8")])
         code = 0
     except BaseException as e:  # noqa: BLE001 - nothing may escape into the job's code
         try:
-            _write_all(w, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode("utf-8"))
+            write_all(w, [json.dumps({"error": f"{type(e).__name__}: {e}"}).encode("utf-8")])
         except BaseException:  # noqa: BLE001, S110
             pass
     finally:
         os._exit(code)
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

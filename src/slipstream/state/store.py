@@ -286,7 +286,9 @@ def write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     them per system call. One call lets the GIL go once, where a write per part (a
     copy-on-write save's ~450 fragments at 10M keys) took it back once per part, each
     time waiting up to the switch interval (5 ms) for a busy processing thread."""
-    rest = [p for p in parts if len(p)]
+    # each part as a view of bytes: writev returns bytes, and len() of a view of
+    # another item size (an array's buffer) counts items
+    rest = [memoryview(p).cast("B") for p in parts if len(p)]
     i = 0
     while i < len(rest):
         n = os.writev(fd, rest[i : i + _IOV_MAX])
@@ -295,7 +297,7 @@ def write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
         while n:  # past the buffers written whole, into a partly written one
             size = len(rest[i])
             if n < size:
-                rest[i] = memoryview(rest[i])[n:]
+                rest[i] = rest[i][n:]
                 break
             n -= size
             i += 1
