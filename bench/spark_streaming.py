@@ -16,6 +16,9 @@ bench cache:
   the default HDFS-backed state store; ``--rocksdb`` uses RocksDB). slipstream:
   ``spark_stream_source -> rolling_aggregate(counting()) -> sinks.noop()`` (the count on
   a distributed partitioned edge), its state on the executors: one output per line;
+* ``column-<K>`` (10k, 1m; not run unless named): ``count-<K>``'s job with its source
+  reading the ``value`` column's values (``spark_stream_source(df, column="value")``)
+  instead of a ``Row`` per line mapped by ``row.value``: the same output, one per line;
 * ``latest-<K>``: the same input and native job, and slipstream with native's output
   contract: ``spark_stream(df, column="value")`` (the column's values as items, no
   ``Row`` per line) ``.group_by(key).rolling_aggregate(counting(), per_epoch=True)``
@@ -86,6 +89,9 @@ WINDOW_KEYS = 1000
 KEYS = {"count-10k": 10_000, "count-1m": 1_000_000, "count-3m": 3_000_000}
 #: the same counts with native's output contract: each changed key's count once per epoch
 LATEST = {"latest-10k": 10_000, "latest-1m": 1_000_000, "latest-3m": 3_000_000}
+#: count-<K>'s job reading the ``value`` column's values (``column=``) instead of a
+#: ``Row`` per line mapped by ``row.value``: the same output, one per line
+COLUMN = {"column-10k": 10_000, "column-1m": 1_000_000}
 
 
 # -- input files ---------------------------------------------------------------------------
@@ -214,11 +220,12 @@ def _event(row: Any) -> tuple[int, str]:
     return (row.ts, row.key)
 
 
-def count_dag(df: Any) -> DAG:
+def count_dag(df: Any, column: bool = False) -> DAG:
     from slipstream.spark.io import spark_stream_source
 
     dag = DAG()
-    src = dag.new_vertex("source", spark_stream_source(df, _ident))
+    source = spark_stream_source(df, column="value") if column else spark_stream_source(df, _ident)
+    src = dag.new_vertex("source", source)
     count = dag.new_vertex("count", rolling_aggregate(_same, counting()))
     out = dag.new_vertex("sink", sinks.noop())
     dag.edge(Edge.between(src, count).distributed().partitioned(_same))
@@ -340,7 +347,7 @@ def run_slipstream(
     elif row in LATEST:
         dag = latest_pipeline(df)
     else:
-        dag = count_dag(df)
+        dag = count_dag(df, column=row in COLUMN)
     written: list[int] = []
     with PeakRss() as rss:
         job = engine.new_job(
@@ -535,11 +542,11 @@ def main() -> None:
     for row in args.rows:
         if row == "window":
             dirs[row] = window_files(args.events, args.files)
-        elif row in KEYS or row in LATEST:
-            keys = KEYS.get(row) or LATEST[row]
+        elif row in KEYS or row in LATEST or row in COLUMN:
+            keys = KEYS.get(row) or LATEST.get(row) or COLUMN[row]
             dirs[row] = count_files(keys, args.lines, args.batches)
         else:
-            ap.error(f"unknown row {row!r}: one of {[*KEYS, *LATEST, 'window']}")
+            ap.error(f"unknown row {row!r}: one of {[*KEYS, *LATEST, *COLUMN, 'window']}")
     conf = {"spark.sql.shuffle.partitions": "2"}
     if args.rocksdb:
         conf["spark.sql.streaming.stateStore.providerClass"] = (
