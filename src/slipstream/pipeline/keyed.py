@@ -392,8 +392,14 @@ class MapStatefulP(AbstractProcessor):
                 # a key new to the map into the save's overlay (``fresh``, read after the
                 # map), which goes into the map once the walk is done, as the next
                 # delta's tail (not into the layer: see LiveSave.fresh)
-                fresh = states._merge.fresh
+                merge = states._merge
+                fresh = merge.fresh
                 wget = fresh.get
+                met = merge.fresh_order.append  # its keys in order (LiveSave)
+                # once the walk is over (the save's content is produced) a key new to
+                # the map and to ``fresh`` joins the map's tail at once: ``fresh`` stops
+                # growing, so the steps that put its keys into the map come to an end
+                walking = not merge._done.is_set()
                 addends = map(add, chunk) if callable(add) else repeat(add)
                 for k, v in zip(map(key_fn, keys), addends):  # noqa: B905
                     acc = lget(k, missing)
@@ -402,7 +408,15 @@ class MapStatefulP(AbstractProcessor):
                         if acc is missing:
                             acc = get(k, missing)
                             if acc is missing:
-                                acc = fresh[k] = wget(k, 0) + v
+                                acc = wget(k, missing)
+                                if acc is missing:
+                                    if walking:
+                                        met(k)
+                                        acc = fresh[k] = 0 + v
+                                    else:
+                                        acc = states[k] = 0 + v
+                                else:
+                                    acc = fresh[k] = acc + v
                                 append((k, acc))
                                 continue
                     acc = layer[k] = acc + v
