@@ -30,6 +30,7 @@ from typing import Any
 import slipstream as ss
 from slipstream import DAG, Edge, JobConfig, JobStatus, ProcessingGuarantee, sinks
 from slipstream.aggregate import AggregateOperation, counting, summing, to_list
+from slipstream.state import keyed as keyed_mod
 from slipstream.state import live
 from slipstream.state.keyed import keyed_state
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries, is_broadcast
@@ -542,6 +543,7 @@ def use_writer(monkeypatch: Any, writer: str) -> str:
     if writer == "live":
         monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 0)
         monkeypatch.setattr(live, "LIVE_SAVE_STEP", 2)
+        monkeypatch.setattr(keyed_mod, "MARKS_SEAL", 3)  # deltas from several sets of marks
         monkeypatch.setattr(module, "LIVE", True)
         monkeypatch.setattr(module, "WRITER", "thread")
     else:

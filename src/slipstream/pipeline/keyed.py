@@ -24,6 +24,7 @@ from slipstream.core.inbox import Inbox, drop_head
 from slipstream.core.item_errors import blame, failed_position
 from slipstream.core.processor import AbstractProcessor, Context
 from slipstream.core.traits import KEYED
+from slipstream.state import keyed as keyed_state_mod
 from slipstream.state.keyed import KeyedState, fast_keyed_state, saved_entry
 from slipstream.state.keys import BroadcastKey
 from slipstream.state.live import LiveSave
@@ -53,11 +54,17 @@ def _mark_from(states: Any, dirty: set[Any], bucket: list[Any], start: int) -> N
     grow as large as the map; a set of marks holds ~40 bytes a key at its largest, a
     copy-on-write full save of numbers none). Saving a quarter of the keys as a delta
     or all of them in full costs about as much: the full save is encoded in slices after
-    the barrier, at a few tens of ns an entry."""
+    the barrier, at a few tens of ns an entry. Below that, a set of ``MARKS_SEAL`` marks
+    is sealed and the next marks go into a new one (:meth:`~slipstream.state.keyed.
+    KeyedState.seal_marks`: smaller set tables)."""
     dirty.update(map(_first, bucket[start:] if start else bucket))
     n = len(dirty)
-    if n > _MARKS_WORTH_KEEPING and isinstance(states, KeyedState) and n * 4 > len(states):
-        states.mark_all()
+    seal = keyed_state_mod.MARKS_SEAL
+    if (n > _MARKS_WORTH_KEEPING or n >= seal) and isinstance(states, KeyedState):
+        if n > _MARKS_WORTH_KEEPING and (n + states.sealed_count) * 4 > len(states):
+            states.mark_all()
+        elif n >= seal:  # the next marks go into a new set (memory: KeyedState.seal_marks)
+            states.seal_marks()
 
 
 #: below this many marks the set costs too little memory to let it go (and a small map's

@@ -95,6 +95,7 @@ __all__ = [
     "FULL",
     "KEYED",
     "LAYER_SHARE",
+    "MARKS_SEAL",
     "PLAIN",
     "KeyedState",
     "StateMap",
@@ -124,6 +125,9 @@ LAYER_MIN = 4096
 #: a saved layer of at least this many keys is retained as :attr:`KeyedState.frozen`
 #: instead of written into the map (see :meth:`KeyedState._retain`)
 LAYER_KEEP_MIN = 20_000
+#: :meth:`KeyedState.seal_marks` once ``dirty`` holds this many keys: just under the 60 %
+#: of 2^20 slots at which a set's table doubles to 2^21 (33.5 MB), less a chunk's keys
+MARKS_SEAL = 600_000
 
 
 class StateMap(NamedTuple):
@@ -157,6 +161,8 @@ class KeyedState(dict):  # type: ignore[type-arg]
         "tag",
         "detail",
         "dirty",
+        "sealed",
+        "sealed_count",
         "all_dirty",
         "values_replaced",
         "layered",
@@ -179,6 +185,11 @@ class KeyedState(dict):  # type: ignore[type-arg]
         #: the keys changed or removed since the last save; ``None`` when nothing is
         #: tracked (the job takes no incremental snapshots)
         self.dirty: set[Any] | None = None
+        #: sets of marks of this interval sealed by :meth:`seal_marks`, oldest first
+        #: (a key may be in several, and in ``dirty``); they count as marked as ``dirty``
+        self.sealed: list[set[Any]] = []
+        #: how many marks the sealed sets hold (a key in two counted twice)
+        self.sealed_count = 0
         #: ``True`` after :meth:`mark_all`: the next save is full, marking may stop
         self.all_dirty = False
         #: ``True`` when the processor never changes a value in place (it replaces it:
@@ -239,6 +250,36 @@ class KeyedState(dict):  # type: ignore[type-arg]
             self.settle()
             self.all_dirty = True
             self.dirty = set()
+            self.sealed = []
+            self.sealed_count = 0
+
+    def seal_marks(self) -> None:
+        """Keep the marks so far in a set of their own and mark into a new one (the
+        additive rolling loop calls it once ``dirty`` holds :data:`MARKS_SEAL` keys).
+        A set's table doubles when it is 60 % full, and while it is copied the old and
+        the new table are both alive: the marks of 1.8M keys (the 10M-key uniform
+        pattern's interval) had a table of 2^22 slots (67 MB) and, at 1.26M marks, a
+        moment with that one and the 33.5 MB one before it; in sets of at most
+        :data:`MARKS_SEAL` keys their tables are 16.7 MB each, and a resize copies one
+        of those at most. The delta saves a key of several sets once
+        (:class:`~slipstream.state.live.LiveSave`). Only where the delta is produced in
+        steps (``context.live_saves``, values replaced): elsewhere it does nothing."""
+        dirty = self.dirty
+        if (
+            dirty
+            and self.values_replaced
+            and getattr(self._context, "live_saves", None) is not None
+            and getattr(self._context, "snapshot_writer", "thread") != "fork"
+        ):
+            self.sealed.append(dirty)
+            self.sealed_count += len(dirty)
+            self.dirty = set()
+
+    def marked(self) -> int:
+        """How many keys are marked (``dirty`` and the sealed sets; a key in two sets
+        counts twice)."""
+        dirty = self.dirty
+        return (len(dirty) if dirty is not None else 0) + self.sealed_count
 
     def start_layer(self) -> None:
         """Write a layer from now on (a layered map before its first save: the creation
@@ -296,9 +337,11 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if total == 0:
             return
         # n < 0: keys were removed behind the layer's back, which of the tail is unknown
-        if n < 0 or (total > LAYER_MIN and (len(dirty) + total) * 4 > len(self)):
+        if n < 0 or (total > LAYER_MIN and (self.marked() + total) * 4 > len(self)):
             self.all_dirty = True
             self.dirty = set()
+            self.sealed = []
+            self.sealed_count = 0
             return
         dirty.update(islice(reversed(dict.keys(self)), n))
         dirty.update(extra)
@@ -424,7 +467,9 @@ class KeyedState(dict):  # type: ignore[type-arg]
             return live  # type: ignore[no-any-return]
         return dict(self)
 
-    def _live_save(self, sid: int, mode: str, keys: Any) -> Any:
+    def _live_save(
+        self, sid: int, mode: str, keys: Any, sealed: list[set[Any]] | None = None
+    ) -> Any:
         """A :class:`~slipstream.state.live.LiveSave` of this map as of now, handed to the
         tasklet that produces it (``context.live_saves``), or ``None`` where it does not
         apply: values may change in place, nothing drives the steps, or the save is small
@@ -441,9 +486,12 @@ class KeyedState(dict):  # type: ignore[type-arg]
         saves = getattr(self._context, "live_saves", None)
         if saves is None or not self.values_replaced or type(self) is not KeyedState:
             return None
-        if (len(self) if keys is None else len(keys)) < live_mod.LIVE_SAVE_MIN_KEYS:
+        size = len(self) if keys is None else len(keys) + sum(map(len, sealed or ()))
+        if size < live_mod.LIVE_SAVE_MIN_KEYS:
             return None
-        save = live_mod.LiveSave(self, sid, mode, keys, getattr(self._context, "spilled_keys", None))
+        save = live_mod.LiveSave(
+            self, sid, mode, keys, getattr(self._context, "spilled_keys", None), sealed
+        )
         self._live = save
         self.__class__ = _OverlayKeyedState if mode == FULL else _SavingKeyedState
         saves.append(save)
@@ -469,6 +517,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if (
             tail >= 0
             and not dirty
+            and not self.sealed
             and len(layer) + tail < dict.__len__(self)  # type: ignore[arg-type]
         ):
             # the layer and the keys inserted since the last save (the map's tail) are
@@ -483,13 +532,16 @@ class KeyedState(dict):  # type: ignore[type-arg]
             return key, StateMapSave(DELTA, self._tail_save(sid, layer, tail), (), base)
         # the keys that changed since the last save: of a layered interval, the layer's
         # (the keys it inserted were new, not changed); else the marks
-        changed = len(layer) if layer is not None else len(dirty)
+        changed = len(layer) if layer is not None else self.marked()
         if full:
             self._tail_from = -1  # the tail need not be marked: the save is full
         self.settle()  # a layer's keys (and the tail's) are marked in dirty now
         full = full or self.all_dirty  # (a tail of most of the map is not marked)
         dirty = self.dirty
+        sealed = self.sealed
         self.dirty = set()
+        self.sealed = []
+        self.sealed_count = 0
         self.all_dirty = False
         # the next interval writes a layer if this one changed few enough keys (not for a
         # forked writer: its deltas cost the barrier nothing however many keys changed,
@@ -502,19 +554,33 @@ class KeyedState(dict):  # type: ignore[type-arg]
         )
         if layered:
             self.layer = {}
-        entry = self._marked_entry(sid, key, dirty, full, base)
+        entry = self._marked_entry(sid, key, dirty, full, base, sealed)
         if layered:  # after the entry: a save cancelled by it merged its overlay
             self._tail_from = dict.__len__(self)
         return entry
 
     def _marked_entry(
-        self, sid: int, key: StateMap, dirty: Any, full: bool, base: int
+        self,
+        sid: int,
+        key: StateMap,
+        dirty: Any,
+        full: bool,
+        base: int,
+        sealed: list[set[Any]] | None = None,
     ) -> tuple[StateMap, StateMapSave]:
-        """The save of the map alone: full, or a delta of the marked keys."""
+        """The save of the map alone: full, or a delta of the marked keys (``dirty`` and
+        the ``sealed`` sets of the interval)."""
         ctx = self._context
-        if full or len(dirty) >= len(self):
-            del dirty  # before the copy: the set may be as large as the map
+        marked = len(dirty) + sum(map(len, sealed or ()))
+        if full or marked >= len(self):
+            del dirty, sealed  # before the copy: the sets may be as large as the map
             return key, StateMapSave(FULL, self._full(sid))
+        if sealed:
+            live = self._live_save(sid, DELTA, dirty, sealed)
+            if live is not None:  # the changed keys' values are picked in steps
+                return key, StateMapSave(DELTA, live, (), base)
+            dirty = dirty.union(*sealed)  # (not where sets are sealed: seal_marks)
+            del sealed
         if getattr(ctx, "snapshot_writer", "thread") == "fork":
             # a *live delta*: the map itself and the changed keys; the forked writer's
             # child picks their values out of its copy-on-write view (see
@@ -635,6 +701,9 @@ def continue_restored_chain(context: Any) -> bool:
             if getattr(s, "_tail_from", -1) >= 0:  # what the restore inserted is not new
                 s._tail_from = dict.__len__(s)
             s.dirty.clear()  # in place: a processor may hold the set
+            if getattr(s, "sealed", None):
+                s.sealed = []
+                s.sealed_count = 0
     return True
 
 
@@ -754,8 +823,14 @@ class _SavingKeyedState(KeyedState):
         # the first write after the barrier of one of the delta's changed keys (no
         # other key's value is read: in the uniform pattern the keys written meanwhile
         # are other keys than the delta's, and each cost ~100 bytes in ``old``)
-        if old is not None and key not in old and key in live._keys:
-            old[key] = dict.get(self, key, _LIVE_ABSENT)
+        if old is not None and key not in old:
+            if key in live._keys:
+                old[key] = dict.get(self, key, _LIVE_ABSENT)
+            elif live._sealed:  # the interval's sealed sets of marks (seal_marks)
+                for keys in live._sealed:
+                    if key in keys:
+                        old[key] = dict.get(self, key, _LIVE_ABSENT)
+                        break
         dict.__setitem__(self, key, value)
 
     def __delitem__(self, key: Any) -> None:

@@ -50,7 +50,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
-from itertools import islice, repeat
+from itertools import chain, filterfalse, islice, repeat
 from operator import is_, itemgetter
 from typing import Any
 
@@ -174,6 +174,7 @@ class LiveSave:
         mode: str,
         keys: Any = None,
         spilled: Callable[[list[Any]], bool] | None = None,
+        sealed: list[set[Any]] | None = None,
     ) -> None:
         self.state = state
         self.snapshot_id = snapshot_id
@@ -197,13 +198,15 @@ class LiveSave:
         #: encoding (:mod:`~slipstream.state.columnar`), pickle fragments after one
         #: did not
         self.columns: EncodedBatches | None = (
-            EncodedBatches() if _columns_cheaper(state, keys) else None
+            EncodedBatches()
+            if _columns_cheaper(state, next((k for k in (*(sealed or ()), keys) if k), keys))
+            else None
         )
         self.parts: list[bytes] = []
         self.out: dict[Any, Any] | None = None  # the content, if it could not be encoded
         self.count = 0  # entries produced
         self.removed: list[Any] = []  # a delta's removed keys
-        self.size = len(state) if keys is None else len(keys)
+        self.size = len(state) if keys is None else len(keys) + sum(map(len, sealed or ()))
         self._it: Any = None  # full: an iterator over the map's keys
         self._rest: list[Any] | None = None  # full: the keys still to encode, once listed
         self._rest_at = 0  # how many were encoded when they were listed
@@ -236,6 +239,9 @@ class LiveSave:
         #: a delta: its changed keys (the set of marks taken at the barrier; nobody
         #: changes it any more)
         self._keys = keys
+        #: a delta: the interval's sealed sets of marks (``KeyedState.seal_marks``),
+        #: older than ``_keys``; a key may be in several: it is saved once
+        self._sealed: tuple[set[Any], ...] = tuple(sealed or ())
         self._done = threading.Event()
         self._error: BaseException | None = None
         self.steps = 0
@@ -278,7 +284,9 @@ class LiveSave:
         :meth:`finish` first, see ``_OverlayKeyedState``)."""
         old = self.old
         keys = self._keys
-        if old is not None and key not in old and (keys is None or key in keys):
+        if old is not None and key not in old and (
+            keys is None or key in keys or any(key in s for s in self._sealed)
+        ):
             old[key] = dict.__getitem__(state, key)
 
     # -- production (the processor's thread) ---------------------------------------------
@@ -420,7 +428,16 @@ class LiveSave:
     def _delta_step(self, budget: int) -> bool:
         it = self._kit
         if it is None:
-            it = self._kit = iter(self._keys)  # a set nobody changes any more
+            # sets nobody changes any more: the sealed ones, oldest first, then the last;
+            # a key of an earlier set is left out of a later one (C-speed filters)
+            sets = [*self._sealed, self._keys]
+            parts: list[Any] = []
+            for i, keys in enumerate(sets):
+                part: Any = keys
+                for earlier in sets[:i]:
+                    part = filterfalse(earlier.__contains__, part)
+                parts.append(part)
+            it = self._kit = chain.from_iterable(parts) if len(parts) > 1 else iter(self._keys)
         keys = list(islice(it, budget))
         n = len(keys)
         if keys:
@@ -483,6 +500,7 @@ class LiveSave:
         self._rest = None
         self._kit = None
         self._keys = None
+        self._sealed = ()
         self._common = set()
         if not self.new and (self.mode != TAIL or (self._into_map is None and not self.fresh)):
             self._release()  # (a tail save writes its new keys and layer into the map next)
@@ -586,6 +604,7 @@ class LiveSave:
         self._rest = None
         self._kit = None
         self._keys = None
+        self._sealed = ()
         self._layer = None
         self._into_map = None
 
