@@ -17,6 +17,10 @@ from slipstream.state.keys import BroadcastKey
 from slipstream.state.store import DirectorySnapshotStore, Manifest
 
 FAIL_BUDGET: list[int] = [0]
+#: when set, every PacedSource holds at this many items of its share (emits no more and
+#: does not complete) until the test sets it back to ``None``: a test that must act in
+#: the middle of a job waits for that point instead of sleeping and hoping
+HOLD_AT: list[int | None] = [None]
 FAIL_LOCK = threading.Lock()
 
 
@@ -59,7 +63,10 @@ class PacedSource(ss.AbstractProcessor):
 
     def complete(self) -> bool:
         due = self.start_offset + int((time.monotonic() - self.start) * self.rate) + 1
+        hold = HOLD_AT[0]
         stop = min(len(self.mine), due, self.offset + self.batch)
+        if hold is not None and stop > hold:
+            stop = hold if hold > self.offset else self.offset
         while self.offset < stop or self.wm_pending:
             if self.wm_pending:
                 wm = ss.Watermark(self.mine[self.offset - 1] - self.wm_lag)  # type: ignore[operator]
@@ -71,7 +78,11 @@ class PacedSource(ss.AbstractProcessor):
                 return False
             self.offset += 1
             self.wm_pending = self.wm_lag is not None
-        return self.offset >= len(self.mine) and self.saved >= self.min_snapshots
+        return (
+            self.offset >= len(self.mine)
+            and self.saved >= self.min_snapshots
+            and HOLD_AT[0] is None
+        )
 
     def save_to_snapshot(self) -> bool:
         if not self.try_emit_to_snapshot(

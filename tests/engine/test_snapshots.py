@@ -106,10 +106,16 @@ def test_restarts_are_bounded_with_clear_final_error(tmp_path: Any) -> None:
 
 
 def test_suspend_resume_and_restore_with_other_parallelism(tmp_path: Any) -> None:
+    """Suspended in the middle (each source held at 1,000 of its 3,000 items until the
+    suspension: a sleep before it let the job complete first on a loaded machine)."""
     n = 6000
-    engine, job = run_job(running_sum_dag(n, rate=5000.0), EO, str(tmp_path), interval=50)
-    time.sleep(0.3)
-    job.suspend()
+    stp.HOLD_AT[0] = 1000
+    try:
+        engine, job = run_job(running_sum_dag(n, rate=5000.0), EO, str(tmp_path), interval=50)
+        stp.wait_for(lambda: len(engine.get_list("out")) == 2000, what="the items before the hold")
+        job.suspend()
+    finally:
+        stp.HOLD_AT[0] = None
     assert job.status is JobStatus.SUSPENDED
     snap = job.export_snapshot()
     assert snap is not None and snap.vertices["sum"].total_parallelism == 2
