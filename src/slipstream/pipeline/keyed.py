@@ -406,7 +406,7 @@ class MapStatefulP(AbstractProcessor):
                 # once the walk is over (the save's content is produced) a key new to
                 # the map and to ``fresh`` joins the map's tail at once: ``fresh`` stops
                 # growing, so the steps that put its keys into the map come to an end
-                walking = not merge._done.is_set()
+                walking = not merge.produced()
                 addends = map(add, chunk) if callable(add) else repeat(add)
                 for k, v in zip(map(key_fn, keys), addends):  # noqa: B905
                     acc = lget(k, missing)

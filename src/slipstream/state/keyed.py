@@ -249,9 +249,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
             self._tail_from = -1  # nothing to mark: the next save is full
             self.settle()
             self.all_dirty = True
-            self.dirty = set()
-            self.sealed = []
-            self.sealed_count = 0
+            self._new_marks()
 
     def seal_marks(self) -> None:
         """Keep the marks so far in a set of their own and mark into a new one (the
@@ -274,6 +272,13 @@ class KeyedState(dict):  # type: ignore[type-arg]
             self.sealed.append(dirty)
             self.sealed_count += len(dirty)
             self.dirty = set()
+
+    def _new_marks(self) -> None:
+        """Mark into a new, empty set, with no sealed sets (what was marked is saved,
+        or the next save is full)."""
+        self.dirty = set()
+        self.sealed = []
+        self.sealed_count = 0
 
     def marked(self) -> int:
         """How many keys are marked (``dirty`` and the sealed sets; a key in two sets
@@ -339,9 +344,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         # n < 0: keys were removed behind the layer's back, which of the tail is unknown
         if n < 0 or (total > LAYER_MIN and (self.marked() + total) * 4 > len(self)):
             self.all_dirty = True
-            self.dirty = set()
-            self.sealed = []
-            self.sealed_count = 0
+            self._new_marks()
             return
         dirty.update(islice(reversed(dict.keys(self)), n))
         dirty.update(extra)
@@ -539,9 +542,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         full = full or self.all_dirty  # (a tail of most of the map is not marked)
         dirty = self.dirty
         sealed = self.sealed
-        self.dirty = set()
-        self.sealed = []
-        self.sealed_count = 0
+        self._new_marks()
         self.all_dirty = False
         # the next interval writes a layer if this one changed few enough keys (not for a
         # forked writer: its deltas cost the barrier nothing however many keys changed,
@@ -826,11 +827,8 @@ class _SavingKeyedState(KeyedState):
         if old is not None and key not in old:
             if key in live._keys:
                 old[key] = dict.get(self, key, _LIVE_ABSENT)
-            elif live._sealed:  # the interval's sealed sets of marks (seal_marks)
-                for keys in live._sealed:
-                    if key in keys:
-                        old[key] = dict.get(self, key, _LIVE_ABSENT)
-                        break
+            elif live._sealed and live.in_sealed(key):
+                old[key] = dict.get(self, key, _LIVE_ABSENT)
         dict.__setitem__(self, key, value)
 
     def __delitem__(self, key: Any) -> None:

@@ -285,9 +285,19 @@ class LiveSave:
         old = self.old
         keys = self._keys
         if old is not None and key not in old and (
-            keys is None or key in keys or any(key in s for s in self._sealed)
+            keys is None or key in keys or self.in_sealed(key)
         ):
             old[key] = dict.__getitem__(state, key)
+
+    def in_sealed(self, key: Any) -> bool:
+        """Whether ``key`` is in one of the delta's sealed sets of marks (the interval's
+        marks before its last set: ``KeyedState.seal_marks``)."""
+        return any(key in keys for keys in self._sealed)
+
+    def produced(self) -> bool:
+        """Whether the save's content is produced (a tail save: its walk of the map is
+        over; what is left is putting its new keys and layer into the map)."""
+        return self._done.is_set()
 
     # -- production (the processor's thread) ---------------------------------------------
     def step(self, budget: int) -> bool:
