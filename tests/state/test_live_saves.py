@@ -372,6 +372,23 @@ def test_keys_inserted_during_a_full_save_wait_in_the_overlay_and_join_the_map_a
     assert list(s)[-2:] == [100, 101]
 
 
+def test_a_full_save_whose_map_changed_size_behind_the_overlay_lists_the_rest() -> None:
+    """A key inserted through ``dict`` itself during a full save ends the walk's
+    iterators: the keys still to encode are listed once and their values read by key,
+    a written key's recorded value among them."""
+    ctx = _ctx()
+    s = _state(ctx, {i: i for i in range(10)})
+    save = _save(s, ctx, 1, 0).upserts
+    assert not save.step(3)
+    s[5] = 50  # recorded: 5
+    dict.__setitem__(s, 100, 1)  # behind the overlay
+    assert not save.step(3)
+    assert save._rest == [3, 4, 5, 6, 7, 8, 9]
+    while not save.done:
+        save.step(3)
+    assert _content(save) == ({i: i for i in range(10)}, ())
+
+
 def test_no_step_encodes_more_than_its_budget_when_keys_were_written_since_the_barrier() -> None:
     """The pre-barrier values of written keys go into the slices that encode those keys
     (main encoded them all in the last step: a step that grows with what was written)."""
