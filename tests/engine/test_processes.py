@@ -591,24 +591,54 @@ def test_a_members_state_dir_is_one_path_part_under_the_work_dir(tmp_path: Any) 
         assert os.path.basename(path).startswith(prefix)
 
 
-def environ_value(x: int) -> tuple[int, str | None]:
-    return x, os.environ.get("SLIPSTREAM_TEST_LATER")
+def environ_value(x: int) -> tuple[int, str | None, int, str | None, str]:
+    """``x``, the variable the test sets, this process's id, the mark a job with another
+    value of it left in this process (``None``: none) and its working directory."""
+    from multiprocessing import util
+
+    value = os.environ.get("SLIPSTREAM_TEST_LATER")
+    mark = f"a job with {value!r} ran here"
+    before = getattr(util, "_slipstream_test_mark", mark)
+    util._slipstream_test_mark = mark  # type: ignore[attr-defined]
+    return x, value, os.getpid(), None if before == mark else before, os.getcwd()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(GUARD_S)
-def test_members_see_the_environment_of_their_jobs_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A variable set after the forkserver started (with this process's first
-    ``ss.local(processes=N)``, or its first job) reaches the members of a later job:
-    they take the coordinator's environment with their setup."""
+def test_a_later_job_takes_fresh_spare_members_that_see_the_environment_of_its_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """After a job, the engine forks the next job's members ahead (spares,
+    engine/member_spares.py): the next job takes them, each a process no job ran in
+    before (nothing of the first job is there), with the coordinator's environment
+    variables and working directory of the job's start, not of the fork; a spare killed
+    while it waits is replaced; ``shutdown()`` stops the spares."""
     engine = ss.local(processes=2)
     p = ss.Pipeline()
     p.read_from(sources.items(range(4))).map(environ_value).write_to(sinks.list_sink("env"))
-    engine.new_job(p).join(timeout=GUARD_S)  # the forkserver runs now, whatever ran before
-    assert sorted(engine.get_list("env")) == [(i, None) for i in range(4)]
+    first = engine.new_job(p)
+    first.join(timeout=GUARD_S)  # the forkserver runs now, whatever ran before
+    assert sorted(r[:2] for r in engine.get_list("env")) == [(i, None) for i in range(4)]
+    spares = engine._member_spares  # type: ignore[attr-defined]
+    wait_for(lambda: len(spares) == 2, "two spare members")
+    waiting = [proc for proc, _ in spares._spares]
+    assert not {proc.pid for proc in waiting} & {proc.pid for proc in first._execution._procs}
+    os.kill(waiting[0].pid, signal.SIGKILL)
+    waiting[0].join(timeout=GUARD_S)
     engine.get_list("env").clear()
     monkeypatch.setenv("SLIPSTREAM_TEST_LATER", "set later")
-    engine.new_job(p).join(timeout=GUARD_S)
-    assert sorted(engine.get_list("env")) == [(i, "set later") for i in range(4)]
+    monkeypatch.chdir(tmp_path)
+    second = engine.new_job(p)
+    second.join(timeout=GUARD_S)
+    rows = engine.get_list("env")
+    assert sorted(r[:2] for r in rows) == [(i, "set later") for i in range(4)]
+    assert {r[3:] for r in rows} == {(None, str(tmp_path))}
+    members = {proc.pid for proc in second._execution._procs}
+    assert waiting[1].pid in members and waiting[0].pid not in members and len(members) == 2
+    wait_for(lambda: len(spares) == 2, "two spare members again")
+    waiting = [proc for proc, _ in spares._spares]
+    engine.shutdown()
+    assert len(spares) == 0 and all(proc.exitcode is not None for proc in waiting)
 
 
 FORKSERVER_PID = """

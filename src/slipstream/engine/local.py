@@ -241,9 +241,13 @@ class LocalEngine:
         return list(self._jobs)
 
     def shutdown(self) -> None:
-        """Cancel every running job and stop the dashboard."""
+        """Cancel every running job, stop the dashboard and the spare member processes
+        (``processes`` > 1, engine/member_spares.py)."""
         for j in self._jobs:
             j.cancel()
+        spares = self.__dict__.get("_member_spares")
+        if spares is not None:
+            spares.close()
         if self.dashboard is not None:
             self.dashboard.close()
             self.dashboard = None

@@ -44,6 +44,7 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -600,14 +601,23 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         data = conn.recv_bytes()
-        pids, environ = conn.recv()
+        pids, environ, path, cwd = conn.recv()
     except (EOFError, OSError):
         return  # the coordinator is gone
-    # the coordinator's environment as its job starts, not the forkserver's (the one of
-    # the first ss.local(processes=N)), before the job's code is unpickled and imported
+    # the coordinator's environment, module path and working directory as its job
+    # starts, not the forkserver's (the one of the first ss.local(processes=N)) nor those
+    # of when this process was forked (a spare, engine/member_spares.py), before the
+    # job's code is unpickled and imported
     if environ != os.environ:
         os.environ.clear()
         os.environ.update(environ)
+    if path != sys.path:
+        sys.path[:] = path
+    try:
+        if cwd != os.getcwd():
+            os.chdir(cwd)
+    except OSError:  # gone since: the job's own paths say what is missing
+        pass
     # from here on the member answers heartbeats, however long its set-up takes
     control = MemberControl(conn)
     control.start()

@@ -1,7 +1,9 @@
 """The coordinator of a job whose members run in OS processes (``ss.local(processes=N)``).
 
-The user's process is the coordinator: for each execution it starts one member process
-per member (:func:`slipstream.engine.member.member_main`), hands each the job (the DAG
+The user's process is the coordinator: for each execution it takes one member process
+per member (the engine's spares, forked after its previous job ended, or fresh forks:
+:mod:`slipstream.engine.member_spares`; each runs one job,
+:func:`slipstream.engine.member.member_main`), hands each the job (the DAG
 and its config pickled with cloudpickle, the way the Spark engine ships suppliers) and its
 ends of the cross-process channels, and follows them over a control pipe each: it sums
 their metrics (``job.metrics``), applies what their list and map sinks produced to the
@@ -13,7 +15,8 @@ cancelled or suspended once its process is gone.
 
 **Channels.** One ``socket.socketpair()`` per (edge, producing member, consuming member)
 with a lane between them (:func:`slipstream.execution.remote.channel_sockets`), made
-here and handed to the two members as ``Process`` arguments; nothing listens on an
+here and handed to the two members over their control pipes (file descriptors passed
+with ``SCM_RIGHTS``, ``member_spares.hand_over``); nothing listens on an
 address, so no other process can write into a member's unpickling receiver.
 
 **Start method: forkserver, with slipstream preloaded.** A plain ``fork`` copies the
@@ -53,6 +56,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -148,6 +152,38 @@ def start_forkserver() -> None:
 
 
 _start_lock = threading.Lock()
+
+
+_spares_lock = threading.Lock()
+
+
+def fork_member() -> tuple[Any, Any]:
+    """A member process waiting for its job (``member_spares.standby_main``) and the
+    coordinator's end of its control pipe."""
+    from slipstream.engine.member_spares import standby_main
+
+    ctx = member_context()
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=standby_main, args=(child,), name="slipstream-member", daemon=True)
+    try:
+        _start_without_main(p)
+    finally:
+        child.close()
+    return p, parent
+
+
+def engine_spares(engine: Any) -> Any:
+    """``engine``'s :class:`~slipstream.engine.member_spares.MemberSpares`, made at its
+    first job with processes > 1 (closed by ``engine.shutdown()``, or when the engine is
+    collected)."""
+    from slipstream.engine.member_spares import MemberSpares
+
+    with _spares_lock:
+        spares = engine.__dict__.get("_member_spares")
+        if spares is None:
+            spares = engine._member_spares = MemberSpares(engine.process_count, fork_member)
+            weakref.finalize(engine, spares.close)
+        return spares
 
 
 def _start_without_main(process: Any) -> None:
@@ -349,26 +385,26 @@ class ProcessExecution:
             self.job._execution_ended(self)  # type: ignore[arg-type]
 
     def _start(self) -> None:
-        from slipstream.engine.member import member_main
+        from slipstream.engine.member_spares import hand_over
         from slipstream.execution.remote import channel_sockets
 
-        ctx = member_context()
+        spares = engine_spares(self.job.engine)
         sockets = channel_sockets(self.job.dag, self.plans)
         children: list[tuple[Any, Any]] = []
         try:
-            for m in range(self.count):
+            # the engine's spare member processes, forked before this job, or fresh ones
+            # (engine/member_spares.py); each gets its member index and channel ends
+            taken = spares.take(self.count)
+            self._procs = [p for p, _ in taken]
+            for m, (p, conn) in enumerate(taken):
                 mine = {k: e[0] if k[1] == m else e[1] for k, e in sockets.items() if m in k[1:]}
-                parent, child = ctx.Pipe()
-                p = ctx.Process(
-                    target=member_main,
-                    args=(child, m, mine),
-                    name=f"slipstream-{self.job.name}-member{m}",
-                    daemon=True,
-                )
-                self._procs.append(p)
-                _start_without_main(p)
-                child.close()
-                children.append((p, parent))
+                try:
+                    hand_over(conn, m, mine)
+                except OSError:  # a spare that died since it was taken
+                    p, conn = spares.replace(p, conn)
+                    self._procs[m] = p
+                    hand_over(conn, m, mine)
+                children.append((p, conn))
         finally:
             for ends in sockets.values():
                 for s in ends:
@@ -379,12 +415,14 @@ class ProcessExecution:
         self._live = len(children)
         # every member gets its setup before any listener runs: a listener that sees a
         # member fail sends "cancel" to all, which must not come before a setup
+        here = (pids, dict(os.environ), list(sys.path), os.getcwd())
         for _, conn in children:
             try:
                 conn.send_bytes(self._payload)
-                # the environment of now: the forkserver's is that of its start, at the
-                # first ss.local(processes=N) of this process
-                conn.send((pids, dict(os.environ)))
+                # the environment, module path and working directory of now: a member
+                # forked before (a spare, or by the forkserver started at the first
+                # ss.local(processes=N) of this process) takes them
+                conn.send(here)
             except OSError:
                 pass  # it died already: its listener reports it
         self.heartbeat = HeartbeatMonitor(
@@ -706,6 +744,8 @@ class ProcessExecution:
 
     def _ended(self) -> None:
         self._gc_untune()
+        # the next job's members are forked once these exited (engine/member_spares.py)
+        engine_spares(self.job.engine).refill_after(list(self._procs))
         if self.heartbeat is not None:
             self.heartbeat.stop()
         if self.coordinator is not None:
