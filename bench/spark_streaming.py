@@ -420,7 +420,9 @@ def print_breakdown(row: str, epochs: list[dict[str, Any]]) -> None:
                     )
         for vertex in dict.fromkeys(t["vertex"] for t in tasks):
             mine = [t for t in tasks if t["vertex"] == vertex]
-            for k in ("setup", "restore_read", "run", "write_chunk"):
+            for k in (
+                "setup", "restore_read", "run", "input_wait", "output_wait", "cpu", "write_chunk"
+            ):
                 vals = [float(t.get(k, 0.0)) for t in mine]
                 if any(v >= 0.0005 for v in vals):
                     print(

@@ -71,6 +71,11 @@ def test_the_next_epoch_uses_the_state_its_task_kept(tmp_path: Path) -> None:
         _run(engine, job, data[epoch_id], epoch_id)
         assert _outcomes(job) == ["hit", "hit"]
     assert _counts(engine) == _embedded([e for batch in data for e in batch])
+    # where each task waited and its worker's CPU (a source of pickled rows has no
+    # input records timed: its rows are not timed one by one)
+    for t in job.epoch_breakdown[-1]["task"]:
+        assert t["cpu"] > 0 and t["input_wait"] >= 0 and t["output_wait"] >= 0, t
+        assert (t["input_wait"] == 0) == (t["vertex"] == "source"), t
     # the hits are real: a tampered kept state shows in the next epoch's counts
     assert _tamper_kept() == 2
     more = epochs(12, 1)[0]

@@ -304,6 +304,12 @@ class VertexTask:
         timing["heap_frozen"] = _heap_frozen
         _tasks_in_process += 1
         started = time.perf_counter()
+        cpu_started = time.process_time()
+        waits = _Waits()
+        if self.inbound or self.row_arrow is not None:
+            # records of chunks or Arrow batches (a row source's rows are not timed one
+            # by one)
+            records = _timed_input(records, waits)
         member, local = divmod(index, self.local_parallelism)
         services = TaskServices(self.services)
         # an epoch of a streaming job snapshots every processor's state at its end
@@ -334,8 +340,15 @@ class VertexTask:
             pack = self._chunk_packers(index)
             ready = time.perf_counter()
             timing["setup"] = ready - started
-            yield from _drive(tasklet, feed, outputs, index, run.sent_wm, pack)
+            clock = time.perf_counter
+            for record in _drive(tasklet, feed, outputs, index, run.sent_wm, pack):
+                t0 = clock()
+                yield record
+                waits.output += clock() - t0
             timing["run"] = time.perf_counter() - ready - run.write_time
+            timing["input_wait"] = waits.input
+            timing["output_wait"] = waits.output
+            timing["cpu"] = time.process_time() - cpu_started
         except GeneratorExit:
             error = RuntimeError("the Spark task was stopped")
             raise
@@ -602,6 +615,34 @@ class VertexTask:
             outputs.append((spec.edge_id, targets, queues))
             collectors.append(collector)
         return outputs, collectors
+
+
+class _Waits:
+    """Where a task's run waited (s): ``input``, for its next input record (the JVM's
+    read, or the upstream task PySpark pipelined into this one); ``output``, for the
+    consumer of a record it yielded (the shuffle writer pickling it, or the downstream
+    task pipelined into this one)."""
+
+    __slots__ = ("input", "output")
+
+    def __init__(self) -> None:
+        self.input = 0.0
+        self.output = 0.0
+
+
+def _timed_input(records: Iterator[Any], waits: _Waits) -> Iterator[Any]:
+    """``records``, adding the time spent waiting for each to ``waits.input``."""
+    clock = time.perf_counter
+    it = iter(records)
+    while True:
+        t0 = clock()
+        try:
+            record = next(it)
+        except StopIteration:
+            waits.input += clock() - t0
+            return
+        waits.input += clock() - t0
+        yield record
 
 
 @dataclass
