@@ -157,6 +157,31 @@ def test_a_driver_thread_that_dies_fails_the_job_instead_of_hanging() -> None:
     assert job.status is ss.JobStatus.FAILED
 
 
+class _Word(str):
+    pass
+
+
+def test_a_shuffle_chunk_of_strings_travels_as_one_joined_string_and_comes_back_exact() -> None:
+    from slipstream.spark.task import ShuffleChunk
+
+    where = ("maker", 0, "edge 'maker' -> 'count' (ordinal 0)")
+    words = [f"k{i % 97}" for i in range(1000)]
+    data = pickle.dumps((1, (0, 0, 3, ShuffleChunk(words, where=where, key=b"k"))), 5)
+    # one string of the items joined, not an opcode, a length and a memo entry per item
+    assert len(data) < len("\x00".join(words).encode()) + 100
+    assert pickle.loads(data) == (1, (0, 0, 3, words))
+    for items in (
+        ["a", "", "b\ud800c", "\udfff", ""],  # empty items, lone surrogates
+        [""],
+        ["a\x00b", "c"],  # an item holds the separator: item by item
+        ["a", _Word("b")],  # a str subclass keeps its type
+        ["a", 1, None],
+    ):
+        back = pickle.loads(pickle.dumps(ShuffleChunk(items, where=where, key=b"k"), 5))
+        assert back == items and type(back) is list
+        assert [type(x) for x in back] == [type(x) for x in items]
+
+
 def test_shuffle_chunks_unpickle_as_lists_and_name_the_edge_of_an_unpicklable_item() -> None:
     import threading
 
