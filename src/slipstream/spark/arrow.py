@@ -385,11 +385,15 @@ def arrow_rows(
     """The rows of the serialized batches in ``chunks`` (the ``Row`` s of
     :func:`arrow_partitions`' RDD, or with ``schema`` the JVM's record batch messages),
     in order, as ``Row`` s (:func:`row_class`)."""
-    make = functools.partial(tuple.__new__, row_class(fields))
+    cls = itertools.repeat(row_class(fields))
+    new = tuple.__new__
 
     def rows(batch: Any) -> Iterator[Any]:
         columns = [column.to_pylist() for column in batch.columns]
-        return map(make, zip(*columns, strict=True))
+        # tuple.__new__(cls, values) called by map with two iterables: ~20 ns a row
+        # less than through a functools.partial of it (75 against 86 ms for the
+        # 500,000 rows of a count-10k epoch with their map_fn)
+        return map(new, cls, zip(*columns, strict=True))
 
     # rows are handed out by C iterators only (a generator's yield per row cost more
     # than making the row)
