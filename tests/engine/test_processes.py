@@ -107,7 +107,7 @@ def test_word_count_with_two_processes_equals_one_process_and_the_oracle(api: st
     """The DAG runs its tokenize vertex inside accumulate's tasklets with two processes
     (execution/fusion.py) and in a tasklet of its own with one (fuse_vertices=False):
     the same output and the same figures per vertex, summed over the members."""
-    text = lines(3000)
+    text = lines(1000)
     build: Callable[[list[str]], Any] = word_count_dag if api == "dag" else word_count_pipeline
     jobs = []
     for processes, fuse in ((2, True), (1, False)):
@@ -124,7 +124,7 @@ def test_word_count_with_two_processes_equals_one_process_and_the_oracle(api: st
             for j in (job_two, job_one)
         ]
         words = sum(word_count_oracle(text).values())
-        assert figures[0]["tokenize"] == figures[1]["tokenize"] == (3000, words)
+        assert figures[0]["tokenize"] == figures[1]["tokenize"] == (1000, words)
         assert figures[0]["accumulate"][0] == figures[1]["accumulate"][0] == words
 
 

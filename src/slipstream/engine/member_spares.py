@@ -26,6 +26,7 @@ pipe close and exits.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -33,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -100,6 +102,7 @@ class MemberSpares:
         self._not_forking.set()
         self._used = time.monotonic()
         self._timer: threading.Timer | None = None
+        _track(self)
 
     def take(self, n: int) -> list[tuple[Any, Any]]:
         """``n`` member processes for a job: the spares that are alive, then fresh
@@ -226,6 +229,36 @@ class MemberSpares:
 
     def __len__(self) -> int:
         return len(self._spares)
+
+
+_every: weakref.WeakSet[MemberSpares] = weakref.WeakSet()
+_every_lock = threading.Lock()
+_at_exit_registered = False
+
+
+def _track(spares: MemberSpares) -> None:
+    global _at_exit_registered
+    with _every_lock:
+        _every.add(spares)
+        if not _at_exit_registered:
+            # before multiprocessing's own exit hook (registered earlier, run later),
+            # which would terminate a spare in the middle of its start
+            atexit.register(_close_at_exit)
+            _at_exit_registered = True
+
+
+def _close_at_exit() -> None:
+    for spares in list(_every):
+        spares.close()
+
+
+def close_soon(spares: MemberSpares) -> None:
+    """Close ``spares`` on a thread of its own: what an engine that is garbage collected
+    calls (a collection may run in any thread, even one that holds a spares lock)."""
+    try:
+        threading.Thread(target=spares.close, name="slipstream-member-spares-close", daemon=True).start()
+    except RuntimeError:  # at exit: the exit hook closes them
+        pass
 
 
 def _close(p: Any, conn: Any) -> None:

@@ -176,13 +176,13 @@ def engine_spares(engine: Any) -> Any:
     """``engine``'s :class:`~slipstream.engine.member_spares.MemberSpares`, made at its
     first job with processes > 1 (closed by ``engine.shutdown()``, or when the engine is
     collected)."""
-    from slipstream.engine.member_spares import MemberSpares
+    from slipstream.engine.member_spares import MemberSpares, close_soon
 
     with _spares_lock:
         spares = engine.__dict__.get("_member_spares")
         if spares is None:
             spares = engine._member_spares = MemberSpares(engine.process_count, fork_member)
-            weakref.finalize(engine, spares.close)
+            weakref.finalize(engine, close_soon, spares).atexit = False  # the exit hook's
         return spares
 
 
