@@ -1175,15 +1175,19 @@ def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
         keyed_mod.LAYER_KEEP_MIN = old_keep
 
 
-def test_a_layer_overflow_during_a_full_save_marks_the_tail_without_finishing_it(
+def test_a_full_save_of_a_layered_map_walks_it_while_the_loop_writes_a_layer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The uniform pattern's creation pass at 10M keys: the layer overflows while the
-    first (full, copy-on-write) save is still produced. The keys inserted since its
-    barrier (in its overlay) are marked as they are; the save is not produced at once
-    in the middle of ``process()`` (a second or more at 10M keys), and the next save
-    holds them."""
+    """A full copy-on-write save of a rolling count (the uniform pattern's saves, and
+    the first one, in a creation pass) walks the map in its order while the loop writes
+    its changes into a new layer and the keys it creates into the save's overlay
+    (``fresh``): the map is not written meanwhile, so the walk reads it at C speed and
+    records no pre-barrier value. A layer past its limit during the walk waits for the
+    walk's end (settling would produce the rest of the save at once, in the middle of
+    ``process()``: a second or more at 10M keys); the next save holds what changed."""
     monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 30)
+    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
     monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
     monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
     d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
@@ -1194,16 +1198,23 @@ def test_a_layer_overflow_during_a_full_save_marks_the_tail_without_finishing_it
     _, first = st.snapshot_entry()
     save = first.upserts
     assert first.mode == FULL and type(save) is live.LiveSave and not save.done
+    assert type(st) is keyed_mod.KeyedState  # no mutator of its own: writes are plain
+    assert st.snapshot_entry()[1].upserts is save  # asked again: the same save
+    assert not save.step(1 << 30)  # keys 0..29
     d.feed([(k, 1) for k in range(100, 103)])  # new keys: the save's overlay
-    assert save.new == {100: 1, 101: 1, 102: 1}
-    d.feed([(k, 1) for k in range(10)])  # 10 changed keys: past the layer's limit (6)
-    assert st.layer is None and not save.done
-    assert st.dirty == set(range(10)) | {100, 101, 102}
-    save.finish()
+    assert save.fresh == {100: 1, 101: 1, 102: 1} and dict.__len__(st) == 100
+    d.feed([(k, 1) for k in range(10)] + [(50, 1)])  # 11 changed keys: past the limit (6)
+    assert st.layer == {k: 2 for k in (*range(10), 50)} and dict.get(st, 50) == 1
+    assert not save.done and not st.dirty
+    while not save.step(1 << 30):
+        pass
     assert save.result()[0].to_dict() == {k: 1 for k in range(100)}
+    assert list(dict.keys(st)) == [*range(103)] and dict.get(st, 50) == 1
     d.ctx.live_saves.clear()
+    d.feed([(7, 1)])  # the walk is over: the layer goes into the map, the keys are marked
+    assert st.layer is None and dict.get(st, 50) == 2 and dict.get(st, 7) == 3
     assert d.save(2, 1)[0][1] == StateMapSave(
-        DELTA, {k: 2 for k in range(10)} | {100: 1, 101: 1, 102: 1}, (), 1
+        DELTA, {k: 2 for k in (*range(10), 50)} | {7: 3, 100: 1, 101: 1, 102: 1}, (), 1
     )
 
 

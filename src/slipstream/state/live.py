@@ -38,6 +38,11 @@ in the uniform pattern the keys written while a delta is produced are other keys
 the delta's, and recording them all cost ~100 bytes and a dict insertion each; keys
 inserted meanwhile go into the map itself.
 
+A full save of a map whose processor writes its changes into a layer (the additive
+rolling aggregates, ``KeyedState.layered``) is neither: it is a walk of the whole map
+as a tail save walks the map's tail (:meth:`LiveSave.tail`), the map unwritten
+meanwhile, its keys and values read by two dict iterators in step.
+
 A slice whose keys or values the fast pickler cannot encode (``cloudpickle`` needed, a
 recursive key) turns the save into a plain ``dict`` of the content, encoded by the store
 thread as any other.
@@ -222,6 +227,9 @@ class LiveSave:
         self._it_len = -1  # full: the map's size when ``_it`` was made
         self._kit: Any = None  # delta: the iterator over the changed keys
         self._tail = 0  # tail: how many keys the map's tail holds
+        #: tail: the tail is the whole map and there is no layer (a full save of a layered
+        #: map, ``KeyedState._full_walk``): walked from the start, in the map's order
+        self.whole = False
         self._tail_done = 0  # tail: how many of them are produced
         self._layer: dict[Any, Any] | None = None  # tail: the layer saved with it
         #: tail: what is written into the map after the walk (the layer, or the owner's
@@ -282,6 +290,7 @@ class LiveSave:
         self._layer = layer
         self._into_map = into_map
         self.size = count + len(layer)
+        self.whole = count == dict.__len__(self.state) and not layer
 
     @property
     def done(self) -> bool:
@@ -412,18 +421,24 @@ class LiveSave:
         if self._tail_done < self._tail:  # the tail, from the map's end
             it = self._it
             if it is None:
-                it = self._it = reversed(dict.keys(state))
-                self._vit = reversed(dict.values(state))
+                # the keys and the values by two iterators in step (``_vit``); the
+                # whole map (a full save's walk) from its start, in its order
+                keys_view, values_view = dict.keys(state), dict.values(state)
+                if self.whole:
+                    it, self._vit = iter(keys_view), iter(values_view)
+                else:
+                    it, self._vit = reversed(keys_view), reversed(values_view)
+                self._it = it
                 self._it_len = dict.__len__(state)
             elif dict.__len__(state) != self._it_len:
                 raise RuntimeError("a key was inserted into the map while its tail was saved")
             left = self._tail - self._tail_done
             take = budget if budget < left else left
             keys = list(islice(it, take))
-            if len(keys) < take:
+            values: Any = list(islice(self._vit, take))
+            if len(keys) < take or len(values) < take:
                 raise RuntimeError("the map's tail ran out before its count")
             self._tail_done += take
-            values: Any = list(islice(self._vit, take))
             if layer:
                 common = layer.keys() & keys
                 if common:  # changed again after its insertion: the layer's value
