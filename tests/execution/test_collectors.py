@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import slipstream as ss
 from slipstream.core.errors import KeyFunctionError
+from slipstream.core.groups import KeyedGroup
 from slipstream.core.partition import (
     default_partitioner,
     default_partitions,
@@ -67,3 +68,40 @@ def test_a_failing_key_function_on_a_chunk_of_new_keys_names_itself() -> None:
     text = str(e.value)
     assert text.startswith("a partitioned edge: key function entry_key (")
     assert text.endswith(" raised TypeError: 'int' object is not subscriptable on item 7")
+
+
+def test_a_keyed_group_is_split_by_its_keys_as_their_items_would_be() -> None:
+    """A KeyedGroup (the Pipeline window's stage-1 frame) goes to each consumer as one
+    group of the keys that consumer owns, as rows with those keys would go; a row among
+    groups, or a group among rows, is routed by its own key(s); with one consumer a
+    group goes on whole; a failing partitioner names the key and the group."""
+    routing = key_routing(None, 3, 1)
+    queues = [SpscQueue(1024) for _ in range(3)]
+    c = PerTargetCollector(queues, key_fn=ss.entry_key, partition_to_target=routing.table)
+    entries = {k: k * 10 for k in [*range(40), "x", "yz", -5]}
+    c.add_chunk([KeyedGroup((0, 1), entries), ("x", 1)])
+    c.add_chunk([("yz", 2), KeyedGroup((1, 2), {"x": 3, 7: 4})])
+    for target, backlog in enumerate(c.backlogs):
+        got = [item for chunk in backlog for item in chunk]
+        mine = {k: v for k, v in entries.items() if routing.owner(k) == target}
+        expected: list[Any] = [KeyedGroup((0, 1), mine)] if mine else []
+        expected += [("x", 1)] if routing.owner("x") == target else []
+        expected += [("yz", 2)] if routing.owner("yz") == target else []
+        later = {k: v for k, v in {"x": 3, 7: 4}.items() if routing.owner(k) == target}
+        expected += [KeyedGroup((1, 2), later)] if later else []
+        assert got == expected
+    one = PerTargetCollector([SpscQueue(1024)], key_fn=ss.entry_key, partition_to_target=[0] * 271)
+    group = KeyedGroup((0, 1), entries)
+    one.add_chunk([group])
+    assert one.backlogs[0][0][0] is group
+
+    def broken(key: Any, count: int) -> int:
+        raise ValueError("no partition")
+
+    bad = PerTargetCollector(queues, key_fn=ss.entry_key, partitioner=broken,
+                             partition_to_target=routing.table)  # fmt: skip
+    with pytest.raises(KeyFunctionError) as e:
+        bad.add_chunk([KeyedGroup((0, 1), {"k": 1})])
+    text = str(e.value)
+    assert text.startswith("a partitioned edge: partitioner test_a_keyed_group_is_split_by")
+    assert text.endswith(" raised ValueError: no partition on the key 'k' of KeyedGroup((0, 1), {'k': 1})")

@@ -44,6 +44,7 @@ import slipstream as ss
 from slipstream import DAG, Edge
 from slipstream import processors as P
 from slipstream.aggregate import AggregateOperation, counting, summing
+from slipstream.core.groups import KeyedGroup
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import NO_WATERMARK, Watermark
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, expand_entries
@@ -256,10 +257,22 @@ def test_accumulate_by_frame_emits_unfinished_frames_when_the_watermark_passes()
     )
 
 
-def test_the_pipelines_stage_1_emits_the_same_frames_as_plain_tuples() -> None:
+def _expanded(items: list[Any]) -> list[Any]:
+    """Stage-1 output with each KeyedGroup as the rows of its entries."""
+    out: list[Any] = []
+    for x in items:
+        if type(x) is KeyedGroup:
+            out.extend((*x.head, k, v) for k, v in x.entries.items())
+        else:
+            out.append(x)
+    return out
+
+
+def test_the_pipelines_stage_1_emits_the_same_frames_as_keyed_groups() -> None:
     """accumulate_rows_by_frame (the Pipeline's stage 1): the frames of
-    accumulate_by_frame as exact tuples (on watermarks and on snapshot flushes), and
-    stage 2 makes the same windows of them."""
+    accumulate_by_frame as one KeyedGroup per frame (on watermarks and on snapshot
+    flushes), and stage 2 makes the same windows of them, also of groups and rows
+    mixed in one inbox."""
     from slipstream.processors.windows import accumulate_rows_by_frame
 
     wd = sliding_window_def(4, 2)
@@ -269,19 +282,24 @@ def test_the_pipelines_stage_1_emits_the_same_frames_as_plain_tuples() -> None:
     rows = accumulate_rows_by_frame(key_fn=key_of, timestamp_fn=ts_of, window_def=wd, agg_op=op)
     for snapshots in (False, True):
         named, _ = drive(stage1(wd, op), stream, snapshot_every_item=snapshots)
-        plain, _ = drive(rows, stream, snapshot_every_item=snapshots)
-        assert plain == [tuple(x) if type(x) is R else x for x in named]
-        assert {type(x) for x in plain} == {tuple, WM}
-        windows, _ = drive(stage2(wd, op), plain)
+        grouped, _ = drive(rows, stream, snapshot_every_item=snapshots)
+        assert _expanded(grouped) == [tuple(x) if type(x) is R else x for x in named]
+        assert {type(x) for x in grouped} == {KeyedGroup, WM}
+        windows, _ = drive(stage2(wd, op), grouped)
         assert windows == drive(stage2(wd, op), named)[0]
         assert {type(x) for x in windows} == {R, WM}
+    # rows and groups in one inbox, either first: the same frames
+    p2, _ = new_processor(stage2(wd, op))
+    p2.process(0, Inbox([(0, 2, "a", 1), KeyedGroup((0, 2), {"a": 2, "b": 3}), (0, 2, "b", 4)]))
+    p2.process(0, Inbox([KeyedGroup((2, 4), {"a": 5}), (2, 4, "a", 6), (2, 4, "c", 7)]))
+    assert p2._frames == {2: {"a": 3, "b": 7}, 4: {"a": 11, "c": 7}}
     p = ss.Pipeline()
     p.read_from(ss.sources.items(events)).with_timestamps(ts_of, 1).group_by(key_of).window(
         wd
     ).aggregate(op).write_to(ss.sinks.list_sink("out"))
     (stage_1,) = [v for v in p.to_dag().vertices if v.name.endswith("window-accumulate")]
     assert type(stage_1.supplier()).__name__ == "PipeP"
-    assert stage_1.supplier().second._plain_rows
+    assert stage_1.supplier().second._grouped
 
 
 def frames_checker(expected: list[Any], actual: list[Any]) -> bool:
@@ -323,7 +341,7 @@ def test_accumulate_by_frame_flushes_its_frames_on_snapshot_instead_of_saving_th
     assert saved == [(BroadcastKey("window.next_win_to_emit"), 0)]  # higher_frame_ts(-5)
 
 
-@settings(max_examples=35, deadline=None)
+@settings(max_examples=33, deadline=None)
 @given(events=event_lists(), wd=window_defs(), lag=st.integers(0, 4))
 def test_accumulate_by_frame_under_the_harness(
     events: list[Event], wd: SlidingWindowDef, lag: int

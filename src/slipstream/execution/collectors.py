@@ -20,6 +20,12 @@ when the job is scaled out), or on every item when ``validate_keys`` is set
 (``JobConfig(validate_keys=True)``: a Python call per item, see docs/performance.md).
 
 Special items are always broadcast to every consumer of the collector.
+
+A :class:`~slipstream.core.groups.KeyedGroup` (the entries of many keys as one item) on a
+partitioned edge is split by its entries' keys, each consumer getting one group of the
+entries whose keys it owns, routed as items with those keys would be; the key function
+is not called on it. A chunk is taken for groups when its first item is one (the
+engine's window stage 1 emits nothing else); any other item in it is routed as usual.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 from slipstream.core.describe import describe_fn, short_repr
 from slipstream.core.errors import KeyFunctionError
+from slipstream.core.groups import KeyedGroup
 from slipstream.core.partition import (
     DEFAULT_PARTITION_COUNT,
     default_partitioner,
@@ -234,12 +241,15 @@ class PerTargetCollector(Collector):
             for i in range(n):
                 self._append(i, chunk)
             return
-        if n == 1:
+        if type(chunk[0]) is KeyedGroup:  # counted as one item each, as the inbox does
+            parts = self._split_groups(chunk, n)
+        elif n == 1:
             # the key is not needed; check that it can be had (module docstring)
             self._check_keys(chunk if self.validate_keys else chunk[:1])
             self._append(0, chunk)
             return
-        parts = self._split(chunk, n)
+        else:
+            parts = self._split(chunk, n)
         for i, part in enumerate(parts):
             if part:
                 self._append(i, part)
@@ -297,6 +307,70 @@ class PerTargetCollector(Collector):
             parts = self._route_carefully(chunk, n)
         return parts
 
+    def _split_groups(self, chunk: list[Any], n: int) -> list[list[Any]]:
+        """A chunk of :class:`KeyedGroup` items: each split into one group per consumer
+        that owns some of its keys (with one consumer it goes on whole, its first key's
+        partition checked, every key's with ``validate_keys``, as :meth:`_check_keys`
+        does for items). One Python loop per entry (a cached lookup of the key's target
+        and a store): measured faster than building a mask per consumer and filtering
+        the entries at C speed with ``itertools.compress`` (54 against 99 ns an entry,
+        1,000 int keys to 2 consumers)."""
+        parts: list[list[Any]] = [[] for _ in range(n)]
+        cache = self.key_cache
+        get = cache.get
+        table = self.partition_to_target
+        partitioner = self.partitioner
+        pc = self.partition_count
+        if len(cache) > _KEY_CACHE_LIMIT:
+            cache.clear()
+        for item in chunk:
+            if type(item) is not KeyedGroup:
+                for i, part in enumerate(self._route_carefully([item], n)):
+                    parts[i] += part
+                continue
+            entries = item.entries
+            if n == 1:
+                self._check_group(item, entries if self.validate_keys else list(entries)[:1])
+                parts[0].append(item)
+                continue
+            split: list[dict[Any, Any]] = [{} for _ in range(n)]
+            try:
+                for k, v in entries.items():
+                    t = get(k)
+                    if t is None:
+                        t = cache[k] = table[partitioner(k, pc)]
+                    split[t][k] = v
+            except Exception:  # noqa: BLE001 - a failing partitioner: name it
+                self._check_group(item, entries)
+                raise
+            head = item.head
+            for i, d in enumerate(split):
+                if d:
+                    parts[i].append(KeyedGroup(head, d))
+        return parts
+
+    def _check_group(self, group: KeyedGroup, keys: Any) -> None:
+        """Route ``keys`` of ``group`` through the partitioner, raising
+        :class:`KeyFunctionError` for the first that fails."""
+        table = self.partition_to_target
+        for k in keys:
+            try:
+                p = self.partitioner(k, self.partition_count)
+            except Exception as e:
+                raise KeyFunctionError(
+                    f"{self.label}: partitioner {describe_fn(self.partitioner)} raised "
+                    f"{type(e).__name__}: {e} on the key {short_repr(k)} of "
+                    f"{short_repr(group)}"
+                ) from e
+            try:
+                table[p]
+            except (IndexError, TypeError) as e:
+                raise KeyFunctionError(
+                    f"{self.label}: partitioner {describe_fn(self.partitioner)} returned "
+                    f"{short_repr(p)} for the key {short_repr(k)} of {short_repr(group)}, "
+                    f"not a partition number in 0..{self.partition_count - 1}"
+                ) from e
+
     def _new_targets(self, keys: list[Any]) -> list[int] | None:
         """The target of each of ``keys`` under the default partitioner, computed for
         all of them at C speed and cached, when they are all ``str`` or all
@@ -334,13 +408,17 @@ class PerTargetCollector(Collector):
 
     def _route_carefully(self, chunk: list[Any], n: int) -> list[list[Any]]:
         """Split ``chunk`` without the key cache (an unhashable key routes fine this
-        way), raising :class:`KeyFunctionError` for the first item whose key function or
+        way; a :class:`KeyedGroup` is split by its keys), raising :class:`KeyFunctionError` for the first item whose key function or
         partitioner fails."""
         parts: list[list[Any]] = [[] for _ in range(n)]
         key_fn = self.key_fn
         assert key_fn is not None
         table = self.partition_to_target
         for item in chunk:
+            if type(item) is KeyedGroup:  # among other items: routed by its keys
+                for i, part in enumerate(self._split_groups([item], n)):
+                    parts[i] += part
+                continue
             try:
                 k = key_fn(item)
             except Exception as e:

@@ -10,8 +10,9 @@ The choices a Core API user has to get right, made once here:
   parallelism (no reshuffling, so each substream keeps its order).
 * **Two-stage aggregation.** ``group_by(k).aggregate(op)`` with ``op.combine`` becomes
   ``accumulate_by_key`` (local) then ``combine_by_key`` behind a distributed edge
-  partitioned by key; windows become ``accumulate_by_frame`` (its frames as plain
-  tuples: ``accumulate_rows_by_frame``) then ``combine_to_sliding_window`` the same way. Without ``combine`` (and for session
+  partitioned by key; windows become ``accumulate_by_frame`` (each frame as one
+  ``KeyedGroup``, split by key on the edge: ``accumulate_rows_by_frame``) then
+  ``combine_to_sliding_window`` the same way. Without ``combine`` (and for session
   windows, ``map_stateful`` and ``rolling_aggregate``) one keyed stage sits behind a
   distributed partitioned edge.
 * **One shape everywhere.** The DAG depends on the pipeline alone, never on the engine
@@ -58,8 +59,9 @@ _DEFAULT_NAMES = {
     "window": "window",
 }
 _entry_key = operator.itemgetter(0)
-#: the key of a window's stage-1 frame, a plain ``(start, end, key, acc)`` tuple
-#: (processors.windows.accumulate_rows_by_frame)
+#: the key of a ``(start, end, key, acc)`` frame row; the Pipeline's stage 1
+#: (processors.windows.accumulate_rows_by_frame) emits ``KeyedGroup`` items, which the
+#: edge's collector splits by their entries' keys without calling it
 _frame_key = operator.itemgetter(2)
 
 
@@ -444,7 +446,8 @@ class _Compiler:
             return
         from slipstream.processors.windows import accumulate_rows_by_frame
 
-        # its frames are seen by stage 2 only: plain tuples, cheaper than named ones
+        # its frames are seen by stage 2 only: one KeyedGroup per frame, not a named
+        # tuple per key
         stage1 = accumulate_rows_by_frame(
             key_fn=key_fn, timestamp_fn=ts_fn, window_def=wd, agg_op=op
         )

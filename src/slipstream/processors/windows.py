@@ -4,7 +4,8 @@ Three factories share one processor class:
 
 * :func:`aggregate_to_sliding_window` — single stage: items in, window results out;
 * :func:`accumulate_by_frame` — stage 1 of two: items in, one
-  ``KeyedWindowResult(frame_start, frame_end, key, accumulator)`` per frame and key out;
+  ``KeyedWindowResult(frame_start, frame_end, key, accumulator)`` per frame and key out
+  (the Pipeline's ``accumulate_rows_by_frame``: one ``KeyedGroup`` per frame);
 * :func:`combine_to_sliding_window` — stage 2 of two: stage-1 frames in, window results
   out.
 
@@ -48,13 +49,14 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterator, Sequence
-from itertools import chain, repeat
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, islice, repeat
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, identity
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.errors import SnapshotError
+from slipstream.core.groups import KeyedGroup
 from slipstream.core.inbox import Inbox
 from slipstream.core.item_errors import failed_position
 from slipstream.core.items import NO_WATERMARK, Watermark
@@ -97,6 +99,21 @@ written before it existed have none)."""
 _MISSING: Any = object()
 _KWR = KeyedWindowResult
 _new = tuple.__new__
+#: most keys in one group of stage 1's frame (a bigger frame leaves as several): bounds
+#: what one item holds on a channel, whose credits count items
+_GROUP_MAX = 4096
+
+
+def _groups(head: tuple[int, int], content: dict[Any, Any]) -> list[Any]:
+    """``content`` as ``KeyedGroup(head, ...)`` items of at most ``_GROUP_MAX`` keys; the
+    dict itself when it is small enough."""
+    if len(content) <= _GROUP_MAX:
+        return [KeyedGroup(head, content)]
+    items = iter(content.items())
+    return [
+        KeyedGroup(head, dict(islice(items, _GROUP_MAX)))
+        for _ in range(0, len(content), _GROUP_MAX)
+    ]
 
 
 def _close(frame: Any) -> None:
@@ -384,9 +401,10 @@ class SlidingWindowP(WindowingP):
 
     _vertex_kind = "aggregate_to_sliding_window"
     _cursor_key = NEXT_WIN_TO_EMIT_KEY
-    #: results are plain ``(start, end, key, acc)`` tuples, not ``KeyedWindowResult``
-    #: (:class:`_AccumulateRowsByFrameP`, the Pipeline's stage 1)
-    _plain_rows = False
+    #: a frame leaves as ``KeyedGroup((start, end), {key: acc, ...})`` items, not a
+    #: ``KeyedWindowResult`` per key (:class:`_AccumulateRowsByFrameP`, the Pipeline's
+    #: stage 1)
+    _grouped = False
 
     def __init__(
         self,
@@ -764,23 +782,27 @@ class SlidingWindowP(WindowingP):
             end = min(frames)
         content_of = self._window_content
         evict = self._evict
-        plain = self._plain_rows
+        grouped = self._grouped and finish is identity and self._tumbling
         while end <= limit:
             content = content_of(end)
             if type(content) is not dict:  # a frame on disk: read it once, whole
                 content = dict(content.items())
             if content:
                 start = end - ws
+                results: list[Any]
+                if grouped:
+                    # the frame's own dict (evicted below, never changed again), in
+                    # groups of at most _GROUP_MAX keys: one item each
+                    results = _groups((start, end), content)
+                    yield results
+                    evict(end - span)
+                    end += fs
+                    continue
                 values = content.values() if finish is identity else map(finish, content.values())
                 rows = zip(repeat(start), repeat(end), content, values)
-                results: list[Any]
-                if plain:
-                    results = list(rows)
-                else:
-                    # tuple.__new__ builds the named tuple without its Python-level
-                    # __new__, all at C speed (map/zip: 2x faster than a list
-                    # comprehension)
-                    results = list(map(_new, repeat(_KWR), rows))
+                # tuple.__new__ builds the named tuple without its Python-level __new__,
+                # all at C speed (map/zip: 2x faster than a list comprehension)
+                results = list(map(_new, repeat(_KWR), rows))
                 yield results
                 evict(end - span)
                 end += fs
@@ -973,9 +995,10 @@ class _AccumulateByFrameP(SlidingWindowP):
 
 class _AccumulateRowsByFrameP(_AccumulateByFrameP):
     """Stage 1 of the Pipeline's windows (:func:`accumulate_rows_by_frame`): its frames
-    leave as plain ``(start, end, key, acc)`` tuples."""
+    leave as :class:`~slipstream.core.groups.KeyedGroup` items, ``(start, end)`` the
+    head."""
 
-    _plain_rows = True
+    _grouped = True
 
 
 class _CombineToSlidingWindowP(SlidingWindowP):
@@ -992,6 +1015,15 @@ class _CombineToSlidingWindowP(SlidingWindowP):
     handles_item_errors = False
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
+        if inbox and type(inbox[0]) is KeyedGroup:
+            self._combine_groups(inbox)
+        else:
+            self._combine_rows(inbox)
+        if self._tracked:
+            self._mark_combined(inbox)
+        inbox.clear()
+
+    def _combine_rows(self, inbox: Inbox) -> None:
         frames = self._frames
         combine = self._op.combine
         assert combine is not None
@@ -1007,9 +1039,10 @@ class _CombineToSlidingWindowP(SlidingWindowP):
         d: dict[Any, Any] = {}
         # an additive op (counting, summing) combines with +: add inline
         inline_add = self._op.additive is not None and combine is operator.add
+        items = iter(inbox)
         try:
             # items are KeyedWindowResult(start, end, key, acc): plain tuple unpacking
-            for item in inbox:
+            for item in items:
                 _start, end, k, v = item
                 t = end - 1
                 if not lo <= t < hi:
@@ -1030,13 +1063,74 @@ class _CombineToSlidingWindowP(SlidingWindowP):
                     acc = d.get(k, _MISSING)
                     d[k] = combine(create() if acc is _MISSING else acc, v)
         except (AttributeError, TypeError, ValueError) as e:
-            raise TypeError(
-                f"{self._where()}: expected KeyedWindowResult frames from "
-                f"accumulate_by_frame, cannot combine item {item!r}: {e}"
-            ) from e
-        if self._tracked:
-            self._mark_combined(inbox)
-        inbox.clear()
+            if type(item) is not KeyedGroup:
+                raise self._bad_item(item, e) from e
+            # a group among the rows: it and the rest go the groups' way
+            self._top = top
+            self._combine_groups(chain((item,), items))
+            top = self._top
+        self._top = top
+        if late:
+            self.context.increment_metric(LATE_METRIC, late)
+
+    def _bad_item(self, item: Any, e: Exception) -> TypeError:
+        return TypeError(
+            f"{self._where()}: expected KeyedWindowResult frames from "
+            f"accumulate_by_frame, cannot combine item {item!r}: {e}"
+        )
+
+    def _combine_groups(self, items: Iterable[Any]) -> None:
+        """Combine stage 1's :class:`~slipstream.core.groups.KeyedGroup` frames (head
+        ``(start, end)``); a row among them is combined as one entry. A group of a frame
+        that is new here with an additive op (``+``) becomes the frame with one
+        ``dict.update``: each accumulator is one of stage 1's, which began as ``create()``
+        (``0``), so ``0 + acc`` would be ``acc`` again. Late groups count their keys in
+        the late items metric, as their rows would."""
+        frames = self._frames
+        combine = self._op.combine
+        assert combine is not None
+        create = self._op.create
+        fs = self._fs
+        offset = self._offset
+        next_win = self._next_win
+        top = self._top
+        late = 0
+        inline_add = self._op.additive is not None and combine is operator.add
+        for item in items:
+            if type(item) is KeyedGroup:
+                entries = item.entries
+                try:
+                    t = item.head[1] - 1
+                    f = t - (t - offset) % fs + fs
+                except (IndexError, TypeError) as e:
+                    raise self._bad_item(item, e) from e
+            else:
+                try:
+                    _start, end, k, v = item
+                    t = end - 1
+                    f = t - (t - offset) % fs + fs
+                except (AttributeError, TypeError, ValueError) as e:
+                    raise self._bad_item(item, e) from e
+                entries = {k: v}
+            if f < next_win:
+                late += len(entries)
+                continue
+            d = frames.get(f)
+            if d is None:
+                d = frames[f] = self._new_frame(f)
+                if f > top:
+                    top = f
+                if inline_add:
+                    d.update(entries)
+                    continue
+            if inline_add:
+                get = d.get
+                for k, v in entries.items():
+                    d[k] = get(k, 0) + v
+            else:
+                for k, v in entries.items():
+                    acc = d.get(k, _MISSING)
+                    d[k] = combine(create() if acc is _MISSING else acc, v)
         self._top = top
         if late:
             self.context.increment_metric(LATE_METRIC, late)
@@ -1048,7 +1142,16 @@ class _CombineToSlidingWindowP(SlidingWindowP):
         fresh = self._fresh
         fs = self._fs
         offset = self._offset
-        for _start, end, k, _v in inbox:
+        next_win = self._next_win
+        for item in inbox:
+            if type(item) is KeyedGroup:
+                t = item.head[1] - 1
+                f = t - (t - offset) % fs + fs
+                d = frames.get(f)
+                if d is not None and f not in fresh and f >= next_win:  # not a late frame's
+                    d.dirty.update(item.entries)  # type: ignore[attr-defined]
+                continue
+            _start, end, k, _v = item
             t = end - 1
             f = t - (t - offset) % fs + fs
             d = frames.get(f)
@@ -1183,16 +1286,18 @@ def accumulate_rows_by_frame(
     agg_op: AggregateOperation[Any, Any, Any],
     invalid_timestamps: str = "fail",
 ) -> Callable[[], SlidingWindowP]:
-    """:func:`accumulate_by_frame` whose frames are plain ``(frame_start, frame_end, key,
-    accumulator)`` tuples: what the Pipeline compiles a window's stage 1 to, its
-    output being seen only by its stage 2 (:func:`combine_to_sliding_window` takes
-    either), through a distributed edge partitioned by ``operator.itemgetter(2)``.
-    Measured: a ``KeyedWindowResult`` costs ~80 ns more to build (``tuple.__new__``
-    of the class, at C speed, against ``zip`` making the tuple), as much again to
-    rebuild when it crosses processes, and its key is read by ``attrgetter`` (~10 ns
-    more): with ``processes=2`` each member's stage 1 emits a partial result per key
-    of every window (docs/performance.md, "Windows: the partial results as plain
-    tuples")."""
+    """:func:`accumulate_by_frame` whose frames leave as one
+    :class:`~slipstream.core.groups.KeyedGroup` each, ``KeyedGroup((frame_start,
+    frame_end), {key: accumulator, ...})`` (a frame of more than 4,096 keys as several):
+    what the Pipeline compiles a window's stage 1 to, its output being seen only by its
+    stage 2 (:func:`combine_to_sliding_window` takes groups and rows), through a
+    distributed edge partitioned by ``operator.itemgetter(2)`` (a collector splits a
+    group by its keys, routed as rows with those keys would be). With ``processes=2``
+    each member's stage 1 emits a partial result for nearly every key of every frame:
+    as a group the frame's own dict is handed on, split by key in one loop, pickled at
+    C speed when it crosses processes (~115 against ~210 ns a key, sender and receiver)
+    and becomes stage 2's frame with one ``dict.update`` when that frame is new
+    (docs/performance.md, "Windows: the partial results as one group per frame")."""
     return _frame_stage(
         _AccumulateRowsByFrameP, key_fn, timestamp_fn, window_def, agg_op, invalid_timestamps
     )
@@ -1206,8 +1311,9 @@ def combine_to_sliding_window(
     """Stage 2 of a two-stage sliding window: combine stage-1 frames into windows.
 
     Input items are the ``KeyedWindowResult`` frames of :func:`accumulate_by_frame`
-    (or the plain tuples of ``accumulate_rows_by_frame``; with the same ``window_def``
-    and ``agg_op``); output is the same as
+    (or the ``KeyedGroup`` frames of ``accumulate_rows_by_frame``, or plain ``(start,
+    end, key, acc)`` tuples; with the same ``window_def`` and ``agg_op``); output is the
+    same as
     :func:`aggregate_to_sliding_window` would give on the original items.
     """
     name = "combine_to_sliding_window"
