@@ -692,6 +692,25 @@ def test_a_rolling_count_writes_few_changes_into_a_layer_that_is_the_next_delta(
     assert full.mode == FULL and full.upserts[7] == 3 and full.upserts[3] == 4
 
 
+def test_a_count_into_an_empty_layer_leaves_the_map_and_layer_the_layered_loop_would() -> None:
+    """While its layer is empty a rolling count writes a chunk straight into the map (as
+    with no guarantee); when the map grew by fewer keys than the chunk had items, the map
+    and the layer become what the layered loop makes of the chunk: the layer holds each
+    item but the first of a key the chunk inserted, the map the values before those."""
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()), skip=True)
+    d.feed([(k, 1) for k in range(10)])
+    assert d.save(1, 0)[0][1].mode == FULL
+    st = d.p.states
+    d.feed([(20, 1)])  # new: the map's tail; the layer stays empty
+    assert st.layer == {} and dict.get(st, 20) == 1
+    # 3: held before the save; 20: the tail; 30: new, met twice; 5 fails; 31: new
+    d.feed([(3, 1), (20, 1), (30, 1), (3, 1), 5, (30, 1), (31, 1)])
+    assert d.output[-6:] == [(3, 2), (20, 2), (30, 1), (3, 3), (30, 2), (31, 1)]
+    assert st.layer == {3: 3, 20: 2, 30: 2} and not st.dirty
+    assert [dict.get(st, k) for k in (3, 20, 30, 31)] == [1, 1, 1, 1] and len(st) == 13
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {3: 3, 20: 2, 30: 2, 31: 1}, (), 1)
+
+
 def test_a_large_layer_goes_into_the_map_in_steps_and_reads_see_it_meanwhile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
