@@ -1237,6 +1237,51 @@ def test_a_full_save_of_a_layered_map_walks_it_while_the_loop_writes_a_layer(
     )
 
 
+def test_a_marked_delta_of_a_layered_map_is_produced_beside_a_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The uniform pattern at 10M keys: an interval marks (its layer overflowed), and its
+    delta is produced in steps while the loop writes the next changes into a new layer
+    and its new keys into the save's ``fresh``: the map keeps its class (no Python call
+    per write, no lookup in the sets of marks) and the delta reads the values of the
+    barrier from it; once it is produced the layer goes into the map and the interval
+    marks; the next save holds what changed meanwhile."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2)
+    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(100)])
+    d.save(1, 0)
+    d.ctx.live_saves.clear()
+    st = d.p.states
+    d.feed([(k, 1) for k in range(10)])  # past the layer's limit (6): marked
+    assert st.layer is None and st.dirty == set(range(10))
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
+    _, delta = st.snapshot_entry()
+    save = delta.upserts
+    assert delta.mode == DELTA and type(save) is live.LiveSave and st._merge is save
+    assert type(st) is keyed_mod.KeyedState and st.layer == {}
+    assert not save.step(1 << 30)  # two of the ten keys
+    d.feed([(k, 1) for k in range(8)] + [(200, 1), (50, 1)])  # marked, new, unmarked
+    assert st.layer == {k: 3 for k in range(8)} | {50: 2} and save.fresh == {200: 1}
+    assert dict.get(st, 3) == 2 and 200 not in dict.keys(st)
+    while not save.step(1 << 30):
+        pass
+    content, removed = save.result()
+    assert content.to_dict() == {k: 2 for k in range(10)} and removed == ()
+    assert dict.get(st, 200) == 1 and st._merge is None  # the next delta's tail
+    d.ctx.live_saves.clear()
+    # the interval marks (as the one before): its layer goes into the map at once
+    d.feed([(60, 1)])
+    assert st.layer is None and st.dirty == {*range(8), 50, 200, 60} and dict.get(st, 3) == 3
+    assert d.save(3, 2)[0][1] == StateMapSave(
+        DELTA, {200: 1, 60: 2} | {k: 3 for k in range(8)} | {50: 2}, (), 2
+    )
+
+
 class _CountingDict(dict):  # type: ignore[type-arg]
     """A dict that counts its get() calls."""
 

@@ -497,9 +497,10 @@ class MapStatefulP(AbstractProcessor):
                 raise
             n = i + 1  # the items before it are done: drop them and it
         drop_head(inbox, n)
-        if len(layer) > states.layer_limit() and not states.walking():
+        if (len(layer) > states.layer_limit() or states.interim_layer) and not states.walking():
             # many keys change (the uniform pattern): mark from here until the next save
-            # (not while a save walks the map: settle() would finish its walk at once)
+            # (not while a save is produced beside the layer: settle() would produce the
+            # rest of it at once)
             states.settle()
             dirty = states.dirty
             if dirty is not None:

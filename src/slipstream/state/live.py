@@ -41,7 +41,9 @@ inserted meanwhile go into the map itself.
 A full save of a map whose processor writes its changes into a layer (the additive
 rolling aggregates, ``KeyedState.layered``) is neither: it is a walk of the whole map
 as a tail save walks the map's tail (:meth:`LiveSave.tail`), the map unwritten
-meanwhile, its keys and values read by two dict iterators in step.
+meanwhile, its keys and values read by two dict iterators in step. A delta of such a
+map is produced beside a layer too (:attr:`LiveSave.beside_layer`): no pre-barrier
+value is recorded, the map holds them until the delta is produced.
 
 A slice whose keys or values the fast pickler cannot encode (``cloudpickle`` needed, a
 recursive key) turns the save into a plain ``dict`` of the content, encoded by the store
@@ -230,6 +232,13 @@ class LiveSave:
         #: tail: the tail is the whole map and there is no layer (a full save of a layered
         #: map, ``KeyedState._full_walk``): walked from the start, in the map's order
         self.whole = False
+        #: the map's owner writes a layer while this save is produced (a tail save, or
+        #: a delta of a layered map: ``KeyedState._layered_delta``), so nothing writes the
+        #: map until then: no pre-barrier value is recorded, and the keys new to the map
+        #: that the owner meets go into :attr:`fresh`. The save is the owner's
+        #: ``_merge``; once produced it inserts ``fresh`` (and a tail save's layer) into
+        #: the map in steps (:meth:`_layer_step`)
+        self.beside_layer = False
         self._tail_done = 0  # tail: how many of them are produced
         self._layer: dict[Any, Any] | None = None  # tail: the layer saved with it
         #: tail: what is written into the map after the walk (the layer, or the owner's
@@ -291,6 +300,7 @@ class LiveSave:
         self._into_map = into_map
         self.size = count + len(layer)
         self.whole = count == dict.__len__(self.state) and not layer
+        self.beside_layer = True
 
     @property
     def done(self) -> bool:
@@ -335,7 +345,7 @@ class LiveSave:
                 # delta's keys are read: small slices)
                 size = (
                     LIVE_SAVE_SLICE
-                    if self.mode == "delta" or (merging and self.mode == TAIL)
+                    if self.mode == "delta" or (merging and self.beside_layer)
                     else LIVE_SAVE_FULL_SLICE
                 )
                 n = left if left < size else size
@@ -476,8 +486,12 @@ class LiveSave:
         n = len(keys)
         if keys:
             live = map(dict.get, repeat(self.state), keys, repeat(_MISSING))
-            values = list(map(self.old.get, keys, live))  # type: ignore[union-attr]
-            if any(map(is_, values, repeat(_MISSING))) or any(map(is_, values, repeat(_ABSENT))):
+            old = self.old
+            # (beside a layer the map holds the pre-barrier values: none is recorded)
+            values = list(map(old.get, keys, live)) if old else list(live)
+            if any(map(is_, values, repeat(_MISSING))) or (
+                old and any(map(is_, values, repeat(_ABSENT)))
+            ):
                 kept_k, kept_v = [], []
                 for k, v in zip(keys, values, strict=True):
                     if v is _MISSING or v is _ABSENT:  # not in the map at the barrier
@@ -537,7 +551,9 @@ class LiveSave:
         self._keys = None
         self._sealed = ()
         self._common = set()
-        if not self.new and (self.mode != TAIL or (self._into_map is None and not self.fresh)):
+        if not self.new and (
+            not self.beside_layer or (self._into_map is None and not self.fresh)
+        ):
             self._release()  # (a tail save writes its new keys and layer into the map next)
         self._done.set()
 
@@ -545,7 +561,7 @@ class LiveSave:
         """Copy up to ``budget`` more keys of the overlay into the map (oldest first; a
         key's value as the overlay holds it now: a write of a key not merged yet goes
         there); ``True`` once all are (the map has its class back)."""
-        if self.mode == TAIL:
+        if self.beside_layer:
             return self._layer_step(budget)
         new = self.new
         assert new is not None
@@ -607,7 +623,7 @@ class LiveSave:
 
     def _release(self) -> None:
         state = self.state
-        if state is not None and self.mode == TAIL and state._merge is self:
+        if state is not None and self.beside_layer and state._merge is self:
             # the new keys met during the walk and the rest of the layer join the map
             # (the save failed, or the last step), whose owner reads it there from now on
             fresh = self.fresh
