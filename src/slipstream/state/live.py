@@ -57,7 +57,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
-from itertools import chain, filterfalse, islice, repeat
+from itertools import filterfalse, islice, repeat
 from operator import is_
 from typing import Any
 
@@ -228,6 +228,7 @@ class LiveSave:
         self._rest_at = 0  # how many were encoded when they were listed
         self._it_len = -1  # full: the map's size when ``_it`` was made
         self._kit: Any = None  # delta: the iterator over the changed keys
+        self._set_at = 0  # delta: which of its sets ``_kit`` walks (the last: ``_keys``)
         self._tail = 0  # tail: how many keys the map's tail holds
         #: tail: the tail is the whole map and there is no layer (a full save of a layered
         #: map, ``KeyedState._full_walk``): walked from the start, in the map's order
@@ -470,20 +471,26 @@ class LiveSave:
         return done
 
     def _delta_step(self, budget: int) -> bool:
+        # sets nobody changes any more: the sealed ones, oldest first, then the last, a
+        # slice of one set at a time; a key of an earlier set is left out of a later
+        # one: each slice is checked against each earlier set at C speed
+        # (``isdisjoint``, ~25 ns a key) and filtered only where it meets one (a
+        # ``filterfalse`` over every key cost ~45 ns a key: at 10M keys in the uniform
+        # pattern, deltas of ~1.7M keys in three sets, 75 ms a save)
         it = self._kit
         if it is None:
-            # sets nobody changes any more: the sealed ones, oldest first, then the last;
-            # a key of an earlier set is left out of a later one (C-speed filters)
-            sets = [*self._sealed, self._keys]
-            parts: list[Any] = []
-            for i, keys in enumerate(sets):
-                part: Any = keys
-                for earlier in sets[:i]:
-                    part = filterfalse(earlier.__contains__, part)
-                parts.append(part)
-            it = self._kit = chain.from_iterable(parts) if len(parts) > 1 else iter(self._keys)
+            it = self._kit = iter(self._sealed[0] if self._sealed else self._keys)
         keys = list(islice(it, budget))
-        n = len(keys)
+        ended = len(keys) < budget
+        i = self._set_at
+        if i:
+            for earlier in self._sealed[:i]:
+                if not earlier.isdisjoint(keys):
+                    keys = list(filterfalse(earlier.__contains__, keys))
+        if ended and i < len(self._sealed):  # the next set
+            i = self._set_at = i + 1
+            self._kit = iter(self._sealed[i] if i < len(self._sealed) else self._keys)
+            ended = False
         if keys:
             live = map(dict.get, repeat(self.state), keys, repeat(_MISSING))
             old = self.old
@@ -501,7 +508,7 @@ class LiveSave:
                         kept_v.append(v)
                 keys, values = kept_k, kept_v
             self._add(keys, values)
-        return n < budget
+        return ended
 
     def _add(self, keys: list[Any], values: list[Any]) -> None:
         self.count += len(keys)
