@@ -142,10 +142,12 @@ class Outbox:
         self.unfinished = False
         return True
 
-    def offer_many(self, items: Iterable[Any], ordinal: int = 0) -> Any:
+    def offer_many(self, items: Iterable[Any], ordinal: int = 0, plain: bool = False) -> Any:
         """Add items to one bucket until it is full, at C speed. Returns ``None`` if
         everything was added, else an iterator whose first item is the refused one,
-        followed by the rest (the caller offers them again later)."""
+        followed by the rest (the caller offers them again later). ``plain``: the caller
+        knows no item is a watermark or idle mark, so their types are not checked (~18 ns
+        an item: 9 ms of the 500,000 values a Spark micro-batch's source emits)."""
         b = self.buckets[ordinal]
         if self._flush_fn is not None:
             for item in items:
@@ -158,7 +160,7 @@ class Outbox:
         added = list(islice(it, room)) if room > 0 else []
         if added:
             b.extend(added)
-            if not _SPECIAL_TYPES.isdisjoint(map(type, added)):
+            if not plain and not _SPECIAL_TYPES.isdisjoint(map(type, added)):
                 self.specials = True
         if len(added) == room:
             for item in it:  # one more: the bucket is full, so it is refused

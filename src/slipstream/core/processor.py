@@ -533,10 +533,13 @@ class AbstractProcessor(Processor):
     def try_emit_to_snapshot(self, key: Any, value: Any) -> bool:
         return self.outbox.offer_to_snapshot(key, value)
 
-    def emit_from(self, iterator: Iterator[Any], ordinal: int | None = None) -> bool:
+    def emit_from(
+        self, iterator: Iterator[Any], ordinal: int | None = None, *, plain: bool = False
+    ) -> bool:
         """Emit items from ``iterator`` until it is exhausted (``True``) or the outbox is
         full (``False``). Call again with the same iterator to resume: the refused item is
-        kept here, not lost."""
+        kept here, not lost. ``plain``: no item is a watermark or idle mark (e.g. values
+        read from a Spark row), so the outbox need not look for them (``Outbox.offer_many``)."""
         outbox = self.outbox
         offer = outbox.offer
         if self._pending_it is iterator:
@@ -545,7 +548,7 @@ class AbstractProcessor(Processor):
             self._pending_it = self._pending_item = None
         if ordinal is None and outbox.data_ordinal_count == 1:
             # one bucket: move a bucketful at C speed
-            rest = outbox.offer_many(iterator, 0)
+            rest = outbox.offer_many(iterator, 0, plain=plain)
             if rest is None:
                 return True
             self._pending_it = iterator

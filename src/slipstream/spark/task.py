@@ -211,9 +211,11 @@ class RowSourceP(AbstractProcessor):
 
     def __init__(self, rows: Iterator[Any], map_fn: Callable[[Any], Any] | None = None) -> None:
         self._it = iter(rows) if map_fn is None else map(map_fn, rows)
+        # a Spark row, or a value of one, is never a watermark or idle mark
+        self._plain = map_fn is None
 
     def complete(self) -> bool:
-        return self.emit_from(self._it)
+        return self.emit_from(self._it, plain=self._plain)
 
 
 class RunMode(enum.Enum):
@@ -743,10 +745,11 @@ class StreamRowSourceP(AbstractProcessor):
 
     def __init__(self, rows: Iterator[Any], map_fn: Callable[[Any], Any] | None = None) -> None:
         self._it = iter(rows) if map_fn is None else map(map_fn, rows)
+        self._plain = map_fn is None  # as RowSourceP's
         self.exhausted = False
 
     def complete(self) -> bool:
-        if not self.exhausted and self.emit_from(self._it):
+        if not self.exhausted and self.emit_from(self._it, plain=self._plain):
             self.exhausted = True
         return False
 
