@@ -116,7 +116,7 @@ def test_a_full_save_holds_the_pre_barrier_map_whatever_changes_meanwhile(
     assert dict(s) == model
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=144, deadline=None)
 @given(
     st.dictionaries(_keys, st.integers(0, 9), max_size=30),
     st.lists(st.tuples(_keys, st.integers(-1, 9)), max_size=30),
