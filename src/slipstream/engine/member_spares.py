@@ -44,6 +44,10 @@ log = logging.getLogger("slipstream.processes")
 #: forks its members then)
 SPARE_IDLE_S = 30.0
 
+#: file descriptors passed in one message (Linux takes at most 253 in one
+#: ``SCM_RIGHTS``; a member of many processes and distributed edges holds more sockets)
+FDS_PER_MESSAGE = 200
+
 #: at exit, and at ``shutdown()``: how long a spare gets to exit by itself after its pipe
 #: closed, before it is killed
 CLOSE_WAIT_S = 2.0
@@ -65,7 +69,8 @@ def standby_main(conn: Any) -> None:
         fds: list[int] = []
         if keys:
             with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                fds = reduction.recvfds(s, len(keys))
+                for i in range(0, len(keys), FDS_PER_MESSAGE):
+                    fds += reduction.recvfds(s, len(keys[i : i + FDS_PER_MESSAGE]))
     except (EOFError, OSError):
         return
     sockets = {key: socket.socket(fileno=fd) for key, fd in zip(keys, fds, strict=True)}
@@ -80,8 +85,10 @@ def hand_over(conn: Any, member: int, sockets: Mapping[Any, socket.socket]) -> N
     keys = list(sockets)
     conn.send((member, keys))
     if keys:
+        fds = [sockets[k].fileno() for k in keys]
         with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            reduction.sendfds(s, [sockets[k].fileno() for k in keys])
+            for i in range(0, len(fds), FDS_PER_MESSAGE):
+                reduction.sendfds(s, fds[i : i + FDS_PER_MESSAGE])
 
 
 class MemberSpares:
