@@ -241,7 +241,7 @@ class PerTargetCollector(Collector):
             for i in range(n):
                 self._append(i, chunk)
             return
-        if type(chunk[0]) is KeyedGroup:  # counted as one item each, as the inbox does
+        if chunk and type(chunk[0]) is KeyedGroup:  # counted as one item each, as the inbox does
             parts = self._split_groups(chunk, n)
         elif n == 1:
             # the key is not needed; check that it can be had (module docstring)
