@@ -268,13 +268,7 @@ class PerTargetCollector(Collector):
         parts: list[list[Any]] = [[] for _ in range(n)]
         appends = [p.append for p in parts]
         key_fn = self.fast_key
-        cache = self.key_cache
-        get = cache.get
-        table = self.partition_to_target
-        partitioner = self.partitioner
-        pc = self.partition_count
-        if len(cache) > _KEY_CACHE_LIMIT:
-            cache.clear()
+        cache, get, table, partitioner, pc = self._routing()
         try:
             items: Any = chunk
             if len(chunk) >= _BULK_FROM and partitioner is default_partitioner:
@@ -316,13 +310,7 @@ class PerTargetCollector(Collector):
         the entries at C speed with ``itertools.compress`` (54 against 99 ns an entry,
         1,000 int keys to 2 consumers)."""
         parts: list[list[Any]] = [[] for _ in range(n)]
-        cache = self.key_cache
-        get = cache.get
-        table = self.partition_to_target
-        partitioner = self.partitioner
-        pc = self.partition_count
-        if len(cache) > _KEY_CACHE_LIMIT:
-            cache.clear()
+        cache, get, table, partitioner, pc = self._routing()
         for item in chunk:
             if type(item) is not KeyedGroup:
                 for i, part in enumerate(self._route_carefully([item], n)):
@@ -387,17 +375,21 @@ class PerTargetCollector(Collector):
         self.key_cache.update(zip(keys, targets))  # noqa: B905 - equal lengths
         return targets
 
+    def _routing(self) -> tuple[dict[Any, int], Callable[..., Any], Any, Any, int]:
+        """What a routing loop binds to locals (:meth:`_split`, :meth:`_split_groups`,
+        :meth:`_check_keys`): the key cache, cleared first once it holds more than
+        ``_KEY_CACHE_LIMIT`` keys, its ``get``, and what a new key's target is computed
+        from (the partition table, the partitioner, the partition count)."""
+        cache = self.key_cache
+        if len(cache) > _KEY_CACHE_LIMIT:
+            cache.clear()
+        return cache, cache.get, self.partition_to_target, self.partitioner, self.partition_count
+
     def _check_keys(self, items: Sequence[Any]) -> None:
         """Take the key of every item (and the partition of every new key) as ``_split``
         does, keeping nothing but the key cache."""
         key_fn = self.key_fn
-        cache = self.key_cache
-        get = cache.get
-        table = self.partition_to_target
-        partitioner = self.partitioner
-        pc = self.partition_count
-        if len(cache) > _KEY_CACHE_LIMIT:
-            cache.clear()
+        cache, get, table, partitioner, pc = self._routing()
         try:
             for item in items:
                 k = key_fn(item)  # type: ignore[misc]
