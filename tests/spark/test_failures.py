@@ -162,18 +162,19 @@ class _Word(str):
 
 
 def test_a_shuffle_chunk_of_strings_travels_as_one_joined_string_and_comes_back_exact() -> None:
+    from slipstream.execution.remote import _TEXT_SEP
     from slipstream.spark.task import ShuffleChunk
 
     where = ("maker", 0, "edge 'maker' -> 'count' (ordinal 0)")
     words = [f"k{i % 97}" for i in range(1000)]
     data = pickle.dumps((1, (0, 0, 3, ShuffleChunk(words, where=where, key=b"k"))), 5)
     # one string of the items joined, not an opcode, a length and a memo entry per item
-    assert len(data) < len("\x00".join(words).encode()) + 100
+    assert len(data) < len(_TEXT_SEP.join(words).encode()) + 100
     assert pickle.loads(data) == (1, (0, 0, 3, words))
     for items in (
         ["a", "", "b\ud800c", "\udfff", ""],  # empty items, lone surrogates
         [""],
-        ["a\x00b", "c"],  # an item holds the separator: item by item
+        [f"a{_TEXT_SEP}b", "c"],  # an item holds the separator: item by item
         ["a", _Word("b")],  # a str subclass keeps its type
         ["a", 1, None],
     ):

@@ -561,7 +561,7 @@ class ChannelReceiver:
             payload = records[j + 2]
             if kind == _TEXT:
                 kind = _CHUNK
-                payload = payload.split(_TEXT_SEP)
+                payload = unpack_text(payload)
             elif kind == _ROWS:
                 kind = _CHUNK
                 payload = unpack_rows(payload)
@@ -751,6 +751,11 @@ def pack_text(items: list[Any]) -> str | None:
     if text.count(_TEXT_SEP) != len(items) - 1:
         return None
     return text
+
+
+def unpack_text(text: str) -> list[str]:
+    """The items :func:`pack_text` joined into ``text``."""
+    return text.split(_TEXT_SEP)
 
 
 def _pack_chunks(records: list[Any]) -> None:

@@ -62,6 +62,7 @@ from slipstream.execution.plan import (
     single_target_collector,
 )
 from slipstream.execution.queues import UNBOUNDED, SpscQueue
+from slipstream.execution.remote import pack_text, unpack_text
 from slipstream.execution.tasklet import DONE, NO_PROGRESS, ProcessorTasklet
 from slipstream.spark.arrow import arrow_column, arrow_rows
 from slipstream.spark.epoch_state import remember_state, restore_entries, write_epoch_chunk
@@ -956,25 +957,17 @@ def _pending(outputs: list[tuple[int, list[int], list[SpscQueue]]]) -> int:
     return n
 
 
-#: What joins the items of a chunk of strings (:class:`ShuffleChunk`): a chunk in which
-#: an item contains it is pickled item by item instead.
-_STR_SEP = "\x00"
-
-
-def _split_strs(text: str) -> list[str]:
-    """The items of a chunk of strings that :class:`ShuffleChunk` joined."""
-    return text.split(_STR_SEP)
-
-
 class ShuffleChunk:
     """A chunk of items on a shuffled edge. It pickles its items itself, so an item that
     cannot be pickled fails the job naming the vertex, processor and edge, instead of
     failing inside the shuffle writer with no hint of where the item came from. It
     unpickles as the plain ``list`` of items (by ``pickle.loads``, or for a chunk of
-    strings by :func:`_split_strs`: the consumer needs nothing of this class).
+    strings by :func:`~slipstream.execution.remote.unpack_text`: the consumer needs
+    nothing of this class).
 
-    A chunk whose items are all exactly ``str`` and none contains :data:`_STR_SEP` (a
-    text line, a word, a key) travels as one string of them joined: the pickler then
+    A chunk whose items are all exactly ``str`` and none contains the separator (a
+    text line, a word, a key) travels as one string of them joined, as on a
+    cross-process edge (:func:`~slipstream.execution.remote.pack_text`): the pickler then
     writes one string, not an opcode, a length and a memo entry per item, and the
     consumer splits it at C speed (250,000 lines of the bench's count-10k: 13 ms to
     pickle item by item, 7 ms joined; docs/performance.md, "count-10k's per-line
@@ -989,10 +982,9 @@ class ShuffleChunk:
 
     def __reduce__(self) -> tuple[Any, ...]:
         items = self.items
-        if items and type(items[0]) is str and list(map(type, items)).count(str) == len(items):
-            text = _STR_SEP.join(items)
-            if text.count(_STR_SEP) == len(items) - 1:  # no item holds the separator
-                return (_split_strs, (text,))
+        text = pack_text(items) if items else None
+        if text is not None:
+            return (unpack_text, (text,))
         try:
             data = pickle.dumps(self.items, pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
