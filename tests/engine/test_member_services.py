@@ -8,6 +8,8 @@ from collections import deque
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slipstream.engine.member import TrackedDict
 
@@ -130,3 +132,99 @@ def test_has_output_says_whether_take_changes_would_hand_over_something() -> Non
     assert s.has_output()
     s.take_changes()
     assert not s.has_output()
+
+
+
+
+def test_a_buffered_map_holds_the_puts_not_reported_and_unbuffers_into_the_whole_map() -> None:
+    """A map sink's map in a member (buffered): a report takes the newest value of each
+    key put since the last one, and the map then holds nothing; read by a processor of
+    the member, it becomes the whole map (what was reported under the newer puts), and
+    marks keys from then on."""
+    d = TrackedDict(buffered=True)
+    d.put_pairs(deque([("a", 1), ("b", 2), ("a", 3)]))
+    assert d.changed()
+    assert d.take_changes() == ({"a": 3, "b": 2}, [])
+    assert not d.changed() and dict(d) == {}
+    d.put_pairs([("b", 4), ("c", 5)])
+    with pytest.raises(ValueError) as e:
+        d.put_pairs([("d", 1), ("e", 2, 3), ("f", 4)])
+    assert str(e.value) == "dictionary update sequence element #1 has length 3; 2 is required"
+    d.unbuffer()
+    assert not d.buffered
+    assert d == {"a": 3, "b": 4, "c": 5, "d": 1}
+    assert d.take_changes() == ({"b": 4, "c": 5, "d": 1}, [])
+    d.put_pairs([("a", 6)])
+    del d["b"]
+    assert d.take_changes() == ({"a": 6}, ["b"])
+
+
+def test_removing_a_key_of_a_buffered_map_unbuffers_it_first() -> None:
+    d = TrackedDict(buffered=True)
+    d.put_pairs([("a", 1), ("b", 2)])
+    d.take_changes()
+    d.put_pairs([("c", 3)])
+    assert d.pop("a") == 1
+    assert d == {"b": 2, "c": 3}
+    assert d.take_changes() == ({"c": 3}, ["a"])
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("put"),
+            st.lists(
+                st.one_of(
+                    st.tuples(st.sampled_from("abcdef"), st.integers(0, 3)),
+                    st.tuples(st.sampled_from("abc"), st.integers(0, 3), st.integers(0, 3)),
+                ),
+                max_size=8,
+            ),
+        ),
+        st.tuples(st.just("report"), st.none()),
+        st.tuples(st.just("read"), st.none()),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=ops, buffered=st.booleans())
+def test_what_reports_carry_makes_the_coordinators_map_the_members(
+    ops: list[Any], buffered: bool
+) -> None:
+    """Differential against a plain dict (the map as one process holds it): batches of
+    puts (a bad pair raises dict.update's error, the pairs before it applied), reports
+    applied to the coordinator's map, and a processor reading the map (unbuffer) at any
+    point; after the last report the coordinator's map equals the dict, and a read gives
+    the dict."""
+    d, oracle, coordinator = TrackedDict(buffered=buffered), {}, {}
+
+    def report() -> None:
+        updates, deleted = d.take_changes()
+        coordinator.update(updates)
+        for k in deleted:
+            coordinator.pop(k, None)
+
+    for op, batch in ops:
+        if op == "put":
+            expected: BaseException | None = None
+            try:
+                oracle.update(batch)
+            except ValueError as e:
+                expected = e
+            try:
+                d.put_pairs(batch)
+            except ValueError as e:
+                assert expected is not None and str(e) == str(expected)
+            else:
+                assert expected is None
+        elif op == "report":
+            report()
+        else:
+            d.unbuffer()
+            assert d == oracle
+    report()
+    assert coordinator == oracle
+    d.unbuffer()
+    assert d == oracle

@@ -219,6 +219,76 @@ def test_a_rolling_aggregate_matches_one_process_and_the_oracle() -> None:
         assert final == expected, processes
 
 
+class CsvSum(ss.AbstractProcessor):
+    """bench/wordcount.py's running sum of ``key,value`` lines: ``(key, running sum)``
+    per line, through ``try_process_item`` + ``try_emit``."""
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.sums: dict[str, int] = {}
+
+    def try_process_item(self, ordinal: int, line: Any) -> bool:
+        k, v = line.split(",", 1)
+        s = self.sums.get(k, 0) + int(v)
+        if not self.try_emit((k, s)):
+            return False
+        self.sums[k] = s
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        return self.save_state(self.sums.items)
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.sums[key] = value
+
+
+def csv_key(line: str) -> str:
+    return line.split(",", 1)[0]
+
+
+@pytest.mark.timeout(GUARD_S)
+@pytest.mark.parametrize("guarantee", ["none", "exactly_once"])
+def test_a_running_sum_into_a_map_sink_matches_one_process_and_the_oracle(guarantee: str) -> None:
+    """The CSV running sum of bench/processes.py (a user's processor -> map sink, whose
+    puts a member marks per key for the coordinator: TrackedDict.put_pairs): each key's
+    last put, its total, is what the coordinator's map holds with processes=2, as with
+    processes=1 and in the oracle; under exactly-once the staged batches are published
+    the same way (a snapshot every 10 ms while the job runs, the rest at completion)."""
+    data = [f"k{i * 7919 % 300},{i % 100}" for i in range(30_000)]
+    expected: dict[str, int] = {"kept": -1}
+    for line in data:
+        k, v = line.split(",")
+        expected[k] = expected.get(k, 0) + int(v)
+    config = JobConfig(name="running-sum")
+    if guarantee == "exactly_once":
+        config = JobConfig(
+            name="running-sum",
+            processing_guarantee=ss.ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_ms=10,
+        )
+    for processes in (2, 1):
+        dag = DAG()
+        src = dag.new_vertex("read", sources.items(data))
+        rs = dag.new_vertex("running-sum", CsvSum)
+        out = dag.new_vertex("sink", sinks.map_sink("sums"))
+        dag.edge(Edge.between(src, rs).distributed().partitioned(csv_key))
+        dag.edge(Edge.between(rs, out).partitioned(ss.entry_key))
+        engine = ss.local(processes=processes)
+        engine.get_map("sums")["kept"] = -1
+        engine.new_job(dag, config).join(timeout=GUARD_S)
+        assert dict(engine.get_map("sums")) == expected, processes
+
+
+def test_a_bad_pair_into_a_members_map_sink_fails_the_job_naming_it() -> None:
+    """A map sink's inbox of tuples takes a member's fast path (TrackedDict.put_pairs):
+    a tuple that is not a pair still fails the job naming the vertex and the item."""
+    p = ss.Pipeline()
+    p.read_from(sources.items([("a", 1), ("b", 2, 3), ("c", 4)])).write_to(sinks.map_sink("m"))
+    job = ss.local(processes=2).new_job(p, JobConfig(name="pairs"))
+    bad = r"map_sink\('m'\) needs \(key, value\) tuples, got \('b', 2, 3\)"
+    with pytest.raises(JobFailedError, match=bad):
+        job.join(timeout=GUARD_S)
+
+
 def event_time(item: tuple[int, int]) -> int:
     return item[0]
 

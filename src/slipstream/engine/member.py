@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from slipstream.core.services import InMemoryServices
@@ -88,19 +88,50 @@ PEER = "peer"
 
 
 class TrackedDict(dict[Any, Any]):
-    """A dict that records which keys changed since :meth:`take_dirty` (a map sink's map
-    in a member process: only the changed keys travel to the coordinator).
+    """A dict that records which keys changed since :meth:`take_changes` (a map sink's
+    map in a member process: only the changed keys travel to the coordinator).
 
-    A change and its mark happen under one lock, and :meth:`take_dirty` swaps the set
+    A change and its mark happen under one lock, and :meth:`take_changes` swaps the set
     under it: the member's report thread takes the marks while the worker thread writes,
     and without the lock a write could mark the set just taken (its key never reported)
     or grow it while the report iterates (a key whose ``__hash__`` runs Python code lets
-    the threads switch in between)."""
+    the threads switch in between).
 
-    def __init__(self, *args: Any) -> None:
+    ``buffered``: the map of a sink that nothing in this member reads yet
+    (:meth:`MemberServices.sink_map`). It then holds only the puts not reported yet, one
+    value per key (a later put of a key overwrites it), and a report takes them all
+    (:meth:`take_changes`), so a put costs the dict's own update and no mark: marking
+    each of a map sink's pairs was ~20-25 ns of a member's ~670 per line of the CSV
+    running sum (docs/performance.md, "The running sum with two processes"). What was
+    reported is kept apart, one value per key, merged at each report; before anything
+    reads the map (:meth:`MemberServices.get_map`), or a key is removed,
+    :meth:`unbuffer` makes it the whole map again (what was reported, then the newer
+    puts not reported yet), with marks from then on."""
+
+    def __init__(self, *args: Any, buffered: bool = False) -> None:
         super().__init__(*args)
         self.dirty: set[Any] = set()
         self._marks_lock = threading.Lock()
+        #: buffered: the puts reported so far, one value per key (else ``None``)
+        self._reported: dict[Any, Any] | None = {} if buffered else None
+
+    @property
+    def buffered(self) -> bool:
+        return self._reported is not None
+
+    def unbuffer(self) -> None:
+        """A buffered map becomes the whole map: what was reported, under the puts not
+        reported yet (which stay marked); no-op for a map that is not buffered."""
+        with self._marks_lock:
+            reported = self._reported
+            if reported is None:
+                return
+            self._reported = None
+            unreported = dict(self)
+            super().clear()
+            super().update(reported)
+            super().update(unreported)
+            self.dirty.update(unreported)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         with self._marks_lock:
@@ -108,15 +139,16 @@ class TrackedDict(dict[Any, Any]):
             self.dirty.add(key)
 
     def __delitem__(self, key: Any) -> None:
+        self.unbuffer()  # of the whole map (a buffered one holds the newest puts)
         with self._marks_lock:
             super().__delitem__(key)
             self.dirty.add(key)
 
     def update(self, other: Any = (), /, **kw: Any) -> None:  # type: ignore[override]
-        # a map sink's batch of pairs at C speed: ``dict(pairs)`` reads them as
-        # dict.update does (any 2-item iterable; a later pair of a key wins) and its keys
-        # are the dirty ones. A Python loop over the pairs cost a member ~10x the update
-        # itself (docs/performance.md, "Member processes: where the time goes")
+        # a batch of pairs at C speed: ``dict(pairs)`` reads them as dict.update does
+        # (any 2-item iterable; a later pair of a key wins) and its keys are the dirty
+        # ones. A Python loop over the pairs cost a member ~10x the update itself
+        # (docs/performance.md, "Member processes: where the time goes")
         if hasattr(other, "keys"):
             keys: Any = list(other.keys())
         else:
@@ -143,23 +175,38 @@ class TrackedDict(dict[Any, Any]):
             self.dirty.update(keys)
             self.dirty.update(kw)
 
+    def put_pairs(self, pairs: Collection[tuple[Any, Any]]) -> None:
+        """``update(pairs)`` for a collection of tuples (a map sink's inbox, its types
+        checked by the sink): a buffered map takes them as dict.update does, with no
+        type scan, batch dict or mark (a tuple that is not a pair raises dict.update's
+        own error, the pairs before it applied, as every pair it holds, reported)."""
+        with self._marks_lock:
+            if self._reported is not None:
+                super().update(pairs)
+                return
+        self.update(pairs)
+
     def pop(self, key: Any, *default: Any) -> Any:
+        self.unbuffer()  # of the whole map (a buffered one holds the newest puts)
         with self._marks_lock:
             self.dirty.add(key)
             return super().pop(key, *default)
 
     def popitem(self) -> tuple[Any, Any]:
+        self.unbuffer()  # of the whole map (a buffered one holds the newest puts)
         with self._marks_lock:
             k, v = super().popitem()
             self.dirty.add(k)
             return k, v
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.unbuffer()  # of the whole map (a buffered one holds the newest puts)
         with self._marks_lock:
             self.dirty.add(key)
             return super().setdefault(key, default)
 
     def clear(self) -> None:
+        self.unbuffer()  # of the whole map (a buffered one holds the newest puts)
         with self._marks_lock:
             self.dirty.update(self.keys())
             super().clear()
@@ -168,6 +215,34 @@ class TrackedDict(dict[Any, Any]):
         with self._marks_lock:
             dirty, self.dirty = self.dirty, set()
         return dirty
+
+    def changed(self) -> bool:
+        """Whether :meth:`take_changes` would hand over something now."""
+        return bool(self.dirty) or (self._reported is not None and super().__len__() > 0)
+
+    def take_changes(self) -> tuple[dict[Any, Any], list[Any]]:
+        """``(updated entries, deleted keys)`` since the last call: a buffered map's
+        puts, taken at once (and kept apart as reported), or the marked keys' values
+        now (a marked key the map no longer holds: deleted)."""
+        with self._marks_lock:
+            reported = self._reported
+            if reported is not None:
+                updates = dict(self)
+                super().clear()
+                self.dirty = set()
+                reported.update(updates)
+                return updates, []
+            dirty, self.dirty = self.dirty, set()
+        missing = object()
+        updates = {}
+        deleted: list[Any] = []
+        for k in dirty:
+            v = self.get(k, missing)
+            if v is missing:
+                deleted.append(k)
+            else:
+                updates[k] = v
+        return updates, deleted
 
 
 class NamedFetch:
@@ -259,6 +334,8 @@ class MemberServices(InMemoryServices):
                 m = self.maps[name] = TrackedDict(content)
             elif ("map", name) not in self._seeded:
                 # a sink's map: only its puts came before (newer than the content)
+                assert isinstance(m, TrackedDict)
+                m.unbuffer()
                 dict.update(m, {k: v for k, v in content.items() if k not in m})
             self._seeded.add(("map", name))
             return m
@@ -275,7 +352,8 @@ class MemberServices(InMemoryServices):
         with self._lock:
             m = self.maps.get(name)
             if m is None:
-                m = self.maps[name] = TrackedDict()
+                # only the sink writes it until a processor of this member reads it
+                m = self.maps[name] = TrackedDict(buffered=True)
             return m
 
     def list_share(self, name: str, index: int, count: int) -> list[Any]:
@@ -310,7 +388,7 @@ class MemberServices(InMemoryServices):
             marks = self._marks
             if any(len(lst) > marks[name] for name, lst in self.lists.items()):
                 return True
-            return any(getattr(m, "dirty", None) for m in self.maps.values())
+            return any(isinstance(m, TrackedDict) and m.changed() for m in self.maps.values())
 
     def take_changes(
         self,
@@ -329,21 +407,11 @@ class MemberServices(InMemoryServices):
                     lists[name] = lst[mark:n]
                     del lst[mark:n]
         changed: dict[str, tuple[dict[Any, Any], list[Any]]] = {}
-        missing = object()
         for name, m in maps:
             assert isinstance(m, TrackedDict)
-            dirty = m.take_dirty()
-            if not dirty:
-                continue
-            updates: dict[Any, Any] = {}
-            deleted: list[Any] = []
-            for k in dirty:
-                v = m.get(k, missing)
-                if v is missing:
-                    deleted.append(k)
-                else:
-                    updates[k] = v
-            changed[name] = (updates, deleted)
+            updates, deleted = m.take_changes()
+            if updates or deleted:
+                changed[name] = (updates, deleted)
         return lists, changed
 
 

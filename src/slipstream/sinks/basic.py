@@ -202,16 +202,22 @@ class MapSinkP(_StagingSinkP):
         super().__init__()
         self._name = name
         self._map: MutableMapping[Any, Any] = {}
+        self._put_tuples: Callable[[Any], Any] = self._map.update
 
     def init_processor(self, context: Context) -> None:
         super().init_processor(context)
         target = getattr(context.services, "sink_map", None)  # as ListSinkP's
         self._map = target(self._name) if target is not None else context.get_map(self._name)
+        # a batch of plain tuples: a member's map (engine/member.py's TrackedDict) takes
+        # it without re-reading the types, marking the pairs' keys for the coordinator
+        # (docs/performance.md, "The running sum with two processes"); a dict updates
+        self._put_tuples = getattr(self._map, "put_pairs", None) or self._map.update
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         # at C speed when every item is a plain tuple: one scan of the types here, and
         # dict.update checks that each one is a pair
-        if list(map(type, inbox)).count(tuple) != len(inbox):
+        plain = list(map(type, inbox)).count(tuple) == len(inbox)
+        if not plain:
             for item in inbox:
                 self._check(item)
         if self._staging:
@@ -221,7 +227,8 @@ class MapSinkP(_StagingSinkP):
             self._pending.extend(inbox)
         else:
             try:
-                self._map.update(inbox)  # in order: a later put of a key wins
+                # in order: a later put of a key wins
+                (self._put_tuples if plain else self._map.update)(inbox)
             except ValueError:  # a tuple that is not a pair: name it
                 for item in inbox:
                     self._check(item)
@@ -236,7 +243,11 @@ class MapSinkP(_StagingSinkP):
             )
 
     def _publish(self, items: list[Any]) -> None:
-        self._map.update(items)  # in order: a later put of a key wins
+        # in order: a later put of a key wins
+        if list(map(type, items)).count(tuple) == len(items):
+            self._put_tuples(items)
+        else:
+            self._map.update(items)
 
 
 class LoggerP(_SinkP):
