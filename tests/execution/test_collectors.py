@@ -57,6 +57,27 @@ def test_every_item_goes_to_its_keys_owner(
     assert [default_partitioner(k, 271) for k in keys] == [stable_hash(k) % 271 for k in keys]
 
 
+@pytest.mark.parametrize("entry_key", [True, False])
+def test_new_keys_after_known_ones_in_a_chunk_go_to_their_owners_in_order(entry_key: bool) -> None:
+    """The split's loop over keys seen before (the cache's subscript) meets a new key
+    mid-chunk: that item and the rest go the key-by-key way, each to its owner, in
+    order (with ss.entry_key read at C speed and with a Python key function)."""
+    routing = key_routing(None, 2, 1)
+    c = PerTargetCollector(
+        [SpscQueue(1 << 14), SpscQueue(1 << 14)],
+        key_fn=ss.entry_key if entry_key else (lambda item: item[0]),
+        partition_to_target=routing.table,
+    )
+    known = [(f"k{i}", i) for i in range(40)]
+    c.add_chunk(known)
+    mixed = [(f"k{i % 40}", i) for i in range(100)] + [(f"new{i}", i) for i in range(30)]
+    mixed += [(f"k{i % 40}", i) for i in range(50)] + [(f"other{i}", i) for i in range(5)]
+    c.add_chunk(mixed)
+    for target, backlog in enumerate(c.backlogs):
+        got = [item for chunk in backlog for item in chunk]
+        assert got == [it for it in known + mixed if routing.owner(it[0]) == target]
+
+
 def test_a_failing_key_function_on_a_chunk_of_new_keys_names_itself() -> None:
     c = PerTargetCollector(
         [SpscQueue(1024), SpscQueue(1024)],
