@@ -25,6 +25,7 @@ Nothing here imports pyspark at module import time.
 
 from __future__ import annotations
 
+import dis
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -165,6 +166,25 @@ class SparkStreamSource(SparkRowSource):
     def spark_rdd(self) -> Any:
         raise RuntimeError("a streaming DataFrame has no RDD; its micro-batches do")
 
+    def items(self) -> tuple[str | None, Callable[[Any], Any] | None]:
+        """What the source's items are made of, as ``(column, map_fn)``: ``column=``
+        and ``map_fn`` as given, except that a ``map_fn`` that only reads one field of
+        its row (``lambda row: row.value``, ``operator.attrgetter("value")``: see
+        :func:`field_read_by`) becomes ``(that column, None)``: the column's values are
+        what it returns, read without a ``Row`` made per row (docs/spark.md)."""
+        if self.column is not None or self.map_fn is None:
+            return self.column, self.map_fn
+        known = self.__dict__.get("_items")
+        if known is None:
+            name = field_read_by(self.map_fn)
+            columns = list(getattr(self._data, "columns", None) or []) if name else []
+            if name is not None and name in columns and _plain_field(name):
+                known = (name, None)
+            else:
+                known = (None, self.map_fn)
+            self._items = known
+        return known  # type: ignore[no-any-return]
+
     def get(
         self, addresses: Sequence[MemberAddress]
     ) -> Callable[[MemberAddress], ProcessorSupplier]:
@@ -172,6 +192,52 @@ class SparkStreamSource(SparkRowSource):
             "spark_stream_source runs only on the Spark engine (ss.spark(...)): the embedded "
             "engine cannot read a Spark streaming DataFrame"
         )
+
+
+#: instructions that do nothing a field read's result depends on
+_NO_OPS = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
+
+
+def field_read_by(fn: Any) -> str | None:
+    """The attribute name if ``fn(row)`` is exactly ``row.<name>`` and nothing else: a
+    plain function of one argument whose code loads it, reads one attribute and
+    returns it, or an ``operator.attrgetter`` of one plain name; else ``None``."""
+    import operator
+    import types
+
+    if isinstance(fn, operator.attrgetter):
+        text = repr(fn)  # operator.attrgetter('value'): it has no public fields
+        prefix, suffix = "operator.attrgetter('", "')"
+        if text.startswith(prefix) and text.endswith(suffix):
+            name = text[len(prefix) : -len(suffix)]
+            return name if name.isidentifier() else None
+        return None
+    if not isinstance(fn, types.FunctionType):
+        return None
+    code = fn.__code__
+    if (
+        code.co_argcount != 1
+        or code.co_kwonlyargcount
+        or code.co_flags & (0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200)  # *args, **kw, generators
+    ):
+        return None
+    ops = [i for i in dis.get_instructions(code) if i.opname not in _NO_OPS]
+    if len(ops) != 3:
+        return None
+    load, attr, ret = ops
+    if not (load.opname in ("LOAD_FAST", "LOAD_FAST_BORROW") and load.argval == code.co_varnames[0]):
+        return None
+    if attr.opname != "LOAD_ATTR" or not isinstance(attr.argval, str):
+        return None
+    return attr.argval if ret.opname == "RETURN_VALUE" else None
+
+
+def _plain_field(name: str) -> bool:
+    """Whether ``row.<name>`` is the field ``name`` on every ``Row`` (a ``Row``'s own
+    attribute, such as ``count`` or ``index``, wins over a field of that name)."""
+    from pyspark.sql import Row
+
+    return name.isidentifier() and not name.startswith("__") and not hasattr(Row, name)
 
 
 def spark_stream_source(

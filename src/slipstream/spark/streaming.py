@@ -744,7 +744,13 @@ class _EpochJob(SparkJobBase):
             "tasks": len(results),
             "arrow_sources": list(arrow_sources or []),
             "task": [
-                {"vertex": r["vertex"], "index": r["index"], **r["timing"]}
+                {
+                    "vertex": r["vertex"],
+                    "index": r["index"],
+                    "items_in": r["metrics"].get("items_in", 0),
+                    "items_out": r["metrics"].get("items_out", 0),
+                    **r["timing"],
+                }
                 for r in results
                 if "timing" in r
             ],
