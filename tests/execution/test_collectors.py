@@ -111,6 +111,16 @@ def test_a_keyed_group_is_split_by_its_keys_as_their_items_would_be() -> None:
         later = {k: v for k, v in {"x": 3, 7: 4}.items() if routing.owner(k) == target}
         expected += [KeyedGroup((1, 2), later)] if later else []
         assert got == expected
+    # a group of keys the edge has not seen (a word count's partial counts at the end
+    # of stage 1): their targets computed at once, the same targets, then cached
+    words = {f"word{i}": i for i in range(300)}
+    c = PerTargetCollector(queues, key_fn=ss.entry_key, partition_to_target=routing.table)
+    c.add_chunk([KeyedGroup(None, words)])
+    got = [g.entries for b in c.backlogs for chunk in b for g in chunk]
+    owned = [{k for k in words if routing.owner(k) == t} for t in range(3)]
+    assert [set(e) for e in got] == [keys for keys in owned if keys]
+    assert all(e[k] == words[k] for e in got for k in e)
+    assert c.key_cache == {k: routing.owner(k) for k in words}
     one = PerTargetCollector([SpscQueue(1024)], key_fn=ss.entry_key, partition_to_target=[0] * 271)
     group = KeyedGroup((0, 1), entries)
     one.add_chunk([group])

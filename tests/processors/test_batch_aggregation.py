@@ -25,10 +25,12 @@ from slipstream.aggregate import (
     summing,
     to_list,
 )
+from slipstream.core.groups import GROUP_MAX, KeyedGroup
 from slipstream.core.inbox import Inbox
 from slipstream.core.outbox import Outbox
 from slipstream.core.partition import default_partitioner
 from slipstream.core.processor import Context, Processor
+from slipstream.processors.aggregation import accumulate_by_key_groups
 from slipstream.state.keys import expand_entries
 
 Op = AggregateOperation[Any, Any, Any]
@@ -348,6 +350,52 @@ def test_keyed_rows_match_dict_oracle_hand_driven(
     ]
     stage2 = Driver(P.combine_by_key(op), restore=True).run(halves[0] + halves[1], batch=2)
     assert keyed_result(stage2) == expected
+    # the Pipeline's stage 1 emits the same accumulators as KeyedGroup items, which stage
+    # 2 takes as it takes pairs (pairs after groups, in one inbox too)
+    grouped_halves = [
+        Driver(accumulate_by_key_groups(key_fn, op), restore=True).run(items[0::2], batch=4),
+        Driver(accumulate_by_key_groups(key_fn, op)).run(items[1::2]),
+    ]
+    assert all(type(g) is KeyedGroup and g.head is None for h in grouped_halves for g in h)
+    assert keyed_result(group_entries(grouped_halves[0])) == keyed_result(halves[0])
+    stage2 = Driver(P.combine_by_key(op), restore=True).run(grouped_halves[0] + halves[1], batch=2)
+    assert keyed_result(stage2) == expected
+    stage2 = Driver(P.combine_by_key(op)).run(grouped_halves[0] + grouped_halves[1], batch=3)
+    assert keyed_result(stage2) == expected
+
+
+def group_entries(groups: Iterable[KeyedGroup]) -> list[tuple[Any, Any]]:
+    return [pair for g in groups for pair in g.entries.items()]
+
+
+def test_accumulate_by_key_groups_emits_groups_of_at_most_group_max_keys() -> None:
+    """Stage 1's accumulators leave as groups of at most GROUP_MAX keys, one group per
+    item of outbox room, each key once, also across a snapshot and restore taken between
+    complete() calls (the emitted keys are not saved again)."""
+    keys = 2 * GROUP_MAX + 5
+    items = [f"w{i % keys}" for i in range(3 * keys)]
+    driver = Driver(accumulate_by_key_groups(str.upper, counting()), capacity=2, restore=True)
+    out = driver.run(items, batch=keys)
+    assert [len(g.entries) for g in out] == [GROUP_MAX, GROUP_MAX, 5]
+    assert keyed_result(group_entries(out)) == {f"W{i}": 3 for i in range(keys)}
+    assert driver.restores >= 3  # one between the complete() calls
+
+
+def test_combine_by_key_adds_groups_without_adopting_mutable_accumulators() -> None:
+    """An additive op takes a group of keys new to it with one dict.update and adds
+    the next ones inline; an op with mutable accumulators combines into fresh ones."""
+    first = KeyedGroup(None, {"a": 2, "b": 3})
+    out = Driver(P.combine_by_key(counting())).run([first, KeyedGroup(None, {"a": 5})], batch=2)
+    assert sorted(out) == [("a", 7), ("b", 3)]
+    assert first.entries == {"a": 2, "b": 3}
+    incoming = [KeyedGroup(None, {"a": [1]}), KeyedGroup(None, {"a": [2], "b": [3]})]
+    out = Driver(P.combine_by_key(to_list())).run(incoming, batch=2)
+    assert sorted(out) == [("a", [1, 2]), ("b", [3])]
+    assert [g.entries for g in incoming] == [{"a": [1]}, {"a": [2], "b": [3]}]
+    proc = P.combine_by_key(counting())()
+    proc.init(Outbox(1, 1), Context(vertex_name="comb"))
+    with pytest.raises(TypeError, match=r"comb.*\('x', 1, 2\)"):
+        proc.process(0, Inbox([KeyedGroup(None, {"a": 1}), ("x", 1, 2)]))
 
 
 def test_keyed_emits_nothing_without_input() -> None:

@@ -7,7 +7,9 @@ group of the entries it owns (the edge's key function is not called on a group: 
 keys are the entries'). A group is only ever produced and consumed by the engine's own
 processors: the Pipeline's window stage 1 (``accumulate_rows_by_frame``) emits a
 frame's partial results as one group per frame, ``(start, end)`` as the head, and its
-stage 2 (``combine_to_sliding_window``) merges it into its frame.
+stage 2 (``combine_to_sliding_window``) merges it into its frame; the Pipeline's keyed
+aggregation's stage 1 (``GroupByKeyP`` with ``groups_out``) emits its accumulators at
+its end as groups with the head ``None``, which its stage 2 (``combine_by_key``) merges.
 
 Why: with ``processes=2`` each member's stage 1 emits a partial result for nearly every
 key of every frame, and as items each cost a tuple, a key read and an append in the
@@ -21,7 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KeyedGroup"]
+__all__ = ["GROUP_MAX", "KeyedGroup"]
+
+#: most keys in one group a processor emits (more leave as several): bounds what one
+#: item holds on a channel, whose credits count items
+GROUP_MAX = 4096
 
 
 class KeyedGroup:

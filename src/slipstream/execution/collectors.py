@@ -336,12 +336,25 @@ class PerTargetCollector(Collector):
                 parts[0].append(item)
                 continue
             split: list[dict[Any, Any]] = [{} for _ in range(n)]
+            targets = None
+            if (
+                len(entries) >= _BULK_FROM
+                and partitioner is default_partitioner
+                and next(iter(entries)) not in cache
+            ):
+                # a group of new keys (a word count's partial counts): all its targets
+                # at once, as _split does for a chunk of items (_new_targets)
+                targets = self._new_targets(list(entries))
             try:
-                for k, v in entries.items():
-                    t = get(k)
-                    if t is None:
-                        t = cache[k] = table[partitioner(k, pc)]
-                    split[t][k] = v
+                if targets is not None:
+                    for (k, v), t in zip(entries.items(), targets):  # noqa: B905 - equal lengths
+                        split[t][k] = v
+                else:
+                    for k, v in entries.items():
+                        t = get(k)
+                        if t is None:
+                            t = cache[k] = table[partitioner(k, pc)]
+                        split[t][k] = v
             except Exception:  # noqa: BLE001 - a failing partitioner: name it
                 self._check_group(item, entries)
                 raise

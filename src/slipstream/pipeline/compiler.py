@@ -9,7 +9,8 @@ The choices a Core API user has to get right, made once here:
   vertex of its own, joined to its producer by an isolated edge when both have the same
   parallelism (no reshuffling, so each substream keeps its order).
 * **Two-stage aggregation.** ``group_by(k).aggregate(op)`` with ``op.combine`` becomes
-  ``accumulate_by_key`` (local) then ``combine_by_key`` behind a distributed edge
+  ``accumulate_by_key`` (local; its accumulators leave as ``KeyedGroup`` items,
+  ``accumulate_by_key_groups``) then ``combine_by_key`` behind a distributed edge
   partitioned by key; windows become ``accumulate_by_frame`` (each frame as one
   ``KeyedGroup``, split by key on the edge: ``accumulate_rows_by_frame``) then
   ``combine_to_sliding_window`` the same way. Without ``combine`` (and for session
@@ -384,11 +385,14 @@ class _Compiler:
         if op.combine is None:
             self.out[id(s)] = self.keyed_inputs(s, name, P.aggregate_by_key(key_fn, op), key_fn)
             return
+        from slipstream.processors.aggregation import accumulate_by_key_groups
+
         s1 = self.local_inputs(
             s,
             self._inputs(u, s),
             self._chain_name(u, s) + f"{name}-accumulate",
-            P.accumulate_by_key(key_fn, op),
+            # its accumulators are seen by stage 2 only: KeyedGroup items, not a pair per key
+            accumulate_by_key_groups(key_fn, op),
             key_fn=key_fn,
         )
         s2 = self.vertex(f"{name}-combine", P.combine_by_key(op), s.local_parallelism)

@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from enum import Enum
 from operator import itemgetter
 from typing import Any
 
 from slipstream.aggregate import AggregateOperation, counting, identity, is_identity
+from slipstream.core.groups import GROUP_MAX, KeyedGroup
 from slipstream.core.inbox import Inbox
 from slipstream.core.item_errors import failed_position
 from slipstream.core.processor import AbstractProcessor, Context
@@ -237,7 +239,7 @@ class GroupByKeyP(AbstractProcessor):
     slipstream_traits = frozenset({BUFFERS_INPUT})
     handles_item_errors = True  # the key function and accumulate raising on an item
 
-    def __init__(self, key_fn: Any, op: Op, mode: str) -> None:
+    def __init__(self, key_fn: Any, op: Op, mode: str, groups_out: bool = False) -> None:
         # one key function per input ordinal (co-grouping), or None for combine
         self._key_fns: tuple[Any, ...] = key_fn if isinstance(key_fn, tuple) else (key_fn,)
         self._key_fn = self._key_fns[0]
@@ -253,6 +255,9 @@ class GroupByKeyP(AbstractProcessor):
         self._results: list[tuple[Any, Any]] | None = None
         self._pos = 0
         self._gone = 0
+        # stage 1 of the Pipeline's two-stage aggregation: the accumulators leave as
+        # KeyedGroup items (accumulate_by_key_groups)
+        self._groups_out = groups_out and mode == "accumulate"
 
     def init_processor(self, context: Context) -> None:
         self.groups = fast_keyed_state(context)
@@ -359,6 +364,9 @@ class GroupByKeyP(AbstractProcessor):
         inbox.clear()
 
     def _combine_inbox(self, inbox: Inbox) -> None:
+        if inbox and type(inbox[0]) is KeyedGroup:
+            self._combine_groups(inbox)
+            return
         d = self.groups
         get = d.get
         combine_fn = self._op.combine
@@ -391,6 +399,59 @@ class GroupByKeyP(AbstractProcessor):
             dirty.update(_builtin_map(_first, inbox))
         inbox.clear()
 
+    def _combine_groups(self, inbox: Inbox) -> None:
+        """Combine stage 1's :class:`~slipstream.core.groups.KeyedGroup` items
+        (:func:`accumulate_by_key_groups`; a ``(key, acc)`` pair among them as one
+        entry). With an additive op (counting, summing: ``combine`` is ``+``) an entry
+        is added inline, and a group none of whose keys are here yet is taken with one
+        ``dict.update``: each accumulator is one of stage 1's, which began as
+        ``create()`` (``0``), so ``0 + acc`` would be ``acc`` again (as the window's
+        stage 2 does with a new frame). Why groups: with ``processes=2`` each member's
+        stage 1 emits an accumulator for nearly every key at its end (a word count's
+        ~50,000 words in each member), and as pairs each costs a tuple, a key read in the
+        split, a pickled tuple when it crosses and a call of ``combine`` here
+        (docs/performance.md, "Scaling 1 -> 2: where the second process loses")."""
+        d = self.groups
+        get = d.get
+        combine_fn = self._op.combine
+        assert combine_fn is not None
+        initial = self._initial
+        create = self._op.create
+        missing = _MISSING
+        dirty = getattr(d, "dirty", None)
+        inline_add = self._op.additive is not None and combine_fn is operator.add
+        for item in inbox:
+            if type(item) is KeyedGroup:
+                entries = item.entries
+            else:
+                try:
+                    k, acc = item
+                except (TypeError, ValueError) as e:
+                    raise TypeError(
+                        f"vertex {self.context.vertex_name!r}: combine_by_key expects "
+                        f"(key, accumulator) tuples, got {item!r}"
+                    ) from e
+                entries = {k: acc}
+            if inline_add:
+                if type(d) is dict and d.keys().isdisjoint(entries):
+                    d.update(entries)
+                else:
+                    for k, acc in entries.items():
+                        d[k] = get(k, 0) + acc
+            elif initial is not _MISSING:
+                for k, acc in entries.items():
+                    d[k] = combine_fn(get(k, initial), acc)
+            else:
+                # a fresh accumulator, not the incoming one (see _combine_inbox)
+                for k, acc in entries.items():
+                    mine = get(k, missing)
+                    if mine is missing:
+                        mine = create()
+                    d[k] = combine_fn(mine, acc)
+            if dirty is not None:
+                dirty.update(entries)
+        inbox.clear()
+
     def complete(self) -> bool:
         results = self._results
         if results is None:
@@ -411,7 +472,16 @@ class GroupByKeyP(AbstractProcessor):
             if room <= 0:
                 return False
             stop = min(end, pos + room)
-            if finish is identity:
+            if self._groups_out:
+                # one item of room per group of at most GROUP_MAX entries
+                stop = min(end, pos + room * GROUP_MAX)
+                bucket.extend(
+                    [
+                        KeyedGroup(None, dict(results[i : min(stop, i + GROUP_MAX)]))
+                        for i in range(pos, stop, GROUP_MAX)
+                    ]
+                )
+            elif finish is identity:
                 bucket.extend(results[pos:stop])
             else:
                 bucket.extend([(k, finish(a)) for k, a in results[pos:stop]])
@@ -516,6 +586,18 @@ def accumulate_by_key(key_fn: KeyFns, op: Op) -> Callable[[], GroupByKeyP]:
     _check_op(op, "accumulate_by_key")
     key_fns = per_input_fns(key_fn, "key_fn", "accumulate_by_key()", op.arity)
     return functools.partial(GroupByKeyP, key_fns, op, "accumulate")
+
+
+def accumulate_by_key_groups(key_fn: KeyFns, op: Op) -> Callable[[], GroupByKeyP]:
+    """Stage 1 of the Pipeline's two-stage keyed aggregation: :func:`accumulate_by_key`
+    whose accumulators leave at its end as :class:`~slipstream.core.groups.KeyedGroup`
+    items (head ``None``, at most ``GROUP_MAX`` keys each) instead of ``(key, acc)``
+    pairs. Only :func:`combine_by_key` takes them (the Pipeline compiler wires nothing
+    else behind it); a partitioned edge splits a group by its keys. Not part of the Core
+    API: :func:`accumulate_by_key`'s pairs are what user processors read."""
+    _check_op(op, "accumulate_by_key")
+    key_fns = per_input_fns(key_fn, "key_fn", "accumulate_by_key()", op.arity)
+    return functools.partial(GroupByKeyP, key_fns, op, "accumulate", True)
 
 
 def combine_by_key(op: Op) -> Callable[[], GroupByKeyP]:

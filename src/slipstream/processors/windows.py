@@ -56,7 +56,7 @@ from typing import Any
 from slipstream.aggregate import AggregateOperation, identity
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.errors import SnapshotError
-from slipstream.core.groups import KeyedGroup
+from slipstream.core.groups import GROUP_MAX, KeyedGroup
 from slipstream.core.inbox import Inbox
 from slipstream.core.item_errors import failed_position
 from slipstream.core.items import NO_WATERMARK, Watermark
@@ -99,9 +99,7 @@ written before it existed have none)."""
 _MISSING: Any = object()
 _KWR = KeyedWindowResult
 _new = tuple.__new__
-#: most keys in one group of stage 1's frame (a bigger frame leaves as several): bounds
-#: what one item holds on a channel, whose credits count items
-_GROUP_MAX = 4096
+_GROUP_MAX = GROUP_MAX  # most keys in one group of stage 1's frame (core/groups.py)
 
 
 def _groups(head: tuple[int, int], content: dict[Any, Any]) -> list[Any]:
