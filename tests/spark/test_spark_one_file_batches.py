@@ -183,3 +183,41 @@ def test_only_a_file_stream_with_row_wise_operators_is_cut(
     assert _find_file_format(df.groupBy("value").count()) is None
     assert _find_file_format(df.union(df)) is None
     assert _find_file_format(spark_session.readStream.format("rate").load()) is None
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_cut_micro_batch_keeps_its_rows_and_says_when_a_part_is_one_batch(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    """``split_file_scan`` on the micro-batch ``foreachBatch`` gets: a small text file
+    is cut in two parts (each small text: one Arrow batch each), a gzip file is not, and
+    the cut batch has the same rows as the file."""
+    from slipstream.spark.file_splits import split_file_scan
+
+    directory = tmp_path / "in"
+    directory.mkdir()
+    text = "\n".join(_lines(0))
+    (tmp_path / ".a").write_text(text)
+    os.utime(tmp_path / ".a", (1_700_000_000, 1_700_000_000))
+    (tmp_path / ".a").rename(directory / "a.txt")
+    (tmp_path / ".b").write_bytes(gzip.compress(text.encode()))
+    os.utime(tmp_path / ".b", (1_700_000_001, 1_700_000_001))
+    (tmp_path / ".b").rename(directory / "b.txt.gz")
+    df = spark_session.readStream.option("maxFilesPerTrigger", 1).text(str(directory))
+    seen: list[Any] = []
+
+    def batch(b: Any, _epoch: int) -> None:
+        cut = split_file_scan(b, df, 2)
+        seen.append((cut, b.rdd.getNumPartitions(), sorted(r.value for r in b.collect())))
+
+    query = (
+        df.writeStream.foreachBatch(batch)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(240)
+    assert [(cut, parts) for cut, parts, _ in seen] == [((True, True), 2), ((False, False), 1)]
+    assert seen[0][2] == seen[1][2] == sorted(_lines(0))

@@ -177,12 +177,15 @@ def _map_in_arrow(df: Any, fn: Any, schema: str) -> Any:
         return None
 
 
-def _jvm_batches(df: Any, n: int, large: bool = False) -> tuple[Any, bytes] | None:
+def _jvm_batches(
+    df: Any, n: int, large: bool = False, one_batch: bool = False
+) -> tuple[Any, bytes] | None:
     """``df``'s rows as an RDD of ``n`` partitions of Arrow record batch messages made
     on the JVM (``Dataset.toArrowBatchRdd``, what ``toPandas`` uses: no Python worker
     serializes them), and the serialized Arrow schema to read them with; ``None`` where
     this Spark has no such method (its internals differ): then :func:`_map_in_arrow`
-    makes the batches. ``large``: batches of :func:`_batch_rows` rows (:func:`_batch_rdd`).
+    makes the batches. ``large``: batches of :func:`_batch_rows` rows, ``one_batch``:
+    each partition as one batch (:func:`_batch_rdd`).
 
     A micro-batch with fewer partitions than ``n`` (a file below Spark's open cost is
     one) is not spread: its partitions feed the first processors in the read's own
@@ -197,7 +200,9 @@ def _jvm_batches(df: Any, n: int, large: bool = False) -> tuple[Any, bytes] | No
         from pyspark.serializers import NoOpSerializer
 
         sc = df.sparkSession.sparkContext
-        jrdd = _batch_rdd(df) if large else df._jdf.toArrowBatchRdd().toJavaRDD()
+        jrdd = (
+            _batch_rdd(df, one_batch) if large else df._jdf.toArrowBatchRdd().toJavaRDD()
+        )
         have = jrdd.getNumPartitions()
         if have < n:
             if os.environ.get("SLIPSTREAM_SPARK_ARROW_SPREAD", "0") in ("0", "false", "no"):
@@ -229,7 +234,7 @@ def _batch_rows(columns: int) -> int | None:
     return rows if rows > 10_000 else None
 
 
-def _batch_rdd(df: Any) -> Any:
+def _batch_rdd(df: Any, one_batch: bool = False) -> Any:
     """``df._jdf.toArrowBatchRdd()`` as a ``JavaRDD``, its batches of
     :func:`_batch_rows` rows when the session leaves
     ``spark.sql.execution.arrow.maxRecordsPerBatch`` at its default. Spark's 10,000 rows
@@ -240,8 +245,10 @@ def _batch_rdd(df: Any) -> Any:
     Arrow batches for a column's values"). A source task that makes a ``Row`` per row is
     slower than the JVM, and larger batches only delay its first one, so it keeps
     Spark's size. The setting is read when the RDD is built, so it is set on the
-    micro-batch's own session for that call only."""
-    rows = _batch_rows(len(df.schema.fields))
+    micro-batch's own session for that call only. ``one_batch``: no bound (Spark's
+    ``0``), each partition one batch, where the caller knows the partitions are small
+    (:func:`slipstream.spark.file_splits.split_file_scan`)."""
+    rows = 0 if one_batch else _batch_rows(len(df.schema.fields))
     jconf = df._jdf.sparkSession().sessionState().conf()
     if rows is None or jconf.contains(_MAX_RECORDS):
         return df._jdf.toArrowBatchRdd().toJavaRDD()
@@ -290,13 +297,14 @@ def _arrow_schema(df: Any) -> bytes:
 
 
 def arrow_partitions(
-    df: Any, n: int, large_batches: bool = False
+    df: Any, n: int, large_batches: bool = False, one_batch: bool = False
 ) -> tuple[Any, tuple[str, ...], bytes | None] | None:
     """``df``'s rows as an RDD of ``n`` partitions of serialized Arrow batches (module
     doc), the column names and, for batches made on the JVM (:func:`_jvm_batches`), the
     serialized schema :func:`arrow_rows` reads them with (``None``: batches made by
     ``mapInArrow``); ``None`` where the pickled-row path must be used.
-    ``large_batches``: the source reads one column's values (:func:`_batch_rdd`)."""
+    ``large_batches``: the source reads one column's values, ``one_batch``: and each
+    partition is small enough to be one batch (:func:`_batch_rdd`)."""
     if not arrow_enabled():
         return None
     fields = arrow_fields(df)
@@ -305,7 +313,7 @@ def arrow_partitions(
     if not executors_have_pyarrow(df.sparkSession.sparkContext):
         return None
     if os.environ.get("SLIPSTREAM_SPARK_ARROW", "1") != "python":
-        jvm = _jvm_batches(df, n, large_batches)
+        jvm = _jvm_batches(df, n, large_batches, one_batch)
         if jvm is not None:
             return jvm[0], fields, jvm[1]
     batches = _map_in_arrow(df, _serialize, f"{ARROW_COLUMN} binary")

@@ -540,12 +540,14 @@ def _stream_partitions(
     longer side of the source stage, and both cores share it, with no shuffle of its
     rows. A source that makes a ``Row`` per row is not split: its Python is the longer
     side and the read's JVM thread already takes the other core (a one-file count-10k
-    epoch took 0.57 s unsplit against 0.61 s split, docs/performance.md)."""
+    epoch took 0.57 s unsplit against 0.61 s split, docs/performance.md). Parts of at
+    most a few MB of text go to their tasks as one Arrow batch each."""
     if hasattr(stream, "mapPartitionsWithIndex"):
         return _with_partitions(stream, n), None, None
+    one_batch = False
     if origin is not None and column is not None:
-        split_file_scan(stream, origin, n)
-    arrow = arrow_partitions(stream, n, large_batches=column is not None)
+        _cut, one_batch = split_file_scan(stream, origin, n)
+    arrow = arrow_partitions(stream, n, large_batches=column is not None, one_batch=one_batch)
     if arrow is not None:
         return arrow
     rdd = stream.rdd
