@@ -916,6 +916,104 @@ def test_a_large_tail_is_saved_in_steps_while_the_next_interval_runs(
     )
 
 
+def _gone(pid: int) -> bool:
+    """Whether child ``pid`` was reaped (no zombie left)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(not live._CAN_FORK, reason="forked encoders: Linux only")
+def test_a_large_tail_encoded_by_a_forked_child_holds_the_barriers_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tail save of ``LIVE_SAVE_FORK_MIN`` keys or more is encoded by a child forked at
+    its first step: for the processor the save is produced at once (its new keys go into
+    the map, the layer's merge follows), and the content the store thread reads is the
+    map as of the barrier whatever was written since; the child is reaped."""
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MIN", 5)
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MAX_S", 60.0)  # whatever the test process's size
+    d, st, tail = _tail_save_begun(monkeypatch)
+    assert not tail.step(1 << 30)  # forked; then the layer {3, 25} goes into the map
+    assert tail._child is not None and tail.produced()
+    pid = tail._child[0]
+    d.feed([(27, 100), (25, 100), (3, 100), (40, 1)])  # tail, tail + layer, old, new
+    assert dict.get(st, 40) == 1 and tail.fresh == {}  # new: into the map at once
+    while not tail.step(1 << 30):
+        pass
+    content, removed = tail.result()
+    assert removed == () and type(content) is live.EncodedMap
+    assert content.to_dict() == {k: 1 for k in range(20, 30)} | {3: 6, 25: 6}
+    assert len(content) == 11 and _gone(pid)
+    d.ctx.live_saves.clear()
+    d.feed([(41, 1)])
+    assert d.save(3, 2)[0][1] == StateMapSave(
+        DELTA, {27: 101, 25: 106, 3: 106, 40: 1, 41: 1}, (), 2
+    )
+
+
+def test_a_large_tail_is_encoded_in_steps_when_its_fork_would_take_too_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fork copies the process's page tables (~2.5 ms per 100 MB here): past
+    ``LIVE_SAVE_FORK_MAX_S`` predicted, the tail is encoded in steps as before."""
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MIN", 5)
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MAX_S", 0.0)
+    _d, _st, tail = _tail_save_begun(monkeypatch)
+    while not tail.step(1 << 30):
+        assert tail._child is None
+    content, _removed = tail.result()
+    assert content.to_dict() == {k: 1 for k in range(20, 30)} | {3: 6, 25: 6}
+
+
+@pytest.mark.skipif(not live._CAN_FORK, reason="forked encoders: Linux only")
+def test_a_forked_encoder_nobody_reads_is_killed_when_its_save_is_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MIN", 5)
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MAX_S", 60.0)  # whatever the test process's size
+    _d, _st, tail = _tail_save_begun(monkeypatch)
+    tail.step(1 << 30)
+    assert tail._child is not None
+    pid = tail._child[0]
+    tail.cancel()  # its snapshot failed
+    assert _gone(pid)
+
+
+@pytest.mark.skipif(not live._CAN_FORK, reason="forked encoders: Linux only")
+def test_a_forked_encoder_that_cannot_encode_fails_its_save_and_later_saves_use_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key the fast pickler cannot encode (a local class's instance): the child says so,
+    that snapshot fails (the map has changed since its barrier: nothing else can produce
+    it), and the tail saves after it are produced in steps, which hand such content to the
+    store thread as a dict (encoded with cloudpickle)."""
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MIN", 5)
+    monkeypatch.setattr(live, "LIVE_SAVE_FORK_MAX_S", 60.0)  # whatever the test process's size
+    monkeypatch.setattr(live, "_fork_unencodable", False)
+
+    class Local:
+        pass
+
+    d, st, tail = _tail_save_begun(monkeypatch)
+    dict.__setitem__(st, Local(), 1)  # (behind the save's back: the child sees it)
+    tail._tail += 1
+    tail.size += 1
+    tail.step(1 << 30)
+    with pytest.raises(RuntimeError, match="unencodable"):
+        tail.result()
+    assert live._fork_unencodable and tail._child is None
+    again = live.LiveSave(st, 9, live.TAIL)
+    again.tail(12, {})
+    while not again.step(1 << 30):
+        pass
+    assert again._child is None and again._fork_tried is False
+    content, _removed = again.result()
+    assert type(content) is dict and len(content) == 12
+
+
 @pytest.mark.parametrize("summing_op", [False, True])
 def test_a_chunk_of_new_keys_that_changes_one_of_the_map_reads_the_layer_from_then_on(
     summing_op: bool,
@@ -1114,10 +1212,10 @@ def _raw_save(d: Driver, sid: int, committed: int) -> Entries:
             return out
 
 
-@settings(max_examples=51, deadline=None)
-@given(ops=_OPS, steps=st_booleans(), keep=st_booleans())
+@settings(max_examples=46, deadline=None)
+@given(ops=_OPS, steps=st_booleans(), keep=st_booleans(), fork=st_booleans())
 def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
-    ops: list[tuple[str, Any]], steps: bool, keep: bool
+    ops: list[tuple[str, Any]], steps: bool, keep: bool, fork: bool
 ) -> None:
     """Random sequences of chunks (new keys, existing ones, re-inserted ones), steps of
     the copy-on-write saves (produced while the next chunks run, or at once), saves that
@@ -1126,12 +1224,16 @@ def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
     save before it (at least those whose value changed), with their values as of its
     barrier, and no other key (a key inserted while the previous delta's tail was walked
     is saved once: it was saved twice before), and the chain merged as the store merges
-    it is the oracle's counts. ``keep``: every saved layer is retained out of the map (``states.frozen``)."""
+    it is the oracle's counts. ``keep``: every saved layer is retained out of the map (``states.frozen``).
+    ``fork``: every tail save (a full save's walk included) is encoded by a forked child."""
     old = live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE
-    old_keep = keyed_mod.LAYER_KEEP_MIN
+    old_keep, old_fork = keyed_mod.LAYER_KEEP_MIN, live.LIVE_SAVE_FORK_MIN
+    old_fork_s = live.LIVE_SAVE_FORK_MAX_S
     try:
         live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE = 1, 3, 2
         keyed_mod.LAYER_KEEP_MIN = 1 if keep else old_keep
+        live.LIVE_SAVE_FORK_MIN = 10 if fork else None
+        live.LIVE_SAVE_FORK_MAX_S = 60.0  # whatever the test process's size
         d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
         d.ctx.live_saves = [] if steps else None
         st = d.p.states
@@ -1192,6 +1294,7 @@ def test_deltas_hold_exactly_what_changed_across_inserts_removals_and_reinserts(
     finally:
         live.LIVE_SAVE_MIN_KEYS, live.LIVE_SAVE_FULL_SLICE, live.LIVE_SAVE_SLICE = old
         keyed_mod.LAYER_KEEP_MIN = old_keep
+        live.LIVE_SAVE_FORK_MIN, live.LIVE_SAVE_FORK_MAX_S = old_fork, old_fork_s
 
 
 def test_a_full_save_of_a_layered_map_walks_it_while_the_loop_writes_a_layer(

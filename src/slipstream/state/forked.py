@@ -39,7 +39,7 @@ from slipstream.state import format as fmt
 from slipstream.state.keyed import DELTA, KeyedState, StateMap, StateMapSave
 from slipstream.state.store import ChunkRef, chunk_file_name, write_all, write_chunk_file
 
-__all__ = ["ForkedChunk", "fork_chunk", "has_live_map"]
+__all__ = ["ForkedChunk", "fork_chunk", "fork_writer", "has_live_map"]
 
 _MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
@@ -172,19 +172,42 @@ def fork_chunk(
     again: the child sees the state as it is at the fork."""
     name = chunk_file_name(snapshot_id, vertex, index, attempt="f" + secrets.token_hex(4))
     r, w = os.pipe()
-    _pause_gc()  # the child starts with the collector off (module doc)
     try:
-        pid = os.fork()
+        pid = fork_writer(w)
     except BaseException:
-        _resume_gc()
         os.close(r)
         os.close(w)
         raise
     if pid == 0:  # the child: never returns
         _child(w, directory, key, name, snapshot_id, vertex, index, entries, mode)
-    _resume_gc()
     os.close(w)
     return ForkedChunk(pid, r, snapshot_id, vertex, index, name)
+
+
+def fork_writer(*keep: int) -> int:
+    """``os.fork()`` for a child that encodes state as of now and answers on the file
+    descriptors ``keep`` (a chunk writer here, a copy-on-write save's encoder in
+    :mod:`slipstream.state.live`): the cyclic collector is off across the fork and stays
+    off in the child, and the child closes every other inherited file descriptor at
+    once (module doc). Returns the child's pid, or 0 in the child, which must end with
+    ``os._exit`` and run no code of the job besides encoding."""
+    _pause_gc()  # the child starts with the collector off (module doc)
+    try:
+        pid = os.fork()
+    except BaseException:
+        _resume_gc()
+        raise
+    if pid == 0:
+        gc.disable()  # off since the fork already; stays off: no finalizer of the
+        # parent's garbage runs here (module doc)
+        low = 3
+        for fd in sorted(keep):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, _MAX_FD)
+        return 0
+    _resume_gc()
+    return pid
 
 
 # The collector is off while any thread of the process forks a writer: processors fork
@@ -225,10 +248,6 @@ def _child(
 ) -> None:
     code = 1
     try:
-        gc.disable()  # off since the fork already (_pause_gc); stays off: no finalizer of
-        # the parent's garbage runs here (module doc)
-        os.closerange(3, w)
-        os.closerange(w + 1, _MAX_FD)
         try:
             records = fmt.encode_records(copied_maps(entries))
             payload = fmt.encode_payload(records)
