@@ -94,13 +94,23 @@ def run_two(
         engines.append(engine)
         job = engine.new_job(
             inc.build(kind, run, items, 1, second_lp),
-            inc.config("cont", second_store, backend),
+            # snapshots further apart: the first commit is still among the store's
+            # retained ones when it is read (below)
+            inc.config("cont", second_store, backend, interval_ms=50),
             restore_from=restore,
         )
         inc.wait_commits(job, 1)  # the gate holds: nothing changes before it
-        first = inc.latest(second_store).snapshot_id
+        # the first commit after the restore, not the latest: the job goes on committing
+        # while this reads, and a later commit's chain has one more delta
+        first = min(
+            i
+            for i in DirectorySnapshotStore(second_store).committed_ids_read_only()
+            if other_store or i > stopped.snapshot_id
+        )
         after = keyed_chains(second_store, first)
-        inc.same_keyed_state(kind, stopped, inc.latest(second_store), "first commit")
+        inc.same_keyed_state(
+            kind, stopped, DirectorySnapshotStore(second_store).read(first), "first commit"
+        )
         inc.GATES[run] = len(items) + 1
         job.join(120)
         output = sum((engine.get_list("out") for engine in engines), [])
