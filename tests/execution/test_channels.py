@@ -63,6 +63,7 @@ from slipstream.execution.remote import (
     channel_pairs,
     channel_sockets,
     pack_rows,
+    unpack_rows,
 )
 from slipstream.execution.tasklet import DONE, ProcessorTasklet
 from slipstream.window import KeyedWindowResult
@@ -698,6 +699,17 @@ def test_window_results_travel_as_columns_with_their_bounds_once() -> None:
     # equal but not the same value: not collapsed
     mixed = [Pair(1, 0.0), Pair(True, -0.0), Pair(1.0, 0.0)]
     assert pack_rows(mixed) == (Pair, 3, [(1, True, 1.0), (0.0, -0.0, 0.0)])
+    # equal first and last values, another between: not collapsed
+    assert pack_rows([Pair("a", 5), Pair("b", 6), Pair("a", 5)]) == (
+        Pair,
+        3,
+        [("a", "b", "a"), (5, 6, 5)],
+    )
+    # items of unequal lengths (tuple.__new__ makes them) travel as plain tuples
+    uneven = [Pair(1, 2), tuple.__new__(Pair, (3, 4, 5)), Pair(6, 7)]
+    assert pack_rows(uneven) == (Pair, [(1, 2), (3, 4, 5), (6, 7)])
+    back = unpack_rows(pack_rows(uneven))
+    assert back == uneven and [type(x) for x in back] == [Pair] * 3
 
 
 values = st.one_of(
