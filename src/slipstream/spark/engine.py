@@ -55,6 +55,7 @@ from slipstream.spark.streaming import (
     SparkMicroBatchJob,
     SparkStreamingJob,
 )
+from slipstream.spark.task import PickledList
 
 __all__ = ["SparkEngine", "SparkJob", "failure_error", "ordered_results"]
 
@@ -302,7 +303,7 @@ class SparkEngine:
         with self._merge_lock:
             for r in results:
                 for name, items in r["lists"].items():
-                    self.services.get_list(name).extend(items)
+                    self.services.get_list(name).extend(PickledList.load(items))
                 for name, (updates, deleted) in r["maps"].items():
                     m = self.services.get_map(name)
                     m.update(updates)
