@@ -705,6 +705,21 @@ def test_window_results_travel_as_columns_with_their_bounds_once() -> None:
         3,
         [("a", "b", "a"), (5, 6, 5)],
     )
+    # long runs of one value (a report's windows): each run's value and length once
+    rows = [KeyedWindowResult(w, w + 10, f"k{i}", i) for w in (0, 10) for i in range(16)]
+    packed = pack_rows(rows)
+    assert packed == (
+        KeyedWindowResult,
+        32,
+        [[(0, 10), (16, 16)], [(10, 20), (16, 16)], tuple(r.key for r in rows), tuple(range(16)) * 2],
+    )
+    assert unpack_rows(packed) == rows
+    # runs of equal values of other types, or of mixed int and bool, or too many runs: as is
+    for column in ([1.0] * 16 + [2.0] * 16, [1] * 16 + [True] * 15 + [1], [0, 0, 1, 1] * 8):
+        pairs = [Pair(0, v) for v in column]
+        assert pack_rows(pairs)[2][1] == tuple(column)
+        back = unpack_rows(pack_rows(pairs))
+        assert back == pairs and [type(p.value) for p in back] == list(map(type, column))
     # items of unequal lengths (tuple.__new__ makes them) travel as plain tuples
     uneven = [Pair(1, 2), tuple.__new__(Pair, (3, 4, 5)), Pair(6, 7)]
     assert pack_rows(uneven) == (Pair, [(1, 2), (3, 4, 5), (6, 7)])

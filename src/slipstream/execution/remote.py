@@ -73,9 +73,9 @@ import marshal
 import pickle
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import partial
-from itertools import repeat
+from itertools import chain, groupby, islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from slipstream.core.items import (
@@ -684,8 +684,9 @@ def _plain_namedtuple(cls: type) -> bool:
 
 #: a chunk of one NamedTuple class's items, as :func:`pack_rows` packs it: ``(class,
 #: item count, columns)``, a column a tuple of its values or, when every item holds the
-#: same ``int`` or ``str`` in it, a list of that one value; or ``(class, plain
-#: tuples)`` for items of unequal lengths
+#: same ``int`` or ``str`` in it, a list of that one value, or when they come in long
+#: runs of one such value, a list of the runs' values and lengths (:func:`_column`); or
+#: ``(class, plain tuples)`` for items of unequal lengths
 Packed = tuple[Any, ...]
 
 
@@ -699,7 +700,8 @@ def pack_rows(items: list[Any]) -> list[Any] | Packed:
     results: 468 -> 303 ns an item, pack, pickle, unpickle and unpack; "The distributed
     edge's per-item costs"). A column is collapsed only when its values are all of
     exact type ``int`` or all ``str`` and equal: then each is the same value (``1``,
-    ``1.0`` and ``True`` are equal but not the same, nor ``0.0`` and ``-0.0``).
+    ``1.0`` and ``True`` are equal but not the same, nor ``0.0`` and ``-0.0``), and
+    sent as runs under the same condition (:func:`_column`).
     :func:`unpack_rows` undoes it."""
     if not items:
         return items
@@ -719,14 +721,33 @@ def pack_rows(items: list[Any]) -> list[Any] | Packed:
     return t, n, [_column(c, n) for c in columns]
 
 
+#: a column is sent as runs when it has at most one run per this many values
+_RUN_MIN = 16
+
+
 def _column(values: tuple[Any, ...], n: int) -> tuple[Any, ...] | list[Any]:
+    """``values`` as :func:`pack_rows` sends them: ``[v]`` when all are ``v``; ``[run
+    values, run lengths]`` when they come in runs of equal values (at most one run per
+    :data:`_RUN_MIN` values: a report's window bounds, ~500 results of a window in a
+    row, whose unpickled ints the coordinator spent ~40 of its ~175 ns a result on;
+    docs/performance.md, "Window results to the coordinator"); else ``values``. Both
+    only for values all of exact type ``int`` or all ``str``, where equal is the same."""
     v = values[0]
     kind = type(v)
-    # the last value first: a column of unequal values is mostly known by it (a report's
-    # window bounds, keys and results), without a count of every value
-    if (kind is int or kind is str) and values[-1] == v and values.count(v) == n:
-        if list(map(type, values)).count(kind) == n:
+    if kind is not int and kind is not str:
+        return values
+    last = values[-1]
+    # the ends first: most columns of unequal values are known by them (a report's keys
+    # and results), without a count or a scan of every value
+    if last == v:
+        if values.count(v) == n and list(map(type, values)).count(kind) == n:
             return [v]
+    elif values[1] == v and values[-2] == last and list(map(type, values)).count(kind) == n:
+        limit = n // _RUN_MIN
+        runs = [(k, len(list(g))) for k, g in islice(groupby(values), limit + 1)]
+        if len(runs) <= limit:
+            keys, counts = zip(*runs, strict=True)
+            return [keys, counts]
     return values
 
 
@@ -740,8 +761,15 @@ def unpack_rows(packed: list[Any] | Packed) -> list[Any]:
     cls, n, columns = packed
     if not columns:
         return [tuple.__new__(cls) for _ in range(n)]
-    cols = [repeat(c[0], n) if type(c) is list else c for c in columns]
+    cols = [
+        c if type(c) is not list else repeat(c[0], n) if len(c) == 1 else _runs(*c) for c in columns
+    ]
     return list(map(tuple.__new__, repeat(cls), zip(*cols, strict=True)))
+
+
+def _runs(values: tuple[Any, ...], counts: tuple[int, ...]) -> Iterator[Any]:
+    """A column :func:`_column` sent as runs: each value ``count`` times."""
+    return chain.from_iterable(map(repeat, values, counts))
 
 
 def pack_text(items: list[Any]) -> str | None:
