@@ -116,3 +116,29 @@ class CloseRecorder(AbstractProcessor):
     def close(self) -> None:
         with CloseRecorder.lock:
             CloseRecorder.closed.append(self.tag)
+
+
+class RunningSums(AbstractProcessor):
+    """``(key, running sum of the key's values)`` per item through ``try_process_item`` +
+    ``try_emit`` (the documented per-item API), the sums saved in snapshots; a subclass
+    says how an item splits into ``(key, value)``."""
+
+    def split(self, item: Any) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def init_processor(self, context: Context) -> None:
+        self.sums: dict[Any, int] = {}
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        k, v = self.split(item)
+        s = self.sums.get(k, 0) + v
+        if not self.try_emit((k, s)):
+            return False
+        self.sums[k] = s
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        return self.save_state(self.sums.items)
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.sums[key] = value

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from engine_test_procs import RunningSums
 
 import slipstream as ss
 from kill_support import kill_point, kill_seeds
@@ -271,25 +272,11 @@ def test_a_member_restoring_at_the_same_shape_reads_only_the_chains_its_processo
 
 
 
-class KeyedSum(ss.AbstractProcessor):
+class KeyedSum(RunningSums):
     """``(x % 10, running sum of the key's items)`` per item, the sums in snapshots."""
 
-    def init_processor(self, context: ss.Context) -> None:
-        self.sums: dict[int, int] = {}
-
-    def try_process_item(self, ordinal: int, x: Any) -> bool:
-        k = tens(x)
-        s = self.sums.get(k, 0) + x
-        if not self.try_emit((k, s)):
-            return False
-        self.sums[k] = s
-        return True
-
-    def save_to_snapshot(self) -> bool:
-        return self.save_state(self.sums.items)
-
-    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        self.sums[key] = value
+    def split(self, x: Any) -> tuple[int, int]:
+        return tens(x), x
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from engine_test_procs import ListSource
+from engine_test_procs import ListSource, RunningSums
 
 import slipstream as ss
 from process_support import functions_by_value
@@ -219,26 +219,13 @@ def test_a_rolling_aggregate_matches_one_process_and_the_oracle() -> None:
         assert final == expected, processes
 
 
-class CsvSum(ss.AbstractProcessor):
+class CsvSum(RunningSums):
     """bench/wordcount.py's running sum of ``key,value`` lines: ``(key, running sum)``
-    per line, through ``try_process_item`` + ``try_emit``."""
+    per line."""
 
-    def init_processor(self, context: ss.Context) -> None:
-        self.sums: dict[str, int] = {}
-
-    def try_process_item(self, ordinal: int, line: Any) -> bool:
+    def split(self, line: Any) -> tuple[str, int]:
         k, v = line.split(",", 1)
-        s = self.sums.get(k, 0) + int(v)
-        if not self.try_emit((k, s)):
-            return False
-        self.sums[k] = s
-        return True
-
-    def save_to_snapshot(self) -> bool:
-        return self.save_state(self.sums.items)
-
-    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        self.sums[key] = value
+        return k, int(v)
 
 
 def csv_key(line: str) -> str:
