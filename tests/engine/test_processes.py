@@ -726,3 +726,35 @@ def test_the_forkserver_starts_with_the_engine_not_the_first_job() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True"
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_threads_that_reap_one_member_at_once_all_see_its_exit_status() -> None:
+    """A forkserver child's exit status is read once from its sentinel: two threads that
+    polled it at the same moment (a member's listener and the spares' refill joining the
+    same process) made the second see end of file, recorded as status 255, and
+    test_join_returns_once_every_members_output_arrived_not_at_their_exit failed with
+    ``[0, 255]`` about once in six runs. processes.reap serializes the read."""
+    from slipstream.engine.processes import _start_without_main, member_context, reap
+
+    ctx = member_context()
+    for round_ in range(8):
+        p = ctx.Process(target=exit_with, args=(3,), daemon=True)
+        _start_without_main(p)
+        go = threading.Barrier(6)
+        seen: list[int | None] = []
+
+        def reaper(proc: Any, go: threading.Barrier, seen: list[int | None]) -> None:
+            go.wait()
+            seen.append(reap(proc, GUARD_S))
+
+        threads = [threading.Thread(target=reaper, args=(p, go, seen)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(GUARD_S)
+        assert seen == [3] * 6, round_

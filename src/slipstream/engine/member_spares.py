@@ -118,16 +118,19 @@ class MemberSpares:
         with self._lock:
             self._used = time.monotonic()
             taken, self._spares = self._spares[:n], self._spares[n:]
+        from slipstream.engine.processes import reap
+
         alive = []
         for p, conn in taken:
-            if p.exitcode is None:
+            code = reap(p, 0)
+            if code is None:
                 alive.append((p, conn))
             else:  # it died while it waited
                 log.warning(
                     "a spare member process (pid %s) had died (exit status %s); a fresh "
                     "one replaces it",
                     p.pid,
-                    p.exitcode,
+                    code,
                 )
                 _close(p, conn)
         try:
@@ -164,9 +167,11 @@ class MemberSpares:
                 self._refilling = False
 
     def _refill(self, procs: list[Any]) -> None:
+        from slipstream.engine.processes import reap
+
         try:
             for p in procs:
-                p.join(timeout=5.0)
+                reap(p, 5.0)
             while True:
                 with self._lock:
                     if self._closed or len(self._spares) >= self.count or sys.is_finalizing():
@@ -277,12 +282,13 @@ def _close(p: Any, conn: Any) -> None:
 
 
 def _stop(p: Any, wait: float) -> None:
+    from slipstream.engine.processes import reap
+
     if p.pid is None:
         return
-    p.join(timeout=wait)
-    if p.exitcode is None:
+    if reap(p, wait) is None:
         try:
             os.kill(p.pid, signal.SIGKILL)
         except OSError:
             pass
-        p.join(timeout=wait)
+        reap(p, wait)

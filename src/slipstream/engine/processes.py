@@ -154,6 +154,27 @@ def start_forkserver() -> None:
 _start_lock = threading.Lock()
 
 
+def reap(p: Any, timeout: float | None) -> int | None:
+    """Wait up to ``timeout`` seconds for the member process ``p`` to end; its exit
+    status, or ``None`` while it runs. Every reader of a member's status goes through
+    here: a forkserver child's status is read once from its sentinel, and two threads
+    that poll at the same moment (a listener joining its member while the spares'
+    refill joins the same process, or ``Process.start()`` polling finished children)
+    make the second read end of file, which multiprocessing records as status 255 (a
+    member that exited cleanly seen as crashed). The wait reads nothing; the one read is
+    made under the lock ``process.start()`` holds too (:func:`_start_without_main`)."""
+    if p.pid is None:
+        return None  # never started
+    if timeout is None or timeout > 0:
+        from multiprocessing.connection import wait
+
+        wait([p.sentinel], timeout)
+    with _start_lock:
+        p.join(0)
+        code: int | None = p.exitcode
+    return code
+
+
 _spares_lock = threading.Lock()
 
 
@@ -377,7 +398,7 @@ class ProcessExecution:
             self._start()
         except BaseException as e:  # noqa: BLE001 - the job fails with it
             for p in self._procs:
-                if p.pid is not None and p.exitcode is None:  # started, still running
+                if p.pid is not None and reap(p, 0) is None:  # started, still running
                     p.kill()
             self._gc_untune()
             self.failure = TaskletFailure(None, e, restartable=False)
@@ -487,7 +508,7 @@ class ProcessExecution:
 
     def _kill_remaining(self) -> None:
         for m, p in enumerate(self._procs):
-            if p.pid is not None and p.exitcode is None:
+            if p.pid is not None and reap(p, 0) is None:
                 log.error(
                     "job %s: member %d (pid %s) did not stop in time after the job stopped; "
                     "killing it",
@@ -565,7 +586,7 @@ class ProcessExecution:
                     self.coordinator.on_message(m, msg)
         finally:
             conn.close()
-            p.join(timeout=30)
+            reap(p, 30)
             if m in self._silent:
                 self.member_state[m] = "unresponsive"
             elif not ended:
@@ -676,7 +697,7 @@ class ProcessExecution:
 
     def _died(self, m: int, p: Any) -> None:
         """Member ``m`` ended without a last report: it died."""
-        code = p.exitcode
+        code = reap(p, 0)
         if self.cancelled and self._stopping:
             return  # killed after a cancel it did not answer in time
         if code is not None and code < 0:
