@@ -101,10 +101,11 @@ LIVE_SAVE_STEP_S = 0.003
 
 #: a tail save (:meth:`LiveSave.tail`) of at least this many keys of the map (a creation
 #: pass's new keys, or a full save's walk of a layered map) is encoded by a child process
-#: forked at its first step, which sends the pickle fragments back on a pipe, instead of in
-#: steps on the processor's thread (``None``: never; Linux only). Encoding costs ~42 ns a
-#: pair of ints there (~0.45 s of the processor's thread for a 10M-key creation pass); the
-#: fork ~1 ms per 100 MB of the process (6-9 ms at 10M keys), and the writes the processor
+#: forked at its first step, which writes the pickle fragments into a memory file and its
+#: answer on a pipe, instead of in steps on the processor's thread (``None``: never; Linux
+#: only). Encoding costs ~42 ns a pair of ints there (~0.45 s of the processor's thread for
+#: a 10M-key creation pass); the fork 2-3 ms per 100 MB of the process
+#: (:data:`LIVE_SAVE_FORK_MAX_S`; 7-9 ms at 10M keys), and the writes the processor
 #: makes while the child lives copy their pages (a loop model of a 10M-key creation pass,
 #: three tails of 2.5M keys: 1.33-1.35 s against 1.57-1.60 s encoded on the thread)
 LIVE_SAVE_FORK_MIN: int | None = 1_000_000
@@ -519,8 +520,9 @@ class LiveSave:
         fork a child that produces the content from its copy-on-write view of the map as
         it is now (the barrier's: nothing wrote the tail since) and writes the pickle
         fragments into a memory file (:meth:`_tail_child`), which the store thread reads
-        in one call (:meth:`result`; a pipe's 64 KiB reads would each let the GIL go and
-        wait to take it back from the busy processing thread). ``True`` once forked: for
+        in a few large reads (:meth:`result`, :data:`_READ_PIECE` each; a pipe's 64 KiB
+        reads would each let the GIL go and wait to take it back from the busy processing
+        thread). ``True`` once forked: for
         the processor the content is produced (the map may be written from now on; the
         layer's merge follows as usual); ``False``: produced here in steps, as for a
         smaller save (the save's keys are checked for spilling, its content encodes as
