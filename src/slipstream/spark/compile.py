@@ -361,6 +361,7 @@ class _Compiler:
             )
             suppliers = _member_suppliers(v, meta, sctx, self.addresses)
         epoch = self.epoch
+        row_column, row_map_fn = _source_items(meta)
         return VertexTask(
             vertex=v.name,
             job_name=self.job_name,
@@ -372,8 +373,8 @@ class _Compiler:
             outbound=self.out_specs(v),
             mode=self.mode,
             row_source=row_source,
-            row_map_fn=_source_items(meta)[1],
-            row_column=_source_items(meta)[0],
+            row_map_fn=row_map_fn,
+            row_column=row_column,
             row_arrow=self.arrow.get(v.name),
             row_arrow_schema=self.arrow_schema.get(v.name),
             dataframe_sink=meta.name if isinstance(meta, SparkDataFrameSink) else None,
