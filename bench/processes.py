@@ -38,7 +38,8 @@ copied; every engine row uses documented API only):
   items per second for ``--latency-seconds``, each stamped with the wall-clock time the
   generator made it (when it was due), through a distributed partitioned edge (half of the items cross to the other
   member with processes=2) into a user's sink processor that notes how long after its
-  due time each arrived; p50 / p99 / max of all items after the first second, of the
+  due time each arrived (in the processor; its notes go to the coordinator once the
+  input ended, not with a member's report per item); p50 / p99 / max of all items after the first second, of the
   round with the median p99 of ``--repeat`` interleaved rounds. Its last row is the
   floor of a cross-process hop on this machine without the engine
   (``socketpair_floor``: a stamp every ``2 / --latency-rate`` s, the rate at which the
@@ -232,14 +233,27 @@ def item_seq(item: tuple[int, float]) -> int:
 
 
 class LatencySink(ss.AbstractProcessor):
-    """Notes ``(seq, seconds since it was made)`` for each item into the list
-    ``latency`` (with member processes the coordinator gathers the members' lists)."""
+    """Notes ``(seq, seconds since it was made)`` for each item, in the processor, and
+    adds its notes to the list ``latency`` once its input ended (with member processes
+    the coordinator gathers the members' lists then). Not an append per item to the
+    named list: in a member process that is sink output, which the member reports to
+    the coordinator as soon as its worker goes idle (up to 500 reports a second per
+    member at this rate, each waking the member's report thread and the coordinator's
+    process): the row would measure the bench's own note-taking competing with the item
+    for the two cores (docs/performance.md, "A lone item across processes: where the
+    time goes"). ``--only latency-list`` measures that copy where the user reads it."""
 
     def init_processor(self, context: ss.Context) -> None:
-        self.seen = context.get_list("latency")
+        self.out = context.get_list("latency")
+        self.seen: list[tuple[int, float]] = []
 
     def try_process_item(self, ordinal: int, item: Any) -> bool:
         self.seen.append((item[0], time.time() - item[1]))
+        return True
+
+    def complete(self) -> bool:
+        self.out.extend(self.seen)
+        self.seen = []
         return True
 
 
