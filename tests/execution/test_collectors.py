@@ -136,3 +136,35 @@ def test_a_keyed_group_is_split_by_its_keys_as_their_items_would_be() -> None:
     text = str(e.value)
     assert text.startswith("a partitioned edge: partitioner test_a_keyed_group_is_split_by")
     assert text.endswith(" raised ValueError: no partition on the key 'k' of KeyedGroup((0, 1), {'k': 1})")
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_an_identity_key_routes_each_item_as_its_own_key(bulk: bool) -> None:
+    """A key function that returns its item (``lambda k: k``) is not called per item:
+    the split looks the items up as keys. They go where the same keys behind a key
+    function the split calls go, in order, on the bulk path for a chunk of new keys
+    (``bulk``) and on the path of keys seen before with new keys mid-chunk; an
+    unhashable item still goes to its owner."""
+    routing = key_routing(None, 2, 1)
+
+    def collector(key_fn: Any) -> PerTargetCollector:
+        return PerTargetCollector(
+            [SpscQueue(1 << 14), SpscQueue(1 << 14)],
+            key_fn=key_fn,
+            partition_to_target=routing.table,
+        )
+
+    same, called = collector(lambda k: k), collector(lambda k: k + "")
+    assert same.key_is_item and not called.key_is_item
+    first = [f"k{i % 50}" for i in range(100 if bulk else 10)]
+    mixed = [f"k{i % 50}" for i in range(60)] + [f"new{i}" for i in range(20)] + first
+    for c in (same, called):
+        c.add_chunk(first)
+        c.add_chunk(mixed)
+    for target in range(2):
+        got = [k for chunk in same.backlogs[target] for k in chunk]
+        assert got == [k for chunk in called.backlogs[target] for k in chunk]
+        assert got == [k for k in first + mixed if routing.owner(k) == target]
+    odd = ["unhashable"]
+    same.add_chunk(["k1"] * 70 + [odd])  # the cache cannot hold it: routed carefully
+    assert same.backlogs[routing.owner(odd)][-1][-1] is odd

@@ -36,6 +36,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
+from slipstream.aggregate import is_identity
 from slipstream.core.describe import describe_fn, short_repr
 from slipstream.core.errors import KeyFunctionError
 from slipstream.core.groups import KeyedGroup
@@ -186,6 +187,7 @@ class PerTargetCollector(Collector):
         "label",
         "validate_keys",
         "fast_key",
+        "key_is_item",
     )
 
     def __init__(
@@ -215,6 +217,10 @@ class PerTargetCollector(Collector):
         #: Python function: ``entry[0]``) ``itemgetter(0)``, which does the same at C
         #: speed; errors still name ``key_fn`` (_route_carefully)
         self.fast_key = _fast_key(key_fn)
+        #: the key function returns its item (``lambda k: k``, :func:`~slipstream.aggregate.
+        #: is_identity`): the split looks each item up as its own key, no call per item
+        #: (docs/performance.md, "count-10k: identity keys")
+        self.key_is_item = key_fn is not None and is_identity(key_fn)
 
     def is_empty(self) -> bool:
         return self.pending == 0
@@ -279,8 +285,11 @@ class PerTargetCollector(Collector):
                 if k in cache:
                     appends[cache[k]](first)
                 else:
-                    keys = [k]
-                    keys.extend(map(key_fn, items))  # type: ignore[arg-type]
+                    if self.key_is_item:
+                        keys = chunk
+                    else:
+                        keys = [k]
+                        keys.extend(map(key_fn, items))  # type: ignore[arg-type]
                     targets = self._new_targets(keys)
                     if targets is None:  # not all str or int: per new key, as below
                         targets = []
@@ -298,8 +307,12 @@ class PerTargetCollector(Collector):
                 # keys seen before: the cache's own subscript, no test (8 ns a line of
                 # the CSV running sum's 130; docs/performance.md, "The running sum
                 # with two processes")
-                for item in rest:
-                    appends[cache[key_fn(item)]](item)  # type: ignore[misc]
+                if self.key_is_item:
+                    for item in rest:
+                        appends[cache[item]](item)
+                else:
+                    for item in rest:
+                        appends[cache[key_fn(item)]](item)  # type: ignore[misc]
                 return parts
             except KeyError:
                 # ``item``'s key is new (or the key function raised KeyError: called
