@@ -31,7 +31,7 @@ def _pair(capacity: int, ordinals: int = 1) -> tuple[_Emitter, _Emitter]:
     fast, slow = _Emitter(), _Emitter()
     fast.init(Outbox(ordinals, capacity), Context())
     slow.init(_SlowOutbox(ordinals, capacity), Context())
-    assert (fast._emit_bucket is not None) == (ordinals == 1) and slow._emit_bucket is None
+    assert (fast._emit_capacity > 0) == (ordinals == 1) and slow._emit_capacity == 0
     return fast, slow
 
 
@@ -50,6 +50,10 @@ _ops = st.lists(
     st.one_of(
         st.tuples(st.just("emit"), _items, st.sampled_from([None, 0])),
         st.tuples(st.just("drain"), st.none(), st.none()),
+        # the outbox's own offers: a refusal there must not leave try_emit's fast path
+        # appending without clearing ``unfinished``
+        st.tuples(st.just("offer"), _items, st.sampled_from([None, 0])),
+        st.tuples(st.just("offer_many"), st.lists(_items, max_size=4), st.none()),
     ),
     max_size=40,
 )
@@ -65,13 +69,20 @@ def test_try_emit_fast_path_matches_offer(capacity: int, ops: list[Any]) -> None
                 p.outbox.buckets[0].clear()
                 p.outbox.specials = False
             continue
-        assert fast.try_emit(item, ordinal) == slow.try_emit(item, ordinal)
+        if op == "offer":
+            assert fast.outbox.offer(item, ordinal) == slow.outbox.offer(item, ordinal)
+        elif op == "offer_many":
+            left = [fast.outbox.offer_many(item), slow.outbox.offer_many(item)]
+            fast_rest, slow_rest = (None if r is None else list(r) for r in left)
+            assert fast_rest == slow_rest
+        else:
+            assert fast.try_emit(item, ordinal) == slow.try_emit(item, ordinal)
         assert _state(fast) == _state(slow)
 
 
 def test_try_emit_with_several_ordinals_uses_offer() -> None:
     fast, slow = _pair(1, ordinals=2)
-    assert fast._emit_bucket is None
+    assert fast._emit_capacity == 0
     assert fast.try_emit("a") and not fast.try_emit("b")
     assert fast.outbox.buckets == [["a"], ["a"]] and fast.outbox.unfinished
 
@@ -155,3 +166,19 @@ def test_harness_with_outbox_capacity_one_still_checks_documented_processors() -
             return self.try_emit(item * 2)
 
     verify_processor(Double).input([1, 2, 3]).expect_output([2, 4, 6])
+
+
+def test_processors_sharing_an_outbox_each_leave_the_fast_path_on_a_refusal() -> None:
+    """A wrapper that inits its inner processor with its own outbox: a refusal of the
+    inner's offer stops the wrapper's fast path too, so the wrapper's next emit clears
+    ``unfinished`` as Outbox.offer does."""
+    outer, inner = _Emitter(), _Emitter()
+    ob = Outbox(1, 1)
+    outer.init(ob, Context())
+    inner.init(ob, Context())
+    assert inner.try_emit("a") and not inner.try_emit("b") and ob.unfinished
+    ob.buckets[0].clear()
+    assert outer.try_emit("c") and not ob.unfinished
+    assert not outer.try_emit("d") and ob.unfinished
+    ob.buckets[0].clear()
+    assert inner.try_emit("d") and not ob.unfinished

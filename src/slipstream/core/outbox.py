@@ -46,6 +46,7 @@ class Outbox:
         "_all",
         "_flush_fn",
         "side_ordinal",
+        "on_refused",
     )
 
     def __init__(
@@ -72,6 +73,9 @@ class Outbox:
         # True while the last offer was refused: the processor holds an item it must
         # offer again, so the engine does not start a snapshot at a source then
         self.unfinished = False
+        #: called when an offer is refused (``unfinished`` set): AbstractProcessor's
+        #: try_emit then leaves its fast path, which does not clear ``unfinished``
+        self.on_refused: Callable[[], None] | None = None
 
     @property
     def bucket_count(self) -> int:
@@ -107,8 +111,7 @@ class Outbox:
                 b = buckets[0]
                 if len(b) >= cap:
                     if self._flush_fn is None:
-                        self.unfinished = True
-                        return False
+                        return self._refuse()
                     self._flush_fn()
                 b.append(item)
                 self.unfinished = False
@@ -122,8 +125,7 @@ class Outbox:
             b = buckets[ordinal]
             if len(b) >= cap:
                 if self._flush_fn is None:
-                    self.unfinished = True
-                    return False
+                    return self._refuse()
                 self._flush_fn()
             b.append(item)
             self.unfinished = False
@@ -133,8 +135,7 @@ class Outbox:
         for o in ordinals:
             if len(buckets[o]) >= cap:
                 if self._flush_fn is None:
-                    self.unfinished = True
-                    return False
+                    return self._refuse()
                 self._flush_fn()
                 break
         for o in ordinals:
@@ -164,7 +165,7 @@ class Outbox:
                 self.specials = True
         if len(added) == room:
             for item in it:  # one more: the bucket is full, so it is refused
-                self.unfinished = True
+                self._refuse()
                 return _Prepend(item, it)
         self.unfinished = False
         return None
@@ -178,6 +179,13 @@ class Outbox:
             self._flush_fn()
         sb.append((key, value))
         return True
+
+    def _refuse(self) -> bool:
+        """An offer is refused: set ``unfinished``, tell ``on_refused``; ``False``."""
+        self.unfinished = True
+        if self.on_refused is not None:
+            self.on_refused()
+        return False
 
     def has_unfinished_item(self) -> bool:
         """Whether the last offer was refused (its item must be offered again)."""
