@@ -538,8 +538,13 @@ def use_writer(monkeypatch: Any, writer: str) -> str:
     """Make the scenarios' jobs use ``writer``: ``thread`` or ``fork``
     (``JobConfig.snapshot_writer``), or ``live``: the thread writer with copy-on-write
     saves (state/live.py) for every map whose values are replaced, however small, two
-    entries per step. For the writer fixtures of the scenario tests; returns ``writer``."""
+    entries per step (a layered map is then diffed only until its first save). With
+    ``thread`` a layered map is diffed up to 20 keys (state/keyed.py DIFF_MAX), so that
+    the scenarios' larger maps leave that mode mid-interval. For the writer fixtures of
+    the scenario tests; returns ``writer``."""
     module = sys.modules[__name__]
+    if writer == "thread":
+        monkeypatch.setattr(keyed_mod, "DIFF_MAX", 20)
     if writer == "live":
         monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 0)
         monkeypatch.setattr(live, "LIVE_SAVE_STEP", 2)

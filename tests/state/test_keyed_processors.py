@@ -48,6 +48,23 @@ from slipstream.window import KeyedWindowResult, sliding_window_def, tumbling_wi
 
 Entries = list[tuple[Any, Any]]
 
+#: the size up to which a layered map is diffed by default (state/keyed.py)
+DIFF_MAX = keyed_mod.DIFF_MAX
+
+
+@pytest.fixture(autouse=True)
+def _layered_small_maps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layered maps' tests here use small maps, which are diffed by default
+    (``state.keyed.DIFF_MAX``): here they are layered from the start, as a larger map
+    is. The diffed maps' own tests (``diffed``) set the default back."""
+    monkeypatch.setattr(keyed_mod, "DIFF_MAX", -1)
+
+
+@pytest.fixture
+def diffed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small layered maps are diffed, as by default."""
+    monkeypatch.setattr(keyed_mod, "DIFF_MAX", DIFF_MAX)
+
 
 class Driver:
     """One processor with an outbox of one ordinal and a context that takes
@@ -690,6 +707,97 @@ def test_a_rolling_count_writes_few_changes_into_a_layer_that_is_the_next_delta(
     d.feed([(7, 1)])
     full = d.save(4, 2)[0][1]
     assert full.mode == FULL and full.upserts[7] == 3 and full.upserts[3] == 4
+
+
+@pytest.mark.usefixtures("diffed")
+@pytest.mark.parametrize("op", [counting(), summing(operator.itemgetter(1))])
+def test_a_small_rolling_aggregate_marks_nothing_and_its_save_compares(op: Any) -> None:
+    """A small map (at most DIFF_MAX keys) is updated as a plain dict, with no layer and
+    no mark; its save compares it with the previous save's copy: a delta holds exactly
+    the keys whose value changed (and new keys), a save after an uncommitted one or
+    with every key changed is full, and the chain restores the map."""
+    d = Driver(rolling_aggregate(operator.itemgetter(0), op))
+    st = d.p.states
+    assert st.diff_base == {} and st.layer is None
+    d.feed([(k, 1) for k in range(100)])
+    chain = [(1, d.save(1, 0))]
+    assert chain[0][1][0][1] == StateMapSave(FULL, {k: 1 for k in range(100)})
+    d.feed([(3, 1), (7, 1), (3, 1), (200, 1)])  # 200: new
+    assert st.layer is None and not st.dirty and st.diff_base == {k: 1 for k in range(100)}
+    assert d.output[-4:] == [(3, 2), (7, 2), (3, 3), (200, 1)]
+    chain.append((2, d.save(2, 1)))
+    assert chain[-1][1][0][1] == StateMapSave(DELTA, {3: 3, 7: 2, 200: 1}, (), 1)
+    chain.append((3, d.save(3, 2)))  # nothing changed: an empty delta
+    assert chain[-1][1][0][1] == StateMapSave(DELTA, {}, (), 2)
+    d.feed([(7, 1)])
+    chain.append((4, d.save(4, 3)))
+    assert chain[-1][1][0][1] == StateMapSave(DELTA, {7: 3}, (), 3)
+    want = {k: 1 for k in range(100)} | {3: 3, 7: 3, 200: 1}
+    assert full_state(merged(chain)) == full_state([(StateMap("e"), StateMapSave(FULL, want))])
+    d.feed([(7, 1)])
+    full = d.save(5, 3)[0][1]  # after an uncommitted save (4): full
+    assert full.mode == FULL and full.upserts == want | {7: 4}
+    d.feed([(k, 1) for k in list(range(100)) + [200]])  # every key changed: full
+    assert d.save(6, 5)[0][1].mode == FULL
+
+
+@pytest.mark.usefixtures("diffed")
+def test_a_diffed_map_that_grows_past_diff_max_is_layered_with_its_changes_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a diffed map holds more than DIFF_MAX keys (checked once a chunk) it leaves
+    the mode: the keys changed since the last save, before it grew too, are the first
+    layer, and the next save's delta holds them with the keys inserted since."""
+    monkeypatch.setattr(keyed_mod, "DIFF_MAX", 20)
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    st = d.p.states
+    d.feed([(k, 1) for k in range(10)])
+    chain = [(1, d.save(1, 0))]
+    d.feed([(3, 1)])
+    d.feed([(k, 1) for k in range(10, 30)])  # 30 keys (one chunk: the next one checks)
+    assert st.diff_base is not None
+    d.feed([(5, 1), (31, 1)])
+    assert st.diff_base is None and st.layer == {3: 2, **{k: 1 for k in range(10, 30)}, 5: 2}
+    chain.append((2, d.save(2, 1)))
+    assert chain[-1][1][0][1] == StateMapSave(
+        DELTA, {3: 2, 5: 2, 31: 1, **{k: 1 for k in range(10, 30)}}, (), 1
+    )
+    assert st.layer == {}  # layered from here
+    d.feed([(5, 1)])
+    chain.append((3, d.save(3, 2)))
+    assert chain[-1][1][0][1] == StateMapSave(DELTA, {5: 3}, (), 2)
+    want = {k: 1 for k in range(32) if k != 30} | {3: 2, 5: 3}
+    assert full_state(merged(chain)) == full_state([(StateMap("e"), StateMapSave(FULL, want))])
+
+
+@pytest.mark.usefixtures("diffed")
+def test_a_diffed_map_saves_a_removed_key_as_removed() -> None:
+    """A key removed from a diffed map (the rolling processors remove none; a custom
+    processor's layered map might) is in the next delta's removed keys."""
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    st = d.p.states
+    d.feed([(k, 1) for k in range(5)])
+    d.save(1, 0)
+    dict.__delitem__(st, 2)
+    d.feed([(4, 1)])
+    assert d.save(2, 1)[0][1] == StateMapSave(DELTA, {4: 2}, (2,), 1)
+
+
+@pytest.mark.usefixtures("diffed")
+def test_a_diffed_map_restored_from_its_own_chain_saves_only_what_changed_since() -> None:
+    """Restored from exactly its own chain (keyed.continue_restored_chain), a diffed map
+    compares its first save with what it restored: a delta of the keys changed since."""
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.feed([(k, 1) for k in range(50)])
+    entries = d.save(1, 0)
+    r = d.restored(merged([(1, entries)]))
+    r.ctx.restored_snapshot_id = 1
+    r.ctx._restored_maps = {("e", None): 50}
+    r.ctx._restored_states = [r.p.states]
+    assert keyed_mod.continue_restored_chain(r.ctx)
+    assert r.p.states.diff_base == {k: 1 for k in range(50)}
+    r.feed([(9, 1)])
+    assert r.save(2, 1)[0][1] == StateMapSave(DELTA, {9: 2}, (), 1)
 
 
 def test_a_count_into_an_empty_layer_leaves_the_map_and_layer_the_layered_loop_would() -> None:

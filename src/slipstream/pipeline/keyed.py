@@ -150,7 +150,9 @@ class MapStatefulP(AbstractProcessor):
             if self._op.finish is identity:
                 # and while few keys change between two snapshots, the loop writes the
                 # changes into a small layer that is the next delta (state/keyed.py),
-                # from the start: the keys the creation pass inserts are the map's tail
+                # from the start: the keys the creation pass inserts are the map's tail;
+                # a small map (state.keyed.DIFF_MAX) is diffed instead: updated as a
+                # plain dict, its save compares it with its previous save's copy
                 self.states.layered = True
                 self.states.start_layer()
 
@@ -172,7 +174,11 @@ class MapStatefulP(AbstractProcessor):
             self._pending = _NOTHING
             inbox.popleft()
         states = self.states
-        if getattr(states, "layer", None) is not None or getattr(states, "frozen", None):
+        if (
+            getattr(states, "layer", None) is not None
+            or getattr(states, "frozen", None)
+            or getattr(states, "diff_base", None) is not None
+        ):
             states.settle()  # type: ignore[attr-defined]  # the map alone, marked from here
         dirty = getattr(states, "dirty", None)
         key_fn = self._key_fn
@@ -231,14 +237,20 @@ class MapStatefulP(AbstractProcessor):
             return
         finish = op.finish
         states = self.states
+        diffed = getattr(states, "diff_base", None) is not None
+        if diffed and len(states) > keyed_state_mod.DIFF_MAX:
+            states.undiff()  # type: ignore[attr-defined]  # grown: layered from here
+            diffed = False
         if finish is identity and getattr(states, "layer", None) is not None:
             self._rolling_layered(inbox, n, bucket)
             return
         if getattr(states, "layer", None) is not None or getattr(states, "frozen", None):
             states.settle()  # type: ignore[attr-defined]  # the map alone, marked from here
         dirty = getattr(states, "dirty", None)
-        if dirty is not None and getattr(states, "all_dirty", False):
-            dirty = None  # the next save is full anyway: nothing to mark until then
+        if dirty is not None and (diffed or getattr(states, "all_dirty", False)):
+            # a diffed map: its save finds what changed; all dirty: the next save is
+            # full anyway. Nothing to mark until then
+            dirty = None
         start = len(bucket)
         size = len(states) if dirty is not None else 0  # (a disk state may query it)
         get = states.get

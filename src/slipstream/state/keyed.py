@@ -79,18 +79,31 @@ end), so a creation pass (every key new) neither marks its keys nor fills the la
 whether the next interval writes a layer counts only the keys that *changed*. Leaving
 the layer (:meth:`KeyedState.settle`) marks the tail's keys; a removal behind the
 layer's back (the map shorter than its tail's start) makes the next save full.
+
+A *small* layered map (at most :data:`DIFF_MAX` keys) writes no layer and marks nothing:
+it is *diffed*. The processor updates it as it would a plain ``dict`` (no guarantee's
+loop), and the save finds what changed by comparing the map with
+:attr:`KeyedState.diff_base`, the copy taken at the previous save (the values are
+replaced, never changed in place, so a value that is not the same object changed): at
+10,000 keys a comparison of ~0.4 ms and a copy of ~0.03 ms a save, where the layer's
+lookup cost ~10 ns an item (~4 % of a rolling count's CPU at 10,000 keys). Once the map
+grows past :data:`DIFF_MAX` (the processor checks once a chunk) it leaves the mode
+(:meth:`KeyedState.undiff`): the keys changed since the last save go into a new layer
+and the map is layered from there, as a larger map is from its start.
 """
 
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterator, KeysView, ValuesView
-from itertools import chain, islice
+from itertools import chain, compress, islice, repeat
+from operator import is_not
 from typing import Any, NamedTuple, cast
 
 from slipstream.state.live import ABSENT as _LIVE_ABSENT
 
 __all__ = [
     "DELTA",
+    "DIFF_MAX",
     "DROP",
     "FULL",
     "KEYED",
@@ -125,6 +138,10 @@ LAYER_MIN = 4096
 #: a saved layer of at least this many keys is retained as :attr:`KeyedState.frozen`
 #: instead of written into the map (see :meth:`KeyedState._retain`)
 LAYER_KEEP_MIN = 20_000
+#: a layered map of at most this many keys is *diffed* (see the module doc): below
+#: ``LIVE_SAVE_MIN_KEYS`` (a save's copy of it, as of any small map, costs less than
+#: steps) by more than a chunk, since the processor checks the size once a chunk
+DIFF_MAX = 16_384
 #: :meth:`KeyedState.seal_marks` once ``dirty`` holds this many keys: just under the 60 %
 #: of 2^20 slots at which a set's table doubles to 2^21 (33.5 MB), less a chunk's keys
 MARKS_SEAL = 600_000
@@ -169,6 +186,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         "layer",
         "interim_layer",
         "frozen",
+        "diff_base",
         "_merge",
         "_tail_from",
         "_context",
@@ -213,6 +231,10 @@ class KeyedState(dict):  # type: ignore[type-arg]
         #: or the retained layers (:meth:`_retain`): read after :attr:`layer`, before
         #: the map; empty otherwise
         self.frozen: dict[Any, Any] = {}
+        #: while the map is diffed (a small layered map, see the module doc): its content
+        #: at its last save (empty before the first), which the next save compares it
+        #: with; ``None`` otherwise
+        self.diff_base: dict[Any, Any] | None = None
         #: the layer's merge into the map in steps, or a tail save (``LiveSave`` of mode
         #: ``"tail"``: it walks the map's tail, then merges the layer)
         self._merge: Any = None
@@ -296,15 +318,38 @@ class KeyedState(dict):  # type: ignore[type-arg]
     def start_layer(self) -> None:
         """Write a layer from now on (a layered map before its first save: the creation
         pass inserts its keys into the map, where they are the tail, and writes the
-        changes of keys that exist into the layer)."""
+        changes of keys that exist into the layer); a map of at most :data:`DIFF_MAX`
+        keys is diffed instead (see the module doc) until it grows past them."""
         if (
             self.layered
             and self.layer is None
+            and self.diff_base is None
             and self.dirty is not None
             and getattr(self._context, "snapshot_writer", "thread") != "fork"
         ):
+            if dict.__len__(self) <= DIFF_MAX:
+                self.diff_base = {}  # (the first save is full)
+                return
             self.layer = {}
             self._tail_from = dict.__len__(self)
+
+    def undiff(self) -> None:
+        """Leave the diffed mode (the map grew past :data:`DIFF_MAX`, or it is settled):
+        the keys changed since the last save (found by comparing the map with
+        :attr:`diff_base`; none before the first save, which is full) become a new
+        layer, removed ones are marked, and the map is layered from here (its tail
+        starts now). A comparison of at most :data:`DIFF_MAX` keys and a chunk's: ~1 ms."""
+        base = self.diff_base
+        if base is None:
+            return
+        self.diff_base = None
+        layer: dict[Any, Any] = {}
+        if self._saved_id:
+            layer, removed = _changes(self, base)
+            if removed and self.dirty is not None:
+                self.dirty.update(removed)
+        self.layer = layer
+        self._tail_from = dict.__len__(self)
 
     def inserts_to_map(self) -> bool:
         """Whether a layered writer inserts a *new* key into the map itself (``states[k]
@@ -374,6 +419,8 @@ class KeyedState(dict):  # type: ignore[type-arg]
         in ``dirty``: the map alone holds the state again, and changes until the next
         save are marked (call it before reading or writing the map other than through
         the layer)."""
+        if self.diff_base is not None:
+            self.undiff()  # its changes since the last save: a layer, written below
         if self._merge is not None:
             self._merge.finish()
         frozen = self.frozen
@@ -572,6 +619,13 @@ class KeyedState(dict):  # type: ignore[type-arg]
         key = StateMap(self.tag, self.detail)
         dirty = self.dirty
         base = self._saved_id
+        if self.diff_base is not None:
+            from slipstream.state import live as live_mod
+
+            if dict.__len__(self) < live_mod.LIVE_SAVE_MIN_KEYS:
+                self._saved_id = sid
+                return self._diffed_entry(key, base)
+            self.undiff()  # (grown by a restore the chain does not continue: no save yet)
         self._saved_id = sid
         if dirty is None:
             return key, StateMapSave(FULL, self._full(sid))
@@ -626,6 +680,25 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if layered:  # after the entry: a save cancelled by it merged its overlay
             self._tail_from = dict.__len__(self)
         return entry
+
+    def _diffed_entry(self, key: StateMap, base: int) -> tuple[StateMap, StateMapSave]:
+        """The save of a diffed map (see the module doc): a copy of the map, which is the
+        next save's :attr:`diff_base`, and either that copy (full: the first save, after
+        a failed snapshot, or every key changed) or the keys whose value is not the same
+        object as in the previous save's copy and the keys that copy had and the map
+        lacks (a delta relative to snapshot ``base``)."""
+        previous = self.diff_base
+        copy = self.diff_base = dict.copy(self)
+        if self.dirty:
+            self._new_marks()  # (nothing marks a diffed map)
+        self.all_dirty = False
+        committed = int(getattr(self._context, "committed_snapshot_id", 0) or 0)
+        if base == 0 or committed < base or previous is None:
+            return key, StateMapSave(FULL, copy)
+        upserts, removed = _changes(copy, previous)
+        if len(upserts) >= len(copy):
+            return key, StateMapSave(FULL, copy)
+        return key, StateMapSave(DELTA, upserts, removed, base)
 
     def _marked_entry(
         self,
@@ -766,6 +839,13 @@ def continue_restored_chain(context: Any) -> bool:
         if name in maps:
             s._saved_id = sid
             s._entry = None
+            if getattr(s, "diff_base", None) is not None:  # what it holds now is saved
+                if dict.__len__(s) <= DIFF_MAX:
+                    s.diff_base = dict.copy(s)
+                else:
+                    s.diff_base = None
+                    s.layer = {}
+                    s._tail_from = dict.__len__(s)
             if getattr(s, "_tail_from", -1) >= 0:  # what the restore inserted is not new
                 s._tail_from = dict.__len__(s)
             s.dirty.clear()  # in place: a processor may hold the set
@@ -816,6 +896,24 @@ def saved_entry(
 
 
 _MISSING: Any = object()
+
+
+def _changes(cur: dict[Any, Any], base: dict[Any, Any]) -> tuple[dict[Any, Any], tuple[Any, ...]]:
+    """What changed from ``base`` to ``cur`` (maps whose values are replaced, never
+    changed in place): the entries of ``cur`` whose value is not the same object in
+    ``base`` (new keys, and values replaced since: an equal value written again counts,
+    which costs bytes, never correctness), and the keys of ``base`` that ``cur`` lacks.
+    At C speed: ~40 ns an entry of ``cur``."""
+    upserts = dict(
+        compress(
+            dict.items(cur),
+            map(is_not, dict.values(cur), map(base.get, dict.keys(cur), repeat(_MISSING))),
+        )
+    )
+    new = len(upserts.keys() - base.keys())
+    if dict.__len__(cur) - new < len(base):  # some key of base is gone
+        return upserts, tuple(base.keys() - dict.keys(cur))
+    return upserts, ()
 
 
 class _LayerMerge:
