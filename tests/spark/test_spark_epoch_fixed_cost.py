@@ -10,6 +10,7 @@ per-item path")."""
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 import slipstream as ss
 from slipstream import DAG, Edge, sinks, sources
 from slipstream import processors as P
+from slipstream.aggregate import counting
 from slipstream.core.processor import AbstractProcessor
 from slipstream.spark.task import MAX_RECORD_ITEMS
 
@@ -104,3 +106,67 @@ def test_a_processor_takes_an_input_record_in_one_call() -> None:
     engine.new_job(dag).join(60)
     assert sorted(engine.get_list("out")) == list(range(2 * MAX_RECORD_ITEMS))
     assert max(engine.get_list("takes")) == MAX_RECORD_ITEMS
+
+
+def _line(text: str) -> str:
+    return text
+
+
+@pytest.mark.timeout(300)
+def test_the_drivers_py4j_calls_per_epoch_do_not_grow_with_the_epochs(
+    spark_session: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's round trips to the JVM in an epoch stay the same however many epochs
+    the job ran: the Spark job ids of the job's group (one per data epoch so far) are
+    read as one string, not one py4j call per id (twice an epoch: ~4 calls more in each
+    epoch than in the one before). Counted in the thread that runs the epochs, between
+    two epochs' commit hooks; the fewest of the last epochs against the fewest of the
+    first (a py4j call of another kind here and there does not count twice)."""
+    import threading
+
+    from py4j import clientserver
+
+    from slipstream.spark.io import spark_stream_source
+    from slipstream.spark.streaming import SparkStreamingJob
+
+    directory = tmp_path / "in"
+    directory.mkdir()
+    for i in range(14):
+        path = directory / f"part-{i:03d}.txt"
+        path.write_text("\n".join(f"k{(i * 7 + j) % 5}" for j in range(20)))
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    calls: list[int] = [0]
+    epoch_thread: list[int] = []
+    send = clientserver.ClientServerConnection.send_command
+
+    def counted(self: Any, command: str) -> Any:
+        if threading.get_ident() in epoch_thread:
+            calls[0] += 1
+        return send(self, command)
+
+    monkeypatch.setattr(clientserver.ClientServerConnection, "send_command", counted)
+    df = spark_session.readStream.option("maxFilesPerTrigger", 1).text(str(directory))
+    dag = DAG()
+    src = dag.new_vertex("source", spark_stream_source(df, _line))
+    count = dag.new_vertex("count", P.accumulate_by_key(_line, counting()))
+    dag.edge(Edge.between(src, count).distributed().partitioned(_line))
+    job = SparkStreamingJob(
+        ss.spark(spark_session),
+        dag,
+        ss.JobConfig(name="py4j-per-epoch"),
+        str(tmp_path / "checkpoint"),
+        {"availableNow": True},
+    )
+    marks: list[int] = []
+
+    def at_commit(_epoch_id: int) -> None:
+        if not epoch_thread:
+            epoch_thread.append(threading.get_ident())
+        marks.append(calls[0])
+
+    job._before_commit = at_commit
+    job._start()
+    job.join(300)
+    per_epoch = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    assert len(per_epoch) >= 12
+    assert min(per_epoch[-4:]) <= min(per_epoch[1:5]) + 2, per_epoch

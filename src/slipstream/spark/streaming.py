@@ -706,11 +706,24 @@ class _EpochJob(SparkJobBase):
         return results
 
     def _spark_job_ids(self) -> set[int]:
+        """The ids of the Spark jobs of this job's group that Spark's status store keeps
+        (up to ``spark.ui.retainedJobs``, 1,000 by default: one a data epoch), read in a
+        fixed number of py4j calls: the id array as one string. Iterating the JVM array
+        fetched its elements one py4j call each, twice an epoch, so the driver's work
+        between epochs grew by ~4 round trips per epoch the job had run (168 in
+        epoch 40, ~4,000 once 1,000 jobs are retained; docs/performance.md, "count-10k:
+        identity keys, and the driver's calls per epoch")."""
+        sc = self.engine.spark_context
         try:
-            tracker = self.engine.spark_context.statusTracker()
-            return set(tracker.getJobIdsForGroup(self.job_group))
-        except Exception:  # noqa: BLE001 - a test double has no status tracker
-            return set()
+            # the JVM tracker's own array (PySpark's StatusTracker makes it a list)
+            ids = sc._jsc.statusTracker().getJobIdsForGroup(self.job_group)
+            text = sc._jvm.java.util.Arrays.toString(ids)
+        except Exception:  # noqa: BLE001 - a test double has no JVM tracker
+            try:
+                return set(sc.statusTracker().getJobIdsForGroup(self.job_group))
+            except Exception:  # noqa: BLE001 - nor a status tracker
+                return set()
+        return {int(x) for x in str(text).strip("[]").split(",") if x.strip()}
 
     def _record_breakdown(
         self,
