@@ -287,6 +287,94 @@ def test_an_error_in_the_fused_producer_names_it_and_the_consumers_names_the_con
     assert e2.value.vertex == "count"
 
 
+# -- a flat_map into a counting consumer: counted line by line ----------------------------------
+
+LINES = ["the cat", "", "a cat and the dog", "dog", "the the the", "z"] * 40
+
+
+def words_made_one_by_one(line: str) -> Iterator[str]:
+    """A generator: its words are made while the consumer counts."""
+    yield from line.split()
+
+
+def bad_line(line: str) -> list[str]:
+    if line == "dog":
+        raise ValueError("no dogs")
+    return line.split()
+
+
+def dies_half_way(line: str) -> Iterator[str]:
+    words = line.split()
+    yield from words[:1]
+    if line == "dog":
+        raise ValueError("no dogs")
+    yield from words[1:]
+
+
+def unhashable_words(line: str) -> list[Any]:
+    return [[w] for w in line.split()]
+
+
+def counted_line_by_line(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Notes the items of each call of the line-by-line counting path."""
+    from slipstream.execution import fusion
+
+    calls: list[int] = []
+    real = fusion.count_flat_mapped
+
+    def spy(fn: Any, items: Any, *rest: Any) -> int:
+        calls.append(len(items))
+        return real(fn, items, *rest)
+
+    monkeypatch.setattr(fusion, "count_flat_mapped", spy)
+    return calls
+
+
+@pytest.mark.parametrize("tokenize", [str.split, words_made_one_by_one])
+@pytest.mark.parametrize("members", [1, 2])
+def test_a_flat_map_into_a_count_counts_line_by_line_with_the_unfused_output_and_figures(
+    monkeypatch: pytest.MonkeyPatch, tokenize: Any, members: int
+) -> None:
+    calls = counted_line_by_line(monkeypatch)
+    runs = []
+    for fuse in (True, False):
+        engine = ss.local(members=members, outbox_capacity=7)  # many small chunks
+        job = engine.new_job(word_count_dag(LINES, tokenize), JobConfig(fuse_vertices=fuse))
+        job.join(20)
+        figures = {v: m for v, m in job.metrics.items() if v != "__job__"}
+        runs.append((sorted(engine.get_list("counts")), figures))
+        if fuse:
+            assert sum(calls) == len(LINES)  # every line went this way, none other
+    assert runs[0] == runs[1]
+    assert runs[0][0] == sorted(Counter(w for line in LINES for w in line.split()).items())
+    assert runs[0][1]["tokenize"]["items_out"] == runs[0][1]["accumulate"]["items_in"] == 480
+
+
+@pytest.mark.parametrize(
+    "tokenize,vertex",
+    [(bad_line, "tokenize"), (dies_half_way, "tokenize"), (unhashable_words, "accumulate")],
+)
+def test_an_error_counting_line_by_line_is_the_one_unfused(
+    monkeypatch: pytest.MonkeyPatch, tokenize: Any, vertex: str
+) -> None:
+    """The tokenizer's error names it and its line; the counting's own (an unhashable
+    word) names the consumer: the same error as unfused."""
+    calls = counted_line_by_line(monkeypatch)
+    errors = []
+    for fuse in (True, False):
+        job = ss.local().new_job(
+            word_count_dag(LINES, tokenize), JobConfig(name="wc", fuse_vertices=fuse)
+        )
+        with pytest.raises(ss.JobFailedError) as e:
+            job.join(20)
+        errors.append((e.value.vertex, e.value.processor_index, str(e.value)))
+    assert calls
+    assert errors[0] == errors[1]
+    assert errors[0][0] == vertex
+    if vertex == "tokenize":
+        assert "on item 'dog': ValueError: no dogs" in errors[0][2]
+
+
 def broken_key(word: str) -> str:
     raise KeyError(f"no key for {word}")
 

@@ -115,6 +115,61 @@ def test_chain_fused_into_an_aggregation_under_the_harness(steps: Any, items: li
     )
 
 
+def same(x: int) -> int:
+    return x
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(STEPS["flat_map"]), items_st)
+def test_a_flat_map_fused_into_a_count_by_the_item_under_the_harness(
+    fn: Callable[[int], Any], items: list[int]
+) -> None:
+    """One flat_map into counting() keyed by the item itself: its results are counted
+    item by item (aggregation.count_flat_mapped), with snapshots and restores between
+    items, and with none."""
+    expected = Counter(oracle([("flat_map", fn)], items))
+    supplier = input_fused(P.aggregate_by_key(same, counting()), {0: ChainFn([("flat_map", fn)])})
+    verify_processor(supplier).cooperative_timeout(0).input(items).output_checker(
+        SAME_ITEMS_ANY_ORDER
+    ).expect_output(sorted(expected.items()))
+
+
+def no_sevens(line: str) -> list[str]:
+    if "7" in line:
+        raise ValueError("a seven")
+    return line.split()
+
+
+def word_count(text: list[str], tokenize: Callable[[str], list[str]]) -> ss.Pipeline:
+    p = ss.Pipeline()
+    p.read_from(sources.items(text)).flat_map(tokenize).group_by(same).aggregate(
+        counting()
+    ).write_to(sinks.list_sink("counts"))
+    return p
+
+
+def test_a_word_counts_tokenizer_error_names_its_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 1 counts each line's words as they are made; an error of the tokenizer
+    still names the line it was on."""
+    from slipstream.pipeline import fused
+
+    calls: list[int] = []
+    real = fused.count_flat_mapped
+
+    def spy(fn: Any, items: Any, *rest: Any) -> int:
+        calls.append(len(items))
+        return real(fn, items, *rest)
+
+    monkeypatch.setattr(fused, "count_flat_mapped", spy)
+    engine = ss.local()
+    engine.new_job(word_count(["a b", "b", ""], str.split)).join(timeout=20)
+    assert sorted(engine.get_list("counts")) == [("a", 1), ("b", 2)]
+    assert sum(calls) == 3
+    with pytest.raises(ss.JobFailedError) as e:
+        ss.local().new_job(word_count(["a b", "c d 7 e", "f"], no_sevens)).join(timeout=20)
+    assert "on item 'c d 7 e': ValueError: a seven" in str(e.value)
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chain_st, chain_st, st.lists(st.integers(-50, 50), min_size=1, max_size=200))
 def test_pipeline_of_random_chains_end_to_end(first: Any, second: Any, items: list[int]) -> None:

@@ -51,6 +51,7 @@ from slipstream.core.partition import DEFAULT_PARTITION_COUNT
 from slipstream.core.processor import Context, Processor
 from slipstream.execution.collectors import PerTargetCollector
 from slipstream.execution.pair import PairP
+from slipstream.processors.aggregation import count_flat_mapped
 
 __all__ = [
     "FusedPairP",
@@ -61,6 +62,11 @@ __all__ = [
     "fusion_enabled",
     "stage_figures",
 ]
+
+
+def _none(*args: Any) -> None:
+    """What a processor without ``flat_map_fn`` / ``counting_map`` answers."""
+    return None
 
 
 def is_stateless_builtin(processor: Processor) -> bool:
@@ -186,6 +192,10 @@ class FusedPairP(PairP):
         # processor's own process() takes what its outbox bucket has room for, a line at
         # a time for a flat_map; the consumer bounds what waits here instead
         self._process_all: Callable[[Sequence[Any]], list[Any]] | None = None
+        # set with it when the producer is a flat_map (its function) and the consumer
+        # may count into a map (GroupByKeyP.counting_map): see _count
+        self._flat_map_fn: Callable[[Any], Any] | None = None
+        self._counting_map: Callable[[int], dict[Any, Any] | None] = _none
         relevant = getattr(second, "min_relevant_watermark", None)
         if getattr(relevant, "__func__", None) is not Processor.min_relevant_watermark:
             self.min_relevant_watermark = relevant  # type: ignore[method-assign,assignment]
@@ -210,6 +220,10 @@ class FusedPairP(PairP):
         self._init_pair(outbox, fc, context)
         if is_stateless_builtin(self.first) and fc.item_errors.fails:
             self._process_all = self.first.process_all  # type: ignore[attr-defined]
+            checker = self._checker
+            if checker is None or not checker.validate_keys:
+                self._flat_map_fn = getattr(self.first, "flat_map_fn", _none)()
+                self._counting_map = getattr(self.second, "counting_map", _none)
 
     def _first(self, call: Any, *args: Any) -> Any:
         """``call(*args)``, one of ``first``'s callbacks: an error it raises is the
@@ -242,10 +256,45 @@ class FusedPairP(PairP):
             return
         if not self._drain():
             return
+        fn = self._flat_map_fn
+        if fn is not None:
+            counts = self._counting_map(self.ordinal)
+            if counts is not None:
+                self._count(fn, inbox, counts)
+                inbox.clear()
+                return
         out = self._first(process_all, inbox)
         inbox.clear()  # nothing is lost: every callback drains first
         self._hand_over(out)
         self._drain()
+
+    def _count(self, fn: Callable[[Any], Any], inbox: Inbox, counts: dict[Any, Any]) -> None:
+        """A ``flat_map`` into a counting consumer (``counting()`` by the item itself):
+        each item's results counted as they are made (``count_flat_mapped``), with no
+        chunk of results in between. An error of ``fn`` names the producer and its
+        item, as :meth:`process`'s path does; one of the removed edge's key check names
+        the producer; one of the counting, the consumer."""
+
+        def failed(item: Any, error: Exception) -> None:
+            self.failed_stage = self.fused_stages[-1]
+            self.first_context.item_errors.handle(item, error)
+
+        checker = self._checker
+        check = None
+        if checker is not None:
+
+            def check(results: list[Any]) -> None:
+                try:
+                    checker.check_keys(results)
+                except BaseException:
+                    self.failed_stage = self.fused_stages[-1]  # the removed edge's producer
+                    raise
+
+        self.in_first = True  # the producer's code runs in it (the slow-call watchdog)
+        try:
+            self.passed += count_flat_mapped(fn, inbox, counts, failed, check)
+        finally:
+            self.in_first = False
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         self.second.restore_from_snapshot(inbox)

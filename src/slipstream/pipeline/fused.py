@@ -37,6 +37,7 @@ from slipstream.core.items import Watermark
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor, drain_between
 from slipstream.execution.pair import PairP
+from slipstream.processors.aggregation import count_flat_mapped
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
 __all__ = ["ChainFn", "FusedChainP", "InputFusedP", "PipeP", "STATELESS_KINDS"]
@@ -97,6 +98,13 @@ class ChainFn:
             else:
                 it = map(_Peek(fn), it)
         return it
+
+    def flat_map_fn(self) -> Callable[[Any], Any] | None:
+        """The function of a chain that is one ``flat_map`` step, else ``None`` (what
+        :class:`InputFusedP` can count line by line into a counting consumer)."""
+        if len(self.steps) == 1 and self.steps[0][0] == "flat_map":
+            return self.steps[0][1]
+        return None
 
     def __call__(self, items: Iterable[Any]) -> list[Any]:
         if not self.steps:
@@ -240,7 +248,18 @@ class InputFusedP(Processor):
             return
         if not inbox:
             return
-        pending.extend(fn.run(inbox, self.context.item_errors))
+        errors = self.context.item_errors
+        flat = fn.flat_map_fn()
+        if flat is not None and errors.fails:
+            counting_map = getattr(inner, "counting_map", None)
+            counts = counting_map(ordinal) if counting_map is not None else None
+            if counts is not None:
+                # a word count's stage 1: each item's results counted as they are
+                # made, with no inbox in between (aggregation.count_flat_mapped)
+                count_flat_mapped(flat, inbox, counts, errors.handle)
+                inbox.clear()
+                return
+        pending.extend(fn.run(inbox, errors))
         if pending:
             inner.process(ordinal, pending)
             if pending:

@@ -251,6 +251,11 @@ class FlatMapP(_BulkP):
         super().init_processor(context)
         self._whole = not context.item_errors.fails
 
+    def flat_map_fn(self) -> Callable[[Any], Iterable[Any]]:
+        """Its function: a fused pair runs it line by line into a counting consumer
+        (processors/aggregation.py, ``count_flat_mapped``)."""
+        return self._fn
+
     def _results(self, item: Any) -> Any:
         results = self._fn(item)
         if self._whole and type(results) is not list and type(results) is not tuple:
