@@ -9,6 +9,7 @@ an item, keeping whatever it still has to emit.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from functools import partial
 from itertools import islice
@@ -468,6 +469,16 @@ def _call_both(first: Callable[[], None], second: Callable[[], None]) -> None:
     second()
 
 
+def _leave_fast_path(ref: weakref.ref[AbstractProcessor]) -> None:
+    """``Outbox.on_refused`` of an :class:`AbstractProcessor` that has ``try_emit``'s fast
+    path. It holds the processor weakly: a bound method would make a reference cycle
+    (processor -> outbox -> processor), and an ended job's processors and their state
+    must be freed by reference counting alone (tests/engine/test_ended_execution.py)."""
+    processor = ref()
+    if processor is not None:
+        processor._emit_capacity = 0  # until an offer through try_emit succeeds again
+
+
 class AbstractProcessor(Processor):
     """Convenience base class: per-item processing, ``try_emit`` and resumable
     ``emit_from(iterator)``."""
@@ -494,17 +505,12 @@ class AbstractProcessor(Processor):
             self._emit_capacity = 0 if outbox.unfinished else outbox.capacity
             # several processors may share an outbox (a wrapper that inits its inner
             # processor with its own): each is told of every refusal
-            prev, mine = outbox.on_refused, self._emit_refused
+            prev, mine = outbox.on_refused, partial(_leave_fast_path, weakref.ref(self))
             outbox.on_refused = mine if prev is None else partial(_call_both, prev, mine)
         else:
             self._emit_bucket = ()
             self._emit_fast_capacity = self._emit_capacity = 0
         self.init_processor(context)
-
-    def _emit_refused(self) -> None:
-        # the outbox refused an offer (``unfinished`` is set): try_emit's fast path
-        # stops until an offer through try_emit succeeds (it clears ``unfinished``)
-        self._emit_capacity = 0
 
     def init_processor(self, context: Context) -> None:
         """Override for set-up that needs the context."""
