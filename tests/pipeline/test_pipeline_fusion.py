@@ -125,7 +125,7 @@ def test_a_flat_map_fused_into_a_count_by_the_item_under_the_harness(
     fn: Callable[[int], Any], items: list[int]
 ) -> None:
     """One flat_map into counting() keyed by the item itself: its results are counted
-    item by item (aggregation.count_flat_mapped), with snapshots and restores between
+    item by item (core/counting.py, count_flat_mapped), with snapshots and restores between
     items, and with none."""
     expected = Counter(oracle([("flat_map", fn)], items))
     supplier = input_fused(P.aggregate_by_key(same, counting()), {0: ChainFn([("flat_map", fn)])})

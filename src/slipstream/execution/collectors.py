@@ -36,7 +36,6 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-from slipstream.aggregate import is_identity
 from slipstream.core.describe import describe_fn, short_repr
 from slipstream.core.errors import KeyFunctionError
 from slipstream.core.groups import KeyedGroup
@@ -220,7 +219,14 @@ class PerTargetCollector(Collector):
         #: the key function returns its item (``lambda k: k``, :func:`~slipstream.aggregate.
         #: is_identity`): the split looks each item up as its own key, no call per item
         #: (docs/performance.md, "count-10k: identity keys")
-        self.key_is_item = key_fn is not None and is_identity(key_fn)
+        if key_fn is None:
+            self.key_is_item = False
+        else:
+            # imported here: a job without a keyed edge loads no aggregate module
+            # (tests/test_public_api.py checks what a pipeline of maps loads)
+            from slipstream.aggregate import is_identity
+
+            self.key_is_item = is_identity(key_fn)
 
     def is_empty(self) -> bool:
         return self.pending == 0

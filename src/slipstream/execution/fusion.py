@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slipstream.core.config import JobConfig
+from slipstream.core.counting import count_flat_mapped
 from slipstream.core.dag import DAG, Edge, RoutingPolicy
 from slipstream.core.inbox import Inbox
 from slipstream.core.outbox import Outbox
@@ -51,7 +52,6 @@ from slipstream.core.partition import DEFAULT_PARTITION_COUNT
 from slipstream.core.processor import Context, Processor
 from slipstream.execution.collectors import PerTargetCollector
 from slipstream.execution.pair import PairP
-from slipstream.processors.aggregation import count_flat_mapped
 
 __all__ = [
     "FusedPairP",

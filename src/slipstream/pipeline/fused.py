@@ -31,13 +31,13 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, islice
 from typing import Any, NamedTuple
 
+from slipstream.core.counting import count_flat_mapped
 from slipstream.core.inbox import Inbox
 from slipstream.core.item_errors import ItemErrors, failed_position
 from slipstream.core.items import Watermark
 from slipstream.core.outbox import Outbox
 from slipstream.core.processor import AbstractProcessor, Context, Processor, drain_between
 from slipstream.execution.pair import PairP
-from slipstream.processors.aggregation import count_flat_mapped
 from slipstream.state.keys import BroadcastKey, KeyedStateKey, is_broadcast, routing_key
 
 __all__ = ["ChainFn", "FusedChainP", "InputFusedP", "PipeP", "STATELESS_KINDS"]
@@ -255,7 +255,7 @@ class InputFusedP(Processor):
             counts = counting_map(ordinal) if counting_map is not None else None
             if counts is not None:
                 # a word count's stage 1: each item's results counted as they are
-                # made, with no inbox in between (aggregation.count_flat_mapped)
+                # made, with no inbox in between (core/counting.py, count_flat_mapped)
                 count_flat_mapped(flat, inbox, counts, errors.handle)
                 inbox.clear()
                 return

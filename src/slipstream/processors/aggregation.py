@@ -302,7 +302,7 @@ class GroupByKeyP(AbstractProcessor):
         is all it does with them (``counting()``, the item itself the key, no key
         tracked for incremental snapshots, no emission begun), else ``None``. A fused
         ``flat_map`` in front counts its results into it with
-        :func:`count_flat_mapped`, one item's results at a time, instead of handing a
+        :func:`~slipstream.core.counting.count_flat_mapped`, one item's results at a time, instead of handing a
         chunk's results over through an inbox first."""
         if ordinal or not (self._counting and self._key_is_identity) or self._results is not None:
             return None
@@ -549,52 +549,6 @@ class GroupByKeyP(AbstractProcessor):
             d[key] = combine_fn(d[key], value)
         else:
             d[key] = value
-
-
-def count_flat_mapped(
-    fn: Callable[[Any], Any],
-    items: Sequence[Any],
-    counts: dict[Any, Any],
-    failed: Callable[[Any, Exception], Any],
-    check: Callable[[list[Any]], None] | None = None,
-) -> int:
-    """A fused ``flat_map(fn)`` feeding a counting consumer (its
-    :meth:`GroupByKeyP.counting_map` ``counts``): the results of ``fn(item)`` for every
-    item of ``items`` counted into ``counts`` one item's results at a time; returns how
-    many results there were. ``check`` sees the first non-empty results (the removed
-    edge's key check of a chunk's first item).
-
-    Why: handed over as a chunk (``list(chain.from_iterable(map(fn, items)))`` into the
-    consumer's inbox, then counted), a chunk's ~10,000 words of a word count are all
-    alive at once, in fresh memory each time; counted line by line, each line's words
-    are freed before the next line's are made and reuse the same memory. Word count's
-    tokenize + count: 0.62 -> 0.53 s of CPU for 5M words (docs/performance.md, "Word
-    count: a line's words counted as they are made").
-
-    An error raised by ``fn`` (or by iterating its result) is the producer's:
-    ``failed(item, error)`` is called with the item it was on, then it goes on. An
-    error of ``check`` or of the counting itself (an unhashable result) goes on as it
-    is. ``fn`` runs once per item; the results of the items before a failing one are
-    counted (the caller's policy is ``"fail"``: the job fails)."""
-    n = 0
-    it = iter(items)
-    producing = True
-    try:
-        for results in _builtin_map(fn, it):
-            if type(results) is not list and type(results) is not tuple:
-                results = list(results)  # a generator's code runs here: the producer's
-            producing = False
-            if check is not None and results:
-                check(results)
-                check = None
-            n += len(results)
-            _count_elements(counts, results)  # type: ignore[misc]
-            producing = True
-    except Exception as e:
-        if producing:
-            failed(items[failed_position(len(items), it)], e)
-        raise
-    return n
 
 
 # -- factories -----------------------------------------------------------------------

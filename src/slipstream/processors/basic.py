@@ -253,7 +253,7 @@ class FlatMapP(_BulkP):
 
     def flat_map_fn(self) -> Callable[[Any], Iterable[Any]]:
         """Its function: a fused pair runs it line by line into a counting consumer
-        (processors/aggregation.py, ``count_flat_mapped``)."""
+        (core/counting.py, ``count_flat_mapped``)."""
         return self._fn
 
     def _results(self, item: Any) -> Any:
