@@ -50,6 +50,41 @@ def test_chunks_written_elsewhere_commit_and_read_back(tmp_path: Path) -> None:
     assert chunk_file_id(refs[0].file) == 1
 
 
+def test_a_manifest_names_chunks_compactly_and_reads_them_back(tmp_path: Path) -> None:
+    """A manifest spells a ref as [snapshot, mode, bytes, MAC in base64], with the
+    file's name only where chunk_file_name does not give it (a compaction's, a task
+    attempt's), and a vertex's empty fields not at all: what it reads back is the
+    manifest committed. The object spelling of older stores reads too
+    (test_columnar's stored format-3 store restores)."""
+    store = DirectorySnapshotStore(tmp_path / "s", key=b"k" * 32)
+    store.ensure_directory()
+    plain = store.write_chunk(3, "count", 0, fmt.CHUNK_DELTA, encode_chunk([("a", 1)], 3, "count", 0))
+    compacted = store.write_chunk(
+        2, "count", 0, fmt.CHUNK_FULL, encode_chunk([("a", 0)], 2, "count", 0), compacted=True
+    )
+    attempt = _write(store, 3, 1, [("b", 2)], "7")
+    manifest = Manifest(3, "job")
+    manifest.vertices["count"] = VertexManifest(
+        2, {1}, {1}, chains={0: [compacted, plain], 1: [attempt]}
+    )
+    manifest.vertices["sink"] = VertexManifest(1)
+    body = manifest.body()
+    assert body["vertices"]["sink"] == {"parallelism": 1}
+    chain0 = body["vertices"]["count"]["chains"]["0"]
+    assert chain0[1] == [3, "delta", plain.size, chain0[1][3]] and len(chain0[1][3]) == 43
+    assert chain0[0][4] == compacted.file
+    assert body["vertices"]["count"]["chains"]["1"][0][4] == attempt.file
+    store.commit(manifest)
+    back = store.read_manifest(3)
+    assert back.vertices == manifest.vertices
+    assert store.read(3).vertices["count"].entries == {0: [("a", 1)], 1: [("b", 2)]}
+    old = Manifest.from_body(
+        {**body, "vertices": {"count": {"parallelism": 2, "completed": [], "final": [],
+                                        "chains": {"0": [plain.as_json()]}}}}
+    )
+    assert old.vertices["count"].chains == {0: [plain]}
+
+
 def test_a_damaged_chunk_fails_naming_its_file(tmp_path: Path) -> None:
     store = DirectorySnapshotStore(tmp_path / "s", key=b"k" * 32)
     store.ensure_directory()

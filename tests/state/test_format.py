@@ -91,3 +91,23 @@ def test_extra_round_trips_through_json() -> None:
     assert fmt.from_json(json.loads(json.dumps(fmt.to_json(extra)))) == extra
     with pytest.raises(TypeError, match=r"extra\['x'\] holds a builtins.set"):
         fmt.to_json({"x": {1}})
+
+
+def test_a_small_pickled_payload_is_written_compressed_and_a_large_one_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pickled payload of at most COMPRESS_MAX bytes is a zlib stream when that is
+    shorter (a small delta: its framing and manifest are most of what a snapshot
+    writes), and decodes to the same records; a larger one, or one that compression
+    does not shorten, is the pickle itself."""
+    delta = [(StateMap(PLAIN), StateMapSave(DELTA, {k * 100: 1000 + k for k in range(100)}, (), 4))]
+    records = fmt.encode_records(delta)
+    pickled = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    payload = fmt.encode_payload(records, columnar=False)
+    assert payload[:1] == b"\x78" and len(payload) < len(pickled)
+    assert fmt.decode_records(fmt.decode_payload(payload)) == delta
+    assert fmt.decode_payload(memoryview(payload)) == fmt.decode_payload(pickled)
+    tiny = fmt.encode_records([(BroadcastKey(("src", 0)), 5)])
+    assert fmt.encode_payload(tiny) == pickle.dumps(tiny, protocol=pickle.HIGHEST_PROTOCOL)
+    monkeypatch.setattr(fmt, "COMPRESS_MAX", len(pickled) - 1)
+    assert fmt.encode_payload(records, columnar=False) == pickled
