@@ -220,12 +220,14 @@ def test_a_sink_vertex_writes_one_transaction_at_a_time_across_processes(tmp_pat
 
     prefix = f"test-turns-{uuid.uuid4().hex}"
     flag = str(tmp_path / "child-holds-the-lock")
-    parent, child_end = multiprocessing.get_context("fork").Pipe()
-    child = multiprocessing.get_context("fork").Process(
-        target=_hold_the_vertex_lock, args=(prefix, flag, child_end)
-    )
+    # forkserver, not fork: a child forked from this multi-threaded process could
+    # inherit a lock another thread held at the fork
+    ctx = multiprocessing.get_context("forkserver")
+    parent, child_end = ctx.Pipe()
+    child = ctx.Process(target=_hold_the_vertex_lock, args=(prefix, flag, child_end), daemon=True)
     child.start()
     try:
+        assert parent.poll(120), "the child never took the lock"
         assert parent.recv() == "holding"
         seen: list[bool] = []
         entered = threading.Event()
