@@ -246,3 +246,25 @@ def test_a_sink_vertex_writes_one_transaction_at_a_time_across_processes(tmp_pat
     finally:
         child.join(30)
     assert child.exitcode == 0
+
+
+def test_the_turn_lock_files_are_a_fixed_private_set(tmp_path: Any, monkeypatch: Any) -> None:
+    """The cross-process turn's lock files live in the user's private temp directory
+    (0700, owner checked) and are a fixed set shared by hash: the runs of many jobs (a
+    prefix each) do not leave a file each behind."""
+    import importlib
+    import stat
+    import tempfile
+
+    kafka_sink = importlib.import_module("slipstream.sinks.kafka")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for i in range(300):
+        fd = kafka_sink._machine_turn(f"slipstream-job{i}-sink-{i:010x}")
+        assert fd is not None
+        os.close(fd)
+    directory = tmp_path / f"slipstream-{os.geteuid()}" / "kafka-txn"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    files = sorted(p.name for p in directory.iterdir())
+    assert 1 < len(files) <= kafka_sink.TURN_SLOTS
+    assert all(name.endswith(".lock") for name in files)

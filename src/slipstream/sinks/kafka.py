@@ -49,7 +49,6 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 import uuid
@@ -64,6 +63,7 @@ except ImportError:  # not POSIX: a vertex's transactions take turns within a pr
 from slipstream.core.commit import AT_COMPLETION, PreparedCommits
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.core.errors import SinkCommitError, SnapshotStoreRolledBackError
+from slipstream.core.files import user_temp_dir
 from slipstream.core.inbox import Inbox
 from slipstream.core.items import Watermark
 from slipstream.core.processor import AbstractProcessor, Context
@@ -101,6 +101,10 @@ _TXN_LOCKS_LOCK = threading.Lock()
 #: it is written anyway (overlap is valid Kafka: a process stopped while it holds the
 #: lock must not stop the others' commits)
 MACHINE_TURN_WAIT_S = 30.0
+#: How many lock files the machine's sink vertices share (a vertex's is chosen by a hash
+#: of its transactional-id prefix): a fixed set, so that the files do not pile up with
+#: every job run; two vertices that share one take turns, which costs only a short wait
+TURN_SLOTS = 64
 
 
 @contextlib.contextmanager
@@ -126,10 +130,10 @@ def _machine_turn(prefix: str) -> int | None:
     given up)."""
     if fcntl is None:
         return None
+    slot = int.from_bytes(hashlib.sha256(prefix.encode()).digest()[:4], "big") % TURN_SLOTS
     try:
-        directory = os.path.join(tempfile.gettempdir(), f"slipstream-kafka-txn-{os.getuid()}")
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd = os.open(os.path.join(directory, f"{prefix}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        directory = user_temp_dir("kafka-txn")  # 0700, owner checked
+        fd = os.open(directory / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError:
         log.debug("no file lock for the transactions of %s", prefix, exc_info=True)
         return None
