@@ -302,8 +302,8 @@ class GroupByKeyP(AbstractProcessor):
         is all it does with them (``counting()``, the item itself the key, no key
         tracked for incremental snapshots, no emission begun), else ``None``. A fused
         ``flat_map`` in front counts its results into it with
-        :func:`~slipstream.core.counting.count_flat_mapped`, one item's results at a time, instead of handing a
-        chunk's results over through an inbox first."""
+        :func:`~slipstream.core.counting.count_flat_mapped`, one item's results at a
+        time, instead of handing a chunk's results over through an inbox first."""
         if ordinal or not (self._counting and self._key_is_identity) or self._results is not None:
             return None
         groups = self.groups

@@ -89,7 +89,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 # The processors of one sink vertex of a job write their transactions one at a time on
 # a machine: threads of a process take a lock, processes (a Spark commit step's tasks,
-# each in its own Python worker; member processes) a file lock of the vertex's on top.
+# each in its own Python worker; member processes) a file lock on top (one of
+# TURN_SLOTS, chosen by the vertex's hash).
 # Overlapping transactions on one partition are valid Kafka, but the Kafka-compatible
 # broker the tests run (Tansu) can keep a committed transaction that overlapped another
 # invisible to read_committed consumers until a later transaction comes: for good after
