@@ -1,11 +1,13 @@
 """A snapshot store with a few committed snapshots, from a job run for it (the tests of
-``ss.state`` reading and querying a store, and of the ``slipstream state`` command)."""
+``ss.state`` reading and querying a store, and of the ``slipstream state`` command), and
+what a store's files say (:func:`class_path_text`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+import zlib
 from os import PathLike
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 import slipstream as ss
 from slipstream import JobConfig, ProcessingGuarantee
 from slipstream.core.errors import JobCancelledError
+from slipstream.state.format import CHUNK_MAGIC
 from slipstream.state.store import DirectorySnapshotStore
 
 
@@ -80,3 +83,16 @@ def part_lines(d: str) -> list[str]:
             with open(os.path.join(d, name)) as fh:
                 lines.extend(x for x in fh.read().split("\n") if x)
     return lines
+
+
+def class_path_text(raw: bytes) -> bytes:
+    """The bytes of a store file in which a pickled class would name its module: the file
+    as it is, and for a chunk whose payload is zlib-compressed (a small pickle,
+    state/format.py's ``COMPRESS_MAX``) its framing followed by the decompressed payload.
+    A scan of the raw bytes for ``b"slipstream"`` does not see into a compressed payload."""
+    if not raw.startswith(CHUNK_MAGIC):
+        return raw
+    *framing, payload = raw.split(b"\n", 3)  # magic, MAC, header; then the payload
+    if payload[:1] != b"\x78":  # a pickle (0x80) or the columns' magic: as it is
+        return raw
+    return b"\n".join([*framing, zlib.decompress(payload)])

@@ -22,6 +22,7 @@ from slipstream import DAG, Edge, sinks, sources
 from slipstream.aggregate import counting
 from slipstream.pipeline.keyed import rolling_aggregate
 from slipstream.state.store import DirectorySnapshotStore
+from store_support import class_path_text
 
 from .chunk_support import damage_chunk, error_text
 from .query_support import feed_and_cancel
@@ -182,6 +183,13 @@ def test_the_driver_receives_chunk_refs_not_state(tmp_path: Path) -> None:
         state_bytes = sum(len(pickle.dumps(es)) for es in store.read(sid).vertices["count"].entries.values())
         result_bytes = sum(len(pickle.dumps(r["snapshot"])) for r in results)
         assert state_bytes > 20 * result_bytes
+    # the files the tasks and the driver wrote name no slipstream class (the format the
+    # two engines share is plain data; tests/test_layers.py checks the embedded engine's)
+    names = os.listdir(store.directory)
+    assert any(n.startswith("chunk-") for n in names)
+    for n in names:
+        with open(os.path.join(store.directory, n), "rb") as fh:
+            assert b"slipstream" not in class_path_text(fh.read()), n
 
 
 def test_a_damaged_chunk_fails_the_epoch_naming_the_file(tmp_path: Path) -> None:
