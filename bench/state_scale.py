@@ -85,6 +85,11 @@ How the figures are taken (``--help`` prints this; the table's notes repeat it b
   interval since the previous snapshot began once every key existed: after the creation
   pass when skewed, after the first K items when uniform; the bytes and changed columns
   count the same snapshots).
+- Store on disk: ``snapshot_store_bytes`` (the size of the store's files after a commit)
+  at each sampled commit, the largest over the run; in brackets over the bytes of one
+  full snapshot of the state (the "full" run's, when it ran). Chunks that no retained
+  manifest names are removed after each commit, so this stays a few times one full
+  snapshot however long the job runs (issue 22, item 4: "disk use bounded; report it").
 - Restore: the newest snapshot requested before the generator ended (its state is the
   run's final state less the last interval; the job's own final snapshot only records
   that every processor completed) is read and verified
@@ -323,7 +328,11 @@ class Sampler(threading.Thread):
         ) != snap.get("entries"):
             return
         self._seen = jm["snapshots"]
-        self.commits[snap["id"]] = dict(snap, pause_us=jm.get("snapshot_pause_us", 0))
+        self.commits[snap["id"]] = dict(
+            snap,
+            pause_us=jm.get("snapshot_pause_us", 0),
+            store_bytes=jm.get("snapshot_store_bytes", 0),
+        )
 
     def time_at(self, position: int) -> float | None:
         """The wall-clock time at which the source's ``items_out`` reached ``position``,
@@ -428,7 +437,11 @@ def per_snapshot(a: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
             }
         )
         prev = pos
-    return {"commits": rows, "restore_id": rows[-1]["id"] if rows else None}
+    return {
+        "commits": rows,
+        "restore_id": rows[-1]["id"] if rows else None,
+        "store_bytes_max": max((c["store_bytes"] for c in sampler.commits.values()), default=0),
+    }
 
 
 def running_snapshot(store_dir: str, snapshot_id: int) -> SnapshotData:
@@ -690,6 +703,15 @@ def _steady(none: dict[str, Any], eo: dict[str, Any]) -> str:
     return f"{rates[0] / 1e6:.2f}M / {rates[1] / 1e6:.2f}M/s ({rates[1] / rates[0]:.2f}x)"
 
 
+def _store_col(eo: dict[str, Any], full: dict[str, Any] | None) -> str:
+    """The store-on-disk column: the largest size of the eo run's store after a commit,
+    and its multiple of one full snapshot's bytes where the full run wrote one."""
+    col = _mb(eo.get("store_bytes_max", 0))
+    if full is not None and full.get("full_bytes"):
+        col += f" ({eo.get('store_bytes_max', 0) / full['full_bytes']:.1f}x)"
+    return col
+
+
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
@@ -738,9 +760,10 @@ def print_tables(
         "\n| keys | pattern | snapshots counted | MB written per snapshot, mean / max "
         "| entries changed per "
         "snapshot, mean (% of keys) | their pickled MB, mean / max | written / changed, "
-        "mean / max | restore: read + job | from one full snapshot: read + job | ratio |"
+        "mean / max | store on disk, MB max (x one full snapshot) | restore: read + job "
+        "| from one full snapshot: read + job | ratio |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for k, p in cells:
         eo = best[(k, p, "eo")]
         all_rows = eo.get("commits", [])
@@ -760,6 +783,7 @@ def print_tables(
             )
         else:
             snap_cols = f"0 of {len(all_rows)} (raise --items) | | | |"
+        snap_cols += f" | {_store_col(eo, best.get((k, p, 'full')))}"
         rs, rf = best.get((k, p, "restore")), best.get((k, p, "restore-full"))
         if rs is not None and rf is not None:
             restore_cols = (
@@ -804,6 +828,10 @@ def print_tables(
         "entries.\n"
         "- written / changed: each snapshot's bytes over its changed entries' pickled "
         "size; mean and largest (the issue's target: <= 2x in the skewed pattern).\n"
+        "- store on disk: the largest size of the store's files after a commit "
+        "(snapshot_store_bytes, at each sampled commit); in brackets over one full "
+        "snapshot's bytes (the full run). Chunks no retained manifest names are removed "
+        "after each commit: it stays bounded.\n"
         "- restore: read and verify the newest snapshot with state (read), then a job "
         "that only restores it and ends (job); from one full snapshot: the same state "
         "written as one full snapshot (the first snapshot of a job restored from it); ratio: "

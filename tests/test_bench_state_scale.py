@@ -1,8 +1,9 @@
 """Smoke test of bench/state_scale.py (issue 22's yardstick): its --quick path at a toy
 size, run as a user runs it, prints both markdown tables with a row per key count and
-pattern (the restore columns filled in), and leaves no file behind: not in the temporary
-directory, not in the home directory (the stores' signing keys and generation files go
-to ~/.local/state unless the key directory is pointed elsewhere).
+pattern (the store's size on disk and the restore columns filled in), and leaves no file
+behind: not in the temporary directory, not in the home directory (the stores' signing
+keys and generation files go to ~/.local/state unless the key directory is pointed
+elsewhere).
 
 It needs real time (snapshots are taken on a wall-clock interval), hence the slow mark.
 """
@@ -38,9 +39,11 @@ def test_state_scale_quick_prints_both_tables_and_leaves_no_files(tmp_path: Path
         assert re.search(
             rf"^\| 1,000 \| {pattern} \| \d+ of \d+ \| [\d.]+ / [\d.]+ \| [\d,]+ \([\d.]+ %\) "
             rf"\| [\d.]+ / [\d.]+ \| [\d.]+x / [\d.]+x "
+            rf"\| [\d.]+ \([\d.]+x\) "  # the store on disk, over one full snapshot
             rf"\| [\d.]+ \+ [\d.]+ = [\d.]+ s \| [\d.]+ \+ [\d.]+ = [\d.]+ s \| [\d.]+x \|$",
             out,
             re.M,
         ), out
     assert "- written / changed: each snapshot's bytes over" in out
+    assert "- store on disk: the largest size of the store's files after a commit" in out
     assert "- steady state: the same rates over the items after every key exists" in out
