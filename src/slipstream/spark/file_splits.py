@@ -48,13 +48,16 @@ import threading
 import weakref
 from typing import Any
 
+from slipstream.spark.jvm import jvm_class, jvm_static
+
 __all__ = ["split_file_scan"]
 
 log = logging.getLogger("slipstream.spark")
 
-_SCAN = "org.apache.spark.sql.execution.datasources.FileScanRDD"
+_DS = "org.apache.spark.sql.execution.datasources."
+_SCAN = _DS + "FileScanRDD"
 _ONE_TO_ONE = "org.apache.spark.OneToOneDependency"
-_TEXT_BASED = "org.apache.spark.sql.execution.datasources.TextBasedFileFormat"
+_TEXT_BASED = _DS + "TextBasedFileFormat"
 _STREAMING_RELATION = "StreamingRelation"
 
 
@@ -68,7 +71,9 @@ _lock = threading.Lock()
 #: stream); asked once per job, not per epoch (each JVM call is a py4j round trip)
 _formats: weakref.WeakKeyDictionary[Any, tuple[Any, Any, Any] | None] = weakref.WeakKeyDictionary()
 #: per SparkContext: the JVM classes and the reflected ``RDD.partitions_`` field
-_jvm_handles: weakref.WeakKeyDictionary[Any, tuple[Any, Any, Any]] = weakref.WeakKeyDictionary()
+_jvm_handles: weakref.WeakKeyDictionary[Any, tuple[Any, Any, Any, Any]] = (
+    weakref.WeakKeyDictionary()
+)
 #: logical plan nodes that keep each row where it is (a projection, a filter, a name)
 _ROW_WISE = frozenset({"Project", "Filter", "SubqueryAlias"})
 
@@ -84,17 +89,17 @@ def _file_format(streaming_df: Any) -> tuple[Any, Any, Any] | None:
     return found
 
 
-def _handles(sc: Any) -> tuple[Any, Any, Any]:
-    """The ``FileScanRDD`` and ``OneToOneDependency`` classes and ``RDD``'s cached
-    partitions field (made accessible), once per SparkContext."""
+def _handles(sc: Any) -> tuple[Any, Any, Any, Any]:
+    """The ``FileScanRDD``, ``OneToOneDependency`` and ``TextBasedFileFormat`` classes
+    and ``RDD``'s cached partitions field (made accessible), once per SparkContext."""
     with _lock:
         known = _jvm_handles.get(sc)
     if known is not None:
         return known
-    cls = sc._jvm.java.lang.Class.forName
+    cls = jvm_static(sc, "java.lang.Class", "forName")
     cached = cls("org.apache.spark.rdd.RDD").getDeclaredField("partitions_")
     cached.setAccessible(True)
-    handles = (cls(_SCAN), cls(_ONE_TO_ONE), cached)
+    handles = (cls(_SCAN), cls(_ONE_TO_ONE), cached, cls(_TEXT_BASED))
     with _lock:
         _jvm_handles[sc] = handles
     return handles
@@ -120,10 +125,8 @@ def _find_file_format(streaming_df: Any) -> tuple[Any, Any, Any] | None:
         return None
     source = leaf.dataSource()
     fmt = source.providingInstance()
-    jvm = streaming_df.sparkSession._jvm
-    file_format = jvm.java.lang.Class.forName(
-        "org.apache.spark.sql.execution.datasources.FileFormat"
-    )
+    sc = streaming_df.sparkSession.sparkContext
+    file_format = jvm_static(sc, "java.lang.Class", "forName")(_DS + "FileFormat")
     if not file_format.isInstance(fmt):
         return None
     return fmt, source.sparkSession(), source.options()
@@ -135,7 +138,7 @@ def _scan_of(batch_df: Any) -> Any | None:
     logical = batch_df._jdf.queryExecution().logical()
     if logical.getClass().getSimpleName() != "LogicalRDD":
         return None
-    scan_class, one_to_one, _cached = _handles(batch_df.sparkSession.sparkContext)
+    scan_class, one_to_one, _cached, _text = _handles(batch_df.sparkSession.sparkContext)
     rdd = logical.rdd()
     for _ in range(64):
         if scan_class.isInstance(rdd):
@@ -211,12 +214,14 @@ def split_file_scan(batch_df: Any, streaming_df: Any, n: int) -> tuple[bool, boo
         if sum(1 for p in parts if p) <= partitions.size():
             return False, False  # nothing gained: e.g. one file that is not splittable
         sc = batch_df.sparkSession.sparkContext
-        jvm, gateway = sc._jvm, sc._gateway
-        ds = jvm.org.apache.spark.sql.execution.datasources
+        gateway = sc._gateway
+        # the classes by their full names: no lookup per name segment (slipstream.spark.jvm)
+        partitioned_file = jvm_class(sc, _DS + "PartitionedFile")
+        file_partition = jvm_static(sc, _DS + "FilePartition", "apply")
         fields: dict[int, list[Any]] = {}  # a file's copy arguments, asked once
-        out = gateway.new_array(jvm.org.apache.spark.Partition, n)
+        out = gateway.new_array(jvm_class(sc, "org.apache.spark.Partition"), n)
         for index, pieces in enumerate(parts):
-            arr = gateway.new_array(ds.PartitionedFile, len(pieces))
+            arr = gateway.new_array(partitioned_file, len(pieces))
             for k, (i, offset, length) in enumerate(pieces):
                 f = files[i]
                 if i not in fields:
@@ -231,10 +236,11 @@ def split_file_scan(batch_df: Any, streaming_df: Any, n: int) -> tuple[bool, boo
                     ]
                 values, path, start, *rest = fields[i]
                 arr[k] = f.copy(values, path, start + offset, length, *rest)
-            out[index] = ds.FilePartition.apply(index, arr)
-        _handles(sc)[2].set(scan, out)
+            out[index] = file_partition(index, arr)
+        handles = _handles(sc)
+        handles[2].set(scan, out)
         largest = max(sum(length for _, _, length in pieces) for pieces in parts)
-        text = sc._jvm.java.lang.Class.forName(_TEXT_BASED).isInstance(file_format)
+        text = handles[3].isInstance(file_format)
     except Exception:  # noqa: BLE001 - not this Spark's internals: Spark's own plan
         log.debug("could not split the micro-batch's file read", exc_info=True)
         return False, False

@@ -31,6 +31,7 @@ MAX_RANK = (1 << RANK_BITS) - 1
 MAX_SEQ = (1 << SEQ_BITS) - 1
 _LOW = 0xFFFFFFFF
 _pack_long = struct.Struct(">q").pack
+_PYTHON = "org.apache.spark.api.python."
 
 
 def shuffle_key(target: int, rank: int, seq: int) -> int:
@@ -97,16 +98,19 @@ def ordered_shuffle(rdd: Any, partitions: int, ranks: Mapping[int, int]) -> Any:
     from pyspark import RDD
     from pyspark.serializers import CPickleSerializer
 
+    from slipstream.spark.jvm import jvm_class, jvm_static
+
     sc = rdd.context
-    jvm = sc._jvm
 
     def pairs(_index: int, records: Iterator[Any]) -> Iterator[Any]:
         return keys.pairs(records)
 
     keyed = rdd.mapPartitionsWithIndex(pairs)
     keyed._bypass_serializer = True  # the function writes bytes itself
-    pair_rdd = jvm.PairwiseRDD(keyed._jrdd.rdd()).asJavaPairRDD()
+    # the classes by their full names: no lookup per name segment (slipstream.spark.jvm)
+    pair_rdd = jvm_class(sc, _PYTHON + "PairwiseRDD")(keyed._jrdd.rdd()).asJavaPairRDD()
     ordered = pair_rdd.repartitionAndSortWithinPartitions(
-        jvm.org.apache.spark.HashPartitioner(partitions)
+        jvm_class(sc, "org.apache.spark.HashPartitioner")(partitions)
     )
-    return RDD(jvm.PythonRDD.valueOfPair(ordered), sc, CPickleSerializer())
+    value_of_pair = jvm_static(sc, _PYTHON + "PythonRDD", "valueOfPair")
+    return RDD(value_of_pair(ordered), sc, CPickleSerializer())

@@ -88,6 +88,7 @@ from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, val
 from slipstream.spark.epoch_commit import commit_epoch_output
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
+from slipstream.spark.jvm import jvm_static
 from slipstream.spark.rescale import RerouteTarget, reroute
 from slipstream.state import compact
 from slipstream.state import format as fmt
@@ -305,6 +306,8 @@ class _EpochJob(SparkJobBase):
         self.rerouted_vertices = 0
         #: where each of the newest epochs' time went (see :meth:`_record_breakdown`)
         self.epoch_breakdown: list[dict[str, Any]] = []
+        # the JVM's status tracker and Arrays.toString (see _jvm_tracker)
+        self._jvm_status: tuple[Any, Any] | None = None
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -705,6 +708,17 @@ class _EpochJob(SparkJobBase):
         )
         return results
 
+    def _jvm_tracker(self, sc: Any) -> tuple[Any, Any]:
+        """The JVM's status tracker and ``Arrays.toString``, found once per job (a
+        round trip each, and the class a failed lookup per package name segment:
+        slipstream.spark.jvm)."""
+        if self._jvm_status is None:
+            self._jvm_status = (
+                sc._jsc.statusTracker(),
+                jvm_static(sc, "java.util.Arrays", "toString"),
+            )
+        return self._jvm_status
+
     def _spark_job_ids(self) -> set[int]:
         """The ids of the Spark jobs of this job's group that Spark's status store keeps
         (up to ``spark.ui.retainedJobs``, 1,000 by default: one a data epoch), read in a
@@ -715,9 +729,10 @@ class _EpochJob(SparkJobBase):
         identity keys, and the driver's calls per epoch")."""
         sc = self.engine.spark_context
         try:
-            # the JVM tracker's own array (PySpark's StatusTracker makes it a list)
-            ids = sc._jsc.statusTracker().getJobIdsForGroup(self.job_group)
-            text = sc._jvm.java.util.Arrays.toString(ids)
+            # the JVM tracker's own array (PySpark's StatusTracker makes it a list); the
+            # tracker and Arrays.toString found once per job (slipstream.spark.jvm)
+            tracker, to_string = self._jvm_tracker(sc)
+            text = to_string(tracker.getJobIdsForGroup(self.job_group))
         except Exception:  # noqa: BLE001 - a test double has no JVM tracker
             try:
                 return set(sc.statusTracker().getJobIdsForGroup(self.job_group))
@@ -740,13 +755,19 @@ class _EpochJob(SparkJobBase):
         performance.md, "Where a Spark streaming epoch's time goes")."""
         jobs = sorted(self._spark_job_ids() - jobs_before)
         stages = 0
+        sc = self.engine.spark_context
         try:
-            tracker = self.engine.spark_context.statusTracker()
+            tracker = self._jvm_tracker(sc)[0]
             for jid in jobs:
                 info = tracker.getJobInfo(jid)
-                stages += len(info.stageIds) if info is not None else 0
-        except Exception:  # noqa: BLE001 - a test double has no status tracker
-            pass
+                stages += len(info.stageIds()) if info is not None else 0
+        except Exception:  # noqa: BLE001 - a test double has no JVM tracker
+            try:
+                for jid in jobs:
+                    job = sc.statusTracker().getJobInfo(jid)
+                    stages += len(job.stageIds) if job is not None else 0
+            except Exception:  # noqa: BLE001 - nor a status tracker
+                pass
         entry: dict[str, Any] = {
             "epoch": epoch_id,
             "no_data": no_data,
@@ -1150,7 +1171,9 @@ class SparkMicroBatchJob(_EpochJob):
             or not isinstance(epoch_max_items, int)
             or epoch_max_items < 1
         ):
-            raise ValueError(f"epoch_max_items must be an int >= 1 or None, got {epoch_max_items!r}")
+            raise ValueError(
+                f"epoch_max_items must be an int >= 1 or None, got {epoch_max_items!r}"
+            )
         #: at most about this many items per source processor and epoch (None: epoch_ms only)
         self.epoch_max_items = epoch_max_items
         if (
