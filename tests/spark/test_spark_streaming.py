@@ -52,8 +52,9 @@ def _library() -> tuple[Any, Any]:
     return P, sinks
 
 
-def window_dag(source: Any, sink: str = "windows") -> DAG:
-    """stream source -> insert_watermarks -> (distributed, by key) tumbling count -> sink"""
+def window_dag(source: Any, sink: str = "windows", mapped: bool = False) -> DAG:
+    """stream source -> insert_watermarks -> (distributed, by key) tumbling count -> sink;
+    ``mapped`` puts a map behind the inserters (an isolated edge) before the shuffle"""
     P, sinks = _library()
     from slipstream.aggregate import counting
     from slipstream.watermark import with_fixed_lag
@@ -72,6 +73,10 @@ def window_dag(source: Any, sink: str = "windows") -> DAG:
     )
     out = dag.new_vertex("sink", sinks.list_sink(sink)).local_parallelism(1)
     dag.edge(Edge.between(src, wm).isolated())
+    if mapped:
+        same = dag.new_vertex("mapped", P.map(_same_event))
+        dag.edge(Edge.between(wm, same).isolated())
+        wm = same
     dag.edge(Edge.between(wm, win).distributed().partitioned(_key))
     dag.edge(Edge.between(win, out).distributed().all_to_one())
     return dag
@@ -168,60 +173,85 @@ def _epoch_fields(data: Any) -> tuple[int, bool, bool]:
     return snapshot_epoch(data), snapshot_no_data(data), snapshot_watermark_pending(data)
 
 
-def test_the_watermark_is_the_micro_batchs_and_a_no_data_epoch_emits_what_it_closes(
+def test_the_watermark_is_the_micro_batchs_and_its_epoch_emits_what_it_closes(
     tmp_path: Path,
 ) -> None:
     """The stand-in deals a micro-batch's rows round robin to the 2 source processors.
     Epoch 0: the watermark inserters see maxima 200 and 5000; each holds its watermark
-    until the epoch's input ends, then emits it (-400 and 4400, lag 600). The windows'
-    coalesced minimum -400 closes nothing, but the micro-batch's watermark is 4400 (its
-    maximum minus the lag, as in Spark), so a watermark is pending. A no-data epoch (what
-    Spark's no-data batch is to native append mode) starts every inserter from 4400 and
-    emits the windows below it; it commits a snapshot of its own under the same epoch
-    id. Epoch 1 starts from 4400 too: an item of a window it closed is late, whichever
-    split it is in."""
+    until the epoch's input ends, then emits it (-400 and 4400, lag 600). Once both are
+    in, the windows take the highest, 4400: the micro-batch's maximum minus the lag, as
+    in Spark, and emit the windows it closes in this epoch (before, they took the
+    minimum, -400, and those windows waited for a no-data epoch or the next epoch).
+    Nothing is pending. Epoch 1 starts from 4400: an item of a window it closed is late,
+    whichever split it is in."""
     from slipstream.core.late_items import LATE_METRIC
 
     engine = ss.spark(FakeSession())
     job = _fake_job(engine, window_dag, tmp_path)
     epoch0 = [(100, "a"), (3000, "a"), (200, "a"), (5000, "a")]
     _run_epoch(engine, job, epoch0, 0)
-    assert engine.get_list("windows") == []
+    assert sorted(tuple(r) for r in engine.get_list("windows")) == [
+        (0, 1000, "a", 2),
+        (3000, 4000, "a", 1),
+    ]
     state = job.store.read(1)
-    assert _epoch_fields(state) == (0, False, True)
+    assert _epoch_fields(state) == (0, False, False)
     queue_wms = {
         tuple(w["edges"][0]["wm"])
         for (v, _i), w in snapshot_watermarks(state).items()
         if v == "windows"
     }
-    assert queue_wms == {(-400, 4400)}
-
-    assert job._run_no_data_epoch()
-    assert sorted(tuple(r) for r in engine.get_list("windows")) == [
-        (0, 1000, "a", 2),
-        (3000, 4000, "a", 1),
-    ]
-    latest = job.store.read(2)
-    assert _epoch_fields(latest) == (0, True, False)
-    assert (job.epochs_committed, job.no_data_epochs, job.last_epoch_id) == (1, 1, 0)
+    assert queue_wms == {(4400, 4400)}
     assert not job._run_no_data_epoch()  # nothing pending: no epoch, no snapshot
     _run_epoch(engine, job, epoch0, 0)  # Spark replays epoch 0: already committed
-    assert job.epochs_skipped == 1 and job.store.committed_ids() == [1, 2]
+    assert job.epochs_skipped == 1 and job.store.committed_ids() == [1]
 
     _run_epoch(engine, job, [(3500, "b"), (9000, "a"), (4500, "b")], 1)
-    assert job.store.committed_ids() == [1, 2, 3] and snapshot_epoch(job.store.read(3)) == 1
+    assert job.store.committed_ids() == [1, 2] and snapshot_epoch(job.store.read(2)) == 1
     # (3500, "b") belongs to a window that 4400 closed: late, as in Spark
     assert job.metrics["windows"][LATE_METRIC] == 1
-    assert len(engine.get_list("windows")) == 2
-    assert snapshot_watermark_pending(job.store.read(3))  # the splits ended at 4400 and 8400
-    assert job._run_no_data_epoch()
+    assert not snapshot_watermark_pending(job.store.read(2))  # both at 8400
     assert sorted(tuple(r) for r in engine.get_list("windows")) == [
         (0, 1000, "a", 2),
         (3000, 4000, "a", 1),
         (4000, 5000, "b", 1),
         (5000, 6000, "a", 1),
     ]
-    assert job.metrics["__job__"]["snapshots"] == 4
+    assert (job.epochs_committed, job.no_data_epochs) == (2, 0)
+    assert job.metrics["__job__"]["snapshots"] == 2
+
+
+def _mapped_window_dag(source: Any) -> DAG:
+    """window_dag with a map between the inserters and the windows: the windows'
+    producers are not inserters, so they coalesce to the minimum of the splits."""
+    return window_dag(source, mapped=True)
+
+
+def _same_event(e: tuple[int, str]) -> tuple[int, str]:
+    return e
+
+
+def test_a_no_data_epoch_emits_what_a_stage_after_the_inserters_held(tmp_path: Path) -> None:
+    """With a map between the inserters and the windows (an isolated edge: each map
+    processor sees one split's watermark), the windows coalesce to the minimum, -400,
+    and a watermark is pending. A no-data epoch (what Spark's no-data batch is to native
+    append mode) starts every inserter from 4400 and emits the windows below it; it
+    commits a snapshot of its own under the same epoch id."""
+    engine = ss.spark(FakeSession())
+    job = _fake_job(engine, _mapped_window_dag, tmp_path)
+    epoch0 = [(100, "a"), (3000, "a"), (200, "a"), (5000, "a")]
+    _run_epoch(engine, job, epoch0, 0)
+    assert engine.get_list("windows") == []
+    assert _epoch_fields(job.store.read(1)) == (0, False, True)
+    assert job._run_no_data_epoch()
+    assert sorted(tuple(r) for r in engine.get_list("windows")) == [
+        (0, 1000, "a", 2),
+        (3000, 4000, "a", 1),
+    ]
+    assert _epoch_fields(job.store.read(2)) == (0, True, False)
+    assert (job.epochs_committed, job.no_data_epochs, job.last_epoch_id) == (1, 1, 0)
+    assert not job._run_no_data_epoch()
+    assert job.store.committed_ids() == [1, 2]
 
 
 def test_replayed_committed_epoch_is_skipped(tmp_path: Path) -> None:

@@ -23,11 +23,12 @@ same option, drops it and counts it as late.
 In an epoch of a Spark Structured Streaming query (``Context.micro_batch_watermarks``, set
 by the Spark engine) the watermark is the whole micro-batch's, as in Spark: the policy
 follows the epoch's events but the processor holds its watermark until the epoch's input
-ends, then emits it (before the epoch's closing barrier) and saves it. The next epoch
-restores the **highest** value saved by the processors of the vertex (the batch's maximum
-event time minus the lag, never lower than before) and emits it before any item, so a
-split of the batch that happened to hold older events does not hold the others' windows
-back (docs/spark.md, "Event time").
+ends, then emits it (before the epoch's closing barrier) and saves it. A consumer of
+every split takes the highest of these once all are in (``ends_epoch_at_split_watermark``,
+slipstream.spark.feed). The next epoch restores the **highest** value saved by the
+processors of the vertex (the batch's maximum event time minus the lag, never lower than
+before) and emits it before any item, so a split of the batch that happened to hold older
+events does not hold the others' windows back (docs/spark.md, "Event time").
 
 Optionally (``idle_timeout_ms``) a processor that saw no item for that long declares its
 substream *idle* by emitting :data:`IDLE` once: downstream coalescers then leave it out of
@@ -135,6 +136,14 @@ class InsertWatermarksP(AbstractProcessor):
         self._blockwise = False
         # a Spark micro-batch epoch: the policy is a _MicroBatchPolicy
         self._micro_batch = False
+
+    @property
+    def ends_epoch_at_split_watermark(self) -> bool:
+        """In a Spark micro-batch epoch: the watermark this processor emits when the
+        epoch's input ends is its split's maximum minus the lag, and it holds no item
+        (it never does), so a consumer of every split may take the highest of these as
+        the micro-batch's watermark once all of them are in (slipstream.spark.feed)."""
+        return self._micro_batch
 
     def init_processor(self, context: Context) -> None:
         policy = self._policy_factory()

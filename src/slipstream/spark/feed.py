@@ -8,6 +8,15 @@ as on the embedded engine) and moves the next record into its queue only when th
 tasklet needs more input, so the task holds the current record or two, never its
 whole partition. The tasklet (:class:`~slipstream.execution.tasklet.ProcessorTasklet`)
 does everything else exactly as on the embedded engine.
+
+In an epoch of a Structured Streaming query (``micro_batch_watermarks``) an edge whose
+producers are all watermark inserters ends at the *micro-batch's* watermark, as Spark's
+append mode: each inserter's terminal barrier comes flagged (``payload[4]``: its
+watermark is its split's maximum minus the lag and it holds no item), the feed holds
+the barriers until every producer of the edge has sent its own, then puts the highest
+of their watermarks into every queue of the edge before the barriers. The processor
+thus sees the batch's watermark once every input of the epoch is in, and emits the
+windows it closes in this epoch instead of the next (docs/spark.md, "Event time").
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from slipstream.core.items import DONE_ITEM, SnapshotBarrier
+from slipstream.core.items import DONE_ITEM, SnapshotBarrier, Watermark
 from slipstream.execution.inbound import InboundEdgeStream
 from slipstream.execution.queues import UNBOUNDED, SpscQueue
 
@@ -32,7 +41,8 @@ class InputFeed:
 
     ``specs`` are the vertex's :class:`~slipstream.spark.task.InboundSpec`\\ s;
     ``epoch`` accepts the terminal snapshot barrier as the end of a queue (an epoch of
-    a streaming job ends with it instead of end-of-stream)."""
+    a streaming job ends with it instead of end-of-stream); ``micro_batch_watermarks``
+    ends an edge of watermark inserters at their highest watermark (module doc)."""
 
     def __init__(
         self,
@@ -42,9 +52,11 @@ class InputFeed:
         *,
         exactly_once: bool,
         epoch: bool,
+        micro_batch_watermarks: bool = False,
     ) -> None:
         self.index = index
         self.epoch = epoch
+        self.micro_batch_watermarks = micro_batch_watermarks
         self._records = iter(records)
         self.exhausted = False
         self.queues: dict[tuple[int, int], SpscQueue] = {}
@@ -53,6 +65,13 @@ class InputFeed:
         self._ended: set[tuple[int, int]] = set()
         self._last: SpscQueue | None = None
         self.streams: list[InboundEdgeStream] = []
+        # micro_batch_watermarks: per queue its stream's coalescer and input, the highest
+        # watermark put into it (read from the coalescer, which the epoch's restore
+        # primed, until one is put), and per edge the barriers held back
+        self._coalescer_of: dict[tuple[int, int], tuple[Any, int]] = {}
+        self._floor: dict[tuple[int, int], int] = {}
+        self._edge_keys: dict[int, list[tuple[int, int]]] = {}
+        self._held: dict[int, dict[tuple[int, int], tuple[SnapshotBarrier, bool]]] = {}
         for spec in specs:
             producers = spec.producers[index]
             if not producers:
@@ -65,11 +84,14 @@ class InputFeed:
                 self.queues[(spec.edge_id, producer)] = q
                 self._labels[(spec.edge_id, producer)] = spec.label
                 queues.append(q)
-            self.streams.append(
-                InboundEdgeStream(
-                    spec.ordinal, spec.priority, queues, exactly_once=exactly_once, label=spec.label
-                )
+            stream = InboundEdgeStream(
+                spec.ordinal, spec.priority, queues, exactly_once=exactly_once, label=spec.label
             )
+            self.streams.append(stream)
+            keys = [(spec.edge_id, producer) for producer in producers]
+            self._edge_keys[spec.edge_id] = keys
+            for qi, key in enumerate(keys):
+                self._coalescer_of[key] = (stream.coalescer, qi)
 
     def starved(self) -> bool:
         """Whether the tasklet has consumed the last record fed (more is needed)."""
@@ -105,12 +127,56 @@ class InputFeed:
             )
         self._last_seq[key] = seq
         entry = payload[3]
+        if self.micro_batch_watermarks and type(entry) is not list:
+            if type(entry) is Watermark:
+                if entry.timestamp <= self._floor_of(key):
+                    # the vertex's watermark an inserter repeats when an epoch starts:
+                    # this queue was brought to it at the end of the last epoch
+                    return None
+                self._floor[key] = entry.timestamp
+            elif type(entry) is SnapshotBarrier:
+                self._ended.add(key)
+                self._hold(key, entry, len(payload) > 4 and payload[4] is True)
+                return None
         q.entries.append(entry)
         q.put_count += len(entry) if type(entry) is list else 1
         if entry is DONE_ITEM or (self.epoch and type(entry) is SnapshotBarrier):
             self._ended.add(key)
         self._last = q
         return None
+
+    def _floor_of(self, key: tuple[int, int]) -> int:
+        """The highest watermark queue ``key`` has had: put into it in this epoch, or
+        else its coalescer's from the last epoch."""
+        floor = self._floor.get(key)
+        if floor is None:
+            coalescer, qi = self._coalescer_of[key]
+            floor = self._floor[key] = coalescer.wm[qi]
+        return floor
+
+    def _hold(self, key: tuple[int, int], barrier: SnapshotBarrier, split_wm: bool) -> None:
+        """Hold the terminal barrier of producer ``key`` until every producer of its edge
+        has sent one; then, if all are watermark inserters (``split_wm``), bring every
+        queue of the edge to their highest watermark, and put the barriers in."""
+        edge = key[0]
+        held = self._held.setdefault(edge, {})
+        held[key] = (barrier, split_wm)
+        keys = self._edge_keys[edge]
+        if len(held) < len(keys):
+            return
+        top = None
+        if all(flag for _b, flag in held.values()):
+            top = max(self._floor_of(k) for k in keys)
+        for k in keys:
+            q = self.queues[k]
+            if top is not None and self._floor_of(k) < top:
+                q.entries.append(Watermark(top))
+                q.put_count += 1
+                self._floor[k] = top
+            q.entries.append(held[k][0])
+            q.put_count += 1
+            self._last = q
+        del self._held[edge]
 
     def rest(self) -> Iterator[Record]:
         """After the tasklet is done: the remaining records to pass on (there must be no

@@ -652,7 +652,7 @@ class _EpochJob(SparkJobBase):
             if saved["broadcast"]:
                 broadcast.append([r["vertex"], r["index"]])
             watermarks[(r["vertex"], r["index"])] = r["watermarks"]
-        pending = _watermark_pending(results)
+        pending = _watermark_pending(results, compiled.tasks)
         manifest.extra = epoch_extra(
             epoch_id, watermarks, finished=final, no_data=no_data, watermark_pending=pending
         )
@@ -806,9 +806,11 @@ class SparkStreamingJob(_EpochJob):
 
     Event time follows Spark (docs/spark.md, "Event time"): the watermark of watermark
     inserters is the whole micro-batch's maximum event time minus the lag, set when the
-    epoch's input ends (``Context.micro_batch_watermarks``). Each epoch emits the windows
-    its processors' own watermarks close, and starts from the vertex's highest watermark
-    of the epochs before, which emits the rest. Where Spark runs a no-data batch (at the
+    epoch's input ends (``Context.micro_batch_watermarks``). A processor fed by the
+    inserters takes the highest of their end-of-epoch watermarks once all are in
+    (:mod:`slipstream.spark.feed`), so each epoch emits the windows its micro-batch
+    closes; the next epoch starts from the vertex's highest watermark of the epochs
+    before, which emits what a stage behind the inserters still held. Where Spark runs a no-data batch (at the
     end of an ``availableNow`` run, and before ``processAllAvailable`` returns) the job
     runs a *no-data epoch* if the last epoch left a watermark behind: an epoch without
     rows, committed as a snapshot of its own under the same Spark epoch id, so a window
@@ -1114,19 +1116,48 @@ def _vertex_watermarks(results: list[dict[str, Any]]) -> dict[str, int | None]:
     return {v: (min(w) if w else None) for v, w in per.items()}
 
 
-def _watermark_pending(results: list[dict[str, Any]]) -> bool:
-    """Whether the processors of some vertex ended an epoch with different output
-    watermarks on an edge (one sent less, or none): in a Structured Streaming job the
-    next epoch starts them all from the highest, so a no-data epoch would emit more."""
+def _watermark_pending(results: list[dict[str, Any]], tasks: list[Any] | None = None) -> bool:
+    """Whether a no-data epoch would move some processor's watermark: in a Structured
+    Streaming job the next epoch starts every watermark inserter from the highest
+    watermark of its vertex, and that reaches a consumer whose input on an edge ended
+    the epoch below the highest watermark any producer sent on that edge (an isolated
+    edge from one split, or a stage whose producers coalesce to the minimum). An edge
+    whose consumers took the micro-batch's watermark (slipstream.spark.feed) ends at
+    that highest value: nothing is pending there.
+
+    Without ``tasks`` (the compiled vertices, which tell each edge's consumer), any
+    vertex whose processors sent different watermarks on an edge counts as pending."""
     sent: dict[str, list[dict[int, int]]] = {}
     for r in results:
         wm = r.get("watermarks")
         if wm is not None:
             sent.setdefault(r["vertex"], []).append(wm.get("sent") or {})
+    if tasks is None:
+        for per_processor in sent.values():
+            edges = {e for d in per_processor for e in d}
+            for e in edges:
+                if len({d.get(e) for d in per_processor}) > 1:
+                    return True
+        return False
+    top: dict[int, int] = {}
     for per_processor in sent.values():
-        edges = {e for d in per_processor for e in d}
-        for e in edges:
-            if len({d.get(e) for d in per_processor}) > 1:
+        for d in per_processor:
+            for e, v in d.items():
+                if e not in top or v > top[e]:
+                    top[e] = v
+    ordinal_of = {
+        (t.vertex, spec.edge_id): spec.ordinal for t in tasks for spec in t.inbound
+    }
+    for r in results:
+        wm = r.get("watermarks")
+        if wm is None:
+            continue
+        coalescers = wm.get("edges") or {}
+        for e, highest in top.items():
+            ordinal = ordinal_of.get((r["vertex"], e))
+            if ordinal is None or ordinal not in coalescers:
+                continue  # not a consumer of e, or no producer of e feeds it
+            if coalescers[ordinal]["last_emitted"] < highest:
                 return True
     return False
 

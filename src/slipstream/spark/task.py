@@ -371,15 +371,21 @@ class VertexTask:
                     records,
                     exactly_once=self.guarantee is ProcessingGuarantee.EXACTLY_ONCE,
                     epoch=self.mode.epoch,
+                    micro_batch_watermarks=context.micro_batch_watermarks,
                 )
             supplier, processor = self._processor(member, local, records, run)
             outputs, collectors = self._outbound(index)
             tasklet = self._tasklet(index, processor, context, feed, collectors, guarantee, run)
             pack = self._chunk_packers(index)
+            # an inserter's end-of-epoch watermark is its split's: its barrier says so
+            # to the consumers, which take the highest (slipstream.spark.feed)
+            split_wm = context.micro_batch_watermarks and bool(
+                getattr(processor, "ends_epoch_at_split_watermark", False)
+            )
             ready = time.perf_counter()
             timing["setup"] = ready - started
             clock = time.perf_counter
-            for record in _drive(tasklet, feed, outputs, index, run.sent_wm, pack):
+            for record in _drive(tasklet, feed, outputs, index, run.sent_wm, pack, split_wm):
                 t0 = clock()
                 yield record
                 waits.output += clock() - t0
@@ -708,11 +714,13 @@ def _drive(
     index: int,
     sent_wm: dict[int, int] | None,
     pack: dict[int, Callable[[list[Any]], Any]] | None = None,
+    split_wm: bool = False,
 ) -> Iterator[Record]:
     """Call the tasklet until it is done, feeding it the next input record whenever it
     has consumed the last one (or cannot progress without more) and turning its output
     into records whenever enough has accumulated. No threads and no waiting: the input
-    is an iterator and the output queues are unbounded."""
+    is an iterator and the output queues are unbounded. ``split_wm`` flags the terminal
+    barrier's records (:func:`_drain`)."""
     seqs: dict[tuple[int, int], int] = {}
     calls = 0
     idle = 0
@@ -740,8 +748,8 @@ def _drive(
             idle = 0
         calls += 1
         if calls % _DRAIN_CHECK_EVERY == 0 and _pending(outputs) >= _DRAIN_THRESHOLD:
-            yield from _drain(outputs, index, seqs, sent_wm, pack)
-    yield from _drain(outputs, index, seqs, sent_wm, pack)
+            yield from _drain(outputs, index, seqs, sent_wm, pack, split_wm)
+    yield from _drain(outputs, index, seqs, sent_wm, pack, split_wm)
     if feed is not None:
         yield from feed.rest()
 
@@ -1038,6 +1046,7 @@ def _drain(
     seqs: dict[tuple[int, int], int],
     sent_wm: dict[int, int] | None = None,
     pack: dict[int, Callable[[list[Any]], Any]] | None = None,
+    split_wm: bool = False,
 ) -> Iterator[Record]:
     """Turn everything in the output queues into records, merging consecutive chunks.
 
@@ -1047,7 +1056,12 @@ def _drain(
     the consumers' coalescers continue from the last epoch, where watermarks on a queue
     must strictly increase. Such a watermark says nothing new.
 
-    ``pack`` wraps the chunks of shuffled edges (:meth:`VertexTask._chunk_packers`)."""
+    ``pack`` wraps the chunks of shuffled edges (:meth:`VertexTask._chunk_packers`).
+
+    ``split_wm``: the producer is a watermark inserter of a Structured Streaming epoch
+    (``ends_epoch_at_split_watermark``); its terminal barrier's records carry a fifth
+    field, ``True``, so the consumers bring the edge to the highest of the inserters'
+    watermarks before the barrier (:class:`~slipstream.spark.feed.InputFeed`)."""
     for edge_id, targets, queues in outputs:
         wrap = pack.get(edge_id) if pack else None
         start = sent_wm.get(edge_id) if sent_wm is not None else None
@@ -1086,6 +1100,9 @@ def _drain(
                     yield (target, (edge_id, index, next(seq), _merge(parts, wrap)))
                     parts = []
                     size = 0
+                if split_wm and type(entry) is SnapshotBarrier and entry.is_terminal:
+                    yield (target, (edge_id, index, next(seq), entry, True))
+                    continue
                 yield (target, (edge_id, index, next(seq), entry))
             if parts:
                 yield (target, (edge_id, index, next(seq), _merge(parts, wrap)))
