@@ -135,7 +135,11 @@ def layers(out: str, per: str) -> dict[str, dict[str, float]]:
     for path in glob.glob(os.path.join(out, "*.json")):
         with open(path, encoding="utf-8") as fh:
             acc: dict[str, float] = json.load(fh)
-        ins = [k for k in acc if k.startswith(per + "#") and k.endswith(" in")]
+        # "a|b": the first vertex of them with a tasklet (the running sum runs in its
+        # sink's tasklet when the engine fuses the two)
+        ins = []
+        for name in per.split("|"):
+            ins = ins or [k for k in acc if k.startswith(name + "#") and k.endswith(" in")]
         if not ins:
             continue
         n = acc[ins[0]]
@@ -177,7 +181,7 @@ def main() -> None:
         wordcount.write_rsf_file(cache_path(f"rsf-{a.events}-8"), a.events, 8)
     elif a.job == "wc":
         write_corpus(cache_path(f"corpus-{a.words}"), a.words)
-    per = {"rsf": "running-sum", "wc": "tokenize", "win": WIN_PER}[a.job]
+    per = {"rsf": "running-sum|sink", "wc": "tokenize", "win": WIN_PER}[a.job]
     srcs = a.src or [os.path.join(os.path.dirname(HERE), "src")]
     load = os.getloadavg()
     print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start")

@@ -23,6 +23,7 @@ from slipstream.aggregate import counting
 from slipstream.core.config import ProcessingGuarantee
 from slipstream.execution.plan import build_vertex_plans, wire
 from slipstream.processors.basic import MapP
+from slipstream.sinks.basic import MapSinkP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
 
@@ -453,6 +454,227 @@ def test_a_snapshot_written_fused_restores_unfused_and_the_reverse(
     )
     job2.join(60)
     assert before + Counter(engine2.get_list("out")) == expected_sums(n)
+
+
+# -- a sink in its producer's tasklet --------------------------------------------------------------
+
+
+class KeyedSum(ss.AbstractProcessor):
+    """A user's running sum over ``key,value`` lines, as bench/wordcount.py's
+    ``CsvRunningSum`` (documented API); notes the state backend its context was given."""
+
+    backends: list[str] = []
+
+    def init_processor(self, context: ss.Context) -> None:
+        self.sums: dict[str, int] = {}
+        KeyedSum.backends.append(context.state_backend)
+
+    def try_process_item(self, ordinal: int, line: Any) -> bool:
+        k, v = line.split(",", 1)
+        s = self.sums.get(k, 0) + int(v)
+        if not self.try_emit((k, s)):
+            return False
+        self.sums[k] = s
+        return True
+
+    def save_to_snapshot(self) -> bool:
+        return self.save_state(self.sums.items)
+
+    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
+        self.sums[key] = value
+
+
+def line_key(line: str) -> str:
+    return line.split(",", 1)[0]
+
+
+def keyed_sum_dag(lines: list[str], sink: Any = None, kind: str = "") -> DAG:
+    """items -> distributed partitioned -> KeyedSum -> local partitioned -> sink (the
+    bench's running sum), or a variant that must not fuse (``kind``)."""
+    dag = DAG()
+    src = dag.new_vertex("read", sources.items(lines))
+    rs_sup: Any = KeyedSum
+    if kind == "blocking":
+        rs_sup = Blocking
+    rs = dag.new_vertex("running-sum", rs_sup)
+    sink_sup = sink if sink is not None else sinks.map_sink("sums")
+    if kind == "subclass":
+        sink_sup = functools.partial(SubclassedSink, "sums")
+    out = dag.new_vertex("sink", sink_sup)
+    if kind == "sink-backend":
+        out.state_backend("sqlite")
+    dag.edge(Edge.between(src, rs).distributed().partitioned(line_key))
+    if kind == "source":  # the sink behind the source itself
+        rs = src
+        dag = DAG()
+        src = dag.new_vertex("read", sources.items(lines))
+        out = dag.new_vertex("sink", sinks.list_sink("out"))
+        dag.edge(Edge.between(src, out))
+        return dag
+    dag.edge(Edge.between(rs, out).partitioned(ss.entry_key))
+    if kind == "two-inputs":
+        dag.edge(Edge.from_(src, 1).to(out, 1))
+    return dag
+
+
+class SubclassedSink(MapSinkP):
+    """A subclass of the built-in sink may do more: never run in its producer."""
+
+
+def planned_without_snapshots(dag: DAG, members: int = 2) -> dict[str, str]:
+    plans = build_vertex_plans(
+        dag, JobConfig(), members, 1, None, "plan", check_pickle=False, snapshots=False
+    )
+    specs = wire(dag, plans, ProcessingGuarantee.NONE)
+    return {s.vertex.vertex.name: type(s.processor).__name__ for s in specs if s.global_index == 0}
+
+
+@pytest.mark.parametrize(
+    "kind", ["", "snapshots", "blocking", "subclass", "sink-backend", "source", "two-inputs"]
+)
+def test_a_sink_runs_in_its_stateful_producers_tasklet_only_in_a_job_without_snapshots(
+    kind: str,
+) -> None:
+    dag = keyed_sum_dag(["a,1"], kind=kind)
+    if kind == "snapshots":  # a job that saves or restores: the producer's state, a
+        # sink's two-phase output
+        plan = planned(dag, JobConfig(), members=2)
+    else:
+        plan = planned_without_snapshots(dag)
+    if kind == "":
+        assert plan == {"read": "ItemsP", "sink": "FusedPairP"}
+    else:
+        assert plan["sink"] != "FusedPairP", kind
+
+
+@st.composite
+def keyed_lines(draw: Any) -> list[str]:
+    """``key,value`` lines, one value per key: with several source processors a key's
+    lines interleave in any order, and its running sums are the same in every order."""
+    values = draw(st.fixed_dictionaries({k: st.integers(-5, 50) for k in "abcdefg"}))
+    keys = draw(st.lists(st.sampled_from("abcdefg"), max_size=60))
+    return [f"{k},{values[k]}" for k in keys]
+
+
+def sums_oracle(lines: list[str]) -> tuple[dict[str, int], Counter]:
+    """The map's last value per key, and every ``(key, running sum)`` emitted."""
+    sums: dict[str, int] = {}
+    emitted: Counter = Counter()
+    for line in lines:
+        k, v = line.split(",", 1)
+        sums[k] = sums.get(k, 0) + int(v)
+        emitted[(k, sums[k])] += 1
+    return sums, emitted
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=keyed_lines(), capacity=st.sampled_from([1, 3, 2048]), members=st.sampled_from([1, 2]))
+def test_a_user_processor_into_map_and_list_sinks_fused_and_unfused_gives_the_oracles_output(
+    lines: list[str], capacity: int, members: int
+) -> None:
+    sums, emitted = sums_oracle(lines)
+    for sink in (None, sinks.list_sink("out")):
+        figures = []
+        for fuse in (True, False):
+            engine = ss.local(members=members, outbox_capacity=capacity)
+            job = engine.new_job(keyed_sum_dag(lines, sink), JobConfig(fuse_vertices=fuse))
+            job.join(20)
+            if sink is None:
+                assert dict(engine.get_map("sums")) == sums, fuse
+            else:
+                assert Counter(engine.get_list("out")) == emitted, fuse
+            figures.append({v: m for v, m in job.metrics.items() if v != "__job__"})
+        assert figures[0] == figures[1]
+        assert (
+            figures[0]["running-sum"]["items_out"] == figures[0]["sink"]["items_in"] == len(lines)
+        )
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_running_sum_with_processes_matches_one_process_and_the_oracle(processes: int) -> None:
+    lines = [f"{k},{v}" for v in range(300) for k in "pqrstu"[: 1 + v % 6]]
+    sums, _ = sums_oracle(lines)
+    engine = ss.local(processes=processes, outbox_capacity=16)
+    job = engine.new_job(keyed_sum_dag(lines), JobConfig())
+    job.join(60)
+    assert dict(engine.get_map("sums")) == sums
+    m = job.metrics
+    assert m["running-sum"]["items_in"] == m["sink"]["items_in"] == len(lines)
+
+
+class FailsOn(KeyedSum):
+    def try_process_item(self, ordinal: int, line: Any) -> bool:
+        if line == "bad,0":
+            raise ValueError("a bad line")
+        return super().try_process_item(ordinal, line)
+
+
+class NotAPair(KeyedSum):
+    def try_process_item(self, ordinal: int, line: Any) -> bool:
+        return self.try_emit(("a", 1, 2) if line == "bad,0" else (line, 1))
+
+
+@pytest.mark.parametrize("producer,vertex", [(FailsOn, "running-sum"), (NotAPair, "sink")])
+def test_an_error_names_the_vertex_whose_code_raised_fused_as_unfused(
+    producer: Any, vertex: str
+) -> None:
+    errors = []
+    for fuse in (True, False):
+        dag = DAG()
+        src = dag.new_vertex("read", sources.items(["a,1", "bad,0", "b,2"]))
+        rs = dag.new_vertex("running-sum", producer)
+        out = dag.new_vertex("sink", sinks.map_sink("sums"))
+        dag.edge(Edge.between(src, rs)).edge(Edge.between(rs, out))
+        with pytest.raises(ss.JobFailedError) as e:
+            ss.local().new_job(dag, JobConfig(name="rs", fuse_vertices=fuse)).join(20)
+        errors.append((e.value.vertex, e.value.processor_index, type(e.value.cause).__name__))
+    assert errors[0] == errors[1] and errors[0][0] == vertex
+
+
+@pytest.mark.parametrize("vertex_backend", [None, "memory"])
+def test_a_fused_producer_keeps_its_own_or_the_jobs_state_backend(
+    vertex_backend: str | None,
+) -> None:
+    KeyedSum.backends.clear()
+    dag = keyed_sum_dag(["a,1", "b,2", "a,3"])
+    if vertex_backend is not None:
+        dag.vertex("running-sum").state_backend(vertex_backend)
+    engine = ss.local()
+    job = engine.new_job(dag, JobConfig(state_backend="sqlite"))
+    job.join(20)
+    assert planned_without_snapshots(dag, members=1)["sink"] == "FusedPairP"
+    assert dict(engine.get_map("sums")) == {"a": 4, "b": 2}
+    assert KeyedSum.backends == [vertex_backend or "sqlite"]
+
+
+def window_event(seq: int) -> tuple[int, int]:
+    """In order per generator processor; every 9th event of a key after a gap."""
+    return (seq * 2 + (seq // 45) * 30, seq % 5)
+
+
+def test_windows_into_a_list_sink_fused_give_the_unfused_windows() -> None:
+    """A stateful producer that holds its output until watermarks close windows (and
+    emits the rest at its end), into a list sink: a generator's watermarks flow while it
+    runs and reach the fused pair's producer as they reach it unfused."""
+    from slipstream.window import tumbling_window_def
+
+    outs = []
+    for fuse in (True, False):
+        p = ss.Pipeline()
+        (
+            p.read_from(sources.generator(window_event, None, max_items=900))
+            .with_timestamps(lambda e: e[0], 0)
+            .group_by(lambda e: e[1])
+            .window(tumbling_window_def(40))
+            .aggregate(counting())
+            .write_to(sinks.list_sink("win"))
+        )
+        engine = ss.local(outbox_capacity=5)
+        job = engine.new_job(p, JobConfig(fuse_vertices=fuse))
+        job.join(20)
+        outs.append(sorted(map(tuple, engine.get_list("win"))))
+    assert outs[0] == outs[1]
+    assert sum(r[-1] for r in outs[0]) == 900
 
 
 @pytest.fixture(autouse=True)

@@ -147,10 +147,12 @@ def detach_contexts(tasklets: Sequence[Any], keep: Sequence[Any]) -> None:
     for t in tasklets:
         if id(t) in kept:
             continue
-        try:
-            del t.context.item_errors
-        except AttributeError:
-            pass
+        # and the contexts of the processors fused into it (execution/fusion.py)
+        for ctx in (t.context, *(s.context for s in getattr(t, "fused_stages", ()))):
+            try:
+                del ctx.item_errors
+            except AttributeError:
+                pass
 
 
 class EndedTasklet:

@@ -96,6 +96,7 @@ class _Execution:
             engine.services,
             job.name,
             job.item_errors,
+            snapshots=job.store is not None or restore is not None,
         )
         specs = wire(job.dag, self.plans, config.processing_guarantee)
         self.coordinator: SnapshotCoordinator | None = None

@@ -450,6 +450,7 @@ class _Member:
             name,
             self.item_errors,
             check_pickle=False,  # checked by the coordinator before it shipped the job
+            snapshots=setup.get("snapshots") is not None or setup.get("restore") is not None,
         )
         channels = MemberChannels(member, dag, self.plans, sockets, pids=setup["pids"])
         specs = wire(dag, self.plans, config.processing_guarantee, channels, member=member)

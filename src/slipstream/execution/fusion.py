@@ -22,6 +22,21 @@ A pair is fused (:func:`fusable_pairs`) when
 Each keeps its own bad-record policy (its context's ``item_errors``), so the two may
 differ; a producer that sends dead letters has a second outbound edge and never fuses.
 
+In a job that takes no snapshots (no processing guarantee, no restore) a pair is also
+fused the other way round, the consumer inside its producer's (:func:`runs_in_producer`):
+when every processor of the consumer is exactly a ``map_sink``, ``list_sink`` or ``noop``
+sink (its class says ``runs_in_producer``: it takes every inbox whole, swallows
+watermarks, and keeps no state in such a job), the consumer has no other inbound edge
+and no outbound edge, and the producer is cooperative and not a source, with the same
+one-to-one member-local edge as above. The producer may keep state (a user's
+``AbstractProcessor``): with no snapshot there is nothing to save or restore, so the
+pair needs only what a stateless one needs (the hand-over of items and watermarks,
+back-pressure, each vertex's figures and errors). The running sum's ``running-sum ->
+sink`` hop is what it saves (docs/performance.md, "A sink in its producer's tasklet").
+A snapshot would need the producer's state saved and restored under its own vertex, and
+a sink's two-phase output under exactly-once: not done, so any job with snapshots keeps
+the hop.
+
 Chains of such vertices fuse too. The pair runs as one tasklet of the consumer whose
 processor, :class:`FusedPairP`, runs the two back to back; each keeps its own
 :class:`~slipstream.core.processor.Context` (vertex name, index, counters, bad-record
@@ -60,6 +75,7 @@ __all__ = [
     "running_stage",
     "fusable_pairs",
     "fusion_enabled",
+    "runs_in_producer",
     "stage_figures",
 ]
 
@@ -83,9 +99,19 @@ def fusion_enabled(config: JobConfig) -> bool:
     return bool(getattr(config, "fuse_vertices", True)) and os.environ.get(ENV, "1") != "0"
 
 
-def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict[str, Edge]:
+def runs_in_producer(processor: Processor) -> bool:
+    """``processor`` is a ``map_sink``, ``list_sink`` or ``noop`` sink (its own class says
+    ``runs_in_producer``; a subclass, which may do more, does not)."""
+    return bool(type(processor).__dict__.get("runs_in_producer", False))
+
+
+def fusable_pairs(
+    dag: DAG, plans: Mapping[str, Any], config: JobConfig, snapshots: bool = True
+) -> dict[str, Edge]:
     """The edges to fuse, by consumer name (see the module docstring). ``plans``: the
-    :class:`~slipstream.execution.plan.VertexPlan` of each vertex, processors created."""
+    :class:`~slipstream.execution.plan.VertexPlan` of each vertex, processors created.
+    ``snapshots``: the execution may save or restore a snapshot (then a sink never runs
+    in a stateful producer's tasklet)."""
     if not fusion_enabled(config):
         return {}
     from slipstream.execution.plan import edge_targets  # plan imports this module
@@ -93,7 +119,7 @@ def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict
     out: dict[str, Edge] = {}
     for v in dag.topological_order():
         src = plans[v.name]
-        if not src.processors or not all(map(is_stateless_builtin, src.processors)):
+        if not src.processors:
             continue
         outbound = dag.outbound_edges(v)
         if len(outbound) != 1:
@@ -110,10 +136,30 @@ def fusable_pairs(dag: DAG, plans: Mapping[str, Any], config: JobConfig) -> dict
         # edge's own routing: isolated at equal parallelism, or one processor a side)
         if any(edge_targets(e, src, dst, p) != [p] for p in range(src.total_parallelism)):
             continue
-        if not all(p.is_cooperative() for p in dst.processors):
-            continue
-        out[e.dest.name] = e
+        if all(map(is_stateless_builtin, src.processors)):
+            if all(p.is_cooperative() for p in dst.processors):
+                out[e.dest.name] = e
+        elif _sink_runs_in_producer(dag, e, src, dst, snapshots):
+            out[e.dest.name] = e
     return out
+
+
+def _sink_runs_in_producer(dag: DAG, edge: Edge, src: Any, dst: Any, snapshots: bool) -> bool:
+    """``edge``'s consumer, a sink, may run in its (stateful) producer's tasklet: the
+    module docstring's second rule. The consumer's vertex keeps no state backend of its
+    own (the tasklet's context is the sink's; the producer's backend is its vertex's or
+    the job's, :class:`FusedPairP`)."""
+    dest = edge.dest
+    assert dest is not None
+    return (
+        not snapshots
+        and all(map(runs_in_producer, dst.processors))
+        and not dag.outbound_edges(dest)
+        and bool(dag.inbound_edges(edge.source))  # not a source: its progress() and
+        # complete() loop stay in a tasklet of its own
+        and dest.get_state_backend() is None
+        and all(p.is_cooperative() for p in src.processors)
+    )
 
 
 class FusedStage:
@@ -173,9 +219,13 @@ class FusedPairP(PairP):
         second: Processor,
         edge: Edge,
         validate_keys: bool = False,
+        first_state_backend: str | None = None,
     ) -> None:
         super().__init__(first, second, edge.dest_ordinal)
         self.first_context = first_context
+        #: the producer's vertex's own state backend (else it takes the job's, which the
+        #: tasklet's context holds: a sink run in its producer has no backend of its own)
+        self._first_state_backend = first_state_backend
         self.passed = 0
         inner = getattr(first, "fused_stages", None)
         #: the producers' processors, upstream first (a chain: the first one's too)
@@ -196,7 +246,11 @@ class FusedPairP(PairP):
         # may count into a map (GroupByKeyP.counting_map): see _count
         self._flat_map_fn: Callable[[Any], Any] | None = None
         self._counting_map: Callable[[int], dict[Any, Any] | None] = _none
-        relevant = getattr(second, "min_relevant_watermark", None)
+        # which of the two drops late input: the consumer when the producer is a
+        # stateless built-in, the producer when the consumer is a sink run in it
+        relevant = getattr(
+            first if runs_in_producer(second) else second, "min_relevant_watermark", None
+        )
         if getattr(relevant, "__func__", None) is not Processor.min_relevant_watermark:
             self.min_relevant_watermark = relevant  # type: ignore[method-assign,assignment]
         progress = getattr(second, "progress", None)
@@ -214,9 +268,11 @@ class FusedPairP(PairP):
         self.context = context
         fc = self.first_context
         # what the execution gave the consumer's context (engine/workers.prepare_context)
-        for name in ("metric_listener", "sink_outage_timeout", "state_dir"):
+        for name in ("metric_listener", "sink_outage_timeout", "state_dir", "state_backend"):
             if hasattr(context, name):
                 setattr(fc, name, getattr(context, name))
+        if self._first_state_backend is not None:
+            fc.state_backend = self._first_state_backend
         self._init_pair(outbox, fc, context)
         if is_stateless_builtin(self.first) and fc.item_errors.fails:
             self._process_all = self.first.process_all  # type: ignore[attr-defined]
@@ -295,6 +351,16 @@ class FusedPairP(PairP):
             self.passed += count_flat_mapped(fn, inbox, counts, failed, check)
         finally:
             self.in_first = False
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            # what the tasklet does for its own context (a stateful producer's
+            # disk-backed keyed state: its files go)
+            closers = self.first_context.closers
+            while closers:
+                closers.pop()()
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         self.second.restore_from_snapshot(inbox)

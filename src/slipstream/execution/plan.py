@@ -215,6 +215,7 @@ def build_vertex_plans(
     job_name: str,
     item_error_report: ItemErrorReport | None = None,
     check_pickle: bool = True,
+    snapshots: bool = True,
 ) -> dict[str, VertexPlan]:
     """Each vertex's plan (processors, contexts) for ``member_count`` members, after
     validating ``dag``. ``check_pickle=False`` skips the check that everything pickles:
@@ -222,7 +223,9 @@ def build_vertex_plans(
     (checking again would pickle each of the user's functions by reference, importing
     its module in the member: a module registered with ``register_pickle_by_value``
     need not be importable there, and importing it cost a test module's member ~0.1 s
-    of CPU a job)."""
+    of CPU a job). ``snapshots=False``: the execution neither saves nor restores a
+    snapshot, so a sink may run in a stateful producer's tasklet
+    (:func:`~slipstream.execution.fusion.fusable_pairs`)."""
     # the embedded engine ships nothing: the data a supplier holds is sampled, not pickled
     dag.validate(
         default_parallelism=default_parallelism,
@@ -263,7 +266,7 @@ def build_vertex_plans(
                 vp.contexts[-1].pipeline_stage = getattr(v, "pipeline_stage", None)
                 set_item_errors(vp.contexts[-1], dag, v, config.on_item_error, item_error_report)
         plans[v.name] = vp
-    for name, e in fusable_pairs(dag, plans, config).items():
+    for name, e in fusable_pairs(dag, plans, config, snapshots).items():
         plans[name].fused_edge = e
     return plans
 
@@ -398,6 +401,11 @@ def _fuse(specs: dict[tuple[str, int], TaskletSpec], edge: Edge) -> None:
             continue
         first = specs.pop((producer, g))
         spec.processor = FusedPairP(
-            first.processor, first.context, spec.processor, edge, first.vertex.validate_keys
+            first.processor,
+            first.context,
+            spec.processor,
+            edge,
+            first.vertex.validate_keys,
+            first.vertex.vertex.get_state_backend(),
         )
         spec.inbound = first.inbound

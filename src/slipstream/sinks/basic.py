@@ -174,6 +174,12 @@ class _StagingSinkP(_SinkP):
 class ListSinkP(_StagingSinkP):
     """Appends every item to the engine's named list (two-phase under exactly-once)."""
 
+    #: in a job that takes no snapshots the engine may run it inside its only
+    #: producer's tasklet (execution/fusion.py; read from this class's own namespace,
+    #: not a subclass's): it takes every inbox whole, swallows watermarks and keeps no
+    #: state there
+    runs_in_producer = True
+
     def __init__(self, name: str) -> None:
         super().__init__()
         self._name = name
@@ -203,6 +209,8 @@ def _plain_tuples(items: Any) -> bool:
 class MapSinkP(_StagingSinkP):
     """Puts ``(key, value)`` items into the engine's named map; a later put of a key
     wins (two-phase under exactly-once)."""
+
+    runs_in_producer = True  # see ListSinkP
 
     def __init__(self, name: str) -> None:
         super().__init__()
@@ -296,6 +304,8 @@ class StdoutP(_SinkP):
 
 class NoopP(_SinkP):
     """Discards every item."""
+
+    runs_in_producer = True  # see ListSinkP
 
     def process(self, ordinal: int, inbox: Inbox) -> None:
         inbox.clear()
