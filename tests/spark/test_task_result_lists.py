@@ -20,9 +20,30 @@ def test_window_results_arrive_equal_and_packed() -> None:
     items = [KeyedWindowResult(i * 1000, i * 1000 + 1000, f"k{i % 7}", i) for i in range(500)]
     packed = PickledList.pack(items)
     assert isinstance(packed, PickledList)
+    assert packed.rows  # as the class and plain tuples
     got = PickledList.load(_through_spark({"w": packed})["w"])  # type: ignore[index]
     assert got == items
     assert all(type(r) is KeyedWindowResult for r in got)
+
+
+class Tagged(KeyedWindowResult):  # a subclass whose instances have a __dict__
+    pass
+
+
+def test_named_tuples_with_attributes_or_of_several_classes_travel_whole() -> None:
+    tagged = Tagged(0, 1000, "k", 1)
+    tagged.note = "kept"  # type: ignore[attr-defined]
+    for items in (
+        [tagged],
+        [KeyedWindowResult(0, 1000, "k", 1), (0, 1000, "k", 1)],
+        [(0, 1000, "k", 1)],
+    ):
+        packed = PickledList.pack(items)  # type: ignore[arg-type]
+        assert isinstance(packed, PickledList) and not packed.rows
+        got = PickledList.load(_through_spark(packed))  # type: ignore[arg-type]
+        assert got == items and [type(r) for r in got] == [type(r) for r in items]
+    assert got[0] == (0, 1000, "k", 1)
+    assert PickledList.load(_through_spark(PickledList.pack([tagged])))[0].note == "kept"  # type: ignore[arg-type]
 
 
 def test_items_pickle_cannot_pickle_stay_a_list() -> None:

@@ -214,12 +214,21 @@ class PickledList:
     ``str``, ``tuple``, ... (a window result is a named tuple): 125,000 windows of an
     epoch took ~0.35 s to pickle that way against ~0.16 s with :mod:`pickle`
     (docs/performance.md, "The window row"). Only our own executors' task results are
-    unpickled (:meth:`load`, on the driver), as the list was before."""
+    unpickled (:meth:`load`, on the driver), as the list was before.
 
-    __slots__ = ("data",)
+    Items that are all of one named-tuple class (a window result) travel as that class
+    and their plain tuples (``rows``): :mod:`pickle` reduces a named tuple through a
+    Python call per item (``__getnewargs__``) and rebuilds it through another
+    (``__new__``); as plain tuples they pickle at C speed and become the class's
+    instances again by ``tuple.__new__`` at C speed (126,000 windows: pickled 0.20 ->
+    0.05 s, unpickled 0.14 -> 0.08 s; docs/performance.md, "The window row: the
+    micro-batch's watermark in its epoch")."""
 
-    def __init__(self, data: bytes) -> None:
+    __slots__ = ("data", "rows")
+
+    def __init__(self, data: bytes, rows: bool = False) -> None:
         self.data = data
+        self.rows = rows
 
     @staticmethod
     def pack(items: list[Any]) -> list[Any] | PickledList:
@@ -227,6 +236,10 @@ class PickledList:
         item (a class defined in the driver's ``__main__`` reaches an executor by value,
         and only ``cloudpickle`` pickles it back)."""
         try:
+            cls = _row_class(items)
+            if cls is not None:
+                rows = (cls, list(map(tuple, items)))
+                return PickledList(pickle.dumps(rows, pickle.HIGHEST_PROTOCOL), True)
             return PickledList(pickle.dumps(items, pickle.HIGHEST_PROTOCOL))
         except Exception:  # noqa: BLE001 - cloudpickle pickles what pickle cannot
             return items
@@ -235,11 +248,35 @@ class PickledList:
     def load(items: list[Any] | PickledList) -> list[Any]:
         """The items :meth:`pack` took (a list not packed as it is)."""
         if isinstance(items, PickledList):
-            return cast(list[Any], pickle.loads(items.data))  # noqa: S301 - our executors'
+            value = pickle.loads(items.data)  # noqa: S301 - our executors'
+            if items.rows:
+                cls, rows = value
+                return list(map(functools.partial(tuple.__new__, cls), rows))
+            return cast(list[Any], value)
         return items
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        return PickledList, (self.data,)
+    def __reduce__(self) -> tuple[Any, tuple[bytes, bool]]:
+        return PickledList, (self.data, self.rows)
+
+
+def _row_class(items: list[Any]) -> type | None:
+    """The class of ``items`` if they are all instances of one named-tuple class whose
+    instances carry nothing but their fields (no ``__dict__``): ``tuple.__new__(cls,
+    row)`` makes an equal instance of a row. ``None`` otherwise (plain tuples pickle
+    fast as they are)."""
+    if not items:
+        return None
+    cls = type(items[0])
+    if (
+        cls is tuple
+        or not issubclass(cls, tuple)
+        or not hasattr(cls, "_fields")
+        or cls.__dictoffset__ != 0
+    ):
+        return None
+    if len(set(map(type, items))) != 1:
+        return None
+    return cls
 
 
 class RowSourceP(AbstractProcessor):
