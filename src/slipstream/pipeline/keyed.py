@@ -48,7 +48,8 @@ _first = itemgetter(0)
 def _mark_from(states: Any, dirty: set[Any], bucket: list[Any], start: int) -> None:
     """Mark the keys of the ``(key, result)`` pairs appended to ``bucket`` since
     ``start``; once more than a quarter of an in-memory map's keys are marked (and more
-    than a few thousand), the next save is full: :meth:`~slipstream.state.keyed.KeyedState.
+    than a few thousand; half of a large one's: :meth:`~slipstream.state.keyed.KeyedState.
+    full_save_due`), the next save is full: :meth:`~slipstream.state.keyed.KeyedState.
     mark_all` lets the marks go and the additive path stops marking until that save (the
     uniform pattern: every key changes between two snapshots, and the set of marks would
     grow as large as the map; a set of marks holds ~40 bytes a key at its largest, a
@@ -61,7 +62,7 @@ def _mark_from(states: Any, dirty: set[Any], bucket: list[Any], start: int) -> N
     n = len(dirty)
     seal = keyed_state_mod.MARKS_SEAL
     if (n > _MARKS_WORTH_KEEPING or n >= seal) and isinstance(states, KeyedState):
-        if n > _MARKS_WORTH_KEEPING and (n + states.sealed_count) * 4 > len(states):
+        if n > _MARKS_WORTH_KEEPING and states.full_save_due(n + states.sealed_count):
             states.mark_all()
         elif n >= seal:  # the next marks go into a new set (memory: KeyedState.seal_marks)
             states.seal_marks()
@@ -522,7 +523,7 @@ class MapStatefulP(AbstractProcessor):
             dirty = states.dirty
             if dirty is not None:
                 size = len(dirty)
-                if size > _MARKS_WORTH_KEEPING and size * 4 > len(states):
+                if size > _MARKS_WORTH_KEEPING and states.full_save_due(size):
                     states.mark_all()
 
     def save_to_snapshot(self) -> bool:

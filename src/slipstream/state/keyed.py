@@ -193,6 +193,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         "_saved_id",
         "_entry",
         "_live",
+        "_forks",
     )
 
     def __init__(self, tag: str = PLAIN, detail: Any = None, context: Any = None) -> None:
@@ -205,8 +206,9 @@ class KeyedState(dict):  # type: ignore[type-arg]
         #: tracked (the job takes no incremental snapshots)
         self.dirty: set[Any] | None = None
         #: sets of marks of this interval sealed by :meth:`seal_marks`, oldest first
-        #: (a key may be in several, and in ``dirty``); they count as marked as ``dirty``
-        self.sealed: list[set[Any]] = []
+        #: (a key may be in several, and in ``dirty``); they count as marked as ``dirty``.
+        #: A layered map's are lists (:meth:`seal_marks`)
+        self.sealed: list[Any] = []
         #: how many marks the sealed sets hold (a key in two counted twice)
         self.sealed_count = 0
         #: ``True`` after :meth:`mark_all`: the next save is full, marking may stop
@@ -246,6 +248,9 @@ class KeyedState(dict):  # type: ignore[type-arg]
         self._context: Any = None
         self._live: Any = None  # the copy-on-write save in progress (state.live.LiveSave)
         self._saved_id = 0  # the snapshot the previous save went into (0: none yet)
+        #: this interval: whether a full save would be encoded by a forked child
+        #: (:meth:`full_save_due`); ``None``: not asked yet
+        self._forks: bool | None = None
         self._entry: tuple[StateMap, StateMapSave] | None = None  # that save's entry
         if context is not None:
             self.attach(context)
@@ -290,17 +295,55 @@ class KeyedState(dict):  # type: ignore[type-arg]
         :data:`MARKS_SEAL` keys their tables are 16.7 MB each, and a resize copies one
         of those at most. The delta saves a key of several sets once
         (:class:`~slipstream.state.live.LiveSave`). Only where the delta is produced in
-        steps (``context.live_saves``, values replaced): elsewhere it does nothing."""
+        steps (``context.live_saves``, values replaced): elsewhere it does nothing.
+
+        A layered map's sealed marks are kept as a *list* (8 bytes a key; a set's table
+        takes 28-56): nothing asks whether a key is in them (its delta is produced
+        beside a layer, no write records a pre-barrier value), and the delta walks them
+        unchecked, so a key of two of them is saved twice, with the same value (the
+        map holds the barrier's values until the delta is produced): the decoded delta
+        is the same map. At 10M keys in the uniform pattern (intervals of 1.5-3M marks,
+        disjoint sets: every check found nothing) the sealed marks took 50-84 MB as
+        sets, 12-24 MB as lists; the list costs ~16 ns a key once, in the loop."""
         dirty = self.dirty
-        if (
-            dirty
-            and self.values_replaced
-            and getattr(self._context, "live_saves", None) is not None
-            and getattr(self._context, "snapshot_writer", "thread") != "fork"
-        ):
-            self.sealed.append(dirty)
+        if dirty and self._seals():
+            self.sealed.append(list(dirty) if self.layered else dirty)
             self.sealed_count += len(dirty)
             self.dirty = set()
+
+    def _seals(self) -> bool:
+        """Whether :meth:`seal_marks` seals (the delta is produced in steps)."""
+        return (
+            self.values_replaced
+            and getattr(self._context, "live_saves", None) is not None
+            and getattr(self._context, "snapshot_writer", "thread") != "fork"
+        )
+
+    def _seals_lists(self) -> bool:
+        """Whether the map's sealed marks are lists (:meth:`seal_marks`)."""
+        return self.layered and self._seals()
+
+    def full_save_due(self, marked: int) -> bool:
+        """Whether, with ``marked`` keys of the map marked (or about to be), its next
+        save should be full (:meth:`mark_all`): past a quarter of its keys, where a
+        full save costs about what the delta would and the marks stop growing; for a
+        map whose sealed marks are lists (:meth:`seal_marks`) whose full save would not
+        be encoded by a forked child (``live.fork_expected``: at 10M keys a fork takes
+        longer than a step may), past half of them: its full save is a walk of the
+        whole map on the processor's thread (~47 ns a key, 0.47 s at 10M keys; its
+        encoded content, ~70 MB, held until written) where a delta costs ~80 ns a
+        changed key, and the marks are lists of 8 bytes a key."""
+        size = dict.__len__(self)
+        if marked * 4 <= size:
+            return False
+        if marked * 2 > size or not self._seals_lists():
+            return True
+        forks = self._forks
+        if forks is None:  # once an interval (it reads the process's resident size)
+            from slipstream.state import live as live_mod
+
+            forks = self._forks = live_mod.fork_expected(size)
+        return forks
 
     def _new_marks(self) -> None:
         """Mark into a new, empty set, with no sealed sets (what was marked is saved,
@@ -308,6 +351,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         self.dirty = set()
         self.sealed = []
         self.sealed_count = 0
+        self._forks = None
 
     def marked(self) -> int:
         """How many keys are marked (``dirty`` and the sealed sets; a key in two sets
@@ -382,8 +426,8 @@ class KeyedState(dict):  # type: ignore[type-arg]
         return n if n >= 0 else -1  # fewer keys: some were removed (not by a layered writer)
 
     def _untail(self) -> None:
-        """Stop tracking the tail: its keys are marked in ``dirty`` (or, past a quarter
-        of the map, every key is: the next save is full, :meth:`mark_all`). A full
+        """Stop tracking the tail: its keys are marked in ``dirty`` (or, past
+        :meth:`full_save_due`, every key is: the next save is full, :meth:`mark_all`). A full
         copy-on-write save in progress is not finished for it (that would produce the
         rest of the save at once, in the middle of a ``process()`` call: a second or more
         at 10M keys): the keys inserted since its barrier are its overlay's unmerged ones
@@ -402,11 +446,18 @@ class KeyedState(dict):  # type: ignore[type-arg]
         if total == 0:
             return
         # n < 0: keys were removed behind the layer's back, which of the tail is unknown
-        if n < 0 or (total > LAYER_MIN and (self.marked() + total) * 4 > len(self)):
+        if n < 0 or (total > LAYER_MIN and self.full_save_due(self.marked() + total)):
             self.all_dirty = True
             self._new_marks()
             return
-        dirty.update(islice(reversed(dict.keys(self)), n))
+        if n > LAYER_MIN and self._seals_lists():
+            # distinct keys, none of them marked yet: a sealed list of its own, not a set
+            # (at the end of a 10M-key creation pass, a tail of ~3M keys made a set of a
+            # 67 MB table, 100 MB while it doubled: the run's peak RSS)
+            self.sealed.append(list(islice(reversed(dict.keys(self)), n)))
+            self.sealed_count += n
+        else:
+            dirty.update(islice(reversed(dict.keys(self)), n))
         dirty.update(extra)
 
     def layer_limit(self) -> int:
@@ -571,7 +622,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         return self._tail_save(sid, {}, n)
 
     def _live_save(
-        self, sid: int, mode: str, keys: Any, sealed: list[set[Any]] | None = None
+        self, sid: int, mode: str, keys: Any, sealed: list[Any] | None = None
     ) -> Any:
         """A :class:`~slipstream.state.live.LiveSave` of this map as of now, handed to the
         tasklet that produces it (``context.live_saves``), or ``None`` where it does not
@@ -707,7 +758,7 @@ class KeyedState(dict):  # type: ignore[type-arg]
         dirty: Any,
         full: bool,
         base: int,
-        sealed: list[set[Any]] | None = None,
+        sealed: list[Any] | None = None,
     ) -> tuple[StateMap, StateMapSave]:
         """The save of the map alone: full, or a delta of the marked keys (``dirty`` and
         the ``sealed`` sets of the interval)."""

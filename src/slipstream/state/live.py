@@ -78,6 +78,7 @@ __all__ = [
     "TAIL",
     "EncodedMap",
     "LiveSave",
+    "fork_expected",
     "pushed",
     "setitems_fragment",
 ]
@@ -220,7 +221,7 @@ class LiveSave:
         mode: str,
         keys: Any = None,
         spilled: Callable[[list[Any]], bool] | None = None,
-        sealed: list[set[Any]] | None = None,
+        sealed: list[Any] | None = None,
     ) -> None:
         self.state = state
         self.snapshot_id = snapshot_id
@@ -306,8 +307,10 @@ class LiveSave:
         #: changes it any more)
         self._keys = keys
         #: a delta: the interval's sealed sets of marks (``KeyedState.seal_marks``),
-        #: older than ``_keys``; a key may be in several: it is saved once
-        self._sealed: tuple[set[Any], ...] = tuple(sealed or ())
+        #: older than ``_keys``; a key may be in several: it is saved once (a layered
+        #: map's are lists, produced beside its layer: a key of two is saved twice,
+        #: with the same value)
+        self._sealed: tuple[Any, ...] = tuple(sealed or ())
         self._done = threading.Event()
         self._error: BaseException | None = None
         #: tail: the child encoding the content (:meth:`_forked_tail`): its pid, the pipe
@@ -530,10 +533,7 @@ class LiveSave:
         failed)."""
         if (
             self._fork_tried
-            or LIVE_SAVE_FORK_MIN is None
-            or self._tail < LIVE_SAVE_FORK_MIN
-            or not _CAN_FORK
-            or _fork_unencodable
+            or not fork_expected(self._tail, 0)  # (the process's size is read below)
             or self._tail_done
             or self.columns is not None
             or self.out is not None
@@ -543,7 +543,7 @@ class LiveSave:
         self._fork_tried = True
         global _fork_s_per_byte
         resident = _resident_bytes()
-        if resident * _fork_s_per_byte > LIVE_SAVE_FORK_MAX_S:
+        if not fork_expected(self._tail, resident):
             return False
         from slipstream.state.forked import fork_writer
         from slipstream.state.store import write_all
@@ -647,7 +647,9 @@ class LiveSave:
         # one: each slice is checked against each earlier set at C speed
         # (``isdisjoint``, ~25 ns a key) and filtered only where it meets one (a
         # ``filterfalse`` over every key cost ~45 ns a key: at 10M keys in the uniform
-        # pattern, deltas of ~1.7M keys in three sets, 75 ms a save)
+        # pattern, deltas of ~1.7M keys in three sets, 75 ms a save). A layered map's
+        # sealed marks are lists, not checked: a key of two is saved twice, with the
+        # same value (beside a layer the map holds the barrier's values)
         it = self._kit
         if it is None:
             it = self._kit = iter(self._sealed[0] if self._sealed else self._keys)
@@ -656,7 +658,8 @@ class LiveSave:
         i = self._set_at
         if i:
             for earlier in self._sealed[:i]:
-                if not earlier.isdisjoint(keys):
+                # (a sealed list is not checked: KeyedState.seal_marks)
+                if type(earlier) is set and not earlier.isdisjoint(keys):
                     keys = list(filterfalse(earlier.__contains__, keys))
         if ended and i < len(self._sealed):  # the next set
             i = self._set_at = i + 1
@@ -893,6 +896,21 @@ class LiveSave:
             self._release()
         if self._reaper is not None:
             self._reaper()  # a forked encoder nobody will read
+
+
+def fork_expected(keys: int, resident: int | None = None) -> bool:
+    """Whether a tail save of ``keys`` keys would be encoded by a forked child now
+    (:meth:`LiveSave._forked_tail`, as far as the process decides it): large enough, on
+    Linux, no forked encoder met what the fast pickler cannot encode, and the fork is
+    predicted to take at most :data:`LIVE_SAVE_FORK_MAX_S` from the process's resident
+    size (``resident``, read from /proc when not given)."""
+    if LIVE_SAVE_FORK_MIN is None or keys < LIVE_SAVE_FORK_MIN or not _CAN_FORK:
+        return False
+    if _fork_unencodable:
+        return False
+    if resident is None:
+        resident = _resident_bytes()
+    return resident * _fork_s_per_byte <= LIVE_SAVE_FORK_MAX_S
 
 
 def _resident_bytes() -> int:
