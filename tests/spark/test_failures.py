@@ -183,6 +183,19 @@ def test_a_shuffle_chunk_of_strings_travels_as_one_joined_string_and_comes_back_
         assert [type(x) for x in back] == [type(x) for x in items]
 
 
+def test_a_shuffle_chunk_of_window_results_comes_back_as_the_same_named_tuples() -> None:
+    from slipstream.spark.task import ShuffleChunk, named_rows
+    from slipstream.window import KeyedWindowResult
+
+    where = ("windows", 0, "edge 'windows' -> 'sink' (ordinal 0)")
+    items = [KeyedWindowResult(i * 1000, i * 1000 + 1000, f"k{i % 7}", i) for i in range(300)]
+    chunk = ShuffleChunk(items, where=where, key=b"k")
+    assert chunk.__reduce__()[0] is named_rows  # as the class and plain tuples
+    back = pickle.loads(pickle.dumps(chunk, 5))
+    assert back == items and type(back) is list
+    assert all(type(x) is KeyedWindowResult for x in back)
+
+
 def test_shuffle_chunks_unpickle_as_lists_and_name_the_edge_of_an_unpicklable_item() -> None:
     import threading
 

@@ -236,10 +236,9 @@ class PickledList:
         item (a class defined in the driver's ``__main__`` reaches an executor by value,
         and only ``cloudpickle`` pickles it back)."""
         try:
-            cls = _row_class(items)
-            if cls is not None:
-                rows = (cls, list(map(tuple, items)))
-                return PickledList(pickle.dumps(rows, pickle.HIGHEST_PROTOCOL), True)
+            rows = pickle_named_rows(items)
+            if rows is not None:
+                return PickledList(rows, True)
             return PickledList(pickle.dumps(items, pickle.HIGHEST_PROTOCOL))
         except Exception:  # noqa: BLE001 - cloudpickle pickles what pickle cannot
             return items
@@ -248,15 +247,29 @@ class PickledList:
     def load(items: list[Any] | PickledList) -> list[Any]:
         """The items :meth:`pack` took (a list not packed as it is)."""
         if isinstance(items, PickledList):
-            value = pickle.loads(items.data)  # noqa: S301 - our executors'
             if items.rows:
-                cls, rows = value
-                return list(map(functools.partial(tuple.__new__, cls), rows))
-            return cast(list[Any], value)
+                return named_rows(items.data)
+            return cast(list[Any], pickle.loads(items.data))  # noqa: S301 - our executors'
         return items
 
     def __reduce__(self) -> tuple[Any, tuple[bytes, bool]]:
         return PickledList, (self.data, self.rows)
+
+
+def pickle_named_rows(items: list[Any]) -> bytes | None:
+    """``items`` pickled as their named-tuple class and plain tuples (:func:`_row_class`;
+    :func:`named_rows` makes them again), or ``None`` if they are not of one such class."""
+    cls = _row_class(items)
+    if cls is None:
+        return None
+    return pickle.dumps((cls, list(map(tuple, items))), pickle.HIGHEST_PROTOCOL)
+
+
+def named_rows(data: bytes) -> list[Any]:
+    """The items :func:`pickle_named_rows` pickled: each plain tuple made an instance of
+    the class by ``tuple.__new__``, at C speed (unpickled only from our own tasks)."""
+    cls, rows = pickle.loads(data)  # noqa: S301 - our executors'
+    return list(map(functools.partial(tuple.__new__, cls), rows))
 
 
 def _row_class(items: list[Any]) -> type | None:
@@ -1051,7 +1064,8 @@ class ShuffleChunk:
     writes one string, not an opcode, a length and a memo entry per item, and the
     consumer splits it at C speed (250,000 lines of the bench's count-10k: 13 ms to
     pickle item by item, 7 ms joined; docs/performance.md, "count-10k's per-line
-    cost")."""
+    cost"). A chunk of one named-tuple class's items (window results) travels as the
+    class and plain tuples, as a list sink's items do (:class:`PickledList`)."""
 
     __slots__ = ("items", "where", "key")
 
@@ -1066,6 +1080,10 @@ class ShuffleChunk:
         if text is not None:
             return (unpack_text, (text,))
         try:
+            rows = pickle_named_rows(items)
+            if rows is not None:
+                # window results: as their class and plain tuples (PickledList's docstring)
+                return (named_rows, (rows,))
             data = pickle.dumps(self.items, pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             vertex, index, edge = self.where
