@@ -221,3 +221,51 @@ def test_a_cut_micro_batch_keeps_its_rows_and_says_when_a_part_is_one_batch(
     query.awaitTermination(240)
     assert [(cut, parts) for cut, parts, _ in seen] == [((True, True), 2), ((False, False), 1)]
     assert seen[0][2] == seen[1][2] == sorted(_lines(0))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_micro_batch_is_read_through_its_own_plan(spark_session: Any, tmp_path: Path) -> None:
+    """``micro_batch_plan`` gives the plan ``foreachBatch``'s rows came from: the Arrow
+    batches made from it hold the file's lines once each, in the two parts
+    ``split_file_scan`` cut, with no scan of the micro-batch's RDD under them (no copy
+    of each row through ``SQLExecutionRDD``), and the query's progress still counts the
+    rows read (the plan's own metrics)."""
+    from slipstream.spark.arrow import _jvm_batches, arrow_column
+    from slipstream.spark.file_splits import micro_batch_plan, split_file_scan
+
+    directory = tmp_path / "in"
+    directory.mkdir()
+    (tmp_path / ".a").write_text("\n".join(_lines(0)))
+    (tmp_path / ".a").rename(directory / "a.txt")
+    df = spark_session.readStream.option("maxFilesPerTrigger", 1).text(str(directory))
+    seen: list[Any] = []
+
+    def batch(b: Any, epoch: int) -> None:
+        query = next(q for q in spark_session.streams.active if q.name == "own-plan")
+        plan = micro_batch_plan(query, epoch, df)
+        cut = split_file_scan(b, df, 2)
+        made = _jvm_batches(b, 2, True, cut[1], plan)
+        assert made is not None
+        rdd, schema = made
+        values = list(arrow_column(rdd.collect(), ("value",), "value", schema))
+        seen.append((plan is not None, cut, rdd._jrdd.toDebugString(), values))
+
+    query = (
+        df.writeStream.queryName("own-plan")
+        .foreachBatch(batch)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(240)
+    assert len(seen) == 1
+    planned, cut, lineage, values = seen[0]
+    assert planned
+    assert cut == (True, True)
+    assert "FileScanRDD" in lineage
+    assert "SQLExecutionRDD" not in lineage
+    assert sorted(values) == sorted(_lines(0))
+    rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert rows == [3000]

@@ -178,7 +178,7 @@ def _map_in_arrow(df: Any, fn: Any, schema: str) -> Any:
 
 
 def _jvm_batches(
-    df: Any, n: int, large: bool = False, one_batch: bool = False
+    df: Any, n: int, large: bool = False, one_batch: bool = False, plan: Any = None
 ) -> tuple[Any, bytes] | None:
     """``df``'s rows as an RDD of ``n`` partitions of Arrow record batch messages made
     on the JVM (``Dataset.toArrowBatchRdd``, what ``toPandas`` uses: no Python worker
@@ -200,9 +200,7 @@ def _jvm_batches(
         from pyspark.serializers import NoOpSerializer
 
         sc = df.sparkSession.sparkContext
-        jrdd = (
-            _batch_rdd(df, one_batch) if large else df._jdf.toArrowBatchRdd().toJavaRDD()
-        )
+        jrdd = _batch_rdd(df, one_batch, plan) if large else _arrow_rdd(df, plan)
         have = jrdd.getNumPartitions()
         if have < n:
             if os.environ.get("SLIPSTREAM_SPARK_ARROW_SPREAD", "0") in ("0", "false", "no"):
@@ -234,7 +232,15 @@ def _batch_rows(columns: int) -> int | None:
     return rows if rows > 10_000 else None
 
 
-def _batch_rdd(df: Any, one_batch: bool = False) -> Any:
+def _arrow_rdd(df: Any, plan: Any = None) -> Any:
+    """``df._jdf.toArrowBatchRdd()`` as a ``JavaRDD``; with ``plan`` (a physical plan
+    whose rows are ``df``'s, :func:`slipstream.spark.file_splits.micro_batch_plan`) the
+    batches of that plan's rows."""
+    jdf = df._jdf
+    return (jdf.toArrowBatchRdd() if plan is None else jdf.toArrowBatchRdd(plan)).toJavaRDD()
+
+
+def _batch_rdd(df: Any, one_batch: bool = False, plan: Any = None) -> Any:
     """``df._jdf.toArrowBatchRdd()`` as a ``JavaRDD``, its batches of
     :func:`_batch_rows` rows when the session leaves
     ``spark.sql.execution.arrow.maxRecordsPerBatch`` at its default. Spark's 10,000 rows
@@ -251,10 +257,10 @@ def _batch_rdd(df: Any, one_batch: bool = False) -> Any:
     rows = 0 if one_batch else _batch_rows(len(df.schema.fields))
     jconf = df._jdf.sparkSession().sessionState().conf()
     if rows is None or jconf.contains(_MAX_RECORDS):
-        return df._jdf.toArrowBatchRdd().toJavaRDD()
+        return _arrow_rdd(df, plan)
     jconf.setConfString(_MAX_RECORDS, str(rows))
     try:
-        return df._jdf.toArrowBatchRdd().toJavaRDD()
+        return _arrow_rdd(df, plan)
     finally:
         jconf.unsetConf(_MAX_RECORDS)
 
@@ -297,14 +303,15 @@ def _arrow_schema(df: Any) -> bytes:
 
 
 def arrow_partitions(
-    df: Any, n: int, large_batches: bool = False, one_batch: bool = False
+    df: Any, n: int, large_batches: bool = False, one_batch: bool = False, plan: Any = None
 ) -> tuple[Any, tuple[str, ...], bytes | None] | None:
     """``df``'s rows as an RDD of ``n`` partitions of serialized Arrow batches (module
     doc), the column names and, for batches made on the JVM (:func:`_jvm_batches`), the
     serialized schema :func:`arrow_rows` reads them with (``None``: batches made by
     ``mapInArrow``); ``None`` where the pickled-row path must be used.
     ``large_batches``: the source reads one column's values, ``one_batch``: and each
-    partition is small enough to be one batch (:func:`_batch_rdd`)."""
+    partition is small enough to be one batch (:func:`_batch_rdd`); ``plan``: the
+    physical plan ``df``'s rows come from, to make the JVM's batches from (:func:`_arrow_rdd`)."""
     if not arrow_enabled():
         return None
     fields = arrow_fields(df)
@@ -313,7 +320,7 @@ def arrow_partitions(
     if not executors_have_pyarrow(df.sparkSession.sparkContext):
         return None
     if os.environ.get("SLIPSTREAM_SPARK_ARROW", "1") != "python":
-        jvm = _jvm_batches(df, n, large_batches, one_batch)
+        jvm = _jvm_batches(df, n, large_batches, one_batch, plan)
         if jvm is not None:
             return jvm[0], fields, jvm[1]
     batches = _map_in_arrow(df, _serialize, f"{ARROW_COLUMN} binary")

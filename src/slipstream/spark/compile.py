@@ -190,6 +190,9 @@ class EpochInput:
     final: bool = False
     #: a micro-batch job's bound on the items a source processor emits per epoch
     epoch_max_items: int | None = None
+    #: per stream source vertex, the physical plan its micro-batch's rows came from
+    #: (:func:`slipstream.spark.file_splits.micro_batch_plan`), where known
+    plans: Mapping[str, Any] | None = None
 
     @property
     def mode(self) -> RunMode:
@@ -407,6 +410,7 @@ class _Compiler:
                     n,
                     column=meta.items()[0],
                     origin=meta.streaming_df,
+                    plan=(self.epoch.plans or {}).get(v.name),
                 )
                 if fields is not None:
                     self.arrow[v.name] = fields
@@ -521,7 +525,7 @@ def _input_from(
 
 
 def _stream_partitions(
-    stream: Any, n: int, column: str | None = None, origin: Any = None
+    stream: Any, n: int, column: str | None = None, origin: Any = None, plan: Any = None
 ) -> tuple[Any, tuple[str, ...] | None, bytes | None]:
     """A micro-batch's rows in ``n`` partitions, and the column names when they come as
     Arrow batches (:func:`slipstream.spark.arrow.arrow_partitions`: a DataFrame of plain
@@ -542,13 +546,24 @@ def _stream_partitions(
     rows. A source that makes a ``Row`` per row is not split: its Python is the longer
     side and the read's JVM thread already takes the other core (a one-file count-10k
     epoch took 0.57 s unsplit against 0.61 s split, docs/performance.md). Parts of at
-    most a few MB of text go to their tasks as one Arrow batch each."""
+    most a few MB of text go to their tasks as one Arrow batch each. ``plan``: the
+    physical plan the micro-batch's rows came from, which then makes a column's Arrow
+    batches (no copy of each row by a scan of the micro-batch's RDD:
+    :func:`slipstream.spark.file_splits.micro_batch_plan`)."""
     if hasattr(stream, "mapPartitionsWithIndex"):
         return _with_partitions(stream, n), None, None
     one_batch = False
     if origin is not None and column is not None:
         _cut, one_batch = split_file_scan(stream, origin, n)
-    arrow = arrow_partitions(stream, n, large_batches=column is not None, one_batch=one_batch)
+    arrow = arrow_partitions(
+        stream,
+        n,
+        large_batches=column is not None,
+        one_batch=one_batch,
+        # measured faster for a column's values only (count-10k 0.49 -> 0.45 s/epoch);
+        # a Row per line (the window row) showed no gain (docs/performance.md)
+        plan=plan if column is not None else None,
+    )
     if arrow is not None:
         return arrow
     rdd = stream.rdd

@@ -6,7 +6,7 @@ JVM (a search of every jar on the classpath) before the class is found, and a sh
 such as ``jvm.PythonRDD`` tries PySpark's wildcard imports one failed lookup at a time.
 A static method (``Arrays.toString``) is one more round trip to learn it is a method.
 At ~40 such lookups an epoch they were a few ms of the driver's round trips and of the
-JVM's CPU (docs/performance.md, "count-10k: the driver's class lookups").
+JVM's CPU (docs/performance.md, "Fixed cost per epoch: the driver's class lookups").
 
 :func:`jvm_class` names a class by its full name (no round trip: the JVM loads it by that
 name at the first call, once) and :func:`jvm_static` looks a static method up once per

@@ -86,6 +86,7 @@ from slipstream.core.errors import DagError, SnapshotError
 from slipstream.execution.plan import VertexPlan, member_addresses
 from slipstream.spark.compile import EpochInput, compile_dag, plan_vertices, validate
 from slipstream.spark.epoch_commit import commit_epoch_output
+from slipstream.spark.file_splits import micro_batch_plan
 from slipstream.spark.io import SparkRowSource, SparkStreamSource
 from slipstream.spark.jobs import JobHost, SparkJobBase, ordered_results, quietly, write_all
 from slipstream.spark.jvm import jvm_static
@@ -542,6 +543,7 @@ class _EpochJob(SparkJobBase):
         epoch_ms: float | None = None,
         final: bool = False,
         no_data: bool = False,
+        plans: Mapping[str, Any] | None = None,
     ) -> list[dict[str, Any]] | None:
         """Run epoch ``epoch_id`` (module doc, steps 1-4) and return the processors'
         results, or ``None`` if it is already committed (a replay, see
@@ -551,7 +553,9 @@ class _EpochJob(SparkJobBase):
         sources are slipstream processors running for ``epoch_ms``. ``final`` runs the
         last epoch of such a job: processors restore and then complete (windows flush);
         the commit only records that the job finished. ``no_data`` runs a Structured
-        Streaming job's no-data epoch after epoch ``epoch_id`` (empty ``streams``)."""
+        Streaming job's no-data epoch after epoch ``epoch_id`` (empty ``streams``).
+        ``plans``: per stream source, the physical plan of its micro-batch, where known
+        (:func:`slipstream.spark.file_splits.micro_batch_plan`)."""
         engine = self.engine
         sc = engine.spark_context
         started_at = time.time()
@@ -605,6 +609,7 @@ class _EpochJob(SparkJobBase):
                     epoch_ms=epoch_ms,
                     final=final,
                     epoch_max_items=getattr(self, "epoch_max_items", None),
+                    plans=plans,
                 ),
                 failure_key=self.failure_key,
             )
@@ -1019,7 +1024,16 @@ class SparkStreamingJob(_EpochJob):
         if len(names) == 1:
             # the DataFrame itself: compile_dag brings it to the source's parallelism on
             # the JVM, before its rows become Python rows (compile._stream_partitions)
-            self._run_one_epoch(epoch_id, {names[0]: batch_df})
+            # and, for a source of a column's values, the plan its rows came from, to
+            # make its Arrow batches with no copy of each row (file_splits.micro_batch_plan)
+            meta = self.sources[names[0]]
+            plan = (
+                micro_batch_plan(self.query, epoch_id, meta.streaming_df)
+                if meta.items()[0] is not None
+                else None
+            )
+            plans = {names[0]: plan} if plan is not None else None
+            self._run_one_epoch(epoch_id, {names[0]: batch_df}, plans=plans)
             return
         from pyspark.sql import functions as F  # noqa: N812
 
