@@ -269,6 +269,13 @@ class Context:
                 at[0]()
                 at.pop(0)
 
+    def run_closers(self) -> None:
+        """Call :attr:`closers`, newest first, each once (the engine does, after
+        ``Processor.close``, for every processor's context: a fused producer's too)."""
+        closers = self.closers
+        while closers:
+            closers.pop()()
+
     def increment_metric(self, name: str, delta: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + delta
         listener = self.metric_listener

@@ -358,9 +358,7 @@ class FusedPairP(PairP):
         finally:
             # what the tasklet does for its own context (a stateful producer's
             # disk-backed keyed state: its files go)
-            closers = self.first_context.closers
-            while closers:
-                closers.pop()()
+            self.first_context.run_closers()
 
     def restore_from_snapshot(self, inbox: Inbox) -> None:
         self.second.restore_from_snapshot(inbox)

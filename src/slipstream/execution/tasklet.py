@@ -337,9 +337,7 @@ class ProcessorTasklet:
                     saves.pop(0).finish(timed=False)
                 self.processor.close()
             finally:
-                closers = self.context.closers
-                while closers:  # disk-backed keyed state: its files go
-                    closers.pop()()
+                self.context.run_closers()  # disk-backed keyed state: its files go
 
     def __repr__(self) -> str:
         return f"ProcessorTasklet({self.vertex_name}#{self.index}, {self.state_name})"
