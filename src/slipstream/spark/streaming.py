@@ -1130,33 +1130,20 @@ def _vertex_watermarks(results: list[dict[str, Any]]) -> dict[str, int | None]:
     return {v: (min(w) if w else None) for v, w in per.items()}
 
 
-def _watermark_pending(results: list[dict[str, Any]], tasks: list[Any] | None = None) -> bool:
+def _watermark_pending(results: list[dict[str, Any]], tasks: list[Any]) -> bool:
     """Whether a no-data epoch would move some processor's watermark: in a Structured
     Streaming job the next epoch starts every watermark inserter from the highest
     watermark of its vertex, and that reaches a consumer whose input on an edge ended
     the epoch below the highest watermark any producer sent on that edge (an isolated
     edge from one split, or a stage whose producers coalesce to the minimum). An edge
     whose consumers took the micro-batch's watermark (slipstream.spark.feed) ends at
-    that highest value: nothing is pending there.
-
-    Without ``tasks`` (the compiled vertices, which tell each edge's consumer), any
-    vertex whose processors sent different watermarks on an edge counts as pending."""
-    sent: dict[str, list[dict[int, int]]] = {}
+    that highest value: nothing is pending there. ``tasks``: the compiled vertices,
+    which tell each edge's consumer."""
+    top: dict[int, int] = {}  # per edge, the highest watermark any producer sent on it
     for r in results:
         wm = r.get("watermarks")
         if wm is not None:
-            sent.setdefault(r["vertex"], []).append(wm.get("sent") or {})
-    if tasks is None:
-        for per_processor in sent.values():
-            edges = {e for d in per_processor for e in d}
-            for e in edges:
-                if len({d.get(e) for d in per_processor}) > 1:
-                    return True
-        return False
-    top: dict[int, int] = {}
-    for per_processor in sent.values():
-        for d in per_processor:
-            for e, v in d.items():
+            for e, v in (wm.get("sent") or {}).items():
                 if e not in top or v > top[e]:
                     top[e] = v
     ordinal_of = {
