@@ -533,7 +533,7 @@ class LiveSave:
         failed)."""
         if (
             self._fork_tried
-            or not fork_expected(self._tail, 0)  # (the process's size is read below)
+            or not _fork_possible(self._tail)  # (the fork's predicted time: below)
             or self._tail_done
             or self.columns is not None
             or self.out is not None
@@ -543,7 +543,7 @@ class LiveSave:
         self._fork_tried = True
         global _fork_s_per_byte
         resident = _resident_bytes()
-        if not fork_expected(self._tail, resident):
+        if not _fork_fast_enough(resident):
             return False
         from slipstream.state.forked import fork_writer
         from slipstream.state.store import write_all
@@ -904,12 +904,25 @@ def fork_expected(keys: int, resident: int | None = None) -> bool:
     Linux, no forked encoder met what the fast pickler cannot encode, and the fork is
     predicted to take at most :data:`LIVE_SAVE_FORK_MAX_S` from the process's resident
     size (``resident``, read from /proc when not given)."""
-    if LIVE_SAVE_FORK_MIN is None or keys < LIVE_SAVE_FORK_MIN or not _CAN_FORK:
+    if not _fork_possible(keys):
         return False
-    if _fork_unencodable:
-        return False
-    if resident is None:
-        resident = _resident_bytes()
+    return _fork_fast_enough(_resident_bytes() if resident is None else resident)
+
+
+def _fork_possible(keys: int) -> bool:
+    """A tail save of ``keys`` keys is large enough to fork for, on Linux, and no forked
+    encoder met what the fast pickler cannot encode."""
+    return (
+        LIVE_SAVE_FORK_MIN is not None
+        and keys >= LIVE_SAVE_FORK_MIN
+        and _CAN_FORK
+        and not _fork_unencodable
+    )
+
+
+def _fork_fast_enough(resident: int) -> bool:
+    """A fork of a process of ``resident`` bytes is predicted to take at most
+    :data:`LIVE_SAVE_FORK_MAX_S` (at the fastest rate forks took here)."""
     return resident * _fork_s_per_byte <= LIVE_SAVE_FORK_MAX_S
 
 
