@@ -3,7 +3,7 @@ output with ``processes=2``, with ``processes=1`` and as a plain-Python oracle (
 "everything the embedded engine does keeps working").
 
 Families: aggregations (global, keyed, several operations at once, single stage
-behind a distributed edge), sliding and session windows (batch, and streaming from a
+behind a distributed edge, co-aggregation of two inputs), sliding and session windows (batch, and streaming from a
 generator so watermarks flow), ``map_stateful``, ``hash_join``, services (sync
 map/filter/flat_map, async map, a per-member service), ``sort``, the Pipeline's
 ``merge``, and file sources and sinks (each member reads its share of the files and
@@ -34,7 +34,7 @@ import slipstream as ss
 from process_support import functions_by_value
 from slipstream import DAG, Edge, sinks, sources
 from slipstream import processors as P
-from slipstream.aggregate import all_of, counting, max_by, min_by, summing, to_list
+from slipstream.aggregate import all_of, co_aggregate, counting, max_by, min_by, summing, to_list
 from slipstream.window import (
     KeyedWindowResult,
     session_window_def,
@@ -134,6 +134,55 @@ def test_a_single_stage_keyed_aggregation_behind_a_distributed_edge(engines: dic
     for x in DATA:
         oracle[key_of(x)] += value_of(x)
     two, one = run_both(engines, build)
+    same(two, one, oracle.items())
+
+
+#: clicks (ts, user) and orders (ts, user, amount): two inputs of one co-aggregation
+CLICKS = [(i, i % 5) for i in range(400)]
+ORDERS = [(i, i % 7, i * 3) for i in range(300)]
+
+
+def amount_of(order: tuple[int, int, int]) -> int:
+    return order[2]
+
+
+def entry_key(entry: tuple[Any, Any]) -> Any:
+    return entry[0]
+
+
+@pytest.mark.timeout(GUARD_S)
+@pytest.mark.parametrize("two_stage", [False, True])
+def test_co_aggregation_of_two_inputs_by_key(engines: dict[int, Any], two_stage: bool) -> None:
+    """``co_aggregate`` over two inbound edges (one key function each): single stage
+    behind two distributed partitioned edges, or accumulate in each member and combine
+    the partial results across processes."""
+    op = co_aggregate(counting(), summing(amount_of))
+
+    def build(name: str) -> DAG:
+        dag = DAG()
+        clicks = dag.new_vertex("clicks", sources.items(CLICKS))
+        orders = dag.new_vertex("orders", sources.items(ORDERS))
+        out = dag.new_vertex("sink", sinks.list_sink(name))
+        if two_stage:
+            acc = dag.new_vertex("accumulate", P.accumulate_by_key([key_of, key_of], op))
+            comb = dag.new_vertex("combine", P.combine_by_key(op))
+            dag.edge(Edge.from_(clicks).to(acc, 0).partitioned(key_of))
+            dag.edge(Edge.from_(orders).to(acc, 1).partitioned(key_of))
+            dag.edge(Edge.between(acc, comb).distributed().partitioned(entry_key))
+            dag.edge(Edge.between(comb, out))
+        else:
+            agg = dag.new_vertex("aggregate", P.aggregate_by_key([key_of, key_of], op))
+            dag.edge(Edge.from_(clicks).to(agg, 0).distributed().partitioned(key_of))
+            dag.edge(Edge.from_(orders).to(agg, 1).distributed().partitioned(key_of))
+            dag.edge(Edge.between(agg, out))
+        return dag
+
+    oracle = {
+        k: (sum(1 for c in CLICKS if c[1] == k), sum(o[2] for o in ORDERS if o[1] == k))
+        for k in range(7)
+    }
+    two, one = run_both(engines, build)
+    assert oracle[6][0] == 0 and oracle[6][1] > 0  # a key of one input only
     same(two, one, oracle.items())
 
 
