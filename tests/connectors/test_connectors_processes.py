@@ -252,12 +252,17 @@ def connect(dsn: str) -> Callable[[], Any]:
     return lambda: psycopg.connect(dsn)
 
 
+def with_pid(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (*row, os.getpid())
+
+
 @pytest.mark.parametrize("split_by", ["k", None])
 def test_a_sql_source_on_two_members_reads_every_row_once(
     postgres: Any, split_by: str | None
 ) -> None:
     """With ``split_by`` the 4 processors of both members each read their hash share of
-    the rows; without it processor 0 (on member 0) reads them all."""
+    the rows; without it processor 0 (on member 0) reads them all. Each row is tagged
+    with the pid of the process that read it (a map behind a member-local edge)."""
     t = table(postgres.dsn)
     with psycopg.connect(postgres.dsn, autocommit=True) as c:
         c.execute(f"INSERT INTO {t} SELECT i, 'v' || i FROM generate_series(1, 8000) i")
@@ -270,16 +275,25 @@ def test_a_sql_source_on_two_members_reads_every_row_once(
                 connect(postgres.dsn), f"SELECT k, v FROM {t} WHERE k > %s", (5,), split_by=split_by
             ),
         ).local_parallelism(2)
+        tag = d.new_vertex("tag", P.map(with_pid))
         out = d.new_vertex("out", sinks.list_sink("rows")).local_parallelism(1)
-        d.edge(Edge.between(src, out).distributed())
+        d.edge(Edge.between(src, tag))
+        d.edge(Edge.between(tag, out).distributed())
         return d
 
     outputs = []
+    readers = []
     for processes in (2, 1):
         engine = ss.local(processes=processes)
         engine.new_job(dag(), JobConfig(name=unique("sqlsrc"))).join(GUARD_S)
-        outputs.append(sorted(engine.get_list("rows")))
+        got = engine.get_list("rows")
+        outputs.append(sorted((k, v) for k, v, _ in got))
+        readers.append(Counter(pid for _, _, pid in got))
     assert outputs[0] == outputs[1] == [(i, f"v{i}") for i in range(6, 8001)]
+    # processes=2: both members read a share with split_by, member 0 alone without;
+    # never the coordinator
+    assert os.getpid() not in readers[0]
+    assert len(readers[0]) == (2 if split_by else 1)
 
 
 def test_a_sql_sink_on_two_members_writes_every_row_once(postgres: Any) -> None:
