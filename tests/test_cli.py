@@ -491,6 +491,22 @@ def test_a_failing_job_prints_the_processor_traceback_once(tmp_path: Path) -> No
     assert r.stderr.count("Traceback") == 1
 
 
+def test_processes_auto_runs_a_member_per_usable_core() -> None:
+    """--processes auto: the local engine gets a member process per core this process
+    may run on, as ``ss.local(processes="auto")`` (the engine only: no job runs)."""
+    import types
+
+    from slipstream import cli
+
+    a = cli.parser().parse_args(["run", "mydag:build", "--processes", "auto"])
+    engine, server = cli._engine(a, types.ModuleType("__main__"))
+    try:
+        assert server is None
+        assert engine.process_count == engine.member_count == len(os.sched_getaffinity(0))
+    finally:
+        engine.shutdown()
+
+
 def test_run_with_member_processes(tmp_path: Path) -> None:
     """--processes 2: the members run in two processes (the target's module travels by
     value); the files written are those of one process, also with snapshots."""
