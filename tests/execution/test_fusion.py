@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
 
 import snapshot_test_procs as stp  # noqa: E402
 from test_engine_random_dags import KINDS, Apply, build, dags, oracle  # noqa: E402
-from test_processes import identity, word_count_dag  # noqa: E402
+from test_processes import CsvSum, identity, word_count_dag  # noqa: E402
 
 EO = ProcessingGuarantee.EXACTLY_ONCE
 
@@ -459,29 +459,16 @@ def test_a_snapshot_written_fused_restores_unfused_and_the_reverse(
 # -- a sink in its producer's tasklet --------------------------------------------------------------
 
 
-class KeyedSum(ss.AbstractProcessor):
+class KeyedSum(CsvSum):
     """A user's running sum over ``key,value`` lines, as bench/wordcount.py's
-    ``CsvRunningSum`` (documented API); notes the state backend its context was given."""
+    ``CsvRunningSum`` (test_processes.CsvSum); notes the state backend its context was
+    given."""
 
     backends: list[str] = []
 
     def init_processor(self, context: ss.Context) -> None:
-        self.sums: dict[str, int] = {}
+        super().init_processor(context)
         KeyedSum.backends.append(context.state_backend)
-
-    def try_process_item(self, ordinal: int, line: Any) -> bool:
-        k, v = line.split(",", 1)
-        s = self.sums.get(k, 0) + int(v)
-        if not self.try_emit((k, s)):
-            return False
-        self.sums[k] = s
-        return True
-
-    def save_to_snapshot(self) -> bool:
-        return self.save_state(self.sums.items)
-
-    def restore_from_snapshot_entry(self, key: Any, value: Any) -> None:
-        self.sums[key] = value
 
 
 def line_key(line: str) -> str:
