@@ -8,7 +8,8 @@ output with snapshots taken while it runs (at-least-once with processes=2 too). 
 two processes, and a job stopped and restored with 2, then 1, then 2 processes (the
 state routed by key to the new processors) gives exact output. Member failure: a member
 SIGKILLed at a random moment makes the job restart from its last committed snapshot
-with fresh members, nothing lost or duplicated in a two-phase file sink (slow).
+with fresh members, nothing lost or duplicated in a two-phase file sink (slow); a
+processor's error in a member (a ``MemoryError``) restarts the job the same way.
 
 Tests wait for events (snapshots committed, the job ending), never for time; the rate of
 the generator only makes the job last long enough for snapshots to be taken mid-run.
@@ -16,6 +17,7 @@ the generator only makes the job last long enough for snapshots to be taken mid-
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -219,6 +221,54 @@ def test_a_member_killed_at_a_random_moment_restarts_the_job_exactly_once(
     else:
         assert sorted(engine.get_list("items")) == [3 * i for i in range(n)]
     assert dict(engine.get_list("sums")) == oracle_sums(n)
+
+
+class OutOfMemoryOnceOnMember1(ss.AbstractProcessor):
+    """Passes items on; on member 1, at its 300th item, raises ``MemoryError`` (what a
+    member that ran out of address space gets) unless ``marker`` exists, which it
+    creates first: the first run fails, the restarted one does not."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.seen = 0
+
+    def try_process_item(self, ordinal: int, item: Any) -> bool:
+        if self.context.member_index == 1:
+            self.seen += 1
+            if self.seen == 300 and not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                raise MemoryError("a member ran out of memory")
+        return self.try_emit(item)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_a_processor_error_in_a_member_restarts_the_job_exactly_once(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a processing guarantee a processor's error in a member process (here a
+    ``MemoryError``) restarts the job from its last committed snapshot with fresh
+    members, as a member's death does; the items sink and the keyed sums are exact."""
+    n = 4000
+    dag = DAG()
+    src = dag.new_vertex("gen", sources.generator(identity, 10000.0, max_items=n))
+    src.local_parallelism(1)
+    fail = dag.new_vertex("fail", functools.partial(OutOfMemoryOnceOnMember1, str(tmp_path / "failed")))
+    agg = dag.new_vertex("sum", P.aggregate_by_key(tens, summing()))
+    items = dag.new_vertex("items", sinks.list_sink("items"))
+    sums = dag.new_vertex("sums", sinks.list_sink("sums"))
+    dag.edge(Edge.between(src, fail))
+    dag.edge(Edge.from_(fail, 0).to(agg).partitioned(tens).distributed())
+    dag.edge(Edge.from_(fail, 1).to(items).distributed())
+    dag.edge(Edge.between(agg, sums))
+    engine = ss.local(processes=2)
+    job = engine.new_job(dag, config("oom", tmp_path / "store", restart_delay_ms=10))
+    job.join(timeout=GUARD_S)
+    assert job.restarts == 1
+    restarts = [r.getMessage() for r in caplog.records if "restart 1 of" in r.getMessage()]
+    assert len(restarts) == 1 and " fail#" in restarts[0], restarts
+    assert "(MemoryError: a member ran out of memory); restart 1 of" in restarts[0], restarts
+    assert sorted(engine.get_list("items")) == list(range(n))
+    assert dict(engine.get_list("sums")) == {k: sum(range(k, n, 10)) for k in range(10)}
 
 
 @pytest.mark.timeout(GUARD_S)
