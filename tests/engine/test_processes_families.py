@@ -347,22 +347,37 @@ async def double_later(_service: Any, x: int) -> int:
     return x * 2
 
 
+async def not_a_multiple_of_three_later(_service: Any, x: int) -> bool:
+    await asyncio.sleep(0)
+    return x % 3 != 0
+
+
+async def and_next_later(_service: Any, x: int) -> list[int]:
+    await asyncio.sleep(0)
+    return [x, x + 1]
+
+
 def async_dag(name: str) -> DAG:
+    """map, filter and flat_map using a service, async, each behind a distributed edge."""
     dag = DAG()
+    factory = P.service_factory(lambda ctx: None)
     src = dag.new_vertex("source", sources.items(list(range(1500))))
-    call = dag.new_vertex(
-        "call", P.map_using_service_async(P.service_factory(lambda ctx: None), double_later, max_concurrent=8)
-    )
+    call = dag.new_vertex("call", P.map_using_service_async(factory, double_later, max_concurrent=8))
+    keep = dag.new_vertex("keep", P.filter_using_service_async(factory, not_a_multiple_of_three_later))
+    spread = dag.new_vertex("spread", P.flat_map_using_service_async(factory, and_next_later))
     out = dag.new_vertex("sink", sinks.list_sink(name))
     dag.edge(Edge.between(src, call).distributed())
-    dag.edge(Edge.between(call, out))
+    dag.edge(Edge.between(call, keep).distributed())
+    dag.edge(Edge.between(keep, spread).distributed())
+    dag.edge(Edge.between(spread, out))
     return dag
 
 
 @pytest.mark.timeout(GUARD_S)
-def test_async_map_using_a_service(engines: dict[int, Any]) -> None:
+def test_async_map_filter_flat_map_using_a_service(engines: dict[int, Any]) -> None:
     two, one = run_both(engines, async_dag)
-    same(two, one, [x * 2 for x in range(1500)])
+    kept = [x * 2 for x in range(1500) if (x * 2) % 3 != 0]
+    same(two, one, [y for x in kept for y in (x, x + 1)])
 
 
 def pid_service(_ctx: Any) -> int:
