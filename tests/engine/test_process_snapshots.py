@@ -144,26 +144,32 @@ def test_suspend_and_resume_with_two_processes_gives_exact_output(tmp_path: Any)
 
 
 @pytest.mark.timeout(GUARD_S)
-def test_restores_at_two_then_one_then_two_processes_give_exact_output(tmp_path: Any) -> None:
+def test_restores_at_two_then_one_then_two_then_three_processes_give_exact_output(
+    tmp_path: Any,
+) -> None:
     """Stopped (cancelled) after some snapshots, restored from its store directory
     (``restore_from=``) at one process, stopped again and restored at two from the
     exported snapshot into another store (the snapshot then travels to the members with
-    the job, where a snapshot of the job's own store is read by the members): the keyed
-    state and the sinks' staged batches are routed by key to the processors of each new
-    process count."""
-    n = 8000
+    the job, where a snapshot of the job's own store is read by the members), stopped
+    again and restored at three: the keyed state and the sinks' staged batches are
+    routed by key to the processors of each new process count. The generator keeps its
+    total parallelism (6) at every count, as its position needs."""
+    n = 12000
     store = tmp_path / "store"
     items: list[int] = []
     sums: list[tuple[int, int]] = []
     resumed = []
     restore: Any = None
-    for step, processes in enumerate((2, 1, 2)):
+    steps = (2, 1, 2, 3)
+    for step, processes in enumerate(steps):
+        last = step == len(steps) - 1
         engine = ss.local(processes=processes)
-        cfg = config("rescaled", tmp_path / "other" if step == 2 else store)
+        cfg = config("rescaled", tmp_path / f"other{step}" if step >= 2 else store)
         # the runs that are stopped are paced; the last one runs what is left unpaced
-        job = engine.new_job(build(n, 8000.0 if step < 2 else None, processes), cfg, restore_from=restore)
+        dag = build(n, None if last else 8000.0, processes, source_lp=6)
+        job = engine.new_job(dag, cfg, restore_from=restore)
         resumed.append(job.resumed_from_snapshot)
-        if step < 2:
+        if not last:
             wait_for(lambda: snapshots(job) >= 3, "three snapshots")  # noqa: B023
             job.cancel()
             with pytest.raises(JobCancelledError):
@@ -173,7 +179,7 @@ def test_restores_at_two_then_one_then_two_processes_give_exact_output(tmp_path:
             job.join(timeout=GUARD_S)
         items += engine.get_list("items")
         sums += engine.get_list("sums")
-    assert resumed[0] == 0 and 0 < resumed[1] < resumed[2]
+    assert resumed[0] == 0 and 0 < resumed[1] < resumed[2] < resumed[3]
     assert sorted(items) == [3 * i for i in range(n)]
     assert dict(sums) == oracle_sums(n) and len(sums) == 10
 
