@@ -435,6 +435,38 @@ def test_pipeline_merge_of_two_sources(engines: dict[int, Any]) -> None:
     same(two, one, Counter(x % 3 for x in [*range(1000), *(-x for x in range(1000, 1500))]).items())
 
 
+# -- bad records -----------------------------------------------------------------------
+def parse_pair(line: str) -> tuple[str, int]:
+    key, value = line.split(",")
+    return key, int(value)
+
+
+@pytest.mark.timeout(GUARD_S)
+def test_dead_letters_into_a_list_sink_come_back_to_the_coordinator(engines: dict[int, Any]) -> None:
+    """``on_item_error=sinks.list_sink(...)``: the items a stage sets aside in the member
+    processes reach the coordinator's list as ``DeadLetter`` records, as with one
+    process."""
+    lines = [f"k{i % 7},{i}" for i in range(600)]
+    for i in range(0, 600, 50):
+        lines[i] = f"bad{i}" if i % 100 else f"k{i},x{i}"
+    out = []
+    for n in (2, 1):
+        rows, bad = f"rows{next(_names)}", f"bad{next(_names)}"
+        p = ss.Pipeline()
+        p.read_from(sources.items(lines)).map(parse_pair).write_to(sinks.list_sink(rows))
+        job = engines[n].new_job(p, ss.JobConfig(on_item_error=sinks.list_sink(bad)))
+        job.join(timeout=GUARD_S)
+        letters = engines[n].get_list(bad)
+        assert {type(d).__name__ for d in letters} == {"DeadLetter"}
+        out.append((Counter(engines[n].get_list(rows)), Counter((d.item, d.error) for d in letters)))
+        assert job.metrics["map"]["items_skipped"] == 12
+    good = Counter(parse_pair(line) for i, line in enumerate(lines) if i % 50)
+    assert out[0][0] == out[1][0] == good
+    assert out[0][1] == out[1][1]
+    assert sorted(item for item, _ in out[0][1]) == sorted(lines[i] for i in range(0, 600, 50))
+    assert out[0][1][("bad50", "ValueError: not enough values to unpack (expected 2, got 1)")] == 1
+
+
 # -- files -----------------------------------------------------------------------------
 def write_inputs(directory: Path) -> list[str]:
     directory.mkdir()
