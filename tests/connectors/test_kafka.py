@@ -313,3 +313,39 @@ def test_restore_with_another_parallelism_and_offsets_committed_to_the_group(
     produce(kafka.bootstrap, topic, [(i % 4, str(i).encode(), None) for i in range(2000, 3000)])
     run(3, 3000)  # three processors share the partitions the one processor had
     assert sorted(int(v) for _, v in got) == list(range(3000))  # nothing lost or repeated
+
+
+class _ConsumerMade(Exception):
+    """Stops ``init_processor`` once the consumer's configuration is known."""
+
+
+def _consumer_config(monkeypatch: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration the Kafka source's processor gives its consumer."""
+    import confluent_kafka
+
+    seen: dict[str, Any] = {}
+
+    def made(conf: dict[str, Any]) -> None:
+        seen.update(conf)
+        raise _ConsumerMade
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", made)
+
+    class Ctx:
+        job_name = "j"
+        vertex_name = "in"
+
+    with pytest.raises(_ConsumerMade):
+        sources.kafka("t", config)().init_processor(Ctx())  # type: ignore[arg-type]
+    return seen
+
+
+def test_source_fetches_again_soon_after_its_prefetch_queue_was_full(monkeypatch: Any) -> None:
+    # librdkafka's default fetch.queue.backoff.ms (1000) left a source that drains its
+    # queue faster than that idle for the rest of the second (docs/performance.md)
+    conf = _consumer_config(monkeypatch, {"bootstrap.servers": "x"})
+    assert conf["fetch.queue.backoff.ms"] == 10
+    assert conf["queued.max.messages.kbytes"] == 16384  # memory stays bounded as before
+    # the user's setting wins
+    conf = _consumer_config(monkeypatch, {"bootstrap.servers": "x", "fetch.queue.backoff.ms": 500})
+    assert conf["fetch.queue.backoff.ms"] == 500

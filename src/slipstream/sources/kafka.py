@@ -23,9 +23,11 @@ left out. An event's time is the record's timestamp, or ``timestamp_fn(item)``.
 
 The processor is cooperative: polls never wait (``consume(timeout=0)``); only the
 metadata refresh waits for one round trip. Back-pressure: the processor stops polling
-while its outbox is full, so memory is bounded
-by the client's prefetch queue (``queued.max.messages.kbytes``, 16 MiB by default here)
-whatever the topic holds. A record that ``projection`` rejects fails the job with an
+while its outbox is full, so memory is bounded by the client's prefetch queue
+(``queued.max.messages.kbytes``, 16 MiB by default here) whatever the topic holds; a
+partition whose queue was full is fetched again 10 ms later (``fetch.queue.backoff.ms``,
+:data:`FETCH_QUEUE_BACKOFF_MS`; librdkafka's 1 s left a source that drains its queue idle
+for the rest of the second). A record that ``projection`` rejects fails the job with an
 error naming topic, partition and offset, or, with ``on_error="skip"``, is counted
 (metric ``kafka_records_skipped``) and skipped.
 """
@@ -54,6 +56,16 @@ __all__ = ["kafka", "KafkaSourceP", "partition_owner"]
 
 #: Records fetched in one poll at the most (one cooperative call stays short).
 POLL_BATCH = 1000
+
+#: librdkafka's ``fetch.queue.backoff.ms`` unless the config sets it: how long the client
+#: waits to fetch again for a partition whose prefetch queue was over its thresholds.
+#: Its default, 1000 ms, left a source that drains its queue faster than that idle for
+#: the rest of the second: one consumer of 1M JSON records with ``json.loads`` took 6.4 s
+#: wall for 2.3 s of CPU, 2.3 s with 10 ms (docs/performance.md, "Kafka rows: the
+#: client's fetch backoff, and the watcher's waits"; bench/processes.py's K rows, the
+#: Kafka source's backoff in "The exchange between member processes"). Memory stays
+#: bounded by the same thresholds.
+FETCH_QUEUE_BACKOFF_MS = 10
 
 
 def partition_owner(topic: str, partition: int, total_parallelism: int) -> int:
@@ -112,6 +124,7 @@ class KafkaSourceP(AbstractProcessor):
             "group.id": f"slipstream-{context.job_name}-{context.vertex_name}",
             "auto.offset.reset": "earliest",
             "queued.max.messages.kbytes": 16384,
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
             **self._config,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
