@@ -4,13 +4,16 @@
                              [--payloads int,tuple,object] [--variants queue,channel,...]
                              [--skip-throughput] [--skip-latency] [--latency-items 2000]
                              [--latency-interval-ms 1] [--skip-serialisation]
+                             [--ser-payloads int,tuple,row,line,object,bytes,bytearray]
+                             [--ser-frames 200] [--ser-rounds 5]
                              [--skip-start] [--start-rounds 7]
 
 For each batch size B (items per chunk the producer offers; the sender's ``batch_items``
 is B too, so a frame carries about B items) and payload (``int``: small ints; ``tuple``:
 ``(word, count)`` as a word count's partitioned edge carries; ``object``: a user's
-dataclass, which must be pickled), one producer sends ``--items`` items and end-of-stream
-to one consumer:
+dataclass, which must be pickled; ``bytes``: 64 KiB items from a pool of 1,024, which the
+channel sends out of band, to be run with fewer ``--items``), one producer sends
+``--items`` items and end-of-stream to one consumer:
 
 * ``queue``: an in-process ``SpscQueue``, producer and consumer alternating in one
   thread (what a local edge costs).
@@ -38,16 +41,39 @@ consumer took it: an in-process queue between two threads whose consumer pauses 
 engine's workers do today (blind sleeps), the channel with both sides pausing through
 ``wait_idle`` (select on the socket), and the channel with blind sleeps.
 
-The serialisation part times, per item of a 1024-item chunk, pickle protocol 5 (dumps +
-loads) against ``marshal`` (dumps + loads) plus the exact-type scan that makes marshal
-safe (it would carry a ``bytearray`` as ``bytes``): the channel pickles because of it.
+The serialisation part (``--ser-payloads``, ``--ser-frames``, ``--ser-rounds``) sends
+frames of one payload through a socketpair from one thread and prints the thread CPU
+per item (best of ``--ser-rounds`` x ``--ser-frames`` frames) of encoding, sending,
+receiving and decoding into the items the consumer takes, checked equal (and of the same
+types) to what was sent. Payloads (items per frame): ``int``, ``tuple`` and ``object`` as
+above, ``row`` (keyed window results, which the channel sends as columns), ``line`` (CSV
+lines, which it joins), 1024 each; ``bytes`` and ``bytearray`` (64 KiB items, the second
+standing for a numpy-like writable buffer), 16 each. Variants:
+
+* ``pickle 5``: what the channel does with every chunk not led by a big binary item
+  (its packing, protocol 5 in band, the head joined to the body for one ``send``, the
+  receiver reading into one reused buffer); with those too before 2026-11-27.
+* ``p5 sendmsg``: the same, head and body sent by one ``sendmsg`` (no joining copy).
+* ``p5 oob``: protocol 5 with out-of-band buffers: big binary items (>= 4 KiB) leave as
+  ``PickleBuffer`` objects sent by ``sendmsg`` as they are; the receiver reads each into a
+  fresh ``bytearray`` (a ``bytearray`` item arrives as that very buffer, a ``bytes``
+  item is copied out of it).
+* ``p5 oob 1 buf``: the same, the receiver reading the buffers into its one reused
+  buffer and every item copied out of it.
+* ``p5 oob joined``: as ``p5 oob 1 buf``, the frame joined into one ``bytes`` for one
+  ``send``: what the channel does with a chunk led by a big binary item.
+* ``arrow``: an Arrow record batch of the chunk's columns (IPC stream), read back and
+  turned into the items (``to_pylist``, tuples zipped, rows rebuilt as the channel
+  does, the dataclass through its ``__init__``, which is not generic).
+* ``marshal+scan``: ``marshal`` of the packed chunk after the exact-type scan that makes
+  it safe (marshal carries a ``bytearray`` as ``bytes``); ``-`` where it cannot.
 
 The start-up part times ``Process.start()`` until the child (which imports
 ``slipstream.execution.remote``) answers, for each start method: ``fork``, ``forkserver``
 (first start includes the server's, then each further child), ``forkserver`` with
 ``set_forkserver_preload``, and ``spawn``.
 
-Figures: docs/performance.md, "Channels".
+Figures: docs/performance.md, "Channels" and "The channel's serialisation, measured".
 """
 
 from __future__ import annotations
@@ -61,15 +87,32 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
-from itertools import chain, cycle
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from functools import partial
+from itertools import chain, cycle, repeat
+from operator import attrgetter
 from typing import Any
+
+import pyarrow as pa
 
 from slipstream.core.items import DONE_ITEM
 from slipstream.engine.workers import idle_pause, wait_idle
 from slipstream.execution.queues import SpscQueue
-from slipstream.execution.remote import DEFAULT_BATCH_ITEMS, ChannelReceiver, ChannelSender
+from slipstream.execution.remote import (
+    _CHUNK,
+    _PICKLE,
+    _ROWS,
+    _TEXT,
+    DEFAULT_BATCH_ITEMS,
+    ChannelReceiver,
+    ChannelSender,
+    _pack_chunks,
+    unpack_rows,
+    unpack_text,
+)
 from slipstream.execution.tasklet import DONE, NO_PROGRESS
+from slipstream.window import KeyedWindowResult
 
 LABEL = "edge 'a' -> 'b' (ordinal 0)"
 CAPACITY = 1024  # the default Edge.queue_size
@@ -86,18 +129,22 @@ def payload(kind: str, n: int) -> list[Any]:
         return list(range(n))
     if kind == "tuple":
         return [(f"word{i % 5000}", i) for i in range(n)]
+    if kind == "bytes":
+        return [bytes([i % 251]) * BIG for i in range(n)]
     return [Point(i, i / 2) for i in range(n)]
 
 
 POOL = 1 << 16
+BIG = 64 * 1024
 
 
 def chunks(kind: str, batch: int) -> Any:
     """An endless iterator of chunks of ``batch`` items, cycling over a pool of 65,536
     distinct items (so no frame pickles the same object twice, which pickle's memo
-    would make cheap)."""
-    pool = payload(kind, POOL)
-    return cycle([pool[i : i + batch] for i in range(0, POOL - batch + 1, batch)])
+    would make cheap; of 64 KiB ``bytes``, 1,024)."""
+    size = max(batch, 1024) if kind == "bytes" else POOL
+    pool = payload(kind, size)
+    return cycle([pool[i : i + batch] for i in range(0, size - batch + 1, batch)])
 
 
 class Idle:
@@ -472,34 +519,366 @@ def marshal_safe(chunk: list[Any]) -> bool:
     return False
 
 
-def _per_item(fn: Any, n: int = 300, rounds: int = 5) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n / 1024 * 1e9)
-    return best
+#: the serialisation part's payloads and the items per frame each is timed at (a 64 KiB
+#: item's frame of 16 is 1 MiB)
+SER_PAYLOADS = {
+    "int": 1024,
+    "tuple": 1024,
+    "row": 1024,
+    "line": 1024,
+    "object": 1024,
+    "bytes": 16,
+    "bytearray": 16,
+}
 
 
-def serialisation(kinds: list[str]) -> None:
-    print("\nserialisation, ns per item of a 1024-item chunk (best of 5)")
-    print(f"{'payload':<10}{'pickle 5':>10}{'marshal':>10}{'type scan':>11}{'marshal+scan':>14}")
-    for kind in kinds:
-        chunk = payload(kind, 1024)
-        p = pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)
-        pk = _per_item(lambda c=chunk: pickle.dumps(c, pickle.HIGHEST_PROTOCOL))
-        pk += _per_item(lambda b=p: pickle.loads(b))
-        scan = _per_item(lambda c=chunk: marshal_safe(c))
+def ser_payload(kind: str, n: int) -> list[Any]:
+    """``n`` items of one of :data:`SER_PAYLOADS`: ``row`` a keyed window's results (the
+    columns the channel packs, a window's bounds shared by 512 results in a row), ``line``
+    the running sum's CSV lines (the channel joins them), ``bytes`` / ``bytearray`` 64 KiB
+    binary items (a numpy array's buffer is the ``bytearray`` case: a writable buffer
+    that can arrive in the very memory it was received into)."""
+    if kind == "row":
+        return [
+            KeyedWindowResult(i // 512 * 1000, i // 512 * 1000 + 1000, f"key{i % 5000}", i)
+            for i in range(n)
+        ]
+    if kind == "line":
+        return [f"key{i % 5000},{i},{i * 7 % 1000}" for i in range(n)]
+    if kind == "bytearray":
+        return [bytearray([i % 251]) * BIG for i in range(n)]
+    return payload(kind, n)
+
+
+# The frame every variant sends: ``!IBH`` (body length, codec, out-of-band buffer count),
+# the buffers' lengths (``!Q`` each), the body, the buffers.
+_HEAD = struct.Struct("!IBH")
+_BUF_LEN = struct.Struct("!Q")
+_OOB_MIN = 4096  # a binary item at least this big goes out of band
+
+
+class _Copied:
+    """A binary item out of band that arrives as a copy of the buffer it was received
+    into, of its own type: pickled as ``bytes(<buffer>)`` or ``bytearray(<buffer>)``
+    (an out-of-band ``PickleBuffer`` of a ``bytes`` unpickles as a read-only memoryview,
+    of a ``bytearray`` as the receiver's buffer object itself; ``reducer_override`` is
+    never called for exact ``bytes``)."""
+
+    __slots__ = ("b",)
+
+    def __init__(self, b: bytes | bytearray) -> None:
+        self.b = b
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return type(self.b), (pickle.PickleBuffer(self.b),)
+
+
+def _out_of_band(chunk: list[Any], in_place: bool = True) -> list[Any]:
+    """``chunk`` with its big binary items made out-of-band buffers: a ``bytes`` as
+    :class:`_Copied`, a ``bytearray`` as its ``PickleBuffer`` when ``in_place`` (it
+    unpickles as the fresh buffer it was received into: no copy), else as
+    :class:`_Copied`. Only a chunk whose first item is binary is scanned."""
+    if type(chunk[0]) not in (bytes, bytearray):
+        return chunk
+    out = []
+    for x in chunk:
+        t = type(x)
+        if (t is bytes or t is bytearray) and len(x) >= _OOB_MIN:
+            x = pickle.PickleBuffer(x) if in_place and t is bytearray else _Copied(x)
+        out.append(x)
+    return out
+
+
+def _packed(chunk: list[Any]) -> list[Any]:
+    """The channel's record of a chunk, packed as it packs it (columns, joined lines),
+    its binary items kept in band (the channel's ``_CHUNK`` record as it was)."""
+    records = [0, _CHUNK, chunk]
+    _pack_chunks(records)
+    if records[1] == _CHUNK:
+        records[2] = chunk  # the channel would send big binary items out of band
+    return records
+
+
+def _unpacked(records: list[Any]) -> list[Any]:
+    """The chunk the channel's receiver delivers from ``records`` (``_deliver``)."""
+    kind, p = records[1], records[2]
+    if kind == _TEXT:
+        return unpack_text(p)
+    if kind == _ROWS:
+        return unpack_rows(p)
+    return p  # type: ignore[no-any-return]
+
+
+def _frame(codec: int, body: Any, buffers: Sequence[Any] = ()) -> list[Any]:
+    head = _HEAD.pack(len(body), codec, len(buffers))
+    if buffers:
+        head += b"".join(_BUF_LEN.pack(memoryview(b).nbytes) for b in buffers)
+    return [head, body, *buffers]
+
+
+def enc_pickle(chunk: list[Any]) -> list[Any]:
+    """As the channel does (a chunk not led by a big binary item): packed, pickled in band, the head joined to the body
+    (one buffer for one ``send``: a copy of the body)."""
+    head, body = _frame(_PICKLE, pickle.dumps(_packed(chunk), pickle.HIGHEST_PROTOCOL))
+    return [head + body]
+
+
+def enc_pickle_sendmsg(chunk: list[Any]) -> list[Any]:
+    """As today, but head and body sent by one ``sendmsg`` (no joining copy)."""
+    return _frame(_PICKLE, pickle.dumps(_packed(chunk), pickle.HIGHEST_PROTOCOL))
+
+
+def enc_pickle_oob(chunk: list[Any], in_place: bool = True) -> list[Any]:
+    """Protocol 5 with out-of-band buffers: big binary items' memory goes to ``sendmsg``
+    as it is, the pickle only refers to it."""
+    bufs: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(
+        _packed(_out_of_band(chunk, in_place)),
+        pickle.HIGHEST_PROTOCOL,
+        buffer_callback=bufs.append,
+    )
+    return _frame(_PICKLE if in_place else _OOB, body, [b.raw() for b in bufs])
+
+
+def enc_pickle_oob_joined(chunk: list[Any]) -> list[Any]:
+    """As ``enc_pickle_oob`` (every item a copy on arrival), the frame joined into one
+    ``bytes`` for one ``send``: what the channel does with a chunk led by a big binary
+    item (``remote._encode_out_of_band``)."""
+    return [b"".join(enc_pickle_oob(chunk, in_place=False))]
+
+
+def dec_pickle(body: memoryview, buffers: list[bytearray]) -> list[Any]:
+    return _unpacked(pickle.loads(body, buffers=buffers))
+
+
+#: a pickle whose buffers the receiver reads into its one reused buffer (``_PICKLE``: each
+#: into a fresh ``bytearray``)
+_OOB = 79  # "O"
+_ARROW = 65  # "A"
+_MARSHAL = 77  # "M"
+
+
+def enc_arrow(chunk: list[Any]) -> list[Any] | None:
+    """An Arrow record batch (IPC stream) of the chunk's columns: tuples and named tuples
+    by position, a dataclass by its fields, anything else as one column."""
+    first = chunk[0]
+    if isinstance(first, tuple):
+        arrays = [pa.array(c) for c in zip(*chunk, strict=True)]
+    elif is_dataclass(first):
+        arrays = [pa.array(list(map(attrgetter(f.name), chunk))) for f in fields(first)]
+    else:
+        arrays = [pa.array(chunk)]
+    batch = pa.RecordBatch.from_arrays(arrays, names=[f"c{i}" for i in range(len(arrays))])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return _frame(_ARROW, sink.getvalue())
+
+
+def dec_arrow(kind: str) -> Any:
+    """The receiver of ``kind``'s Arrow batches: back to the Python items the consumer
+    takes. It is told the shape (the class of rows and objects): a real channel would
+    have to send it beside the batch."""
+    rows_cls = type(ser_payload("row", 1)[0])
+
+    def dec(body: memoryview, buffers: list[bytearray]) -> list[Any]:
+        batch = pa.ipc.open_stream(pa.py_buffer(body)).read_next_batch()
+        if kind == "bytearray":
+            return [bytearray(x.as_buffer()) for x in batch.column(0)]
+        cols = [c.to_pylist() for c in batch.columns]
+        if kind == "tuple":
+            return list(zip(*cols, strict=True))
+        if kind == "row":
+            return list(map(tuple.__new__, repeat(rows_cls), zip(*cols, strict=True)))
+        if kind == "object":
+            return list(map(Point, *cols))  # through __init__: not generic
+        return cols[0]
+
+    return dec
+
+
+def enc_marshal(chunk: list[Any]) -> list[Any] | None:
+    """``marshal`` of the packed record, after the exact-type scan that makes it safe
+    (``None``: not safe, or not marshallable)."""
+    if not marshal_safe(chunk):
+        return None
+    try:
+        body = marshal.dumps(_packed(chunk), 4)
+    except ValueError:
+        return None  # a packed row's class
+    head, body = _frame(_MARSHAL, body)
+    return [head + body]
+
+
+def dec_marshal(body: memoryview, buffers: list[bytearray]) -> list[Any]:
+    return _unpacked(marshal.loads(body))
+
+
+class Wire:
+    """A socketpair driven from one thread: the sender's parts go out by non-blocking
+    ``sendmsg`` while the receiver reads, as the channel's receiver does, into one
+    reused buffer (``recv_into``, growing for a bigger frame), and each out-of-band
+    buffer into a fresh ``bytearray`` of its length (the part of it the buffer's read
+    took is copied over)."""
+
+    def __init__(self) -> None:
+        self.a, self.b = socket.socketpair()
+        self.a.setblocking(False)
+        self.b.setblocking(False)
+        self.buf = bytearray(1 << 18)
+        self.pending: list[memoryview] = []
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+
+    def _pump(self) -> None:
+        pending = self.pending
+        if not pending:
+            return
         try:
-            m = marshal.dumps(chunk, 4)
-        except ValueError:
-            print(f"{kind:<10}{pk:>10.0f}{'-':>10}{scan:>11.0f}{'-':>14}")
-            continue
-        ms = _per_item(lambda c=chunk: marshal.dumps(c, 4)) + _per_item(
-            lambda b=m: marshal.loads(b)
-        )
-        print(f"{kind:<10}{pk:>10.0f}{ms:>10.0f}{scan:>11.0f}{ms + scan:>14.0f}")
+            n = self.a.sendmsg(pending)
+        except BlockingIOError:
+            return
+        while n:
+            first = pending[0]
+            if n >= len(first):
+                n -= len(first)
+                del pending[0]
+            else:
+                pending[0] = first[n:]
+                n = 0
+
+    def _read(self, view: memoryview) -> int:
+        while True:
+            self._pump()
+            try:
+                return self.b.recv_into(view)
+            except BlockingIOError:
+                if not self.pending:
+                    raise RuntimeError("nothing to receive") from None
+
+    def round_trip(self, parts: list[Any], decode: Any) -> list[Any]:
+        """Send ``parts`` (one frame) and decode it on the other side."""
+        self.pending = [memoryview(p).cast("B") for p in parts]
+        fill = 0
+        need = _HEAD.size
+        while True:
+            if need > len(self.buf):
+                self.buf += bytearray(need - len(self.buf))
+            fill += self._read(memoryview(self.buf)[fill:])
+            if fill < need:
+                continue
+            length, codec, nbufs = _HEAD.unpack_from(self.buf, 0)
+            start = _HEAD.size + nbufs * _BUF_LEN.size
+            need = start + length
+            if fill >= need:
+                break
+        view = memoryview(self.buf)
+        sizes = [
+            _BUF_LEN.unpack_from(self.buf, _HEAD.size + k * _BUF_LEN.size)[0] for k in range(nbufs)
+        ]
+        if codec == _OOB:
+            # the buffers into the reused buffer too, the items copied out of it
+            total = need + sum(sizes)
+            if total > len(self.buf):
+                view.release()
+                self.buf += bytearray(total - len(self.buf))
+                view = memoryview(self.buf)
+            while fill < total:
+                fill += self._read(view[fill:total])
+            slices = []
+            at = need
+            for size in sizes:
+                slices.append(view[at : at + size])
+                at += size
+            assert not self.pending and fill == total, "one frame at a time"
+            return decode(view[start:need], slices)  # type: ignore[no-any-return]
+        buffers = []
+        at = need
+        for size in sizes:
+            b = bytearray(size)
+            bv = memoryview(b)
+            have = min(size, max(0, fill - at))
+            bv[:have] = view[at : at + have]
+            at += have
+            got = have
+            while got < size:
+                got += self._read(bv[got:])
+            buffers.append(b)
+        assert not self.pending and fill <= at, "one frame at a time"
+        return decode(view[start:need], buffers)  # type: ignore[no-any-return]
+
+
+SER_VARIANTS = (
+    "pickle 5",
+    "p5 sendmsg",
+    "p5 oob",
+    "p5 oob 1 buf",
+    "p5 oob joined",
+    "arrow",
+    "marshal+scan",
+)
+
+
+def ser_codecs(kind: str) -> dict[str, tuple[Any, Any]]:
+    return {
+        "pickle 5": (enc_pickle, dec_pickle),
+        "p5 sendmsg": (enc_pickle_sendmsg, dec_pickle),
+        "p5 oob": (enc_pickle_oob, dec_pickle),
+        "p5 oob 1 buf": (partial(enc_pickle_oob, in_place=False), dec_pickle),
+        "p5 oob joined": (enc_pickle_oob_joined, dec_pickle),
+        "arrow": (enc_arrow, dec_arrow(kind)),
+        "marshal+scan": (enc_marshal, dec_marshal),
+    }
+
+
+def ser_round_trips(kind: str, n: int) -> dict[str, list[Any] | None]:
+    """What each variant delivers of an ``n``-item chunk of ``kind`` (``None``: the
+    variant cannot carry it), for the check that they all deliver the same items."""
+    chunk = ser_payload(kind, n)
+    wire = Wire()
+    try:
+        out: dict[str, list[Any] | None] = {}
+        for name, (enc, dec) in ser_codecs(kind).items():
+            parts = enc(chunk)
+            out[name] = None if parts is None else wire.round_trip(parts, dec)
+        return out
+    finally:
+        wire.close()
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return a == b and list(map(type, a)) == list(map(type, b))
+
+
+def serialisation(kinds: list[str], frames: int, rounds: int) -> None:
+    print(
+        f"\nserialisation through a socketpair, one thread: thread CPU ns per item of a "
+        f"frame (encode, send, receive, decode into the items the consumer takes), "
+        f"best of {rounds} x {frames} frames"
+    )
+    print(f"{'payload':<10}{'items':>6}" + "".join(f"{v:>15}" for v in SER_VARIANTS))
+    wire = Wire()
+    for kind in kinds:
+        n = SER_PAYLOADS[kind]
+        chunk = ser_payload(kind, n)
+        cells = []
+        for name, (enc, dec) in ser_codecs(kind).items():
+            parts = enc(chunk)
+            if parts is None:
+                cells.append("-")
+                continue
+            assert _same(wire.round_trip(parts, dec), chunk), (kind, name)
+            best = float("inf")
+            for _ in range(rounds):
+                t0 = time.thread_time_ns()
+                for _ in range(frames):
+                    wire.round_trip(enc(chunk), dec)
+                best = min(best, (time.thread_time_ns() - t0) / frames / n)
+            cells.append(f"{best:,.0f}")
+        print(f"{kind:<10}{n:>6}" + "".join(f"{c:>15}" for c in cells))
+    wire.close()
 
 
 # -- start-up ---------------------------------------------------------------------------
@@ -560,6 +939,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-start", action="store_true")
     ap.add_argument("--skip-serialisation", action="store_true")
+    ap.add_argument("--ser-payloads", default=",".join(SER_PAYLOADS))
+    ap.add_argument("--ser-frames", type=int, default=200)
+    ap.add_argument("--ser-rounds", type=int, default=5)
     ap.add_argument("--start-rounds", type=int, default=7)
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--latency-items", type=int, default=2000)
@@ -590,7 +972,7 @@ def main() -> None:
     if not a.skip_latency:
         latency(a.latency_items, a.latency_interval_ms)
     if not a.skip_serialisation:
-        serialisation(a.payloads.split(","))
+        serialisation(a.ser_payloads.split(","), a.ser_frames, a.ser_rounds)
     if not a.skip_start:
         start_methods(a.start_rounds)
 
