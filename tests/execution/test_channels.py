@@ -711,7 +711,12 @@ def test_window_results_travel_as_columns_with_their_bounds_once() -> None:
     assert packed == (
         KeyedWindowResult,
         32,
-        [[(0, 10), (16, 16)], [(10, 20), (16, 16)], tuple(r.key for r in rows), tuple(range(16)) * 2],
+        [
+            [(0, 10), (16, 16)],
+            [(10, 20), (16, 16)],
+            tuple(r.key for r in rows),
+            tuple(range(16)) * 2,
+        ],
     )
     assert unpack_rows(packed) == rows
     # runs of equal values of other types, or of mixed int and bool, or too many runs: as is
@@ -739,7 +744,9 @@ texts = st.text(st.characters(blacklist_categories=()), max_size=4)
         st.one_of(
             st.lists(texts, min_size=1, max_size=6),
             st.lists(st.builds(Pair, values, values), min_size=1, max_size=6),
-            st.lists(st.builds(KeyedWindowResult, values, values, values, values), min_size=1, max_size=6),
+            st.lists(
+                st.builds(KeyedWindowResult, values, values, values, values), min_size=1, max_size=6
+            ),
         ),
         max_size=6,
     )
@@ -770,3 +777,77 @@ def test_packed_chunks_arrive_equal_and_of_the_same_types(chunks: list[list[Any]
     assert [[type(v) for v in x] for x in got[:-1] if type(x) is not str] == [
         [type(v) for v in x] for x in want[:-1] if type(x) is not str
     ]
+
+
+# -- big binary items out of band (docs/performance.md, "The channel's serialisation,
+# measured") --
+
+
+class Blob(bytes):
+    """A bytes subclass: pickled in band as it always was (only exact types go out of band)."""
+
+    def __reduce__(self) -> Any:
+        return (Blob, (bytes(self),))
+
+
+def test_a_chunk_led_by_a_big_binary_item_sends_its_big_binary_items_out_of_band(
+    pair: Any,
+) -> None:
+    """A chunk whose first item is a ``bytes`` or ``bytearray`` of >= 4 KiB travels as a
+    frame of codec ``O``: a table of the buffers' lengths, a pickle that holds none of
+    the big exact ``bytes``/``bytearray`` items' bytes (a ``bytes`` subclass stays in
+    it), the buffers; a chunk whose first item is small goes in band (codec ``P``)."""
+    a, _ = pair
+    sender = ChannelSender(a, LABEL, 1)
+    q = sender.lane(0, 1, 64)
+    big = [bytes([i]) * 65536 for i in range(3)]
+    chunk = [big[0], bytearray(big[1]), b"small", Blob(big[2]), "text", b"y" * 4096]
+    assert q.offer(chunk, len(chunk))
+    frame = sender._build()
+    assert frame is not None and frame[4] == ord("O")
+    n, *sizes = struct.unpack_from("!4I", frame, 5)
+    assert (n, sizes) == (3, [65536, 65536, 4096])
+    body = frame[5 + 16 : len(frame) - sum(sizes)]
+    assert big[0] not in body and big[1] not in body and big[2] in body
+    assert frame.endswith(big[0] + big[1] + b"y" * 4096)
+    assert q.offer([b"small", big[0]], 2)
+    frame = sender._build()
+    assert frame is not None and frame[4] == ord("P")
+
+
+def test_big_binary_items_arrive_intact_and_of_their_types(pair: Any) -> None:
+    """Every item of chunks of 64 KiB ``bytes`` and ``bytearray`` items (sent out of
+    band) arrives equal and of its type, small items, a ``bytes`` subclass and a ``str``
+    among them; frames later than it do not change it (it is not a view of the
+    receiver's reused read buffer); a received ``bytearray`` is a writable copy of its
+    own; and the producer's chunks are not changed (a broadcast shares them)."""
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1, batch_items=4)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 64)
+    r = receiver.lane(0, 1, 64)
+    big = [bytes([i]) * 65536 for i in range(12)]
+    entries: list[Any] = [
+        [big[0], bytearray(big[1]), b"small", Blob(big[2]), "text", big[3]],
+        [bytearray(x) for x in big[4:8]],
+        [1, 2],
+        Watermark(7),
+        big[8:12],
+        [big[0][:5000], b"x" * 4095],
+        DONE_ITEM,
+    ]
+    sent = [list(e) if type(e) is list else e for e in entries]
+    pending = [list(entries)]
+    got: list[Any] = []
+    while not (sender.done and receiver.done):
+        offer_all(sender, [q], pending)
+        receiver.call()
+        take_all(r, got)
+    take_all(r, got)
+    want = flat(entries)
+    assert got == want
+    assert [type(x) for x in got] == [type(x) for x in want]
+    assert entries == sent and all(x is y for x, y in zip(entries[0], sent[0], strict=True))
+    got[1][0] = 255  # a writable copy of its own
+    assert got[1] != entries[0][1] and got[1][1:] == entries[0][1][1:]
+    assert receiver.frames_received >= 4

@@ -46,9 +46,14 @@ of ``str`` items (lines on their way to a keyed consumer) travels as one string 
 a newline, split again on arrival (:func:`pack_text`; a chunk of which an item holds a
 newline, or is not of exact type ``str``, is pickled as a list). The body is pickled
 (protocol 5),
-chosen by measurement (docs/performance.md, "Channels"): ``marshal`` is faster on plain
-builtins but carries a ``bytearray`` (any buffer-like object) as ``bytes``, and the type
-scan that would make it safe costs more than it saves. Receiver to sender: ``!I``
+chosen by measurement (docs/performance.md, "Channels" and "The channel's serialisation,
+measured"): ``marshal`` is faster on plain builtins but carries a ``bytearray`` (any
+buffer-like object) as ``bytes``, and the type scan that would make it safe costs more
+than it saves; Arrow record batches cost 1.9-5.4x pickle's per item for every payload the
+engine's edges carry once turned back into Python objects. A chunk whose first item is a
+big ``bytes`` or ``bytearray`` (>= 4 KiB) sends its big binary items as out-of-band
+buffers after the pickle (codec ``O``): 64 KiB items cost 2.2x less per item than in
+band, where the pickle and the frame each copied them. Receiver to sender: ``!I``
 length and a ``marshal``\\ ed list ``[acked_frames, lane, taken, lane, taken, ...]``.
 
 **Trust.** The receiver unpickles what arrives on its socket, so the socket must be one
@@ -126,7 +131,14 @@ _REPORT_READ = 1 << 14
 
 _FRAME = struct.Struct("!IB")
 _REPORT = struct.Struct("!I")
-_PICKLE = 80  # "P": the one codec so far (the byte leaves room for another)
+_PICKLE = 80  # "P": a pickle (protocol 5)
+#: "O": a pickle whose out-of-band buffers follow it in the frame (:func:`_encode_out_of_band`)
+_OUT_OF_BAND = 79
+#: a chunk whose first item is a ``bytes`` or ``bytearray`` of at least this many bytes
+#: sends its binary items of that size out of band (:func:`_out_of_band`)
+_OUT_OF_BAND_MIN = 4096
+#: an out-of-band frame's buffer count, then each buffer's length
+_COUNT = struct.Struct("!I")
 
 _CHUNK = 0
 _WATERMARK = 1
@@ -351,9 +363,10 @@ class ChannelSender:
 
     def _encode(self, records: list[Any]) -> bytes:
         chunks = [records[j + 2] for j in range(0, len(records), 3) if records[j + 1] == _CHUNK]
-        if chunks:
-            _pack_chunks(records)
+        binary = _pack_chunks(records) if chunks else False
         try:
+            if binary:
+                return _encode_out_of_band(records)
             body = pickle.dumps(records, pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             raise pickle.PicklingError(
@@ -544,9 +557,12 @@ class ChannelReceiver:
             end = pos + size + length
             if fill < end:
                 break
-            if codec != _PICKLE:
+            if codec == _PICKLE:
+                records = pickle.loads(view[pos + size : end])
+            elif codec == _OUT_OF_BAND:
+                records = _decode_out_of_band(view[pos + size : end])
+            else:
                 raise ValueError(f"{self.vertex_name}: a frame of unknown codec {codec}")
-            records = pickle.loads(view[pos + size : end])
             pos = end
             self._deliver(records)
             self.frames_received += 1
@@ -792,25 +808,92 @@ def unpack_text(text: str) -> list[str]:
     return text.split(_TEXT_SEP)
 
 
-def _pack_chunks(records: list[Any]) -> None:
+def _pack_chunks(records: list[Any]) -> bool:
     """Turn each chunk record of ``records`` that :func:`pack_text` or :func:`pack_rows`
-    packs into a ``_TEXT`` or ``_ROWS`` record."""
+    packs into a ``_TEXT`` or ``_ROWS`` record, and the big binary items of a chunk whose
+    first item is one into out-of-band buffers (:func:`_out_of_band`); returns whether
+    a chunk has such items."""
+    binary = False
     for j in range(1, len(records), 3):
         if records[j] != _CHUNK:
             continue
         items = records[j + 1]
         if not items:
             continue
-        if type(items[0]) is str:
+        t = type(items[0])
+        if t is str:
             text = pack_text(items)
             if text is not None:
                 records[j] = _TEXT
                 records[j + 1] = text
             continue
+        if (t is bytes or t is bytearray) and len(items[0]) >= _OUT_OF_BAND_MIN:
+            records[j + 1] = _out_of_band(items)
+            binary = True
+            continue
         packed = pack_rows(items)
         if type(packed) is tuple:
             records[j] = _ROWS
             records[j + 1] = packed
+    return binary
+
+
+class _Copied:
+    """A big ``bytes`` or ``bytearray`` item sent out of band: pickled as
+    ``bytes(<buffer>)`` (``bytearray(...)``), so it arrives as a copy of its own type out
+    of the receiver's read buffer, which the next frame reuses. (A bare out-of-band
+    ``PickleBuffer`` would arrive as a read-only memoryview of a ``bytes``, as the
+    receiver's buffer object itself for a ``bytearray``; a pickler's
+    ``reducer_override`` is never called for exact ``bytes``.)"""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: bytes | bytearray) -> None:
+        self.item = item
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return type(self.item), (pickle.PickleBuffer(self.item),)
+
+
+def _out_of_band(items: list[Any]) -> list[Any]:
+    """``items`` (not changed: a broadcast shares a chunk) with each exact ``bytes`` or
+    ``bytearray`` of at least ``_OUT_OF_BAND_MIN`` bytes wrapped in :class:`_Copied`."""
+    big = _OUT_OF_BAND_MIN
+    return [
+        _Copied(x) if (type(x) is bytes or type(x) is bytearray) and len(x) >= big else x
+        for x in items
+    ]
+
+
+def _encode_out_of_band(records: list[Any]) -> bytes:
+    """A frame of codec ``_OUT_OF_BAND``: the buffer count and lengths (``!I`` each), the
+    pickle (protocol 5, the :class:`_Copied` items' memory left out of it), the buffers.
+    Joined into one ``bytes`` (one copy of each buffer) so the sender's one ``send`` path
+    stays as it is: measured, 64 KiB items 54-56 -> 24-26 µs an item against the pickle
+    in band, which copies each item into the pickle and the pickle into the frame
+    (``sendmsg`` of the parts would save ~5 µs more; docs/performance.md, "The channel's
+    serialisation, measured")."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(records, pickle.HIGHEST_PROTOCOL, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    sizes = [len(r) for r in raws]
+    table = struct.pack(f"!{len(sizes) + 1}I", len(sizes), *sizes)
+    length = len(table) + len(body) + sum(sizes)
+    return b"".join([_FRAME.pack(length, _OUT_OF_BAND), table, body, *raws])
+
+
+def _decode_out_of_band(frame: memoryview) -> Any:
+    """The records of a frame :func:`_encode_out_of_band` encoded (without its head): the
+    buffers are slices of ``frame``, each item copied out of its slice."""
+    (n,) = _COUNT.unpack_from(frame, 0)
+    sizes = struct.unpack_from(f"!{n}I", frame, _COUNT.size)
+    at = len(frame) - sum(sizes)
+    body = frame[_COUNT.size * (n + 1) : at]
+    buffers = []
+    for size in sizes:
+        buffers.append(frame[at : at + size])
+        at += size
+    return pickle.loads(body, buffers=buffers)
 
 
 def _unpicklable(chunks: list[list[Any]]) -> str:
