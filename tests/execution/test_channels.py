@@ -552,6 +552,52 @@ def test_a_big_frame_is_acknowledged_at_once(pair: Any) -> None:
     assert got == list(range(100))
 
 
+def test_a_sender_yields_its_core_after_a_lone_frame_only(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After sending a frame of at most 16 items (a lone item, a watermark, a barrier)
+    the sender yields its core: the receiving worker its send woke is queued there and
+    runs now, not after the sender's next pass. A bigger frame (a busy stream) does not
+    pay the system call. What the frames carry arrives in order, special items in-band,
+    and the window still stops a sender whose receiver does not run."""
+    import slipstream.execution.remote as remote
+
+    yields: list[int] = []
+    monkeypatch.setattr(remote, "yield_cpu", lambda: yields.append(sender.frames_sent))
+    a, b = pair
+    sender = ChannelSender(a, LABEL, 1, window=5)
+    receiver = ChannelReceiver(b, LABEL, 0)
+    q = sender.lane(0, 1, 1000)
+    r = receiver.lane(0, 1, 1000)
+    lone: list[Any] = [[0], Watermark(5), [1], SnapshotBarrier(1), [2, 3]]
+    for entry in lone:  # one frame each, each followed by a yield
+        assert q.offer(entry, size_of(entry))
+        sender.call()
+    assert yields == [1, 2, 3, 4, 5]
+    assert sender.call() != DONE and sender.frames_sent == 5  # nothing to send: no yield
+    assert yields == [1, 2, 3, 4, 5]
+    # the receiver has not run: a sixth frame waits for credit (5 in flight, window 5)
+    assert q.offer([4], 1)
+    sender.call()
+    assert sender.frames_sent == 5 and len(yields) == 5
+    got: list[Any] = []
+    while len(flat(got)) < 6:
+        receiver.call()
+        while r.entries:
+            got.append(r.entries.popleft())
+    assert got == [[0], Watermark(5), [1], SnapshotBarrier(1), [2, 3]]
+    r.take_count = r.put_count
+    receiver.call()  # the acknowledgements
+    sender.call()  # credit back: the waiting item goes, a lone frame again
+    assert sender.frames_sent == 6 and yields[-1] == 6
+    assert q.offer(list(range(100, 200)), 100)
+    sender.call()  # 100 items: no yield
+    assert sender.frames_sent == 7 and yields[-1] == 6
+    while r.size() < 101:
+        receiver.call()
+    assert flat(list(r.entries)) == [4, *range(100, 200)]
+
+
 def test_a_pair_without_lanes_ends_at_once(pair: Any) -> None:
     a, b = pair
     sender = ChannelSender(a, LABEL, 1)

@@ -63,6 +63,7 @@ from slipstream.execution.tasklet import (
     MADE_PROGRESS,
     ProcessorTasklet,
     _Cancelled,
+    yield_cpu,
 )
 
 MIN_IDLE_S = 0.00002
@@ -80,9 +81,6 @@ STOP_GRACE_S = 5.0
 WATCHDOG_PERIOD_S = 0.05
 
 log = logging.getLogger("slipstream.workers")
-
-#: what a spinning worker calls between its passes (releases the GIL and the CPU)
-_yield_cpu: Callable[[], Any] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def idle_pause(idle_passes: int, idle_s: float) -> float:
@@ -375,7 +373,6 @@ class WorkerPool:
         spun = 0  # passes of the current idle run spent in the spin window
         spins = self._spins
         pauses = self._pauses
-        yield_cpu = _yield_cpu
         live = list(tasklets)
         waiters = [t for t in live if hasattr(t, "waits_on")]
         sleep = time.sleep

@@ -93,7 +93,7 @@ from slipstream.core.items import (
 )
 from slipstream.execution.plan import VertexPlan, edge_label, edge_targets
 from slipstream.execution.queues import SpscQueue
-from slipstream.execution.tasklet import DONE, MADE_PROGRESS, NO_PROGRESS
+from slipstream.execution.tasklet import DONE, MADE_PROGRESS, NO_PROGRESS, yield_cpu
 
 if TYPE_CHECKING:
     from slipstream.core.dag import DAG, Edge
@@ -124,7 +124,8 @@ LANE_CREDIT = 2
 #: cost per one-item frame under cProfile (A/B at load 6.5: 10-15 % less CPU per frame)
 _READ_SIZE = 1 << 18
 #: a receiver acknowledges a frame of at most this many items at its next call (after the
-#: consumer took them), a bigger one at once (``ChannelReceiver.call``)
+#: consumer took them), a bigger one at once (``ChannelReceiver.call``); a sender yields
+#: its core after sending one (``ChannelSender.call``)
 _LONE_ITEMS = 16
 #: bytes the sender reads of credit reports per ``recv`` (they are small)
 _REPORT_READ = 1 << 14
@@ -252,12 +253,21 @@ class ChannelSender:
                 return MADE_PROGRESS if progress else NO_PROGRESS
             progress = True
         if self.in_flight < self.window and (self.open or not self._table_sent):
+            before = self.items_sent
             frame = self._build()
             if frame is not None:
                 self._out = memoryview(frame)
                 self.frames_sent += 1
                 self.in_flight += 1
-                self._write()
+                if self._write() and self.items_sent - before <= _LONE_ITEMS:
+                    # a lone frame's send woke a receiving worker that slept in select,
+                    # and Linux queues a process woken by a socket on the sender's core
+                    # (it expects the sender to sleep next); it would wait there for the
+                    # rest of this worker's pass and its next, idle one (~40 us at p50).
+                    # Yielding runs it now (docs/performance.md, "A lone frame's
+                    # receiver, woken on the sender's core"); a bigger frame's receiver
+                    # is busy, not asleep, and its sender does not pay the system call
+                    yield_cpu()
                 progress = True
         if not self.open and self._out is None and self.in_flight == 0:
             # every lane ended and the receiver has decoded every frame: closing tells

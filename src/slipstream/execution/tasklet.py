@@ -11,6 +11,7 @@ the very same class inside a Spark task. Nothing else drives processors.
 from __future__ import annotations
 
 import enum
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -37,6 +38,11 @@ from slipstream.state.keyed import continue_restored_chain
 NO_PROGRESS = 0
 MADE_PROGRESS = 1
 DONE = 2
+
+#: hands the CPU (and the GIL) to whatever else is runnable, and comes back: what a
+#: worker in its spin window calls between passes (engine/workers.py), and what a
+#: cross-process sender calls after a lone frame (execution/remote.py)
+yield_cpu: Callable[[], Any] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 class State(enum.IntEnum):
