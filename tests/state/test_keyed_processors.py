@@ -889,17 +889,20 @@ def test_a_layer_past_its_limit_goes_into_the_map_and_the_interval_marks(
 
 
 @pytest.mark.parametrize("forks", [False, True])
-def test_a_layered_maps_sealed_marks_are_lists_and_its_delta_holds_the_barriers_values(
+def test_a_layered_maps_marks_carry_their_values_and_its_delta_holds_the_barriers_values(
     monkeypatch: pytest.MonkeyPatch, forks: bool
 ) -> None:
-    """A layered map in an interval that marks (the uniform pattern) keeps its sealed
-    marks as lists (8 bytes a key, where a set's table took 28-56: at 10M keys the
-    sealed sets were 50-84 MB of exactly-once's peak RSS) and, where its full save
-    would not be forked (``live.fork_expected``), goes on marking past a quarter of its
-    keys up to half of them. The delta, produced in steps while the next interval
-    writes, holds every marked key with its value at the barrier; a key of two sealed
-    lists is saved twice, with the same value. Where a full save would be forked, the
-    marks go at a quarter, as before."""
+    """A layered map in an interval that marks (the uniform pattern) marks each changed
+    key with its new value, encoded at once (``mark_parts``: pickle fragments, no set,
+    where a set's table took 28-56 bytes a key and its key ~32) and, where its full
+    save would not be forked (``live.fork_expected``), goes on marking past a quarter
+    of its keys up to half of them. The delta is those fragments: complete at the
+    barrier, it reads nothing of the map, so the next interval marks straight into the
+    map (no layer beside it; on the main before it, sealed lists of keys were looked up
+    in the map in steps after the barrier, the map held still by an interim layer). It
+    holds every marked key with its value at the barrier; a key marked twice is saved
+    twice, its later value last. Where a full save would be forked, the marks go at a
+    quarter, as before."""
     monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
     monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 4)
     monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
@@ -924,21 +927,24 @@ def test_a_layered_maps_sealed_marks_are_lists_and_its_delta_holds_the_barriers_
         assert d.save(3, 2)[0][1].mode == FULL
         return
     assert st.layer is None and not st.all_dirty
-    assert st.sealed and all(type(m) is list for m in st.sealed) and st.marked() == 500
+    assert not st.sealed and not st.dirty and st.marked() == 500 and st.mark_count == 500
+    marks = live.EncodedMap(st.mark_parts, st.mark_count)
+    assert marks.to_dict() == {k: st[k] for k in range(400)}
     at_barrier = dict(st)
     d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 3, 2
     _key, save = st.snapshot_entry()
     assert save.mode == DELTA and type(save.upserts) is live.LiveSave
-    [delta] = d.ctx.live_saves
-    assert not delta.step(8)
+    assert save.upserts.done and d.ctx.live_saves == []  # nothing to produce in steps
     fed = [(k, 1) for k in range(0, n, 7)] + [(n + 1, 1)]  # the next interval
     d.feed(fed)
+    assert st.layer is None and st._merge is None  # marked into the map meanwhile
+    assert live.EncodedMap(st.mark_parts, st.mark_count).to_dict() == {
+        k: at_barrier.get(k, 0) + 1 for k, _ in fed
+    }
     assert d.output[-len(fed) :] == [(k, at_barrier.get(k, 0) + 1) for k, _ in fed]
-    while not delta.step(8):
-        pass
-    content, removed = delta.result()
+    content, removed = save.upserts.result()
     assert removed == () and content.to_dict() == {k: at_barrier[k] for k in range(400)}
-    assert len(content) == 500  # keys 300..399 twice, with the same value
+    assert len(content) == 500  # keys 300..399 twice, the later value last
     d.feed([(8, 1)])
     assert d.save(4, 3)[0][1].upserts[8] == at_barrier[8] + 1
 
@@ -1503,17 +1509,19 @@ def test_a_full_save_of_a_layered_map_walks_it_while_the_loop_writes_a_layer(
     )
 
 
-def test_a_marked_delta_of_a_layered_map_is_produced_beside_a_layer(
+def test_a_delta_of_marks_with_values_reads_nothing_of_the_map(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The uniform pattern at 10M keys: an interval marks (its layer overflowed), and its
-    delta is produced in steps while the loop writes the next changes into a new layer
-    and its new keys into the save's ``fresh``: the map keeps its class (no Python call
-    per write, no lookup in the sets of marks) and the delta reads the values of the
-    barrier from it; once it is produced the layer goes into the map and the interval
-    marks; the next save holds what changed meanwhile."""
+    """The uniform pattern at 10M keys: an interval marks (its layer overflowed), each
+    changed key with its new value, encoded as it is marked, and its delta is those
+    fragments, complete at the barrier: no step after it, no lookup in the map, and the
+    next interval marks straight into the map (no layer beside the delta, no ``fresh``
+    overlay, nothing to settle after it; on the main before it the loop wrote a layer
+    until the delta was produced in steps that looked each key up in the map); the next
+    save holds what changed meanwhile."""
     monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
     monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2)
+    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 2)
     monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
     monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
     monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
@@ -1524,28 +1532,114 @@ def test_a_marked_delta_of_a_layered_map_is_produced_beside_a_layer(
     d.ctx.live_saves.clear()
     st = d.p.states
     d.feed([(k, 1) for k in range(10)])  # past the layer's limit (6): marked
-    assert st.layer is None and st.dirty == set(range(10))
+    assert st.layer is None and st.dirty == set() and st.mark_count == 10
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
+    _, delta = st.snapshot_entry()
+    save = delta.upserts
+    assert delta.mode == DELTA and type(save) is live.LiveSave and not save.beside_layer
+    assert save.done and d.ctx.live_saves == []
+    assert type(st) is keyed_mod.KeyedState and st.layer is None and st._merge is None
+    d.feed([(k, 1) for k in range(8)] + [(200, 1), (50, 1)])  # marked, new, unmarked
+    assert dict.get(st, 3) == 3 and dict.get(st, 200) == 1 and st.layer is None
+    assert st.mark_count == 10
+    content, removed = save.result()
+    assert content.to_dict() == {k: 2 for k in range(10)} and removed == ()
+    d.ctx.live_saves.clear()
+    d.feed([(60, 1)])
+    assert d.save(3, 2)[0][1] == StateMapSave(
+        DELTA, {200: 1, 60: 2} | {k: 3 for k in range(8)} | {50: 2}, (), 2
+    )
+
+
+def test_a_delta_of_marks_with_and_without_values_is_produced_beside_a_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layered map with keys marked with their values and keys marked alone (a custom
+    processor's removal: ``settle()``, ``del``, ``dirty.add``): the delta is produced in
+    steps while the loop writes the next changes into a new layer and its new keys into
+    the save's ``fresh``: the map keeps its class and the delta reads the marked keys'
+    values of the barrier from it, then the pairs but those keys (one changed again, or
+    removed, after it was marked with a value: the map's value, or the removal,
+    counts); once it is produced the layer goes into the map and the interval marks."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2)
+    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 2)
+    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(100)])
+    d.save(1, 0)
+    d.ctx.live_saves.clear()
+    st = d.p.states
+    d.feed([(k, 1) for k in range(10)])  # past the layer's limit (6): marked
+    st.settle()
+    del st[9]  # marked with a value, then removed
+    st.dirty.add(9)
+    assert st.mark_count == 10 and st.dirty == {9}
     d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
     _, delta = st.snapshot_entry()
     save = delta.upserts
     assert delta.mode == DELTA and type(save) is live.LiveSave and st._merge is save
     assert type(st) is keyed_mod.KeyedState and st.layer == {}
-    assert not save.step(1 << 30)  # two of the ten keys
+    assert not save.step(1)  # the removed key
     d.feed([(k, 1) for k in range(8)] + [(200, 1), (50, 1)])  # marked, new, unmarked
     assert st.layer == {k: 3 for k in range(8)} | {50: 2} and save.fresh == {200: 1}
     assert dict.get(st, 3) == 2 and 200 not in dict.keys(st)
     while not save.step(1 << 30):
         pass
     content, removed = save.result()
-    assert content.to_dict() == {k: 2 for k in range(10)} and removed == ()
+    # (a removal among pairs encoded at marking: the store thread decodes them to leave
+    # the removed key out of the upserts)
+    assert content == {k: 2 for k in range(9)} and removed == (9,)
     assert dict.get(st, 200) == 1 and st._merge is None  # the next delta's tail
     d.ctx.live_saves.clear()
     # the interval marks (as the one before): its layer goes into the map at once
     d.feed([(60, 1)])
-    assert st.layer is None and st.dirty == {*range(8), 50, 200, 60} and dict.get(st, 3) == 3
+    assert st.layer is None and dict.get(st, 3) == 3
     assert d.save(3, 2)[0][1] == StateMapSave(
         DELTA, {200: 1, 60: 2} | {k: 3 for k in range(8)} | {50: 2}, (), 2
     )
+
+
+def test_marks_with_values_the_fast_pickler_cannot_encode_are_marked_as_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keys the fast pickler cannot encode (a local class: ``cloudpickle`` can): the
+    interval that marks falls back to marking keys in ``dirty`` from the first such
+    pair on (nothing raises in the processor's loop), and the delta holds every changed
+    key with its value at the barrier."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
+
+    class Key:  # pickle cannot name a local class
+        def __init__(self, v: int) -> None:
+            self.v = v
+
+        def __hash__(self) -> int:
+            return hash(self.v)
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Key) and other.v == self.v
+
+    keys = [Key(i) for i in range(100)]
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in keys])
+    st = d.p.states
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 1, 0
+    assert _produced(st.snapshot_entry())[1].upserts == dict.fromkeys(keys, 1)
+    d.ctx.live_saves.clear()
+    d.feed([(k, 1) for k in keys[:10]])  # past the layer's limit (6): marked
+    d.feed([(k, 1) for k in keys[5:15]])
+    assert st._pairs_off and st.mark_parts is None and st.dirty == set(keys[:15])
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
+    _key, save = _produced(st.snapshot_entry())
+    assert save.mode == DELTA and save.removed == ()
+    assert save.upserts == {k: st[k] for k in keys[:15]}
+    assert [st[k] for k in keys[:16]] == [2] * 5 + [3] * 5 + [2] * 5 + [1]
 
 
 class _CountingDict(dict):  # type: ignore[type-arg]

@@ -43,6 +43,7 @@ __all__ = [
 
 _NOTHING: Any = object()
 _first = itemgetter(0)
+_second = itemgetter(1)
 
 
 def _mark_from(states: Any, dirty: set[Any], bucket: list[Any], start: int) -> None:
@@ -57,7 +58,16 @@ def _mark_from(states: Any, dirty: set[Any], bucket: list[Any], start: int) -> N
     or all of them in full costs about as much: the full save is encoded in slices after
     the barrier, at a few tens of ns an entry. Below that, a set of ``MARKS_SEAL`` marks
     is sealed and the next marks go into a new one (:meth:`~slipstream.state.keyed.
-    KeyedState.seal_marks`: smaller set tables)."""
+    KeyedState.seal_marks`: smaller set tables). A map that marks its changes with their
+    values (:meth:`~slipstream.state.keyed.KeyedState.marks_pairs`: the bucket's
+    results are its new values) gets the pairs as they are."""
+    if type(states) is KeyedState and states.marks_pairs():
+        part = bucket[start:] if start else bucket
+        states.mark_pairs(list(map(_first, part)), list(map(_second, part)))
+        n = states.marked()
+        if n > _MARKS_WORTH_KEEPING and states.full_save_due(n):
+            states.mark_all()
+        return
     dirty.update(map(_first, bucket[start:] if start else bucket))
     n = len(dirty)
     seal = keyed_state_mod.MARKS_SEAL
@@ -520,9 +530,8 @@ class MapStatefulP(AbstractProcessor):
             # (not while a save is produced beside the layer: settle() would produce the
             # rest of it at once)
             states.settle()
-            dirty = states.dirty
-            if dirty is not None:
-                size = len(dirty)
+            if states.dirty is not None:
+                size = states.marked()
                 if size > _MARKS_WORTH_KEEPING and states.full_save_due(size):
                     states.mark_all()
 

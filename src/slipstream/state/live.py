@@ -222,6 +222,7 @@ class LiveSave:
         keys: Any = None,
         spilled: Callable[[list[Any]], bool] | None = None,
         sealed: list[Any] | None = None,
+        encoded: tuple[list[bytes], int, bool | None] | None = None,
     ) -> None:
         self.state = state
         self.snapshot_id = snapshot_id
@@ -254,6 +255,15 @@ class LiveSave:
         self.count = 0  # entries produced
         self.removed: list[Any] = []  # a delta's removed keys
         self.size = len(state) if keys is None else len(keys) + sum(map(len, sealed or ()))
+        #: a delta whose content starts with pairs encoded already (``KeyedState.
+        #: mark_pairs``: ``(fragments, pairs, spill)``): the keys of ``keys`` and
+        #: ``sealed`` follow, read from the map (their value at the barrier counts)
+        self.encoded = encoded is not None
+        if encoded is not None:
+            self.columns = None
+            self.parts = list(encoded[0])
+            self.count = encoded[1]
+            self.size += encoded[1]
         self._it: Any = None  # full: an iterator over the map's keys
         #: full, tail: an iterator over the map's values in step with ``_it``: both walk
         #: the same entries of the dict's table in the same order, and nothing is
@@ -328,6 +338,8 @@ class LiveSave:
         #: encoded). The member processes record it as the chain's spill flag
         #: (engine/member_snapshots.py). ``None``: not checked
         self.spill: bool | None = None if spilled is None else False
+        if encoded is not None and self.spill is False:
+            self.spill = encoded[2]  # (None: the pairs' keys were not checked)
         self._spilled = spilled
 
     def __len__(self) -> int:
@@ -881,6 +893,13 @@ class LiveSave:
         else:
             content = EncodedMap(self.parts, self.count)
         removed = tuple(self.removed)
+        if removed and self.encoded:
+            # a key marked with a value, then removed (a custom processor's removal in
+            # a layered map): the delta's upserts hold no removed key
+            upserts = content if isinstance(content, dict) else content.to_dict()
+            for k in removed:
+                upserts.pop(k, None)
+            content = upserts
         self.out = None
         self.columns = None
         self.parts = []
