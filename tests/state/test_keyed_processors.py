@@ -1603,6 +1603,42 @@ def test_a_delta_of_marks_with_and_without_values_is_produced_beside_a_layer(
     )
 
 
+@pytest.mark.parametrize("foreign", [set(), {7}, {150}])
+def test_a_delta_of_marks_with_values_records_whether_a_key_is_another_processors(
+    monkeypatch: pytest.MonkeyPatch, foreign: set[int]
+) -> None:
+    """With ``context.spilled_keys`` (member processes), the keys marked with their values
+    are checked as they are marked (until one goes to another processor), and the delta
+    made of them carries that flag (``LiveSave.spill``: the chain's spill flag); keys
+    changed after the barrier (150) do not count."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(200)])
+    d.save(1, 0)
+    d.ctx.live_saves.clear()
+    checked: list[int] = []
+
+    def spilled(keys: list[Any]) -> bool:
+        checked.extend(keys)
+        return bool(foreign & set(keys))
+
+    d.ctx.spilled_keys = spilled
+    st = d.p.states
+    d.feed([(k, 1) for k in range(20)])  # past the layer's limit (12): marked
+    d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
+    _key, save = st.snapshot_entry()
+    assert save.mode == DELTA and type(save.upserts) is live.LiveSave and save.upserts.done
+    at_barrier = set(checked)
+    d.feed([(150, 1)])  # the next interval's (checked for the next delta)
+    assert save.upserts.spill is bool(foreign & set(range(20)))
+    assert at_barrier <= set(range(20)) and (save.upserts.spill or len(at_barrier) == 20)
+    content, _removed = save.upserts.result()
+    assert content.to_dict() == dict.fromkeys(range(20), 2)
+
+
 def test_marks_with_values_the_fast_pickler_cannot_encode_are_marked_as_keys(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
