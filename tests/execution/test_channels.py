@@ -128,6 +128,21 @@ def offer_all(sender: ChannelSender, queues: list[SpscQueue], pending: list[list
     return not any(pending)
 
 
+def pump(
+    sender: ChannelSender, q: SpscQueue, receiver: ChannelReceiver, r: Any, entries: list[Any]
+) -> list[Any]:
+    """Offer ``entries`` to lane ``q`` as it takes them and call the pair until both are
+    done; what lane ``r`` received."""
+    pending = [list(entries)]
+    got: list[Any] = []
+    while not (sender.done and receiver.done):
+        offer_all(sender, [q], pending)
+        receiver.call()
+        take_all(r, got)
+    take_all(r, got)
+    return got
+
+
 def start(target: Any, sock: socket.socket, *args: Any) -> tuple[Any, Any]:
     """Start ``target(sock, *args, control)`` in a forkserver child; close this
     process's copy of ``sock`` (the child's is then the only one: its death closes it)."""
@@ -481,13 +496,7 @@ def test_frames_bigger_than_the_read_buffer_arrive_whole(pair: Any) -> None:
     r = receiver.lane(0, 1, 1000)
     big = [bytes([i]) * 10_000 for i in range(100)]
     entries: list[Any] = [big, [1, 2], big[::-1], Watermark(7), [b"x" * 300_000], DONE_ITEM]
-    pending = [list(entries)]
-    got: list[Any] = []
-    while not (sender.done and receiver.done):
-        offer_all(sender, [q], pending)
-        receiver.call()
-        take_all(r, got)
-    take_all(r, got)
+    got = pump(sender, q, receiver, r, entries)
     assert got == flat(entries)
 
 
@@ -883,13 +892,7 @@ def test_big_binary_items_arrive_intact_and_of_their_types(pair: Any) -> None:
         DONE_ITEM,
     ]
     sent = [list(e) if type(e) is list else e for e in entries]
-    pending = [list(entries)]
-    got: list[Any] = []
-    while not (sender.done and receiver.done):
-        offer_all(sender, [q], pending)
-        receiver.call()
-        take_all(r, got)
-    take_all(r, got)
+    got = pump(sender, q, receiver, r, entries)
     want = flat(entries)
     assert got == want
     assert [type(x) for x in got] == [type(x) for x in want]

@@ -198,6 +198,27 @@ def full_state(entries: Entries) -> list[tuple[Any, Any]]:
 # -- MapStatefulP: rolling_aggregate and map_stateful ---------------------------------
 
 
+def _marking_count(
+    monkeypatch: pytest.MonkeyPatch, keys: int, *, in_steps: bool = False
+) -> tuple[Driver, Any]:
+    """A rolling count over ``keys`` keys with small enough limits that an interval marks
+    (``LAYER_MIN`` 4, ``_MARKS_WORTH_KEEPING`` 4), after its first save committed;
+    ``in_steps``: live saves produced a slice of two keys a step. The driver and its map."""
+    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
+    if in_steps:
+        monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2)
+        monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 2)
+        monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
+    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
+    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
+    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
+    d.ctx.live_saves = []
+    d.feed([(k, 1) for k in range(keys)])
+    d.save(1, 0)
+    d.ctx.live_saves.clear()
+    return d, d.p.states
+
+
 def _first(x: Any) -> Any:
     return x[0]
 
@@ -1519,18 +1540,7 @@ def test_a_delta_of_marks_with_values_reads_nothing_of_the_map(
     overlay, nothing to settle after it; on the main before it the loop wrote a layer
     until the delta was produced in steps that looked each key up in the map); the next
     save holds what changed meanwhile."""
-    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
-    monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2)
-    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 2)
-    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
-    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
-    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
-    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
-    d.ctx.live_saves = []
-    d.feed([(k, 1) for k in range(100)])
-    d.save(1, 0)
-    d.ctx.live_saves.clear()
-    st = d.p.states
+    d, st = _marking_count(monkeypatch, 100, in_steps=True)
     d.feed([(k, 1) for k in range(10)])  # past the layer's limit (6): marked
     assert st.layer is None and st.dirty == set() and st.mark_count == 10
     d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
@@ -1561,18 +1571,7 @@ def test_a_delta_of_marks_with_and_without_values_is_produced_beside_a_layer(
     values of the barrier from it, then the pairs but those keys (one changed again, or
     removed, after it was marked with a value: the map's value, or the removal,
     counts); once it is produced the layer goes into the map and the interval marks."""
-    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
-    monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 2)
-    monkeypatch.setattr(live, "LIVE_SAVE_FULL_SLICE", 2)
-    monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
-    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
-    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
-    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
-    d.ctx.live_saves = []
-    d.feed([(k, 1) for k in range(100)])
-    d.save(1, 0)
-    d.ctx.live_saves.clear()
-    st = d.p.states
+    d, st = _marking_count(monkeypatch, 100, in_steps=True)
     d.feed([(k, 1) for k in range(10)])  # past the layer's limit (6): marked
     st.settle()
     del st[9]  # marked with a value, then removed
@@ -1611,14 +1610,7 @@ def test_a_delta_of_marks_with_values_records_whether_a_key_is_another_processor
     are checked as they are marked (until one goes to another processor), and the delta
     made of them carries that flag (``LiveSave.spill``: the chain's spill flag); keys
     changed after the barrier (150) do not count."""
-    monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
-    monkeypatch.setattr(keyed_mod, "LAYER_MIN", 4)
-    monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 4)
-    d = Driver(rolling_aggregate(operator.itemgetter(0), counting()))
-    d.ctx.live_saves = []
-    d.feed([(k, 1) for k in range(200)])
-    d.save(1, 0)
-    d.ctx.live_saves.clear()
+    d, st = _marking_count(monkeypatch, 200)
     checked: list[int] = []
 
     def spilled(keys: list[Any]) -> bool:
@@ -1626,7 +1618,6 @@ def test_a_delta_of_marks_with_values_records_whether_a_key_is_another_processor
         return bool(foreign & set(keys))
 
     d.ctx.spilled_keys = spilled
-    st = d.p.states
     d.feed([(k, 1) for k in range(20)])  # past the layer's limit (12): marked
     d.ctx.current_snapshot_id, d.ctx.committed_snapshot_id = 2, 1
     _key, save = st.snapshot_entry()
