@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -119,10 +120,26 @@ def count_output(
 # -- contenders ----------------------------------------------------------------------------
 
 
-def plain_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
+def plain_consumer_config(group: str, bootstrap: str, backoff_ms: int | None) -> dict[str, Any]:
+    """The plain loops' consumer: confluent-kafka's defaults, as a user writes it, or
+    with ``fetch.queue.backoff.ms`` set as slipstream's Kafka source sets it (10 ms:
+    librdkafka's default of 1000 ms idles a consumer that drains its prefetch queue for
+    the rest of the second), so that the engine's client setting is not what a row
+    compares."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "enable.auto.commit": False,
+    }
+    if backoff_ms is not None:
+        config["fetch.queue.backoff.ms"] = backoff_ms
+    return config
+
+
+def plain_k1(bootstrap: str, src: str, out: str, n_in: int, backoff_ms: int | None = None) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "plain", "enable.auto.commit": False})
+    c = Consumer(plain_consumer_config("plain", bootstrap, backoff_ms))
     c.assign([TopicPartition(src, p, 0) for p in range(PARTITIONS)])
     prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     loads, dumps, produce = json.loads, json.dumps, prod.produce
@@ -144,12 +161,10 @@ def plain_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
     c.close()
 
 
-def plain_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
+def plain_k2(bootstrap: str, src: str, out: str, n_in: int, backoff_ms: int | None = None) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "plain2", "enable.auto.commit": False}
-    )
+    c = Consumer(plain_consumer_config("plain2", bootstrap, backoff_ms))
     c.assign([TopicPartition(src, p, 0) for p in range(PARTITIONS)])
     prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     sums: dict[int, dict[str, int]] = {}  # window start -> user -> sum
@@ -370,10 +385,18 @@ def bytewax_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
 
 CONTENDERS: dict[str, tuple[str, Callable[..., None]]] = {
     "K1 plain confluent-kafka loop": ("confluent_kafka", plain_k1),
+    "K1 plain confluent-kafka loop, fetch backoff 10 ms": (
+        "confluent_kafka",
+        functools.partial(plain_k1, backoff_ms=10),
+    ),
     "K1 slipstream": ("slipstream", slipstream_k1),
     "K1 Quix Streams": ("quixstreams", quix_k1),
     "K1 Bytewax": ("bytewax", bytewax_k1),
     "K2 plain confluent-kafka loop": ("confluent_kafka", plain_k2),
+    "K2 plain confluent-kafka loop, fetch backoff 10 ms": (
+        "confluent_kafka",
+        functools.partial(plain_k2, backoff_ms=10),
+    ),
     "K2 slipstream": ("slipstream", slipstream_k2),
     "K2 Quix Streams": ("quixstreams", quix_k2),
     "K2 Bytewax": ("bytewax", bytewax_k2),
