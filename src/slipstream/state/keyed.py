@@ -860,17 +860,9 @@ class KeyedState(dict):  # type: ignore[type-arg]
             if pairs:  # (a small delta) their values first: a key of dirty's is read below
                 from slipstream.state import live as live_mod
 
-                upserts = live_mod.EncodedMap(pairs[0], pairs[1]).to_dict()
-                dirty = dirty.union(*(sealed or ()))
-                removed = []
-                for k in dirty:
-                    v = self.get(k, _MISSING)
-                    if v is _MISSING:
-                        removed.append(k)
-                        upserts.pop(k, None)
-                    else:
-                        upserts[k] = v
-                return key, StateMapSave(DELTA, upserts, tuple(removed), base)
+                first = live_mod.EncodedMap(pairs[0], pairs[1]).to_dict()
+                upserts, removed = self._picked(dirty.union(*(sealed or ())), first)
+                return key, StateMapSave(DELTA, upserts, removed, base)
             dirty = dirty.union(*(sealed or ()))  # (not where sets are sealed: seal_marks)
             del sealed
         if getattr(ctx, "snapshot_writer", "thread") == "fork":
@@ -881,17 +873,24 @@ class KeyedState(dict):  # type: ignore[type-arg]
         live = self._live_save(sid, DELTA, dirty)
         if live is not None:  # the changed keys' values are picked in steps
             return key, StateMapSave(DELTA, live, (), base)
+        upserts, removed = self._picked(dirty, {})
+        return key, StateMapSave(DELTA, upserts, removed, base)
+
+    def _picked(self, keys: Any, upserts: dict[Any, Any]) -> tuple[dict[Any, Any], tuple[Any, ...]]:
+        """A delta of ``keys`` read from the map now, over ``upserts`` (what an earlier
+        part of the delta holds): each key's value, or its removal (which leaves
+        ``upserts`` too)."""
         get = self.get
         missing = _MISSING
-        upserts = {}
         removed = []
-        for k in dirty:
+        for k in keys:
             v = get(k, missing)
             if v is missing:
                 removed.append(k)
+                upserts.pop(k, None)
             else:
                 upserts[k] = v
-        return key, StateMapSave(DELTA, upserts, tuple(removed), base)
+        return upserts, tuple(removed)
 
     def _tail_save(self, sid: int, layer: dict[Any, Any], tail: int) -> Any:
         """A delta of the map's last ``tail`` keys (inserted since the last save) and
