@@ -927,7 +927,7 @@ def test_a_layered_maps_marks_carry_their_values_and_its_delta_holds_the_barrier
     monkeypatch.setattr(live, "LIVE_SAVE_MIN_KEYS", 3)
     monkeypatch.setattr(live, "LIVE_SAVE_SLICE", 4)
     monkeypatch.setattr(live, "LIVE_SAVE_STEP_S", 0.0)  # one slice a step
-    monkeypatch.setattr(live, "fork_expected", lambda keys, resident=None: forks)
+    monkeypatch.setattr(live, "fork_expected", lambda keys: forks)
     monkeypatch.setattr(keyed_mod, "LAYER_MIN", 10)
     monkeypatch.setattr(keyed_mod, "MARKS_SEAL", 50)
     monkeypatch.setattr(pipeline_keyed, "_MARKS_WORTH_KEEPING", 10)

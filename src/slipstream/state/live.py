@@ -917,15 +917,13 @@ class LiveSave:
             self._reaper()  # a forked encoder nobody will read
 
 
-def fork_expected(keys: int, resident: int | None = None) -> bool:
+def fork_expected(keys: int) -> bool:
     """Whether a tail save of ``keys`` keys would be encoded by a forked child now
     (:meth:`LiveSave._forked_tail`, as far as the process decides it): large enough, on
     Linux, no forked encoder met what the fast pickler cannot encode, and the fork is
     predicted to take at most :data:`LIVE_SAVE_FORK_MAX_S` from the process's resident
-    size (``resident``, read from /proc when not given)."""
-    if not _fork_possible(keys):
-        return False
-    return _fork_fast_enough(_resident_bytes() if resident is None else resident)
+    size (read from /proc)."""
+    return _fork_possible(keys) and _fork_fast_enough(_resident_bytes())
 
 
 def _fork_possible(keys: int) -> bool:
