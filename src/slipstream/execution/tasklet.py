@@ -45,6 +45,19 @@ DONE = 2
 yield_cpu: Callable[[], Any] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
+#: The most processing steps (a watermark, then a drained chunk) one
+#: ``ProcessorTasklet.call`` takes while its input keeps stopping at watermarks. An
+#: inbound stream stops its drain at every watermark a processor must see, so a source
+#: with a watermark every ~80 records gave a stateless processor one call per ~80
+#: records: each call paid the tasklet's and the worker's fixed costs and handed its
+#: consumers one small chunk and a watermark (one frame per step across processes).
+#: Several steps in one call make one hand-over of [items, watermark, items, ...] in
+#: order, bounded by this, by half the outbox's capacity, and by every stop the steps
+#: have alone (a barrier, a finished edge, a refused offer). docs/performance.md, "K2's
+#: watermarks: several steps in one tasklet call".
+MAX_STEPS = 16
+
+
 class State(enum.IntEnum):
     """The states of a processor tasklet (Jet's ``ProcessorState``): per state, the
     callback it repeats and until when. A call does one step of the current state.
@@ -274,6 +287,9 @@ class ProcessorTasklet:
             else None
         )
         self.filled_once = False
+        # set by a step whose drain stopped at a watermark with its inbox processed:
+        # another step may follow in the same call (call(), MAX_STEPS)
+        self.more = False
 
         # the commit phase: only where the snapshot sink publishes commit outcomes
         board = getattr(snapshot_sink, "commit_board", None)
@@ -355,11 +371,34 @@ class ProcessorTasklet:
             self._step_live_saves()  # not while saving: that is the pause
         if not self._flush():
             return MADE_PROGRESS if self.progress else NO_PROGRESS
+        self.more = False
         self._step()
+        steps = 1
+        while self.more and steps < MAX_STEPS and self._room_for_a_step():
+            self.more = False
+            self._step()
+            steps += 1
         self._flush()
         if self.state == END and self._outbound_empty():
             return DONE
         return MADE_PROGRESS if self.progress else NO_PROGRESS
+
+    def _room_for_a_step(self) -> bool:
+        """Whether another step may follow in this call: no copy-on-write save to step
+        between two calls of the processor, and every bucket at most half full (the
+        next step's output fits as it would after a flush). A watermark at the tail of
+        the bucket (``SPECIAL_AT_TAIL``) is no longer at its tail once the next step
+        adds items: the hand-over then looks for the specials."""
+        if self.context.live_saves:
+            return False
+        outbox = self.outbox
+        half = outbox.capacity >> 1
+        for b in outbox.buckets:
+            if len(b) > half:
+                return False
+        if outbox.specials is SPECIAL_AT_TAIL:
+            outbox.specials = True
+        return True
 
     def _step_live_saves(self) -> None:
         """One step of the oldest copy-on-write save of the processor's keyed state
@@ -488,6 +527,8 @@ class ProcessorTasklet:
             self.state = COMPLETE
         else:
             self.state = PROCESS_WATERMARK
+            # the drain stopped at a watermark: the items behind it may go in this call
+            self.more = self.pending_wm is not NO_NEW_WM
 
     def _fill_inbox(self) -> None:
         if self.pending_barrier is not None or self.completed_edges:
