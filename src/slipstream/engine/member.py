@@ -14,8 +14,8 @@ member process per member with :func:`member_main` as its target. A member:
    pairs with a remote end a lane of a ``ChannelSender``/``ChannelReceiver`` over the
    socket the coordinator handed it (:class:`~slipstream.execution.remote.MemberChannels`);
 3. runs its processor tasklets and channel tasklets on a ``WorkerPool``;
-4. reports over the control pipe: every :data:`REPORT_INTERVAL_S` its metrics and what its
-   list and map sinks added since the last report (so ``engine.get_list`` fills in the
+4. reports over the control pipe (when: :class:`~slipstream.engine.member_stats.ReportSchedule`)
+   its metrics and what its list and map sinks added since the last report (so ``engine.get_list`` fills in the
    coordinator as it does with one process), then ``("done", ...)`` with the last of it,
    or ``("failed", ...)`` naming the vertex, processor and member of the error.
 
@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import resource
 import signal
 import sys
 import threading
@@ -56,7 +57,11 @@ from slipstream.engine import gc_tuning, member_logging, member_output
 from slipstream.engine.ended import vertex_figures
 from slipstream.engine.member_control import NAMED, NAMED_REPLY, Calls, MemberControl
 from slipstream.engine.member_reports import ForwardedItemErrors, ForwardedLateItems
-from slipstream.engine.member_stats import WATCH, watermarks_and_fill
+from slipstream.engine.member_stats import (
+    EARLY_REPORT_S,
+    ReportSchedule,
+    watermarks_and_fill,
+)
 from slipstream.engine.workers import (
     TaskletFailure,
     WorkerPool,
@@ -73,13 +78,6 @@ from slipstream.execution.tasklet import ProcessorTasklet
 # children start with all of them imported
 
 log = logging.getLogger("slipstream.member")
-
-#: seconds between a member's reports of metrics and sink output to the coordinator
-REPORT_INTERVAL_S = 0.1
-#: a member whose worker went idle with new list or map sink output reports it at once,
-#: but no sooner than this after its last report (items trickling in do not each cost a
-#: report)
-EARLY_REPORT_S = 0.002
 
 #: the kinds of failure a member reports (the coordinator prefers them in this order)
 PROCESSOR = "processor"
@@ -505,9 +503,10 @@ class _Member:
         """Per vertex, as ``Job.metrics`` sums them over this member's processors."""
         return vertex_figures(self.tasklets)[0]
 
-    def report(self, kind: str = "report") -> bool:
-        """Send the metrics and the sinks' new output; a sink item that cannot be
-        pickled fails the member, naming the list or map."""
+    def report(self, kind: str = "report", watch: bool = False) -> bool:
+        """Send the metrics and the sinks' new output (with ``watch``, the watermarks
+        and queue fill too: one message, one wake-up of the coordinator); a sink item
+        that cannot be pickled fails the member, naming the list or map."""
         # one report at a time, taken and sent in order: a map's newer value never
         # arrives before an older one (the store thread reports too, see member_snapshots)
         with self._report_lock:
@@ -517,7 +516,9 @@ class _Member:
             # window results and other NamedTuples as rows (the coordinator unpacks them)
             packed = {name: pack_rows(items) for name, items in lists.items()}
             spins, pauses = self.pool.idle_counts() if self.pool is not None else (0, 0)
-            message = (kind, self.metrics(), packed, maps, (*usage(), spins, pauses), marks)
+            watched = watermarks_and_fill(self.tasklets) if watch else None
+            figures = (*usage(), spins, pauses)
+            message = (kind, self.metrics(), packed, maps, figures, marks, watched)
             try:
                 data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 - the user's items
@@ -613,23 +614,23 @@ class _Member:
         if self.cancelled:
             self.stop()
         self.pool.start()
-        watched = time.monotonic()
+        schedule = ReportSchedule(time.monotonic(), self.member, self.setup["member_count"])
         while True:
-            # every REPORT_INTERVAL_S, or sooner when a worker went idle with new sink
+            # at the schedule's ticks, or sooner when a worker went idle with new sink
             # output (_on_idle): a lone item reaches the coordinator's list at once, not
             # at the next tick (docs/performance.md, "A lone item across processes")
-            self._output_waiting.wait(REPORT_INTERVAL_S)
+            self._output_waiting.wait(schedule.wait_s(time.monotonic()))
             if self.finished.is_set():
                 break
             self._output_waiting.clear()
-            if not self.report():
+            now = time.monotonic()
+            output = self.services.has_output()
+            if not schedule.due(now, output):
+                continue
+            if not self.report(watch=schedule.reporting(now)):
                 self.cancelled = True
                 self.stop()
-            now = time.monotonic()
-            if now - watched >= REPORT_INTERVAL_S:
-                watched = now
-                self.send((WATCH, watermarks_and_fill(self.tasklets)))
-            if self.finished.wait(EARLY_REPORT_S):
+            if output and self.finished.wait(EARLY_REPORT_S):
                 break
         if tune:
             gc_tuning.job_ended()
@@ -722,22 +723,30 @@ def member_main(conn: Any, member: int, sockets: Mapping[Any, Any]) -> None:
 def usage() -> tuple[float, int, int]:
     """This process's CPU seconds so far, its peak resident set and its resident set now
     (KiB; 0 where ``/proc`` does not tell)."""
-    import resource
-    import time
-
     rss = resident_kb()  # first: the peak read after it is at least as large
     return time.process_time(), max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss), rss
 
 
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024 if hasattr(os, "sysconf") else 4
 
+#: ``(pid, descriptor)`` of this process's ``/proc/self/statm``, opened at its first
+#: reading and read again with ``os.pread`` at every report: opening the file (the path's
+#: walk, Python's file object) cost 60-75 us of a report thread's CPU in a member that
+#: wakes every 0.1 s, the ``pread`` of the open descriptor 10-12 us (docs/performance.md,
+#: "A member's reports"). The pid tells a forked child (whose inherited descriptor reads
+#: its parent's figures: ``/proc/self`` is resolved at the open) to open its own.
+_statm: tuple[int, int] | None = None
+
 
 def resident_kb() -> int:
     """This process's resident set now, in KiB (``/proc/self/statm``; 0 without it)."""
+    global _statm
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE_KB
-    except (OSError, ValueError, IndexError):
+        pid = os.getpid()
+        if _statm is None or _statm[0] != pid:
+            _statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+        return int(os.pread(_statm[1], 128, 0).split()[1]) * _PAGE_KB
+    except (OSError, ValueError, IndexError, AttributeError):  # no /proc, no pread
         return 0
 
 

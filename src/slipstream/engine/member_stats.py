@@ -2,10 +2,11 @@
 what ``job.watch()["members"]`` holds, and the dashboard's Members table and ``/metrics``
 ``slipstream_member_*`` series show.
 
-Each member process reports, every 0.1 s with its metrics (:mod:`slipstream.engine.member`),
-its CPU time, its peak and its current resident set; the coordinator keeps the latest
-report per member (``ProcessExecution.member_usage``) and, here, a few of the past CPU
-readings to turn CPU time into a share of a core (:class:`CpuShare`).
+Each member process reports with its metrics (:mod:`slipstream.engine.member`, when:
+:class:`ReportSchedule`) its CPU time, its peak and its current resident set; the
+coordinator keeps the latest report per member (``ProcessExecution.member_usage``) and,
+here, a few of the past CPU readings to turn CPU time into a share of a core
+(:class:`CpuShare`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,59 @@ from typing import Any
 
 from slipstream.core.items import MAX_TIMESTAMP, NO_WATERMARK
 
-#: the control message with a member's watermarks and queue fill per vertex
-WATCH = "watch"
+#: seconds between a member's report ticks: at each its list and map sinks' new output
+#: (if any) goes to the coordinator, so ``engine.get_list`` fills as the job runs
+REPORT_INTERVAL_S = 0.1
+#: a member whose worker went idle with new list or map sink output reports it at once,
+#: but no sooner than this after its last report (items trickling in do not each cost a
+#: report)
+EARLY_REPORT_S = 0.002
+#: seconds between a member's reports when its sinks have nothing new (its metrics, CPU
+#: time, resident set, watermarks and queue fill only): the dashboard and its history
+#: sample every second (``dashboard/history.py``), :class:`CpuShare` over one
+METRICS_INTERVAL_S = 0.5
+
+
+class ReportSchedule:
+    """When member ``member`` of ``members`` reports (``_Member.run``'s loop).
+
+    Ticks every :data:`REPORT_INTERVAL_S` on a fixed schedule from ``start``, member
+    ``m``'s shifted by ``m / members`` of an interval, so the members' reports (and the
+    coordinator's listeners that take them) do not all run at one moment on a machine
+    whose cores the members' workers use. At a tick, or when a worker went idle with
+    sink output, the member reports if its sinks have new output, or if
+    :data:`METRICS_INTERVAL_S` passed since its last report (the first tick always
+    reports: the member shows as running). Each report is ~0.2-0.3 ms of its report
+    thread holding the GIL and a wake-up of the coordinator; a lone item that meets one
+    waits for it (docs/performance.md, "A member's reports"), so a member with nothing
+    new reports 2 times a second, not 10."""
+
+    def __init__(self, start: float, member: int = 0, members: int = 1) -> None:
+        self._next_tick = start + REPORT_INTERVAL_S * (1.0 + member / max(1, members))
+        self._last_report = -float("inf")
+        self._last_watch = -float("inf")
+
+    def wait_s(self, now: float) -> float:
+        """How long to wait for the next tick from ``now`` (0 if it is due)."""
+        return max(0.0, self._next_tick - now)
+
+    def due(self, now: float, output: bool) -> bool:
+        """Whether to report at ``now`` (a tick, or a worker gone idle), ``output``: the
+        sinks hold output not yet reported. Moves the next tick past ``now``."""
+        if now >= self._next_tick:
+            late = int((now - self._next_tick) / REPORT_INTERVAL_S) + 1
+            self._next_tick += late * REPORT_INTERVAL_S  # the phase stays the member's
+        # a tick's wait may end a little early: a due metrics report is not put off a tick
+        return output or now - self._last_report >= METRICS_INTERVAL_S - REPORT_INTERVAL_S / 2
+
+    def reporting(self, now: float) -> bool:
+        """A report goes at ``now``; whether it carries the watermarks and queue fill
+        (``watermarks_and_fill``: at most every :data:`REPORT_INTERVAL_S`)."""
+        self._last_report = now
+        if now - self._last_watch >= REPORT_INTERVAL_S - REPORT_INTERVAL_S / 2:
+            self._last_watch = now
+            return True
+        return False
 
 #: the CPU share is the growth of CPU time over at least this long (the newest reading
 #: that old, or the oldest kept)

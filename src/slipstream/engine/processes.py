@@ -69,7 +69,7 @@ from slipstream.engine.member_control import NAMED, NAMED_REPLY, PONG, Calls
 from slipstream.engine.member_logging import LOG, levels_here, replay
 from slipstream.engine.member_output import OUTPUT
 from slipstream.engine.member_reports import ITEM_ERROR, LATE
-from slipstream.engine.member_stats import WATCH, CpuShare
+from slipstream.engine.member_stats import CpuShare
 from slipstream.engine.workers import TaskletFailure
 from slipstream.execution.plan import VertexPlan
 
@@ -542,9 +542,6 @@ class ProcessExecution:
                 if kind == OUTPUT:
                     member_output.write(msg[1], msg[2])
                     continue
-                if kind == WATCH:
-                    self.member_watch[m] = msg[1]
-                    continue
                 if kind in (LATE, ITEM_ERROR):
                     member_reports.apply(self.job, msg)
                     continue
@@ -565,6 +562,8 @@ class ProcessExecution:
                         from slipstream.sinks.basic import merge_published
 
                         merge_published(msg[5])
+                    if len(msg) > 6 and msg[6] is not None:  # watermarks, queue fill
+                        self.member_watch[m] = msg[6]
                     if kind != "report":
                         ended = True
                         self.member_state[m] = kind

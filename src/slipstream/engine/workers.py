@@ -77,7 +77,11 @@ SLOW_CALL_S = 1.0
 #: How long a stopped pool waits for workers stuck in a call before it gives up on them
 #: (``ss.local(stop_grace_ms=...)``).
 STOP_GRACE_S = 5.0
-#: How often the watchdog looks.
+#: How often the watchdog looks, at the most: it looks every quarter of the shorter of
+#: the pool's ``slow_call_s`` and ``stop_grace_s`` (a call is warned about, a stuck pool
+#: abandoned, at most a quarter of that late), but not more often than this. At the
+#: defaults (1 s, 5 s) 4 wake-ups a second instead of 20: each wakes a thread that takes
+#: the GIL beside the workers (docs/performance.md, "A member's reports").
 WATCHDOG_PERIOD_S = 0.05
 
 log = logging.getLogger("slipstream.workers")
@@ -449,9 +453,14 @@ class WorkerPool:
         return out
 
     # -- the watchdog ----------------------------------------------------------------
+    def watch_period_s(self) -> float:
+        """How long the watchdog sleeps between its looks (:data:`WATCHDOG_PERIOD_S`)."""
+        return max(WATCHDOG_PERIOD_S, min(self.slow_call_s, self.stop_grace_s) / 4)
+
     def _watch(self) -> None:
+        period = self.watch_period_s()
         while True:
-            time.sleep(WATCHDOG_PERIOD_S)
+            time.sleep(period)
             with self._lock:
                 if self._finished:
                     return
