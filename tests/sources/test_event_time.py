@@ -17,7 +17,7 @@ from slipstream import processors as P
 from slipstream.aggregate import counting
 from slipstream.sources.event_time import EventTimeMapper
 from slipstream.state.keys import BroadcastKey
-from slipstream.watermark import IDLE, NO_WATERMARK, with_fixed_lag
+from slipstream.watermark import IDLE, NO_WATERMARK, limiting_lag_and_delay, with_fixed_lag
 from slipstream.window import tumbling_window_def
 
 LAG = 3
@@ -355,3 +355,121 @@ def test_partitions_read_unevenly_lose_no_event_to_lateness() -> None:
     job.join(30)
     assert job.metrics["win"].get("late_items_dropped", 0) == 0
     assert sum(r.value for r in engine.get_list("out")) == 400
+
+
+# -- observe_event's fast path: events below their policy's threshold -------------------
+
+
+class _SlowPathMapper(EventTimeMapper):
+    """Takes the full path for every event: the reference for the fast path."""
+
+    __slots__ = ()
+
+    def observe_event(self, partition: int, timestamp: int, now: int | None = None) -> Any:
+        self._fast_until = NO_WATERMARK  # no clock time is before it
+        return super().observe_event(partition, timestamp, now)
+
+
+class _Counting:
+    """A fixed-lag policy that counts the events reported to it."""
+
+    def __init__(self) -> None:
+        self.inner = with_fixed_lag(LAG)
+        self.reported = 0
+
+    def report_event(self, ts: int) -> int:
+        self.reported += 1
+        return self.inner.report_event(ts)
+
+    def current_watermark(self) -> int:
+        return self.inner.current_watermark()
+
+    def report_threshold(self) -> int:
+        return self.inner.report_threshold()
+
+
+def test_events_below_the_threshold_are_not_reported() -> None:
+    """Only an event that can move its partition's watermark reaches the policy (a
+    fixed lag: a new maximum); the watermarks are the same."""
+    policies: list[_Counting] = []
+
+    def factory() -> _Counting:
+        policies.append(_Counting())
+        return policies[-1]
+
+    clock = Clock()
+    m = EventTimeMapper(factory, timestamp_fn=int, idle_timeout_ms=50, clock=clock)
+    m.add_partitions(2)
+    out = []
+    for ts in [10, 11, 5, 9, 12, 3, 12, 13, 1]:
+        for p in (0, 1):
+            out.append(m.observe_event(p, ts + p))
+    assert [w.timestamp for w in out if w is not None] == [10 - LAG, 11 - LAG, 12 - LAG, 13 - LAG]
+    assert [p.reported for p in policies] == [4, 4]  # 10, 11, 12, 13: the new maxima
+
+
+_policies = st.sampled_from(
+    [
+        lambda: with_fixed_lag(2),
+        lambda: with_fixed_lag(0).throttle_by_frame(tumbling_window_def(10)),
+        lambda: with_fixed_lag(3).throttle_by_min_step(7),
+        lambda: limiting_lag_and_delay(2, 5, clock=_SHARED_CLOCK),
+        lambda: _Constant(17),
+    ]
+)
+_SHARED_CLOCK = Clock()
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    policy=_policies,
+    parts=st.integers(0, 3),
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("ev"), st.integers(0, 3), st.integers(-5, 80)),
+            st.tuples(st.just("tick"), st.integers(-2, 8), st.just(0)),
+            st.tuples(st.just("idle"), st.just(0), st.just(0)),
+            st.tuples(st.just("add"), st.just(0), st.just(0)),
+            st.tuples(st.just("remove"), st.integers(0, 3), st.just(0)),
+            st.tuples(st.just("restore"), st.integers(0, 3), st.integers(0, 40)),
+        ),
+        max_size=80,
+    ),
+    idle=st.sampled_from([None, 4, 20]),
+)
+def test_the_fast_path_emits_what_the_full_path_does(
+    policy: Any, parts: int, steps: list[tuple[str, int, int]], idle: int | None
+) -> None:
+    """Policies with a threshold, throttled ones, one that moves with the clock and
+    one without a threshold at all; idle timeouts, a clock that also goes back,
+    partitions added, removed and restored: every step's output, the partitions'
+    watermarks and the last one emitted match the full path's."""
+    clock = Clock()
+    _SHARED_CLOCK.now = 0
+    fast = EventTimeMapper(policy, timestamp_fn=int, idle_timeout_ms=idle, clock=clock)
+    slow = _SlowPathMapper(policy, timestamp_fn=int, idle_timeout_ms=idle, clock=clock)
+    for m in (fast, slow):
+        m.add_partitions(parts)
+    for kind, a, b in steps:
+        n = fast.partition_count
+        if kind == "tick":
+            clock.now += a
+            _SHARED_CLOCK.now = clock.now
+        elif kind == "idle":
+            assert fast.flat_map_idle() == slow.flat_map_idle()
+        elif kind == "add":
+            fast.add_partitions(1)
+            slow.add_partitions(1)
+        elif kind == "remove" and n:
+            assert fast.remove_partition(a % n) == slow.remove_partition(a % n)
+        elif kind == "restore" and n:
+            fast.restore_watermark(a % n, b)
+            slow.restore_watermark(a % n, b)
+        elif kind == "ev" and n:
+            now = clock.now if a % 2 else None
+            assert fast.observe_event(a % n, b, now) == slow.observe_event(a % n, b, now)
+        assert fast.partition_count == slow.partition_count
+        assert [fast.watermark(i) for i in range(fast.partition_count)] == [
+            slow.watermark(i) for i in range(slow.partition_count)
+        ]
+        assert fast.last_emitted == slow.last_emitted

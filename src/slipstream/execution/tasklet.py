@@ -54,7 +54,7 @@ yield_cpu: Callable[[], Any] = getattr(os, "sched_yield", lambda: time.sleep(0))
 #: Several steps in one call make one hand-over of [items, watermark, items, ...] in
 #: order, bounded by this, by half the outbox's capacity, and by every stop the steps
 #: have alone (a barrier, a finished edge, a refused offer). docs/performance.md, "K2's
-#: watermarks: several steps in one tasklet call".
+#: watermarks: steps per tasklet call, and events that cannot move one".
 MAX_STEPS = 16
 
 
