@@ -17,7 +17,13 @@ tasklet's ``_fill_inbox`` / ``_flush`` and ``AbstractProcessor.process`` in
 Thread CPU leaves out the time a thread waited for a core, so the figures hold on a
 busy machine better than wall or process times; the wrappers' own clock reads (a few
 per tasklet call, each a system call of ~2 us on some machines) are calibrated when
-the hook loads and taken off each figure (with the reads made inside a span). ``--src`` runs each
+the hook loads and taken off each figure (with the reads made inside a span). The last
+rows of a member process account for the rest of its CPU (``time.process_time()`` when
+its last tasklet ended, a spare member's bootstrap before its job included): what it
+spent outside the tasklets' calls, and of that its main thread's
+(``/proc/self/task/<id>/schedstat``: a member's set-up and its reports to the
+coordinator); the rest is the worker's own loop and idle waits, the wrappers' clock
+reads and the other threads. ``--src`` runs each
 round once per source tree given (before / after, interleaved), the best of
 ``--rounds`` per figure. Figures: ns per item the member's (or the process's)
 ``--per`` vertex took in (``running-sum`` / ``tokenize``: lines; ``win``: events).
@@ -60,7 +66,25 @@ if _out:
 
     _cost = _read_cost()
 
+    import multiprocessing
+    import threading
+
+    def _thread_cpu(tid):
+        # ns on the CPU (schedstat's first field: exact, not the 10 ms ticks of stat)
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                return int(fh.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
     def _dump():
+        # a member's whole CPU too, so the rows add up to it: since it started (a spare
+        # member's bootstrap before its job included) and its main thread's (its set-up
+        # and reports to the coordinator); not the job's own process with processes=1,
+        # whose CPU holds the interpreter's start and imports
+        if multiprocessing.parent_process() is not None:
+            _acc["@process"] = time.process_time()
+            _acc["@main thread"] = _thread_cpu(threading.main_thread().native_id)
         with open(os.path.join(_out, f"{os.getpid()}.json"), "w") as fh:
             json.dump(_acc, fh)
 
@@ -146,7 +170,7 @@ def layers(out: str, per: str) -> dict[str, dict[str, float]]:
         row: dict[str, float] = {"items": n}
         total = 0.0
         for k in sorted(acc, key=lambda k: (k.split(" .")[0], not k.endswith(" .call"))):
-            if k.endswith(" in"):
+            if k.endswith(" in") or k.startswith("@"):
                 continue
             ns = acc[k] * 1e9 / n
             if k.endswith(" .call"):
@@ -156,6 +180,11 @@ def layers(out: str, per: str) -> dict[str, dict[str, float]]:
             else:
                 row["  " + k] = ns
         row["in all"] = total
+        if "@process" in acc:
+            process = acc["@process"] * 1e9 / n
+            row["the process's CPU"] = process
+            row["  outside the tasklets' calls"] = process - total
+            row["    of it the main thread"] = acc["@main thread"] * 1e9 / n
         rows[ins[0][: -len(" in")]] = row
     return rows
 
