@@ -134,6 +134,18 @@ def run_variant(script: str, variant: str, args: Sequence[str]) -> dict[str, Any
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def wait_for_spares(engine: Any, processes: int, timeout: float = 5.0) -> None:
+    """Wait until ``engine`` (``ss.local(processes=N)``, after a job ended) has its spare
+    member processes up (engine/member_spares.py), so that the next job on it starts as
+    a cluster's job does, on members that run before it, without forks in its time."""
+    import time
+
+    spares = getattr(engine, "_member_spares", None)  # a private attribute: a bench's look
+    deadline = time.monotonic() + timeout
+    while spares is not None and len(spares) < processes and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set in MB: ``VmHWM`` of ``/proc/self/status`` (its
     own address space's), else ``ru_maxrss``. Not ``ru_maxrss`` first: on Linux it

