@@ -315,6 +315,78 @@ def test_restore_with_another_parallelism_and_offsets_committed_to_the_group(
     assert sorted(int(v) for _, v in got) == list(range(3000))  # nothing lost or repeated
 
 
+def test_offsets_cover_records_skipped_at_the_end_of_a_partitions_run(kafka: Any) -> None:
+    # the source notes a partition's next offset where the partition's run of records in
+    # a batch ends: a skipped record there still counts as read (else a restore would
+    # read it again)
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = topic_name("skiplast")
+    kafka.create_topic(topic, 2)
+    produce(kafka.bootstrap, topic, [(0, b'{"n": 1}', None), (0, b'{"n": 2}', None), (0, b"bad", None)])
+    produce(kafka.bootstrap, topic, [(1, b"bad", None), (1, b'{"n": 4}', None), (1, b"bad", None)])
+    conf = {"bootstrap.servers": kafka.bootstrap, "group.id": f"g-{topic}"}
+    dag = DAG()
+    src = dag.new_vertex(
+        "kafka",
+        sources.kafka(
+            topic,
+            conf,
+            projection=lambda m: json.loads(m.value())["n"],
+            on_error="skip",
+            commit_offsets=True,
+        ),
+    ).local_parallelism(1)
+    out = dag.new_vertex("out", sinks.list_sink("skiplast")).local_parallelism(1)
+    dag.edge(Edge.between(src, out))
+    cfg = JobConfig(
+        name="kafka-skiplast",
+        processing_guarantee=ProcessingGuarantee.AT_LEAST_ONCE,
+        snapshot_interval_ms=50,
+        snapshot_store=tempfile.mkdtemp(prefix="kafka-test-store-"),
+    )
+    engine = ss.local()
+    job = engine.new_job(dag, cfg)
+    got = engine.get_list("skiplast")
+
+    def committed() -> list[int]:
+        c = Consumer(conf)
+        try:
+            tps = c.committed([TopicPartition(topic, p) for p in range(2)], timeout=30)
+        finally:
+            c.close()
+        return [tp.offset for tp in tps]
+
+    wait_for(lambda: committed() == [3, 3], "the group offsets past every record")
+    job.cancel()
+    assert sorted(got) == [1, 2, 4]
+
+
+def test_sink_encodes_what_value_fn_returns(kafka: Any) -> None:
+    topic = topic_name("valuefn")
+    kafka.create_topic(topic, 1)
+    items = ["text", b"raw", bytearray(b"array"), None, "\u00e9"]
+    dag = DAG()
+    src = dag.new_vertex("items", sources.items(items)).local_parallelism(1)
+    out = dag.new_vertex(
+        "kafka", sinks.kafka(topic, {"bootstrap.servers": kafka.bootstrap}, value_fn=lambda x: x)
+    ).local_parallelism(1)
+    dag.edge(Edge.between(src, out))
+    ss.local().new_job(dag, JobConfig(name="kafka-valuefn")).join(60)
+    got = read_topic(kafka.bootstrap, topic, 1, len(items))
+    assert got == [b"text", b"raw", b"array", None, "\u00e9".encode()]
+    dag = DAG()
+    src = dag.new_vertex("items", sources.items(["ok", 7])).local_parallelism(1)
+    out = dag.new_vertex(
+        "kafka-out",
+        sinks.kafka(topic, {"bootstrap.servers": kafka.bootstrap}, value_fn=lambda x: x),
+    )
+    dag.edge(Edge.between(src, out))
+    with pytest.raises(ss.JobFailedError) as err:
+        ss.local().new_job(dag, JobConfig(name="kafka-valuefn-bad")).join(60)
+    assert "'kafka-out'" in str(err.value) and "int for item 7" in str(err.value)
+
+
 class _ConsumerMade(Exception):
     """Stops ``init_processor`` once the consumer's configuration is known."""
 

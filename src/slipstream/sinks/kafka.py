@@ -265,11 +265,24 @@ class KafkaSinkP(AbstractProcessor):
             return
         producer = self._producer
         produce, topic = producer.produce, self._topic
+        value_fn = self._value_fn
         done = 0
         try:
-            if self._key_fn is None and self._value_fn is None:
+            if self._key_fn is None and value_fn is None:
                 for item in inbox:  # the common case: items that are bytes already
                     produce(topic, item if type(item) is bytes else record(item)[1])
+                    done += 1
+            elif self._key_fn is None and value_fn is not None:
+                # values only (e.g. value_fn=json.dumps): str and bytes here, the rest
+                # through _encode (its errors name the item)
+                vertex = self.context.vertex_name
+                for item in inbox:
+                    value = value_fn(item)
+                    if type(value) is str:
+                        value = value.encode()
+                    elif type(value) is not bytes:
+                        value = _encode(value, "value", item, vertex)
+                    produce(topic, value)
                     done += 1
             else:
                 for item in inbox:

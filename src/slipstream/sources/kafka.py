@@ -196,6 +196,13 @@ class KafkaSourceP(AbstractProcessor):
         mapper = self._mapper
         watermarks = False
         now = int(time.monotonic() * 1000)
+        # a batch holds runs of one partition's records (a fetch's): the partition's
+        # index is looked up where a run starts and its next offset noted where it ends
+        # (the run's last record), not per record
+        one_topic = self._topics[0] if len(self._topics) == 1 else None
+        run_p = -1  # the current run's partition
+        i = -1  # its index
+        prev: Any = None  # the run's last record so far
         for m in records:
             err = m.error()
             if err is not None:
@@ -205,7 +212,13 @@ class KafkaSourceP(AbstractProcessor):
                     f"vertex {self.context.vertex_name!r}: Kafka error on {m.topic()}"
                     f"[{m.partition()}]: {err}"
                 )
-            i = index[(m.topic(), m.partition())]
+            p = m.partition()
+            if p != run_p or one_topic is None:
+                if prev is not None:
+                    last[i] = prev.offset() + 1
+                run_p = p
+                i = index[(one_topic or m.topic(), p)]
+            prev = m
             if projection is None:
                 item = (m.key(), m.value())
             else:
@@ -219,7 +232,6 @@ class KafkaSourceP(AbstractProcessor):
                             f"{m.offset()}: {type(e).__name__}: {e}"
                         ) from e
                     self.context.increment_metric("kafka_records_skipped")
-                    last[i] = m.offset() + 1
                     continue
             if mapper is not None:
                 wm = mapper.observe_event(i, self._event_time(m, item), now)
@@ -229,9 +241,10 @@ class KafkaSourceP(AbstractProcessor):
                     if slow:
                         entries.append((wm, -1, 0))
             items.append(item)
-            last[i] = m.offset() + 1
             if slow:
                 entries.append((item, i, m.offset() + 1))
+        if prev is not None:
+            last[i] = prev.offset() + 1
         if not slow:
             # the whole batch fits: straight into the buckets, offsets at once
             for b in self.outbox.buckets:
