@@ -1,6 +1,6 @@
 """A member process's background work (``ss.local(processes=N)``): when it reports to the
 coordinator (engine/member_stats.py's ``ReportSchedule``), what a report's resident set
-reading costs (engine/member.py's ``resident_kb``), and how often a worker pool's
+reading costs (core/resident.py's ``resident_kb``), and how often a worker pool's
 watchdog wakes (engine/workers.py). Their effect on a lone item's latency and on the
 rows of bench/processes.py is measured there (docs/performance.md, "A member's
 reports"); here the schedules themselves, on a fake clock."""

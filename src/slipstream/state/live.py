@@ -66,6 +66,7 @@ from itertools import filterfalse, islice, repeat
 from operator import is_
 from typing import Any
 
+from slipstream.core.resident import resident_kb
 from slipstream.state.columnar import CHEAPER_KEYS, EncodedBatches
 
 __all__ = [
@@ -121,7 +122,6 @@ LIVE_SAVE_FORK_MIN: int | None = 1_000_000
 LIVE_SAVE_FORK_MAX_S = 0.010
 _FORK_S_PER_BYTE_MIN = 2.5e-11  # 2.5 ms per 100 MB
 _fork_s_per_byte = _FORK_S_PER_BYTE_MIN
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: the store thread reads a forked encoder's output in pieces of at most this size (one
 #: read of all of it, ~25 MB at 3M keys, raised glibc's mmap threshold to that size, and
 #: the heap then kept up to twice as much of freed memory: +45 MB of peak RSS at 10M keys)
@@ -945,11 +945,8 @@ def _fork_fast_enough(resident: int) -> bool:
 
 def _resident_bytes() -> int:
     """This process's resident memory (what a fork copies the page tables of)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 1 << 62  # unknown: no fork
+    kb = resident_kb()
+    return kb * 1024 if kb else 1 << 62  # unknown: no fork
 
 
 def _stop_child(pid: int, *fds: int) -> None:
